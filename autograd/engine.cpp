@@ -1,0 +1,105 @@
+// The backward engine: counts each node's consumers, then runs nodes whose
+// gradients are complete, latest-created first, summing the gradients that
+// reach each node's outputs.
+#include "autograd/engine.h"
+
+#include <queue>
+#include <unordered_map>
+
+#include "autograd/grad_mode.h"
+#include "autograd/node.h"
+#include "tensor/device_guard.h"
+#include "tensor/ops.h"
+
+namespace mpt {
+namespace {
+
+struct NodeState {
+  int pending = 0;             // consumers whose gradients have not arrived yet
+  std::vector<Tensor> grads;   // one slot per output of the node
+};
+
+void accumulate(Tensor& slot, const Tensor& g) {
+  if (!g.defined()) return;
+  if (!slot.defined()) {
+    slot = g;
+  } else if (slot.shape() == g.shape() && slot.dtype() == g.dtype()) {
+    slot = prim::add(slot, g);
+  } else {
+    throw ShapeError(fmt::format("backward: gradients {} and {} for the same output disagree", describe(slot),
+                                 describe(g)));
+  }
+}
+
+}  // namespace
+
+void backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
+  backward(std::vector<Tensor>{root}, std::vector<Tensor>{grad}, retain_graph);
+}
+
+void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads_in, bool retain_graph) {
+  check(roots.size() == grads_in.size(), "backward: {} roots but {} gradients", roots.size(), grads_in.size());
+  // Gradients of the roots.
+  std::vector<std::pair<Edge, Tensor>> seeds;
+  for (size_t i = 0; i < roots.size(); ++i) {
+    const Tensor& r = roots[i];
+    check(r.requires_grad(),
+          "backward: the tensor {} does not require grad and has no grad_fn (is every parameter "
+          "requires_grad, and was grad mode on?)",
+          describe(r));
+    Tensor g = grads_in[i];
+    if (!g.defined()) {
+      check<ShapeError>(r.numel() == 1, "backward: the root {} is not a scalar; pass its gradient", describe(r));
+      g = full(r.shape(), 1.0, r.dtype(), r.device());
+    }
+    check<ShapeError>(g.shape() == r.shape(), "backward: gradient {} does not match the root {}", describe(g),
+                      describe(r));
+    seeds.emplace_back(gradient_edge(r), g);
+  }
+
+  // Count, for each node reachable from the roots, how many edges lead to it.
+  std::unordered_map<Node*, NodeState> state;
+  std::vector<Node*> stack;
+  for (auto& [edge, g] : seeds) {
+    if (state.emplace(edge.node.get(), NodeState{}).second) stack.push_back(edge.node.get());
+  }
+  while (!stack.empty()) {
+    Node* n = stack.back();
+    stack.pop_back();
+    for (Edge& e : n->next_edges()) {
+      if (!e.node) continue;
+      auto [it, inserted] = state.emplace(e.node.get(), NodeState{});
+      ++it->second.pending;
+      if (inserted) stack.push_back(e.node.get());
+    }
+  }
+  for (auto& [node, st] : state) st.grads.resize(node->num_outputs());
+  for (auto& [edge, g] : seeds) accumulate(state[edge.node.get()].grads[edge.input_nr], g);
+
+  auto later_first = [](Node* a, Node* b) { return a->sequence_nr() < b->sequence_nr(); };
+  std::priority_queue<Node*, std::vector<Node*>, decltype(later_first)> ready(later_first);
+  for (auto& [node, st] : state)
+    if (st.pending == 0) ready.push(node);
+
+  // Backward ops record no history of their own.
+  NoGradGuard no_grad;
+  while (!ready.empty()) {
+    Node* node = ready.top();
+    ready.pop();
+    NodeState& st = state[node];
+    std::vector<Tensor> in_grads = node->apply(std::move(st.grads));
+    if (!retain_graph) node->release();
+    auto& edges = node->next_edges();
+    check(in_grads.size() == edges.size() || edges.empty(),
+          "backward: '{}' returned {} gradients for {} inputs", node->name(), in_grads.size(), edges.size());
+    for (size_t i = 0; i < edges.size(); ++i) {
+      const Edge& e = edges[i];
+      if (!e.node) continue;
+      NodeState& next = state[e.node.get()];
+      accumulate(next.grads[e.input_nr], in_grads[i]);
+      if (--next.pending == 0) ready.push(e.node.get());
+    }
+  }
+}
+
+}  // namespace mpt

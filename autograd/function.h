@@ -1,0 +1,27 @@
+#pragma once
+// How an op records itself: compute the result with raw tensor ops, then,
+// if any input needs a gradient, attach the backward rule.
+//
+//   Tensor out = prim::mul(a, b);
+//   if (needs_grad({a, b}))
+//     record("mul", out, {a, b}, [a, b](const Grads& g) { return Grads{g[0] * b, g[0] * a}; });
+#include <initializer_list>
+#include <vector>
+
+#include "autograd/node.h"
+
+namespace mpt {
+
+using Grads = std::vector<Tensor>;
+
+// True when grad mode is on and some input requires a gradient.
+bool needs_grad(std::initializer_list<Tensor> inputs);
+bool needs_grad(const std::vector<Tensor>& inputs);
+
+// Makes `out` (or each of `outs`) the output of a new node with `rule`.
+// The rule receives one gradient per output (undefined = zero) and returns
+// one per input, in order (undefined where an input gets none).
+void record(const char* name, Tensor& out, const std::vector<Tensor>& inputs, FunctionNode::Rule rule);
+void record(const char* name, std::vector<Tensor>& outs, const std::vector<Tensor>& inputs, FunctionNode::Rule rule);
+
+}  // namespace mpt

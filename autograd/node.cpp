@@ -1,0 +1,54 @@
+#include "autograd/node.h"
+
+#include "tensor/ops.h"
+
+namespace mpt {
+namespace {
+std::atomic<uint64_t> g_next_sequence_nr{0};
+}
+
+Node::Node(std::string name) : name_(std::move(name)), sequence_nr_(g_next_sequence_nr++) {}
+
+std::vector<Tensor> FunctionNode::apply(std::vector<Tensor>&& grads) {
+  check(static_cast<bool>(rule_),
+        "backward through '{}' a second time: its saved tensors were already freed (call backward with "
+        "retain_graph = true the first time)",
+        name());
+  return rule_(grads);
+}
+
+AccumulateGrad::AccumulateGrad(std::shared_ptr<TensorImpl> leaf) : Node("AccumulateGrad"), leaf_(std::move(leaf)) {
+  set_num_outputs(1);
+}
+
+std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grads) {
+  Tensor leaf(leaf_);
+  Tensor g = grads.at(0);
+  if (!g.defined()) return {};
+  AutogradMeta& meta = leaf.autograd_meta();
+  check<ShapeError>(g.shape() == leaf.shape(), "gradient {} does not match its leaf {}", describe(g), describe(leaf));
+  // The gradient takes the leaf's dtype (f32 master weights get f32 grads).
+  if (g.dtype() != leaf.dtype()) g = prim::to(g, leaf.dtype());
+  if (!meta.grad.defined()) {
+    // Own the memory: the incoming tensor may be shared with the graph.
+    meta.grad = prim::contiguous(g).is_same(g) ? prim::clone(g) : prim::contiguous(g);
+  } else {
+    prim::binary_(BinaryOp::add, meta.grad, meta.grad, g);
+  }
+  for (auto& hook : meta.post_accumulate_hooks) hook(leaf);
+  return {};
+}
+
+Edge gradient_edge(const Tensor& t) {
+  if (!t.defined() || !t.requires_grad()) return {};
+  AutogradMeta& meta = t.autograd_meta();
+  if (meta.grad_fn) return {meta.grad_fn, meta.output_nr};
+  std::shared_ptr<Node> acc = meta.grad_accumulator.lock();
+  if (!acc) {
+    acc = std::make_shared<AccumulateGrad>(t.impl_ptr());
+    meta.grad_accumulator = acc;
+  }
+  return {acc, 0};
+}
+
+}  // namespace mpt

@@ -1,0 +1,76 @@
+#pragma once
+// The autograd graph. Each op that records history creates one Node whose
+// backward rule maps the gradients of its outputs to the gradients of its
+// inputs; edges lead to the nodes that produced those inputs, or to a leaf's
+// AccumulateGrad sink.
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tensor/tensor.h"
+
+namespace mpt {
+
+struct Edge {
+  std::shared_ptr<Node> node;  // null: the input needs no gradient
+  uint32_t input_nr = 0;       // which output of `node` the input was
+};
+
+class Node {
+ public:
+  explicit Node(std::string name);
+  virtual ~Node() = default;
+
+  const std::string& name() const { return name_; }
+  // Creation order: later nodes run first when several are ready, which
+  // replays forward in reverse (and lets data parallelism see gradients in a
+  // stable order).
+  uint64_t sequence_nr() const { return sequence_nr_; }
+  std::vector<Edge>& next_edges() { return next_; }
+  uint32_t num_outputs() const { return num_outputs_; }
+  void set_num_outputs(uint32_t n) { num_outputs_ = n; }
+
+  // Gradients of the inputs, one per next edge (undefined where none flows).
+  // `grads` has one entry per output; undefined ones mean zero.
+  virtual std::vector<Tensor> apply(std::vector<Tensor>&& grads) = 0;
+  // Drops what forward saved, after a backward without retain_graph.
+  virtual void release() {}
+
+ private:
+  std::string name_;
+  uint64_t sequence_nr_;
+  std::vector<Edge> next_;
+  uint32_t num_outputs_ = 1;
+};
+
+// A node whose backward rule is a function (flashlight style: the rule is
+// written beside the forward code, capturing what it needs).
+class FunctionNode final : public Node {
+ public:
+  using Rule = std::function<std::vector<Tensor>(const std::vector<Tensor>& grads)>;
+  FunctionNode(std::string name, Rule rule) : Node(std::move(name)), rule_(std::move(rule)) {}
+  std::vector<Tensor> apply(std::vector<Tensor>&& grads) override;
+  void release() override { rule_ = nullptr; }
+
+ private:
+  Rule rule_;
+};
+
+// The sink for a leaf: adds the incoming gradient to leaf.grad and then
+// runs the leaf's post-accumulate hooks.
+class AccumulateGrad final : public Node {
+ public:
+  explicit AccumulateGrad(std::shared_ptr<TensorImpl> leaf);
+  std::vector<Tensor> apply(std::vector<Tensor>&& grads) override;
+
+ private:
+  std::shared_ptr<TensorImpl> leaf_;
+};
+
+// The edge through which a gradient reaches `t` (its grad_fn, or its
+// leaf's AccumulateGrad, created on demand); null if t needs no gradient.
+Edge gradient_edge(const Tensor& t);
+
+}  // namespace mpt

@@ -1,0 +1,96 @@
+#pragma once
+// The differentiable op library. Each op computes its result with the raw
+// ops of tensor/ops.h and, when an input requires a gradient and grad mode
+// is on, records its backward rule (written beside it, in autograd/ops_*.cpp).
+// Gradients have the dtype of the tensor they belong to.
+#include <optional>
+#include <vector>
+
+#include "autograd/engine.h"
+#include "autograd/grad_mode.h"
+#include "tensor/ops.h"
+
+namespace mpt {
+
+// A tensor sharing x's storage, cut off from the graph (no grad, no history).
+Tensor detach(const Tensor& x);
+
+// ---- element-wise (broadcasting; mixed dtypes promote) ------------------------
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b);
+Tensor add(const Tensor& a, double s);
+Tensor mul(const Tensor& a, double s);
+Tensor neg(const Tensor& x);
+Tensor pow(const Tensor& x, double exponent);
+Tensor pow(const Tensor& x, const Tensor& exponent);
+Tensor exp(const Tensor& x);
+Tensor log(const Tensor& x);
+Tensor sqrt(const Tensor& x);
+Tensor tanh(const Tensor& x);
+Tensor sigmoid(const Tensor& x);
+Tensor relu(const Tensor& x);
+enum class GeluApprox { none, tanh };  // none: the exact erf form (PyTorch's default)
+Tensor gelu(const Tensor& x, GeluApprox approx = GeluApprox::none);
+
+inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
+inline Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
+inline Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }
+inline Tensor operator/(const Tensor& a, const Tensor& b) { return div(a, b); }
+inline Tensor operator-(const Tensor& x) { return neg(x); }
+inline Tensor operator+(const Tensor& a, double s) { return add(a, s); }
+inline Tensor operator-(const Tensor& a, double s) { return add(a, -s); }
+inline Tensor operator*(const Tensor& a, double s) { return mul(a, s); }
+inline Tensor operator*(double s, const Tensor& a) { return mul(a, s); }
+inline Tensor operator/(const Tensor& a, double s) { return mul(a, 1.0 / s); }
+
+// ---- reductions -----------------------------------------------------------------
+Tensor sum(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+Tensor mean(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+
+// ---- linear algebra -------------------------------------------------------------------
+Tensor matmul(const Tensor& a, const Tensor& b);  // torch.matmul for >= 2-d operands
+Tensor bmm(const Tensor& a, const Tensor& b);     // [B, m, k] @ [B, k, n]
+// x [..., in] @ weight[out, in]^T + bias[out], PyTorch's layout.
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
+
+// ---- shape and layout ---------------------------------------------------------------
+Tensor reshape(const Tensor& x, Shape shape);
+Tensor view(const Tensor& x, Shape shape);
+Tensor flatten(const Tensor& x, int64_t start_dim = 1);
+Tensor transpose(const Tensor& x, int64_t d0, int64_t d1);
+Tensor permute(const Tensor& x, const std::vector<int64_t>& dims);
+Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t end, int64_t step = 1);
+Tensor unsqueeze(const Tensor& x, int64_t dim);
+Tensor squeeze(const Tensor& x, int64_t dim);
+Tensor expand(const Tensor& x, const Shape& shape);
+Tensor contiguous(const Tensor& x);
+Tensor cat(const std::vector<Tensor>& xs, int64_t dim);
+std::vector<Tensor> split(const Tensor& x, int64_t size, int64_t dim);  // chunks of `size` (last may be smaller)
+Tensor to(const Tensor& x, DType dtype);
+Tensor to(const Tensor& x, const Device& device);
+
+// ---- neural-network functions ---------------------------------------------------------
+Tensor softmax(const Tensor& x, int64_t dim);
+Tensor log_softmax(const Tensor& x, int64_t dim);
+enum class Reduction { mean, sum, none };
+// logits [N, C] (any float dtype; the math is f32), target i64 [N]. Targets
+// equal to ignore_index count neither in the loss nor in the mean.
+Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index = -100,
+                     Reduction reduction = Reduction::mean);
+Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction = Reduction::mean);
+// Over the last dimension; weight and bias [D] may be undefined.
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
+// weight [V, D], indices i64 of any shape -> [..., D].
+Tensor embedding(const Tensor& weight, const Tensor& indices);
+// Zeroes each element with probability p and scales the rest by 1/(1-p).
+Tensor dropout(const Tensor& x, double p, bool training = true, Generator* gen = nullptr);
+// x [N, C, H, W], weight [O, C, kh, kw], bias [O] or undefined.
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(), const Conv2dParams& p = {});
+Tensor max_pool2d(const Tensor& x, const Pool2dParams& p = {});
+// q, k, v [B, H, T, D] -> [B, H, T, D]; softmax(q k^T * scale (+ causal mask)) v.
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal = true,
+                                    std::optional<double> scale = std::nullopt);
+
+}  // namespace mpt

@@ -1,0 +1,141 @@
+// Element-wise ops and their backward rules.
+#include "autograd/function.h"
+#include "autograd/grad_utils.h"
+#include "autograd/ops.h"
+
+namespace mpt {
+
+using prim::binary;
+using prim::unary;
+
+Tensor add(const Tensor& a, const Tensor& b) {
+  Tensor out = prim::add(a, b);
+  if (needs_grad({a, b}))
+    record("add", out, {a, b}, [a, b](const Grads& g) { return Grads{grad_for(g[0], a), grad_for(g[0], b)}; });
+  return out;
+}
+
+Tensor sub(const Tensor& a, const Tensor& b) {
+  Tensor out = prim::sub(a, b);
+  if (needs_grad({a, b}))
+    record("sub", out, {a, b},
+           [a, b](const Grads& g) { return Grads{grad_for(g[0], a), grad_for(prim::neg(g[0]), b)}; });
+  return out;
+}
+
+Tensor mul(const Tensor& a, const Tensor& b) {
+  Tensor out = prim::mul(a, b);
+  if (needs_grad({a, b}))
+    record("mul", out, {a, b}, [a, b](const Grads& g) {
+      return Grads{a.requires_grad() ? grad_for(prim::mul(g[0], b), a) : Tensor(),
+                   b.requires_grad() ? grad_for(prim::mul(g[0], a), b) : Tensor()};
+    });
+  return out;
+}
+
+Tensor div(const Tensor& a, const Tensor& b) {
+  Tensor out = prim::div(a, b);
+  if (needs_grad({a, b}))
+    record("div", out, {a, b}, [a, b, out](const Grads& g) {
+      const Tensor ga = prim::div(g[0], b);
+      // d(a/b)/db = -(a/b)/b
+      return Grads{grad_for(ga, a), b.requires_grad() ? grad_for(prim::neg(prim::mul(ga, out)), b) : Tensor()};
+    });
+  return out;
+}
+
+Tensor add(const Tensor& a, double s) {
+  Tensor out = prim::add_scalar(a, s);
+  if (needs_grad({a})) record("add_scalar", out, {a}, [](const Grads& g) { return Grads{g[0]}; });
+  return out;
+}
+
+Tensor mul(const Tensor& a, double s) {
+  Tensor out = prim::mul_scalar(a, s);
+  if (needs_grad({a})) record("mul_scalar", out, {a}, [s](const Grads& g) { return Grads{prim::mul_scalar(g[0], s)}; });
+  return out;
+}
+
+Tensor neg(const Tensor& x) {
+  Tensor out = prim::neg(x);
+  if (needs_grad({x})) record("neg", out, {x}, [](const Grads& g) { return Grads{prim::neg(g[0])}; });
+  return out;
+}
+
+Tensor pow(const Tensor& x, double p) {
+  Tensor out = unary(UnaryOp::pow_scalar, x, p);
+  if (needs_grad({x}))
+    record("pow", out, {x}, [x, p](const Grads& g) {
+      return Grads{prim::mul(g[0], unary(UnaryOp::affine, unary(UnaryOp::pow_scalar, x, p - 1), p, 0.0))};
+    });
+  return out;
+}
+
+Tensor pow(const Tensor& x, const Tensor& e) {
+  Tensor out = binary(BinaryOp::pow, x, e);
+  if (needs_grad({x, e}))
+    record("pow", out, {x, e}, [x, e, out](const Grads& g) {
+      // d/dx x^e = e x^(e-1) = e * out / x;  d/de x^e = out * log(x)
+      Tensor gx, ge;
+      if (x.requires_grad())
+        gx = grad_for(prim::mul(g[0], prim::mul(e, binary(BinaryOp::pow, x, prim::add_scalar(e, -1.0)))), x);
+      if (e.requires_grad()) ge = grad_for(prim::mul(g[0], prim::mul(out, unary(UnaryOp::log, x))), e);
+      return Grads{gx, ge};
+    });
+  return out;
+}
+
+Tensor exp(const Tensor& x) {
+  Tensor out = unary(UnaryOp::exp, x);
+  if (needs_grad({x})) record("exp", out, {x}, [out](const Grads& g) { return Grads{prim::mul(g[0], out)}; });
+  return out;
+}
+
+Tensor log(const Tensor& x) {
+  Tensor out = unary(UnaryOp::log, x);
+  if (needs_grad({x})) record("log", out, {x}, [x](const Grads& g) { return Grads{prim::div(g[0], x)}; });
+  return out;
+}
+
+Tensor sqrt(const Tensor& x) {
+  Tensor out = unary(UnaryOp::sqrt, x);
+  if (needs_grad({x}))
+    record("sqrt", out, {x}, [out](const Grads& g) {
+      return Grads{prim::div(prim::mul_scalar(g[0], 0.5), out)};
+    });
+  return out;
+}
+
+Tensor tanh(const Tensor& x) {
+  Tensor out = unary(UnaryOp::tanh, x);
+  if (needs_grad({x}))
+    record("tanh", out, {x}, [out](const Grads& g) { return Grads{binary(BinaryOp::tanh_backward, g[0], out)}; });
+  return out;
+}
+
+Tensor sigmoid(const Tensor& x) {
+  Tensor out = unary(UnaryOp::sigmoid, x);
+  if (needs_grad({x}))
+    record("sigmoid", out, {x},
+           [out](const Grads& g) { return Grads{binary(BinaryOp::sigmoid_backward, g[0], out)}; });
+  return out;
+}
+
+Tensor relu(const Tensor& x) {
+  Tensor out = unary(UnaryOp::relu, x);
+  if (needs_grad({x}))
+    record("relu", out, {x}, [x](const Grads& g) { return Grads{binary(BinaryOp::relu_backward, g[0], x)}; });
+  return out;
+}
+
+Tensor gelu(const Tensor& x, GeluApprox approx) {
+  const bool exact = approx == GeluApprox::none;
+  Tensor out = unary(exact ? UnaryOp::gelu_erf : UnaryOp::gelu_tanh, x);
+  if (needs_grad({x}))
+    record("gelu", out, {x}, [x, exact](const Grads& g) {
+      return Grads{binary(exact ? BinaryOp::gelu_erf_backward : BinaryOp::gelu_tanh_backward, g[0], x)};
+    });
+  return out;
+}
+
+}  // namespace mpt

@@ -1,0 +1,222 @@
+// Neural-network functions: softmax family, losses, normalisation,
+// embedding, dropout, convolution, pooling. Softmax, the losses and layer
+// norm compute in f32 (f64 for f64 inputs); softmax and layer norm return
+// the input dtype, the losses their compute dtype.
+#include <cmath>
+#include <limits>
+
+#include "autograd/function.h"
+#include "autograd/grad_utils.h"
+#include "autograd/ops.h"
+
+namespace mpt {
+namespace {
+
+// The dtype these functions compute in: f64 stays f64, all else is f32.
+DType compute_dtype(const Tensor& t) { return t.dtype() == DType::f64 ? DType::f64 : DType::f32; }
+Tensor wide(const Tensor& t) { return prim::to(t, compute_dtype(t)); }
+Tensor as(const Tensor& t, const Tensor& like) { return prim::to(t, like.dtype()); }
+
+Tensor softmax_wide(const Tensor& x32, int64_t dim) {
+  const Tensor e = prim::unary(UnaryOp::exp, prim::sub(x32, prim::amax(x32, {dim}, true)));
+  return prim::div(e, prim::sum(e, {dim}, true));
+}
+
+Tensor log_softmax_wide(const Tensor& x32, int64_t dim) {
+  const Tensor z = prim::sub(x32, prim::amax(x32, {dim}, true));
+  return prim::sub(z, prim::unary(UnaryOp::log, prim::sum(prim::unary(UnaryOp::exp, z), {dim}, true)));
+}
+
+// Validates class indices (or embedding rows) against [0, n), except `ignore`.
+void check_indices(const char* op, const Tensor& idx, int64_t n, std::optional<int64_t> ignore = std::nullopt) {
+  check<DTypeError>(idx.dtype() == DType::i64 || idx.dtype() == DType::i32,
+                    "{}: indices must be i64 or i32, got {}", op, describe(idx));
+  if (idx.numel() == 0) return;
+  for (int64_t v : idx.to_vector<int64_t>()) {
+    if (ignore && v == *ignore) continue;
+    check(v >= 0 && v < n, "{}: index {} is out of range [0, {}){}", op, v, n,
+          ignore ? fmt::format(" (ignore_index is {})", *ignore) : std::string());
+  }
+}
+
+}  // namespace
+
+Tensor softmax(const Tensor& x, int64_t dim) {
+  const Tensor y32 = softmax_wide(wide(x), dim);
+  Tensor out = prim::to(y32, x.dtype());
+  if (needs_grad({x}))
+    record("softmax", out, {x}, [y32, dim, x](const Grads& g) {
+      const Tensor gy = prim::mul(as(g[0], y32), y32);
+      return Grads{prim::to(prim::sub(gy, prim::mul(y32, prim::sum(gy, {dim}, true))), x.dtype())};
+    });
+  return out;
+}
+
+Tensor log_softmax(const Tensor& x, int64_t dim) {
+  const Tensor y32 = log_softmax_wide(wide(x), dim);
+  Tensor out = prim::to(y32, x.dtype());
+  if (needs_grad({x}))
+    record("log_softmax", out, {x}, [y32, dim, x](const Grads& g) {
+      const Tensor g32 = as(g[0], y32);
+      const Tensor gx = prim::sub(g32, prim::mul(prim::unary(UnaryOp::exp, y32), prim::sum(g32, {dim}, true)));
+      return Grads{prim::to(gx, x.dtype())};
+    });
+  return out;
+}
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index, Reduction reduction) {
+  check<ShapeError>(logits.dim() == 2 && target.dim() == 1 && target.shape()[0] == logits.shape()[0],
+                    "cross_entropy: expects logits [N, C] and target [N], got {} and {}", describe(logits),
+                    describe(target));
+  const int64_t classes = logits.shape()[1];
+  check_indices("cross_entropy", target, classes, ignore_index);
+  const Device dev = logits.device();
+  check<DeviceError>(target.device() == dev, "cross_entropy: logits {} and target {} are on different devices",
+                     describe(logits), describe(target));
+  const DType ct = compute_dtype(logits);
+  const Tensor t32 = prim::unsqueeze(prim::to(target, ct), 1);  // class ids are exact in f32 up to 2^24
+  const Tensor onehot = prim::binary(BinaryOp::eq, arange(0, static_cast<double>(classes), 1, ct, dev), t32);
+  const Tensor valid = prim::binary(BinaryOp::ne, t32, full({}, static_cast<double>(ignore_index), ct, dev));
+  const Tensor logp = log_softmax_wide(wide(logits), 1);
+  // Per-sample loss, zero where ignored.
+  const Tensor nll = prim::mul(prim::neg(prim::sum(prim::mul(logp, onehot), {1}, true)), valid);  // [N, 1]
+  const Tensor count = prim::sum(valid);
+  Tensor out;
+  switch (reduction) {
+    case Reduction::none: out = prim::reshape(nll, {-1}); break;
+    case Reduction::sum: out = prim::sum(nll); break;
+    case Reduction::mean: out = prim::div(prim::sum(nll), count); break;
+  }
+  if (needs_grad({logits}))
+    record("cross_entropy", out, {logits}, [logp, onehot, valid, count, reduction, logits](const Grads& g) {
+      // d loss_i / d logits_i = softmax_i - onehot_i, for rows that count.
+      const Tensor g0 = as(g[0], logp);
+      Tensor scale = valid;
+      if (reduction == Reduction::none) scale = prim::mul(valid, prim::unsqueeze(g0, 1));
+      if (reduction == Reduction::sum) scale = prim::mul(valid, g0);
+      if (reduction == Reduction::mean) scale = prim::mul(valid, prim::div(g0, count));
+      const Tensor d = prim::sub(prim::unary(UnaryOp::exp, logp), onehot);
+      return Grads{prim::to(prim::mul(d, scale), logits.dtype())};
+    });
+  return out;
+}
+
+Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
+  check<ShapeError>(input.shape() == target.shape(), "mse_loss: input {} and target {} differ in shape",
+                    describe(input), describe(target));
+  const Tensor d = sub(to(input, compute_dtype(input)), to(target, compute_dtype(input)));
+  const Tensor sq = mul(d, d);
+  switch (reduction) {
+    case Reduction::none: return sq;
+    case Reduction::sum: return sum(sq);
+    case Reduction::mean: break;
+  }
+  return mean(sq);
+}
+
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
+  check<ShapeError>(x.dim() >= 1, "layer_norm: input must have at least one dimension, got {}", describe(x));
+  const int64_t d = x.shape().back();
+  for (const Tensor* p : {&weight, &bias})
+    check<ShapeError>(!p->defined() || p->shape() == Shape{d}, "layer_norm: parameter {} does not match input {}",
+                      describe(*p), describe(x));
+  const Tensor x32 = wide(x);
+  const Tensor xc = prim::sub(x32, prim::mean(x32, {-1}, true));
+  const Tensor rstd =
+      prim::unary(UnaryOp::rsqrt, prim::add_scalar(prim::mean(prim::unary(UnaryOp::square, xc), {-1}, true), eps));
+  const Tensor xhat = prim::mul(xc, rstd);
+  Tensor y = xhat;
+  if (weight.defined()) y = prim::mul(y, as(weight, x32));
+  if (bias.defined()) y = prim::add(y, as(bias, x32));
+  Tensor out = prim::to(y, x.dtype());
+  if (needs_grad({x, weight, bias}))
+    record("layer_norm", out, {x, weight, bias}, [x, weight, bias, xhat, rstd](const Grads& g) {
+      const Tensor gy = as(g[0], xhat);
+      std::vector<int64_t> batch_dims(static_cast<size_t>(x.dim() - 1));
+      for (size_t i = 0; i < batch_dims.size(); ++i) batch_dims[i] = static_cast<int64_t>(i);
+      Tensor gw, gb;
+      if (weight.defined() && weight.requires_grad())
+        gw = prim::to(prim::sum(prim::mul(gy, xhat), batch_dims), weight.dtype());
+      if (bias.defined() && bias.requires_grad()) gb = prim::to(prim::sum(gy, batch_dims), bias.dtype());
+      const Tensor gxhat = weight.defined() ? prim::mul(gy, as(weight, xhat)) : gy;
+      // dx = rstd * (gxhat - mean(gxhat) - xhat * mean(gxhat * xhat))
+      const Tensor inner = prim::sub(prim::sub(gxhat, prim::mean(gxhat, {-1}, true)),
+                                     prim::mul(xhat, prim::mean(prim::mul(gxhat, xhat), {-1}, true)));
+      return Grads{prim::to(prim::mul(inner, rstd), x.dtype()), gw, gb};
+    });
+  return out;
+}
+
+Tensor embedding(const Tensor& weight, const Tensor& indices) {
+  check<ShapeError>(weight.dim() == 2, "embedding: weight must be [num, dim], got {}", describe(weight));
+  check_indices("embedding", indices, weight.shape()[0]);
+  Tensor out = prim::index_select_rows(weight, indices);
+  if (needs_grad({weight}))
+    record("embedding", out, {weight}, [weight, indices](const Grads& g) {
+      Tensor gw = zeros(weight.shape(), weight.dtype(), weight.device());
+      prim::index_add_rows_(gw, indices, prim::to(g[0], weight.dtype()));
+      return Grads{gw};
+    });
+  return out;
+}
+
+Tensor dropout(const Tensor& x, double p, bool training, Generator* gen) {
+  check(p >= 0.0 && p <= 1.0, "dropout: probability must be in [0, 1], got {}", p);
+  if (!training || p == 0.0) return x;
+  const Tensor u = rand(x.shape(), x.dtype(), x.device(), gen);
+  // keep = (u >= p) / (1 - p); p == 1 drops everything.
+  const Tensor keep = prim::unary(UnaryOp::affine, prim::binary(BinaryOp::ge, u, full({}, p, x.dtype(), x.device())),
+                                  p < 1.0 ? 1.0 / (1.0 - p) : 0.0, 0.0);
+  Tensor out = prim::mul(x, keep);
+  if (needs_grad({x})) record("dropout", out, {x}, [keep](const Grads& g) { return Grads{prim::mul(g[0], keep)}; });
+  return out;
+}
+
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dParams& p) {
+  Tensor y = prim::conv2d(x, weight, p);
+  if (bias.defined()) {
+    check<ShapeError>(bias.shape() == Shape{weight.shape()[0]}, "conv2d: bias {} does not match weight {}",
+                      describe(bias), describe(weight));
+    y = prim::add(y, prim::reshape(bias, {1, -1, 1, 1}));
+  }
+  Tensor out = y;
+  if (needs_grad({x, weight, bias}))
+    record("conv2d", out, {x, weight, bias}, [x, weight, bias, p](const Grads& g) {
+      const Tensor go = prim::contiguous(g[0]);
+      Tensor gx, gw, gb;
+      if (x.requires_grad()) gx = prim::conv2d_backward_data(go, weight, x.shape(), p);
+      if (weight.requires_grad()) gw = prim::conv2d_backward_weight(x, go, weight.shape(), p);
+      if (bias.defined() && bias.requires_grad()) gb = prim::to(prim::sum(go, {0, 2, 3}), bias.dtype());
+      return Grads{gx, gw, gb};
+    });
+  return out;
+}
+
+Tensor max_pool2d(const Tensor& x, const Pool2dParams& p) {
+  auto [out, indices] = prim::max_pool2d(x, p);
+  if (needs_grad({x}))
+    record("max_pool2d", out, {x}, [x, indices = indices, p](const Grads& g) {
+      return Grads{prim::max_pool2d_backward(g[0], indices, x.shape(), p)};
+    });
+  return out;
+}
+
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
+                                    std::optional<double> scale) {
+  check<ShapeError>(q.dim() == 4 && k.shape() == q.shape() && v.shape() == q.shape(),
+                    "scaled_dot_product_attention: expects q, k, v of one shape [B, H, T, D], got {}, {}, {}",
+                    describe(q), describe(k), describe(v));
+  const int64_t t = q.shape()[2];
+  const double s = scale.value_or(1.0 / std::sqrt(static_cast<double>(q.shape()[3])));
+  Tensor scores = mul(matmul(q, transpose(k, -1, -2)), s);
+  if (causal) {
+    // 0 on and below the diagonal, -inf above it (log of the keep mask).
+    const Tensor rows = prim::unsqueeze(arange(0, static_cast<double>(t), 1, scores.dtype(), q.device()), 1);
+    const Tensor cols = prim::unsqueeze(arange(0, static_cast<double>(t), 1, scores.dtype(), q.device()), 0);
+    const Tensor keep = prim::binary(BinaryOp::le, cols, rows);
+    scores = add(scores, prim::unary(UnaryOp::log, keep));
+  }
+  return matmul(softmax(scores, -1), v);
+}
+
+}  // namespace mpt

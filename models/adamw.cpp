@@ -1,0 +1,60 @@
+#include "models/adamw.h"
+
+#include <cmath>
+
+#include "tensor/ops.h"
+
+namespace mpt::optim {
+namespace {
+
+const AdamWOptions& validated(const AdamWOptions& o) {
+  check(o.beta1 >= 0 && o.beta1 < 1, "AdamW: invalid beta1 {} (must be in [0, 1))", o.beta1);
+  check(o.beta2 >= 0 && o.beta2 < 1, "AdamW: invalid beta2 {} (must be in [0, 1))", o.beta2);
+  check(std::isfinite(o.eps) && o.eps >= 0, "AdamW: invalid eps {} (must be >= 0)", o.eps);
+  return o;
+}
+
+}  // namespace
+
+AdamW::AdamW(std::vector<Tensor> params, const AdamWOptions& options)
+    : AdamW(std::vector<ParamGroup>{ParamGroup{std::move(params), std::nullopt, std::nullopt}}, options) {}
+
+AdamW::AdamW(std::vector<ParamGroup> groups, const AdamWOptions& options)
+    : Optimizer("AdamW", std::move(groups), options.lr, options.weight_decay), options_(validated(options)) {}
+
+void AdamW::update_group(const Group& group, std::vector<ParamUpdate>& batch) {
+  const double b1 = options_.beta1, b2 = options_.beta2;
+  for (ParamUpdate& u : batch) {
+    const Tensor& p = u.param;
+    const Tensor& g = u.grad;
+    OrderedDict<Tensor>& s = u.state->buffers;
+    if (!s.contains("exp_avg")) {
+      s.insert("exp_avg", zeros(p.shape(), p.dtype(), p.device()));
+      s.insert("exp_avg_sq", zeros(p.shape(), p.dtype(), p.device()));
+    }
+    const Tensor& m = s.at("exp_avg");
+    const Tensor& v = s.at("exp_avg_sq");
+
+    // Decoupled decay: shrink the weights, independent of the gradient.
+    if (group.weight_decay != 0) prim::unary_(UnaryOp::affine, p, p, 1.0 - group.lr * group.weight_decay, 0.0);
+
+    prim::unary_(UnaryOp::affine, m, m, b1, 0.0);
+    prim::binary_(BinaryOp::add, m, m, prim::mul_scalar(g, 1.0 - b1));
+    prim::unary_(UnaryOp::affine, v, v, b2, 0.0);
+    prim::binary_(BinaryOp::add, v, v, prim::mul_scalar(prim::unary(UnaryOp::square, g), 1.0 - b2));
+
+    // Bias corrections in double on the host; t is this parameter's count,
+    // so a parameter that skipped steps is corrected for its own history.
+    const double t = static_cast<double>(u.state->step);
+    const double bc1 = 1.0 - std::pow(b1, t);
+    const double bc2_sqrt = std::sqrt(1.0 - std::pow(b2, t));
+    // denom = sqrt(v) / sqrt(bc2) + eps, in one affine after the sqrt.
+    Tensor denom = prim::unary(UnaryOp::sqrt, v);
+    prim::unary_(UnaryOp::affine, denom, denom, 1.0 / bc2_sqrt, options_.eps);
+    Tensor update = prim::div(m, denom);
+    prim::unary_(UnaryOp::affine, update, update, -group.lr / bc1, 0.0);
+    prim::binary_(BinaryOp::add, p, p, update);
+  }
+}
+
+}  // namespace mpt::optim

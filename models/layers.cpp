@@ -1,0 +1,97 @@
+#include "models/layers.h"
+
+#include "models/init.h"
+
+namespace mpt::nn {
+
+// ---- Linear -------------------------------------------------------------------------------
+
+Linear::Linear(int64_t in, int64_t out, bool with_bias, Generator* gen)
+    : Module("Linear"), in_features(in), out_features(out) {
+  check(in > 0 && out > 0, "Linear: in_features and out_features must be positive, got ({}, {})", in, out);
+  const double bound = init::fan_in_bound(in);
+  weight = register_parameter("weight", init::uniform({out, in}, bound, gen));
+  if (with_bias) bias = register_parameter("bias", init::uniform({out}, bound, gen));
+}
+
+Tensor Linear::forward(const Tensor& x) {
+  check<ShapeError>(x.dim() >= 1 && x.size(-1) == in_features, "Linear({}, {}): input {} must end in {}",
+                    in_features, out_features, describe(x), in_features);
+  return linear(x, weight, bias);
+}
+
+// ---- Conv2d -------------------------------------------------------------------------------
+
+Conv2d::Conv2d(int64_t in, int64_t out, int64_t k, int64_t stride, int64_t padding, bool with_bias, Generator* gen)
+    : Module("Conv2d"), in_channels(in), out_channels(out), kernel_size(k) {
+  check(in > 0 && out > 0 && k > 0, "Conv2d: channels and kernel size must be positive, got ({}, {}, {})", in, out,
+        k);
+  check(stride > 0 && padding >= 0, "Conv2d: stride must be positive and padding >= 0, got stride {} padding {}",
+        stride, padding);
+  geometry.stride_h = geometry.stride_w = stride;
+  geometry.pad_h = geometry.pad_w = padding;
+  // fan_in counts every input a single output sees: channels x window.
+  const double bound = init::fan_in_bound(in * k * k);
+  weight = register_parameter("weight", init::uniform({out, in, k, k}, bound, gen));
+  if (with_bias) bias = register_parameter("bias", init::uniform({out}, bound, gen));
+}
+
+Tensor Conv2d::forward(const Tensor& x) {
+  check<ShapeError>(x.dim() == 4 && x.size(1) == in_channels, "Conv2d({}, {}, {}): input {} must be [N, {}, H, W]",
+                    in_channels, out_channels, kernel_size, describe(x), in_channels);
+  return conv2d(x, weight, bias, geometry);
+}
+
+// ---- LayerNorm -----------------------------------------------------------------------------
+
+LayerNorm::LayerNorm(int64_t d, double eps) : Module("LayerNorm"), d(d), eps(eps) {
+  check(d > 0, "LayerNorm: the normalised size must be positive, got {}", d);
+  check(eps >= 0, "LayerNorm: eps must be >= 0, got {}", eps);
+  weight = register_parameter("weight", ones({d}));
+  bias = register_parameter("bias", zeros({d}));
+}
+
+Tensor LayerNorm::forward(const Tensor& x) {
+  check<ShapeError>(x.dim() >= 1 && x.size(-1) == d, "LayerNorm({}): input {} must end in {}", d, describe(x), d);
+  return layer_norm(x, weight, bias, eps);
+}
+
+// ---- Embedding -----------------------------------------------------------------------------
+
+Embedding::Embedding(int64_t num, int64_t dim, Generator* gen)
+    : Module("Embedding"), num_embeddings(num), embedding_dim(dim) {
+  check(num > 0 && dim > 0, "Embedding: sizes must be positive, got ({}, {})", num, dim);
+  weight = register_parameter("weight", init::normal({num, dim}, gen));
+}
+
+Tensor Embedding::forward(const Tensor& indices) {
+  check<DTypeError>(indices.dtype() == DType::i64, "Embedding({}, {}): indices must be i64, got {}",
+                    num_embeddings, embedding_dim, describe(indices));
+  return embedding(weight, indices);
+}
+
+// ---- Dropout -------------------------------------------------------------------------------
+
+Dropout::Dropout(double p, Generator* gen) : Module("Dropout"), p(p), gen_(gen) {
+  check(p >= 0.0 && p <= 1.0, "Dropout: p must be in [0, 1], got {}", p);
+}
+
+Tensor Dropout::forward(const Tensor& x) {
+  if (!is_training() || p == 0.0) return x;
+  return dropout(x, p, true, gen_);
+}
+
+// ---- MaxPool2d -----------------------------------------------------------------------------
+
+MaxPool2d::MaxPool2d(int64_t kernel_size, std::optional<int64_t> stride, int64_t padding) : Module("MaxPool2d") {
+  const int64_t s = stride.value_or(kernel_size);
+  check(kernel_size > 0 && s > 0 && padding >= 0,
+        "MaxPool2d: kernel {} and stride {} must be positive, padding {} >= 0", kernel_size, s, padding);
+  geometry.kernel_h = geometry.kernel_w = kernel_size;
+  geometry.stride_h = geometry.stride_w = s;
+  geometry.pad_h = geometry.pad_w = padding;
+}
+
+Tensor MaxPool2d::forward(const Tensor& x) { return max_pool2d(x, geometry); }
+
+}  // namespace mpt::nn

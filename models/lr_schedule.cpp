@@ -1,0 +1,37 @@
+#include "models/lr_schedule.h"
+
+#include <cmath>
+#include <numbers>
+
+#include "models/optimizer.h"
+#include "tensor/error.h"
+
+namespace mpt::optim {
+
+LrSchedule LrSchedule::constant(double lr) {
+  check(std::isfinite(lr) && lr >= 0, "LrSchedule::constant: invalid learning rate {} (must be >= 0)", lr);
+  return LrSchedule(Kind::constant, lr, 0, 0, lr);
+}
+
+LrSchedule LrSchedule::cosine(double lr, int64_t warmup_steps, int64_t total_steps, double min_lr) {
+  check(std::isfinite(lr) && lr >= 0, "LrSchedule::cosine: invalid learning rate {} (must be >= 0)", lr);
+  check(std::isfinite(min_lr) && min_lr >= 0 && min_lr <= lr,
+        "LrSchedule::cosine: min_lr {} must be in [0, lr = {}]", min_lr, lr);
+  check(warmup_steps >= 0 && total_steps >= warmup_steps,
+        "LrSchedule::cosine: need 0 <= warmup_steps <= total_steps, got warmup_steps {} total_steps {}",
+        warmup_steps, total_steps);
+  return LrSchedule(Kind::cosine, lr, warmup_steps, total_steps, min_lr);
+}
+
+double LrSchedule::lr_at(int64_t step) const {
+  check(step >= 0, "LrSchedule::lr_at: step must be >= 0, got {}", step);
+  if (kind_ == Kind::constant) return lr_;
+  if (step < warmup_) return lr_ * static_cast<double>(step + 1) / static_cast<double>(warmup_);
+  if (step >= total_) return min_lr_;
+  const double progress = static_cast<double>(step - warmup_) / static_cast<double>(total_ - warmup_);
+  return min_lr_ + (lr_ - min_lr_) * 0.5 * (1.0 + std::cos(std::numbers::pi * progress));
+}
+
+void LrSchedule::apply(Optimizer& optimizer, int64_t step) const { optimizer.set_lr(lr_at(step)); }
+
+}  // namespace mpt::optim

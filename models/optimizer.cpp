@@ -1,0 +1,219 @@
+#include "models/optimizer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <unordered_set>
+
+#include "autograd/grad_mode.h"
+#include "tensor/ops.h"
+
+namespace mpt::optim {
+namespace {
+
+// "state.12.exp_avg" -> {"state", "12", "exp_avg"}; empty when not three parts.
+std::vector<std::string> split_key(const std::string& key) {
+  std::vector<std::string> parts;
+  size_t start = 0;
+  while (true) {
+    const size_t dot = key.find('.', start);
+    parts.push_back(key.substr(start, dot - start));
+    if (dot == std::string::npos) break;
+    start = dot + 1;
+  }
+  if (parts.size() != 3) parts.clear();
+  return parts;
+}
+
+std::optional<size_t> parse_index(const std::string& s) {
+  if (s.empty() || s.size() > 18) return std::nullopt;
+  size_t v = 0;
+  for (char c : s) {
+    if (c < '0' || c > '9') return std::nullopt;
+    v = v * 10 + static_cast<size_t>(c - '0');
+  }
+  return v;
+}
+
+bool is_host_scalar(const Tensor& t) { return t.defined() && t.numel() == 1; }
+
+}  // namespace
+
+Optimizer::Optimizer(std::string name, std::vector<ParamGroup> groups, double default_lr, double default_wd)
+    : name_(std::move(name)) {
+  check(!groups.empty(), "{}: no parameter groups given", name_);
+  std::unordered_set<const TensorImpl*> seen;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    ParamGroup& in = groups[g];
+    check(!in.params.empty(), "{}: parameter group {} is empty", name_, g);
+    Group out;
+    out.lr = in.lr.value_or(default_lr);
+    out.weight_decay = in.weight_decay.value_or(default_wd);
+    check_lr(out.lr, g);
+    check(std::isfinite(out.weight_decay) && out.weight_decay >= 0,
+          "{}: invalid weight_decay {} for group {} (must be >= 0)", name_, out.weight_decay, g);
+    out.first_index = all_params_.size();
+    for (const Tensor& p : in.params) {
+      const size_t i = all_params_.size();
+      check(p.defined(), "{}: parameter {} (group {}) is an undefined tensor", name_, i, g);
+      check<DTypeError>(is_floating(p.dtype()), "{}: parameter {} must be floating, got {}", name_, i, describe(p));
+      // Updating one tensor twice per step is always a bug (tied weights
+      // must be passed once; Module::parameters() does that).
+      check(seen.insert(p.impl_ptr().get()).second, "{}: parameter {} ('{}') appears more than once", name_, i,
+            p.impl_ptr()->autograd ? p.autograd_meta().name : std::string());
+      all_params_.push_back(p);
+      out.params.push_back(p);
+    }
+    groups_.push_back(std::move(out));
+  }
+  states_.resize(all_params_.size());
+}
+
+std::string Optimizer::param_name(size_t index) const {
+  const Tensor& p = all_params_.at(index);
+  if (p.impl_ptr()->autograd && !p.autograd_meta().name.empty()) return p.autograd_meta().name;
+  return fmt::format("param {}", index);
+}
+
+void Optimizer::check_lr(double lr, size_t g) const {
+  check(std::isfinite(lr) && lr >= 0, "{}: invalid learning rate {} for group {} (must be >= 0)", name_, lr, g);
+}
+
+void Optimizer::set_lr(double lr) {
+  for (size_t g = 0; g < groups_.size(); ++g) set_lr(g, lr);
+}
+
+void Optimizer::set_lr(size_t g, double lr) {
+  check(g < groups_.size(), "{}: set_lr: no group {} (there are {})", name_, g, groups_.size());
+  check_lr(lr, g);
+  groups_[g].lr = lr;
+}
+
+void Optimizer::zero_grad() {
+  for (Tensor& p : all_params_) p.set_grad(Tensor());
+}
+
+void Optimizer::step() {
+  NoGradGuard no_grad;
+  std::vector<ParamUpdate> batch;
+  for (const Group& group : groups_) {
+    batch.clear();
+    for (size_t j = 0; j < group.params.size(); ++j) {
+      const Tensor& p = group.params[j];
+      Tensor g = p.grad();
+      if (!g.defined()) continue;
+      const size_t index = group.first_index + j;
+      check<ShapeError>(g.shape() == p.shape(), "{}: gradient {} of '{}' does not match the parameter {}", name_,
+                        describe(g), param_name(index), describe(p));
+      check<DeviceError>(g.device() == p.device(), "{}: gradient {} of '{}' is not on the parameter's device ({})",
+                         name_, describe(g), param_name(index), describe(p));
+      // Mixed precision: 16-bit gradients update f32 master weights.
+      if (g.dtype() != p.dtype()) g = prim::to(g, p.dtype());
+      ParamState& state = states_[index];
+      ++state.step;
+      batch.push_back(ParamUpdate{p, g, &state, index});
+    }
+    if (!batch.empty()) update_group(group, batch);
+  }
+}
+
+// ---- state dict -------------------------------------------------------------------------
+
+StateDict Optimizer::state_dict() const {
+  StateDict out;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    out.insert(fmt::format("group.{}.lr", g), scalar_tensor(groups_[g].lr, DType::f64));
+    out.insert(fmt::format("group.{}.weight_decay", g), scalar_tensor(groups_[g].weight_decay, DType::f64));
+  }
+  for (size_t i = 0; i < states_.size(); ++i) {
+    const ParamState& s = states_[i];
+    if (s.step == 0 && s.buffers.empty()) continue;
+    out.insert(fmt::format("state.{}.step", i), scalar_tensor(static_cast<double>(s.step), DType::i64));
+    for (const auto& [name, t] : s.buffers) out.insert(fmt::format("state.{}.{}", i, name), t);
+  }
+  return out;
+}
+
+void Optimizer::load_state_dict(const StateDict& dict) {
+  const std::vector<std::string> buffers = buffer_names();
+  std::vector<std::string> problems;
+  std::vector<bool> group_lr(groups_.size()), group_wd(groups_.size());
+
+  for (const auto& [key, t] : dict) {
+    const std::vector<std::string> parts = split_key(key);
+    const std::optional<size_t> index = parts.empty() ? std::nullopt : parse_index(parts[1]);
+    if (!index || (parts[0] != "group" && parts[0] != "state")) {
+      problems.push_back(fmt::format("unexpected key '{}'", key));
+      continue;
+    }
+    if (!t.defined()) {
+      problems.push_back(fmt::format("key '{}' holds an undefined tensor", key));
+      continue;
+    }
+    if (parts[0] == "group") {
+      if (*index >= groups_.size()) {
+        problems.push_back(fmt::format("key '{}': this optimizer has {} group(s)", key, groups_.size()));
+      } else if (parts[2] != "lr" && parts[2] != "weight_decay") {
+        problems.push_back(fmt::format("unexpected key '{}'", key));
+      } else if (!is_host_scalar(t)) {
+        problems.push_back(fmt::format("key '{}' must be a scalar, got {}", key, describe(t)));
+      } else {
+        (parts[2] == "lr" ? group_lr : group_wd)[*index] = true;
+      }
+      continue;
+    }
+    if (*index >= all_params_.size()) {
+      problems.push_back(fmt::format("key '{}': this optimizer has {} parameter(s)", key, all_params_.size()));
+    } else if (parts[2] == "step") {
+      if (!is_host_scalar(t)) problems.push_back(fmt::format("key '{}' must be a scalar, got {}", key, describe(t)));
+    } else if (std::find(buffers.begin(), buffers.end(), parts[2]) == buffers.end()) {
+      problems.push_back(fmt::format("unexpected key '{}' ({} keeps no '{}' buffer)", key, name_, parts[2]));
+    } else if (t.shape() != all_params_[*index].shape() || !is_floating(t.dtype())) {
+      problems.push_back(fmt::format("key '{}': {} does not fit parameter '{}' {}", key, describe(t),
+                                     param_name(*index), describe(all_params_[*index])));
+    }
+  }
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    if (!group_lr[g]) problems.push_back(fmt::format("missing key 'group.{}.lr'", g));
+    if (!group_wd[g]) problems.push_back(fmt::format("missing key 'group.{}.weight_decay'", g));
+  }
+  if (!problems.empty()) {
+    std::string msg = fmt::format("{}.load_state_dict: {} problem{}, nothing was loaded:", name_, problems.size(),
+                                  problems.size() == 1 ? "" : "s");
+    for (const std::string& p : problems) msg += "\n  " + p;
+    throw ValueError(msg);
+  }
+
+  // Validate the values too before touching anything.
+  std::vector<Group> groups = groups_;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    groups[g].lr = dict.at(fmt::format("group.{}.lr", g)).item();
+    groups[g].weight_decay = dict.at(fmt::format("group.{}.weight_decay", g)).item();
+    check_lr(groups[g].lr, g);
+    check(std::isfinite(groups[g].weight_decay) && groups[g].weight_decay >= 0,
+          "{}.load_state_dict: invalid weight_decay {} for group {}", name_, groups[g].weight_decay, g);
+  }
+  std::vector<ParamState> states(all_params_.size());
+  NoGradGuard no_grad;
+  for (const auto& [key, t] : dict) {
+    const std::vector<std::string> parts = split_key(key);
+    if (parts[0] != "state") continue;
+    const size_t i = *parse_index(parts[1]);
+    if (parts[2] == "step") {
+      const double step = t.item();
+      check(step >= 0 && step == std::floor(step), "{}.load_state_dict: '{}' must be a count, got {}", name_, key,
+            step);
+      states[i].step = static_cast<int64_t>(step);
+    } else {
+      // A private copy on the parameter's device and dtype: updates are in
+      // place and must not write into the caller's dict.
+      const Tensor& p = all_params_[i];
+      Tensor b = Tensor::empty(p.shape(), p.dtype(), p.device());
+      prim::copy_(b, t);
+      states[i].buffers.insert(parts[2], b);
+    }
+  }
+  groups_ = std::move(groups);
+  states_ = std::move(states);
+}
+
+}  // namespace mpt::optim

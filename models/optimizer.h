@@ -1,0 +1,107 @@
+#pragma once
+// Optimizer: the part every update rule shares. It holds parameter groups
+// (each with its own lr and weight decay, e.g. no decay for biases and
+// norms), per-parameter state, zero_grad(), and a flat state dict.
+//
+// step() collects, per group, the parameters that have a gradient (cast to
+// the parameter's dtype: 16-bit gradients update f32 master weights) and
+// hands the whole batch to update_group(). A rule is written per group, not
+// per parameter, so a multi-tensor or fused kernel can later replace the
+// loop inside one override without touching the bookkeeping here.
+//
+// State dict scheme (one flat name -> Tensor map, so a checkpoint writer
+// needs to know only tensors; scalars are 0-d CPU tensors):
+//   "group.<g>.lr"            f64 0-d   learning rate of group g
+//   "group.<g>.weight_decay"  f64 0-d   weight decay of group g
+//   "state.<i>.step"          i64 0-d   updates parameter i has received
+//   "state.<i>.<buffer>"      tensor    e.g. exp_avg, exp_avg_sq, momentum_buffer
+// <g> counts groups from 0; <i> counts parameters from 0 across the groups
+// in order (PyTorch's numbering). Only parameters that have state appear.
+// Other hyper-parameters (momentum, betas, eps) belong to the constructor
+// and are not saved. The buffers are the live tensors; clone to snapshot.
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "models/ordered_dict.h"
+#include "tensor/tensor.h"
+
+namespace mpt::optim {
+
+using StateDict = OrderedDict<Tensor>;
+
+// Parameters sharing hyper-parameters. Unset values take the optimizer's.
+struct ParamGroup {
+  std::vector<Tensor> params;
+  std::optional<double> lr;
+  std::optional<double> weight_decay;
+};
+
+// What the optimizer remembers about one parameter.
+struct ParamState {
+  int64_t step = 0;               // updates applied to this parameter
+  OrderedDict<Tensor> buffers;    // rule-specific: exp_avg, momentum_buffer, ...
+};
+
+// One parameter taking part in this step.
+struct ParamUpdate {
+  Tensor param;
+  Tensor grad;        // in param's dtype and on its device; do not modify (it may be param.grad())
+  ParamState* state;  // step already incremented for this update
+  size_t index;       // global parameter index (the <i> of the state dict)
+};
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  // One update of every parameter that has a gradient; the others (and
+  // their step counts) are left alone. Runs without recording autograd.
+  void step();
+  // Drops every parameter's gradient (undefined, not zero-filled).
+  void zero_grad();
+
+  const std::string& name() const { return name_; }
+  size_t num_groups() const { return groups_.size(); }
+  const std::vector<Tensor>& group_params(size_t g) const { return groups_.at(g).params; }
+  double lr(size_t g = 0) const { return groups_.at(g).lr; }
+  double weight_decay(size_t g = 0) const { return groups_.at(g).weight_decay; }
+  void set_lr(double lr);             // every group
+  void set_lr(size_t g, double lr);   // one group
+  size_t num_params() const { return states_.size(); }
+  const ParamState& state(size_t index) const { return states_.at(index); }
+
+  StateDict state_dict() const;
+  // Checks every key, shape and group count first; a bad dict changes
+  // nothing. Buffers are copied onto each parameter's device and dtype.
+  void load_state_dict(const StateDict& dict);
+
+ protected:
+  struct Group {
+    std::vector<Tensor> params;
+    double lr = 0;
+    double weight_decay = 0;
+    size_t first_index = 0;  // global index of params[0]
+  };
+
+  Optimizer(std::string name, std::vector<ParamGroup> groups, double default_lr, double default_weight_decay);
+
+  // Applies the rule to every parameter of `batch` (all of group `group`).
+  virtual void update_group(const Group& group, std::vector<ParamUpdate>& batch) = 0;
+  // Names of the per-parameter buffers the rule keeps (for load checks).
+  virtual std::vector<std::string> buffer_names() const = 0;
+
+  // "blocks.0.attn.qkv.weight" when the module named it, else "param <i>".
+  std::string param_name(size_t index) const;
+  void check_lr(double lr, size_t g) const;
+
+ private:
+  std::string name_;
+  std::vector<Group> groups_;
+  std::vector<ParamState> states_;   // one per parameter, by global index
+  std::vector<Tensor> all_params_;   // by global index
+};
+
+}  // namespace mpt::optim

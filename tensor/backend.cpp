@@ -1,0 +1,68 @@
+#include "tensor/backend.h"
+
+#include "tensor/cpu/cpu_backend.h"
+#include "tensor/error.h"
+#ifdef MPT_WITH_CUDA
+#include "tensor/cuda/cuda_backend.h"
+#endif
+
+namespace mpt {
+
+Backend& backend_for(const Device& d) {
+  if (d.is_cpu()) return cpu_backend();
+#ifdef MPT_WITH_CUDA
+  check_device_available(d);
+  return cuda_backend();
+#else
+  throw DeviceError(fmt::format("{} requested, but this build of mptrain has no CUDA support", d.str()));
+#endif
+}
+
+namespace {
+[[noreturn]] void not_available(const char* op) {
+  throw NotAvailableError(fmt::format("{} is not implemented on this device's backend", op));
+}
+}  // namespace
+
+void Backend::index_select_rows(const TensorView&, const TensorView&, const TensorView&) {
+  not_available("index_select_rows");
+}
+void Backend::index_add_rows(const TensorView&, const TensorView&, const TensorView&) {
+  not_available("index_add_rows");
+}
+void Backend::conv2d_forward(const TensorView&, const TensorView&, const TensorView&, const Conv2dParams&) {
+  not_available("conv2d");
+}
+void Backend::conv2d_backward_data(const TensorView&, const TensorView&, const TensorView&, const Conv2dParams&) {
+  not_available("conv2d backward (data)");
+}
+void Backend::conv2d_backward_weight(const TensorView&, const TensorView&, const TensorView&, const Conv2dParams&) {
+  not_available("conv2d backward (weight)");
+}
+void Backend::max_pool2d_forward(const TensorView&, const TensorView&, const TensorView&, const Pool2dParams&) {
+  not_available("max_pool2d");
+}
+void Backend::max_pool2d_backward(const TensorView&, const TensorView&, const TensorView&, const Pool2dParams&) {
+  not_available("max_pool2d backward");
+}
+
+const char* unary_op_name(UnaryOp op) {
+  static constexpr const char* kNames[] = {"neg",  "exp", "log", "sqrt",   "rsqrt",      "tanh",
+                                           "sigmoid", "relu", "gelu_tanh", "gelu_erf", "abs",
+                                           "sin",  "cos", "square", "reciprocal", "affine", "pow", "step"};
+  return kNames[static_cast<int>(op)];
+}
+
+const char* binary_op_name(BinaryOp op) {
+  static constexpr const char* kNames[] = {
+      "add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge",
+      "relu_backward", "gelu_tanh_backward", "gelu_erf_backward", "tanh_backward", "sigmoid_backward"};
+  return kNames[static_cast<int>(op)];
+}
+
+const char* reduce_op_name(ReduceOp op) {
+  static constexpr const char* kNames[] = {"sum", "mean", "amax", "amin", "argmax"};
+  return kNames[static_cast<int>(op)];
+}
+
+}  // namespace mpt

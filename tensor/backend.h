@@ -1,0 +1,115 @@
+#pragma once
+// The narrow interface every device backend implements. Ops in tensor/ops.h
+// check their operands, broadcast, promote and allocate, then call one of
+// these with plain views; a backend only does the arithmetic. Adding a
+// backend or a dtype touches nothing above this file.
+#include <cstdint>
+
+#include "tensor/device.h"
+#include "tensor/tensor_view.h"
+
+namespace mpt {
+
+enum class UnaryOp : uint8_t {
+  neg, exp, log, sqrt, rsqrt, tanh, sigmoid, relu, gelu_tanh, gelu_erf, abs, sin, cos, square, reciprocal,
+  affine,      // x * alpha + beta
+  pow_scalar,  // x ^ alpha
+  step,        // 1 where x > 0, else 0
+};
+
+enum class BinaryOp : uint8_t {
+  add, sub, mul, div, pow, maximum, minimum,
+  eq, ne, lt, le, gt, ge,   // 1 or 0 in the operands' dtype
+  relu_backward,            // a * (b > 0)              (a = grad, b = input)
+  gelu_tanh_backward,       // a * d/dx gelu_tanh(b)
+  gelu_erf_backward,        // a * d/dx gelu_erf(b)
+  tanh_backward,            // a * (1 - b^2)            (b = output)
+  sigmoid_backward,         // a * b * (1 - b)          (b = output)
+};
+
+enum class ReduceOp : uint8_t { sum, mean, max, min, argmax };
+
+const char* unary_op_name(UnaryOp op);
+const char* binary_op_name(BinaryOp op);
+const char* reduce_op_name(ReduceOp op);
+
+// out = alpha * (a @ b) + beta * out, batched. All three are 3-d views:
+// a [batch, m, k], b [batch, k, n], out [batch, m, n] (contiguous). In a and b
+// one of the last two strides is 1; the batch stride may be 0 (broadcast).
+// Half inputs accumulate in f32.
+struct GemmArgs {
+  TensorView a, b, out;
+  float alpha = 1.0f;
+  float beta = 0.0f;
+};
+
+// 2-d convolution geometry (NCHW activations, [out, in, kh, kw] weights).
+struct Conv2dParams {
+  int64_t stride_h = 1, stride_w = 1;
+  int64_t pad_h = 0, pad_w = 0;
+  int64_t dilation_h = 1, dilation_w = 1;
+};
+
+// 2-d max pooling geometry.
+struct Pool2dParams {
+  int64_t kernel_h = 2, kernel_w = 2;
+  int64_t stride_h = 2, stride_w = 2;
+  int64_t pad_h = 0, pad_w = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  // out[...] = value (out may be strided).
+  virtual void fill(const TensorView& out, double value) = 0;
+  // Element-wise copy with dtype conversion; same shape, any strides.
+  virtual void copy(const TensorView& dst, const TensorView& src) = 0;
+  // out = op(in) elementwise; `in` may carry broadcast (0) strides; same dtype.
+  virtual void unary(UnaryOp op, const TensorView& out, const TensorView& in, double alpha, double beta) = 0;
+  // out = op(a, b); a and b already broadcast to out's shape; same dtype.
+  virtual void binary(BinaryOp op, const TensorView& out, const TensorView& a, const TensorView& b) = 0;
+  // `in` is contiguous [outer, k, inner]; out is contiguous [outer, inner].
+  // Floating inputs accumulate in f32 (f64 for f64). argmax writes i64.
+  virtual void reduce(ReduceOp op, const TensorView& out, const TensorView& in, int64_t outer, int64_t k,
+                      int64_t inner) = 0;
+  virtual void gemm(const GemmArgs& args) = 0;
+  // Contiguous out. Element i is drawn from Philox4x32-10 (key = seed,
+  // counter = offset + i / 4), identically on every backend.
+  virtual void uniform(const TensorView& out, uint64_t seed, uint64_t offset, double low, double high) = 0;
+  virtual void normal(const TensorView& out, uint64_t seed, uint64_t offset, double mean, double stddev) = 0;
+  // out[i] = start + i * step, contiguous out.
+  virtual void arange(const TensorView& out, double start, double step) = 0;
+
+  // The ops below have default bodies that throw NotAvailableError, so a
+  // backend can grow them one at a time.
+
+  // Row gather: out[i, :] = table[idx[i], :]. table [V, D], idx i64 [N],
+  // out [N, D], all contiguous; every idx in [0, V) (checked by the caller).
+  virtual void index_select_rows(const TensorView& out, const TensorView& table, const TensorView& idx);
+  // Row scatter-add: table[idx[i], :] += src[i, :] (repeated indices add up).
+  virtual void index_add_rows(const TensorView& table, const TensorView& idx, const TensorView& src);
+
+  // Convolution, all operands contiguous and of one dtype; half types
+  // accumulate in f32. out/grad_* are overwritten.
+  virtual void conv2d_forward(const TensorView& out, const TensorView& x, const TensorView& w,
+                              const Conv2dParams& p);
+  virtual void conv2d_backward_data(const TensorView& grad_x, const TensorView& grad_out, const TensorView& w,
+                                    const Conv2dParams& p);
+  virtual void conv2d_backward_weight(const TensorView& grad_w, const TensorView& x, const TensorView& grad_out,
+                                      const Conv2dParams& p);
+
+  // Max pooling over NCHW, contiguous. `indices` (i64, same shape as out)
+  // receives the flat position (h * W + w) of each maximum in its plane.
+  virtual void max_pool2d_forward(const TensorView& out, const TensorView& indices, const TensorView& x,
+                                  const Pool2dParams& p);
+  // grad_x (overwritten) gets each grad_out element added at its index.
+  virtual void max_pool2d_backward(const TensorView& grad_x, const TensorView& grad_out, const TensorView& indices,
+                                   const Pool2dParams& p);
+};
+
+// The backend for a device type. Throws DeviceError for CUDA in a build
+// without it.
+Backend& backend_for(const Device& d);
+
+}  // namespace mpt

@@ -1,0 +1,127 @@
+// The CPU backend: fill, copy and casts, random numbers and ranges here; the
+// arithmetic in cpu_elementwise.cpp, cpu_reduce.cpp and cpu_gemm.cpp.
+#include "tensor/cpu/cpu_backend.h"
+
+#include <cstring>
+
+#include "tensor/cpu/cpu_kernels.h"
+#include "tensor/philox.h"
+
+namespace mpt {
+namespace {
+
+using cpu::dispatch_all;
+using cpu::for_each_row;
+
+// Converts through double, except float -> 16-bit, which must round once
+// from the float (double rounding could differ from the GPU's).
+template <typename D, typename S>
+D convert(S v) {
+  if constexpr (std::is_same_v<S, float> || std::is_same_v<S, Half> || std::is_same_v<S, BFloat16>) {
+    return static_cast<D>(static_cast<float>(v));
+  } else {
+    return static_cast<D>(static_cast<double>(v));
+  }
+}
+
+template <typename D>
+void fill_typed(const TensorView& out, double value) {
+  const D v = static_cast<D>(value);
+  D* o = static_cast<D*>(out.data);
+  for_each_row<1>(out, {out.strides}, [&](auto off, int64_t n, auto st) {
+    for (int64_t i = 0; i < n; ++i) o[off[0] + i * st[0]] = v;
+  });
+}
+
+template <typename F>
+void generate(const TensorView& out, F value_at) {
+  dispatch_all(out.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    T* o = static_cast<T*>(out.data);
+    const int64_t n = out.numel();
+    for (int64_t i = 0; i < n; ++i) o[i] = static_cast<T>(value_at(i));
+  });
+}
+
+class CpuBackend final : public Backend {
+ public:
+  void fill(const TensorView& out, double value) override {
+    dispatch_all(out.dtype, [&](auto tag) { fill_typed<decltype(tag)>(out, value); });
+  }
+
+  void copy(const TensorView& dst, const TensorView& src) override {
+    if (dst.dtype == src.dtype && dst.is_contiguous() && src.is_contiguous()) {
+      std::memcpy(dst.data, src.data, static_cast<size_t>(dst.numel()) * dtype_size(dst.dtype));
+      return;
+    }
+    dispatch_all(dst.dtype, [&](auto dtag) {
+      dispatch_all(src.dtype, [&](auto stag) {
+        using D = decltype(dtag);
+        using S = decltype(stag);
+        D* d = static_cast<D*>(dst.data);
+        const S* s = static_cast<const S*>(src.data);
+        for_each_row<2>(dst, {dst.strides, src.strides}, [&](auto off, int64_t n, auto st) {
+          for (int64_t i = 0; i < n; ++i) d[off[0] + i * st[0]] = convert<D>(s[off[1] + i * st[1]]);
+        });
+      });
+    });
+  }
+
+  void unary(UnaryOp op, const TensorView& out, const TensorView& in, double alpha, double beta) override {
+    cpu::unary(op, out, in, alpha, beta);
+  }
+  void binary(BinaryOp op, const TensorView& out, const TensorView& a, const TensorView& b) override {
+    cpu::binary(op, out, a, b);
+  }
+  void reduce(ReduceOp op, const TensorView& out, const TensorView& in, int64_t outer, int64_t k,
+              int64_t inner) override {
+    cpu::reduce(op, out, in, outer, k, inner);
+  }
+  void gemm(const GemmArgs& args) override { cpu::gemm(args); }
+
+  void uniform(const TensorView& out, uint64_t seed, uint64_t offset, double low, double high) override {
+    generate(out, [&](int64_t i) { return philox_uniform_at(seed, offset, i) * (high - low) + low; });
+  }
+  void normal(const TensorView& out, uint64_t seed, uint64_t offset, double mean, double stddev) override {
+    generate(out, [&](int64_t i) { return philox_normal_at(seed, offset, i) * stddev + mean; });
+  }
+  void arange(const TensorView& out, double start, double step) override {
+    generate(out, [&](int64_t i) { return start + static_cast<double>(i) * step; });
+  }
+
+  void index_select_rows(const TensorView& out, const TensorView& table, const TensorView& idx) override {
+    cpu::index_select_rows(out, table, idx);
+  }
+  void index_add_rows(const TensorView& table, const TensorView& idx, const TensorView& src) override {
+    cpu::index_add_rows(table, idx, src);
+  }
+  void conv2d_forward(const TensorView& out, const TensorView& x, const TensorView& w,
+                      const Conv2dParams& p) override {
+    cpu::conv2d_forward(out, x, w, p);
+  }
+  void conv2d_backward_data(const TensorView& grad_x, const TensorView& grad_out, const TensorView& w,
+                            const Conv2dParams& p) override {
+    cpu::conv2d_backward_data(grad_x, grad_out, w, p);
+  }
+  void conv2d_backward_weight(const TensorView& grad_w, const TensorView& x, const TensorView& grad_out,
+                              const Conv2dParams& p) override {
+    cpu::conv2d_backward_weight(grad_w, x, grad_out, p);
+  }
+  void max_pool2d_forward(const TensorView& out, const TensorView& indices, const TensorView& x,
+                          const Pool2dParams& p) override {
+    cpu::max_pool2d_forward(out, indices, x, p);
+  }
+  void max_pool2d_backward(const TensorView& grad_x, const TensorView& grad_out, const TensorView& indices,
+                           const Pool2dParams&) override {
+    cpu::max_pool2d_backward(grad_x, grad_out, indices);
+  }
+};
+
+}  // namespace
+
+Backend& cpu_backend() {
+  static CpuBackend backend;
+  return backend;
+}
+
+}  // namespace mpt

@@ -1,0 +1,118 @@
+// 2-d convolution on the CPU: im2col, then one GEMM per image (Eigen). The
+// backward passes use the same column matrix: data = col2im(W^T g),
+// weight = sum over images of g cols^T. 16-bit floats compute in f32.
+#include <Eigen/Core>
+#include <vector>
+
+#include "tensor/cpu/cpu_kernels.h"
+
+namespace mpt::cpu {
+namespace {
+
+struct Geometry {
+  int64_t n, c, h, w, o, kh, kw, ho, wo;
+  Conv2dParams p;
+  int64_t col_rows() const { return c * kh * kw; }
+  int64_t col_cols() const { return ho * wo; }
+};
+
+Geometry geometry(const TensorView& x_like, const TensorView& w, const TensorView& out_like, const Conv2dParams& p) {
+  return {x_like.shape[0], x_like.shape[1], x_like.shape[2], x_like.shape[3], w.shape[0], w.shape[2], w.shape[3],
+          out_like.shape[2], out_like.shape[3], p};
+}
+
+// Visits (column row, column index, input offset or -1 for padding).
+template <typename F>
+void for_each_patch_element(const Geometry& g, F&& f) {
+  for (int64_t ci = 0; ci < g.c; ++ci)
+    for (int64_t ky = 0; ky < g.kh; ++ky)
+      for (int64_t kx = 0; kx < g.kw; ++kx) {
+        const int64_t row = (ci * g.kh + ky) * g.kw + kx;
+        for (int64_t oy = 0; oy < g.ho; ++oy) {
+          const int64_t y = oy * g.p.stride_h - g.p.pad_h + ky * g.p.dilation_h;
+          for (int64_t ox = 0; ox < g.wo; ++ox) {
+            const int64_t x = ox * g.p.stride_w - g.p.pad_w + kx * g.p.dilation_w;
+            const bool inside = y >= 0 && y < g.h && x >= 0 && x < g.w;
+            f(row, oy * g.wo + ox, inside ? (ci * g.h + y) * g.w + x : -1);
+          }
+        }
+      }
+}
+
+template <typename C>
+using Mat = Eigen::Matrix<C, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+template <typename T, typename C>
+Mat<C> load_matrix(const T* p, int64_t rows, int64_t cols) {
+  Mat<C> m(rows, cols);
+  for (int64_t i = 0; i < rows * cols; ++i) m.data()[i] = load<T, C>(p + i);
+  return m;
+}
+
+template <typename T, typename C>
+void store_matrix(T* p, const Mat<C>& m) {
+  for (int64_t i = 0; i < m.size(); ++i) store<T, C>(p + i, m.data()[i]);
+}
+
+template <typename T, typename C>
+Mat<C> im2col(const T* image, const Geometry& g) {
+  Mat<C> cols(g.col_rows(), g.col_cols());
+  for_each_patch_element(g, [&](int64_t r, int64_t col, int64_t off) {
+    cols(r, col) = off < 0 ? C{0} : load<T, C>(image + off);
+  });
+  return cols;
+}
+
+}  // namespace
+
+void conv2d_forward(const TensorView& out, const TensorView& x, const TensorView& w, const Conv2dParams& p) {
+  dispatch_float(x.dtype, "conv2d", [&](auto tag) {
+    using T = decltype(tag);
+    using C = typename ComputeType<T>::type;
+    const Geometry g = geometry(x, w, out, p);
+    const Mat<C> wm = load_matrix<T, C>(static_cast<const T*>(w.data), g.o, g.col_rows());
+    for (int64_t i = 0; i < g.n; ++i) {
+      const Mat<C> cols = im2col<T, C>(static_cast<const T*>(x.data) + i * g.c * g.h * g.w, g);
+      store_matrix<T, C>(static_cast<T*>(out.data) + i * g.o * g.col_cols(), Mat<C>(wm * cols));
+    }
+  });
+}
+
+void conv2d_backward_data(const TensorView& grad_x, const TensorView& grad_out, const TensorView& w,
+                          const Conv2dParams& p) {
+  dispatch_float(grad_x.dtype, "conv2d backward", [&](auto tag) {
+    using T = decltype(tag);
+    using C = typename ComputeType<T>::type;
+    const Geometry g = geometry(grad_x, w, grad_out, p);
+    const Mat<C> wt = load_matrix<T, C>(static_cast<const T*>(w.data), g.o, g.col_rows()).transpose();
+    std::vector<C> image(static_cast<size_t>(g.c * g.h * g.w));
+    for (int64_t i = 0; i < g.n; ++i) {
+      const Mat<C> go = load_matrix<T, C>(static_cast<const T*>(grad_out.data) + i * g.o * g.col_cols(), g.o, g.col_cols());
+      const Mat<C> cols = wt * go;
+      std::fill(image.begin(), image.end(), C{0});
+      for_each_patch_element(g, [&](int64_t r, int64_t col, int64_t off) {
+        if (off >= 0) image[off] += cols(r, col);
+      });
+      T* dst = static_cast<T*>(grad_x.data) + i * g.c * g.h * g.w;
+      for (size_t k = 0; k < image.size(); ++k) store<T, C>(dst + k, image[k]);
+    }
+  });
+}
+
+void conv2d_backward_weight(const TensorView& grad_w, const TensorView& x, const TensorView& grad_out,
+                            const Conv2dParams& p) {
+  dispatch_float(x.dtype, "conv2d backward", [&](auto tag) {
+    using T = decltype(tag);
+    using C = typename ComputeType<T>::type;
+    const Geometry g = geometry(x, grad_w, grad_out, p);
+    Mat<C> acc = Mat<C>::Zero(g.o, g.col_rows());
+    for (int64_t i = 0; i < g.n; ++i) {
+      const Mat<C> cols = im2col<T, C>(static_cast<const T*>(x.data) + i * g.c * g.h * g.w, g);
+      const Mat<C> go = load_matrix<T, C>(static_cast<const T*>(grad_out.data) + i * g.o * g.col_cols(), g.o, g.col_cols());
+      acc.noalias() += go * cols.transpose();
+    }
+    store_matrix<T, C>(static_cast<T*>(grad_w.data), acc);
+  });
+}
+
+}  // namespace mpt::cpu

@@ -1,0 +1,120 @@
+// Element-wise unary and binary kernels on the CPU. Each op is a small
+// functor; the strided loop is shared. 16-bit floats compute in f32.
+#include <cmath>
+
+#include "tensor/cpu/cpu_kernels.h"
+
+namespace mpt::cpu {
+namespace {
+
+constexpr double kSqrt2OverPi = 0.7978845608028654;
+constexpr double kGeluCoeff = 0.044715;
+constexpr double kInvSqrt2 = 0.7071067811865476;
+constexpr double kInvSqrt2Pi = 0.3989422804014327;
+
+template <typename C>
+C gelu_tanh(C x) {
+  const C u = static_cast<C>(kSqrt2OverPi) * (x + static_cast<C>(kGeluCoeff) * x * x * x);
+  return static_cast<C>(0.5) * x * (static_cast<C>(1) + std::tanh(u));
+}
+template <typename C>
+C gelu_tanh_grad(C x) {
+  const C u = static_cast<C>(kSqrt2OverPi) * (x + static_cast<C>(kGeluCoeff) * x * x * x);
+  const C t = std::tanh(u);
+  const C du = static_cast<C>(kSqrt2OverPi) * (static_cast<C>(1) + static_cast<C>(3 * kGeluCoeff) * x * x);
+  return static_cast<C>(0.5) * (static_cast<C>(1) + t) + static_cast<C>(0.5) * x * (static_cast<C>(1) - t * t) * du;
+}
+template <typename C>
+C gelu_erf(C x) {
+  return static_cast<C>(0.5) * x * (static_cast<C>(1) + std::erf(x * static_cast<C>(kInvSqrt2)));
+}
+template <typename C>
+C gelu_erf_grad(C x) {
+  return static_cast<C>(0.5) * (static_cast<C>(1) + std::erf(x * static_cast<C>(kInvSqrt2))) +
+         x * std::exp(static_cast<C>(-0.5) * x * x) * static_cast<C>(kInvSqrt2Pi);
+}
+
+template <typename T, typename F>
+void unary_loop(const TensorView& out, const TensorView& in, F f) {
+  using C = typename ComputeType<T>::type;
+  auto* o = static_cast<T*>(out.data);
+  const auto* x = static_cast<const T*>(in.data);
+  for_each_row<2>(out, {out.strides, in.strides}, [&](auto off, int64_t n, auto st) {
+    for (int64_t i = 0; i < n; ++i) store<T, C>(o + off[0] + i * st[0], f(load<T, C>(x + off[1] + i * st[1])));
+  });
+}
+
+template <typename T, typename F>
+void binary_loop(const TensorView& out, const TensorView& a, const TensorView& b, F f) {
+  using C = typename ComputeType<T>::type;
+  auto* o = static_cast<T*>(out.data);
+  const auto* pa = static_cast<const T*>(a.data);
+  const auto* pb = static_cast<const T*>(b.data);
+  for_each_row<3>(out, {out.strides, a.strides, b.strides}, [&](auto off, int64_t n, auto st) {
+    for (int64_t i = 0; i < n; ++i)
+      store<T, C>(o + off[0] + i * st[0], f(load<T, C>(pa + off[1] + i * st[1]), load<T, C>(pb + off[2] + i * st[2])));
+  });
+}
+
+}  // namespace
+
+void unary(UnaryOp op, const TensorView& out, const TensorView& in, double alpha, double beta) {
+  dispatch_float(out.dtype, unary_op_name(op), [&](auto tag) {
+    using T = decltype(tag);
+    using C = typename ComputeType<T>::type;
+    const C a = static_cast<C>(alpha), b = static_cast<C>(beta);
+    auto run = [&](auto f) { unary_loop<T>(out, in, f); };
+    switch (op) {
+      case UnaryOp::neg: return run([](C x) { return -x; });
+      case UnaryOp::exp: return run([](C x) { return std::exp(x); });
+      case UnaryOp::log: return run([](C x) { return std::log(x); });
+      case UnaryOp::sqrt: return run([](C x) { return std::sqrt(x); });
+      case UnaryOp::rsqrt: return run([](C x) { return static_cast<C>(1) / std::sqrt(x); });
+      case UnaryOp::tanh: return run([](C x) { return std::tanh(x); });
+      case UnaryOp::sigmoid: return run([](C x) { return static_cast<C>(1) / (static_cast<C>(1) + std::exp(-x)); });
+      case UnaryOp::relu: return run([](C x) { return x > 0 ? x : (x == x ? static_cast<C>(0) : x); });
+      case UnaryOp::gelu_tanh: return run([](C x) { return gelu_tanh(x); });
+      case UnaryOp::gelu_erf: return run([](C x) { return gelu_erf(x); });
+      case UnaryOp::abs: return run([](C x) { return std::fabs(x); });
+      case UnaryOp::sin: return run([](C x) { return std::sin(x); });
+      case UnaryOp::cos: return run([](C x) { return std::cos(x); });
+      case UnaryOp::square: return run([](C x) { return x * x; });
+      case UnaryOp::reciprocal: return run([](C x) { return static_cast<C>(1) / x; });
+      case UnaryOp::affine: return run([=](C x) { return x * a + b; });
+      case UnaryOp::pow_scalar: return run([=](C x) { return std::pow(x, a); });
+      case UnaryOp::step: return run([](C x) { return x > 0 ? static_cast<C>(1) : static_cast<C>(0); });
+    }
+  });
+}
+
+void binary(BinaryOp op, const TensorView& out, const TensorView& a, const TensorView& b) {
+  dispatch_float(out.dtype, binary_op_name(op), [&](auto tag) {
+    using T = decltype(tag);
+    using C = typename ComputeType<T>::type;
+    constexpr C one = 1, zero = 0;
+    auto run = [&](auto f) { binary_loop<T>(out, a, b, f); };
+    switch (op) {
+      case BinaryOp::add: return run([](C x, C y) { return x + y; });
+      case BinaryOp::sub: return run([](C x, C y) { return x - y; });
+      case BinaryOp::mul: return run([](C x, C y) { return x * y; });
+      case BinaryOp::div: return run([](C x, C y) { return x / y; });
+      case BinaryOp::pow: return run([](C x, C y) { return std::pow(x, y); });
+      // NaN propagates, as torch.maximum / torch.minimum do.
+      case BinaryOp::maximum: return run([](C x, C y) { return (x != x || x > y) ? x : y; });
+      case BinaryOp::minimum: return run([](C x, C y) { return (x != x || x < y) ? x : y; });
+      case BinaryOp::eq: return run([](C x, C y) { return x == y ? one : zero; });
+      case BinaryOp::ne: return run([](C x, C y) { return x != y ? one : zero; });
+      case BinaryOp::lt: return run([](C x, C y) { return x < y ? one : zero; });
+      case BinaryOp::le: return run([](C x, C y) { return x <= y ? one : zero; });
+      case BinaryOp::gt: return run([](C x, C y) { return x > y ? one : zero; });
+      case BinaryOp::ge: return run([](C x, C y) { return x >= y ? one : zero; });
+      case BinaryOp::relu_backward: return run([](C g, C x) { return x > 0 ? g : zero; });
+      case BinaryOp::gelu_tanh_backward: return run([](C g, C x) { return g * gelu_tanh_grad(x); });
+      case BinaryOp::gelu_erf_backward: return run([](C g, C x) { return g * gelu_erf_grad(x); });
+      case BinaryOp::tanh_backward: return run([](C g, C y) { return g * (one - y * y); });
+      case BinaryOp::sigmoid_backward: return run([](C g, C y) { return g * y * (one - y); });
+    }
+  });
+}
+
+}  // namespace mpt::cpu

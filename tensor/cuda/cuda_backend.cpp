@@ -1,0 +1,213 @@
+// The CUDA backend: checks what the kernels rely on, describes operands as
+// collapsed strided layouts, and hands over to the launchers (kernels.h).
+#include "tensor/cuda/cuda_backend.h"
+
+#include <array>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "tensor/cuda/check.h"
+#include "tensor/cuda/gemm.h"
+#include "tensor/cuda/kernels.h"
+#include "tensor/cuda/runtime.h"
+#include "tensor/device_guard.h"
+#include "tensor/error.h"
+#include "tensor/half.h"
+
+namespace mpt {
+namespace cuda {
+
+void throw_dtype_unsupported(const char* op, DType dtype) {
+  throw DTypeError(fmt::format("CUDA {}: dtype {} is not supported", op, dtype_name(dtype)));
+}
+
+namespace {
+
+Launch current_launch() {
+  Launch l;
+  l.device = current_device();
+  l.stream = current_cuda_stream(l.device);
+  l.sm_count = multiprocessor_count(l.device);
+  return l;
+}
+
+std::string shape_of(const TensorView& v) { return shape_str(Shape(v.shape, v.shape + v.ndim)); }
+
+// Describes N same-shaped views (views[0] the output) as one strided walk:
+// size-1 dimensions dropped, and neighbouring dimensions merged wherever
+// every operand steps through them as through one (so contiguous operands
+// become a single dimension of stride 1).
+template <int N>
+Strided<N> collapse(const std::array<const TensorView*, N>& views, const char* op) {
+  const TensorView& out = *views[0];
+  for (int n = 1; n < N; ++n) {
+    const TensorView& v = *views[n];
+    bool same = v.ndim == out.ndim;
+    for (int d = 0; same && d < out.ndim; ++d) same = v.shape[d] == out.shape[d];
+    check<ShapeError>(same, "CUDA {}: operand of shape {} does not match the output's shape {}", op, shape_of(v),
+                      shape_of(out));
+  }
+  Strided<N> s;
+  for (int n = 0; n < N; ++n) s.data[n] = views[n]->data;
+  for (int d = out.ndim - 1; d >= 0; --d) {  // innermost first
+    if (out.shape[d] == 1) continue;
+    if (s.ndim > 0) {
+      const int last = s.ndim - 1;
+      bool mergeable = true;
+      for (int n = 0; n < N; ++n) mergeable &= views[n]->strides[d] == s.strides[n][last] * s.shape[last];
+      if (mergeable) {
+        s.shape[last] *= out.shape[d];
+        continue;
+      }
+    }
+    s.shape[s.ndim] = out.shape[d];
+    for (int n = 0; n < N; ++n) s.strides[n][s.ndim] = views[n]->strides[d];
+    ++s.ndim;
+  }
+  if (s.ndim == 0) {  // a single element
+    s.ndim = 1;
+    s.shape[0] = 1;
+    for (int n = 0; n < N; ++n) s.strides[n][0] = 1;
+  }
+  return s;
+}
+
+bool is_float(DType t) { return t == DType::f32 || t == DType::f16 || t == DType::bf16 || t == DType::f64; }
+
+void check_float(const char* what, const char* op, DType t) {
+  check<DTypeError>(is_float(t), "CUDA {} {}: dtype {} is not supported (f32, f16, bf16, f64)", what, op,
+                    dtype_name(t));
+}
+
+void check_same_dtype(const char* what, const char* op, const TensorView& out, const TensorView& in) {
+  check<DTypeError>(out.dtype == in.dtype, "CUDA {} {}: operand dtype {} differs from the output's {}", what, op,
+                    dtype_name(in.dtype), dtype_name(out.dtype));
+}
+
+void check_contiguous(const char* op, const TensorView& v) {
+  check<ShapeError>(v.is_contiguous(), "CUDA {}: needs a contiguous tensor (shape {})", op, shape_of(v));
+}
+
+// `value` as the bit pattern of one element of `t`, converted as the CPU does.
+uint64_t element_bits(double value, DType t) {
+  switch (t) {
+    case DType::f32: return float_bits(static_cast<float>(value));
+    case DType::f16: return Half(value).bits;
+    case DType::bf16: return BFloat16(value).bits;
+    case DType::f64: {
+      uint64_t u;
+      std::memcpy(&u, &value, 8);
+      return u;
+    }
+    case DType::i32: return static_cast<uint32_t>(static_cast<int32_t>(value));
+    case DType::i64: return static_cast<uint64_t>(static_cast<int64_t>(value));
+    case DType::u8: return static_cast<uint8_t>(value);
+  }
+  throw_dtype_unsupported("fill", t);
+}
+
+class CudaBackend final : public Backend {
+ public:
+  void fill(const TensorView& out, double value) override {
+    const int64_t n = out.numel();
+    if (n == 0) return;
+    const Launch l = current_launch();
+    const Strided<1> s = collapse<1>({&out}, "fill");
+    const uint64_t bits = element_bits(value, out.dtype);
+    const size_t size = dtype_size(out.dtype);
+    if (s.contiguous() && (bits == 0 || size == 1)) {
+      MPT_CUDA_CHECK(cudaMemsetAsync(out.data, static_cast<int>(bits), static_cast<size_t>(n) * size, l.stream));
+      return;
+    }
+    launch_fill(l, s, size, bits, n);
+  }
+
+  void copy(const TensorView& dst, const TensorView& src) override {
+    const int64_t n = dst.numel();
+    const Strided<2> s = collapse<2>({&dst, &src}, "copy");
+    if (n == 0) return;
+    const Launch l = current_launch();
+    if (dst.dtype == src.dtype && s.contiguous()) {
+      if (dst.data != src.data)
+        MPT_CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, static_cast<size_t>(n) * dtype_size(dst.dtype),
+                                       cudaMemcpyDeviceToDevice, l.stream));
+      return;
+    }
+    launch_copy(l, dst.dtype, src.dtype, s, n);
+  }
+
+  void unary(UnaryOp op, const TensorView& out, const TensorView& in, double alpha, double beta) override {
+    check_float("unary", unary_op_name(op), out.dtype);
+    check_same_dtype("unary", unary_op_name(op), out, in);
+    const Strided<2> s = collapse<2>({&out, &in}, unary_op_name(op));
+    const int64_t n = out.numel();
+    if (n == 0) return;
+    launch_unary(current_launch(), op, out.dtype, s, n, alpha, beta);
+  }
+
+  void binary(BinaryOp op, const TensorView& out, const TensorView& a, const TensorView& b) override {
+    check_float("binary", binary_op_name(op), out.dtype);
+    check_same_dtype("binary", binary_op_name(op), out, a);
+    check_same_dtype("binary", binary_op_name(op), out, b);
+    const Strided<3> s = collapse<3>({&out, &a, &b}, binary_op_name(op));
+    const int64_t n = out.numel();
+    if (n == 0) return;
+    launch_binary(current_launch(), op, out.dtype, s, n);
+  }
+
+  void reduce(ReduceOp op, const TensorView& out, const TensorView& in, int64_t outer, int64_t k,
+              int64_t inner) override {
+    const char* name = reduce_op_name(op);
+    const DType t = in.dtype;
+    check_float("reduce", name, t);
+    const DType want = op == ReduceOp::argmax ? DType::i64 : t;
+    check<DTypeError>(out.dtype == want, "CUDA reduce {}: output dtype {} should be {}", name, dtype_name(out.dtype),
+                      dtype_name(want));
+    check_contiguous(name, in);
+    check_contiguous(name, out);
+    check<ShapeError>(outer >= 0 && k >= 0 && inner >= 0 && in.numel() == outer * k * inner &&
+                          out.numel() == outer * inner,
+                      "CUDA reduce {}: [outer {}, k {}, inner {}] does not fit input {} and output {}", name, outer,
+                      k, inner, shape_of(in), shape_of(out));
+    launch_reduce(current_launch(), op, t, in.data, out.data, outer, k, inner);
+  }
+
+  void gemm(const GemmArgs& args) override { cuda::gemm(args); }
+
+  void uniform(const TensorView& out, uint64_t seed, uint64_t offset, double low, double high) override {
+    random(out, seed, offset, false, low, high, "uniform");
+  }
+
+  void normal(const TensorView& out, uint64_t seed, uint64_t offset, double mean, double stddev) override {
+    random(out, seed, offset, true, mean, stddev, "normal");
+  }
+
+  void arange(const TensorView& out, double start, double step) override {
+    check_contiguous("arange", out);
+    const int64_t n = out.numel();
+    if (n == 0) return;
+    launch_arange(current_launch(), out.data, out.dtype, n, start, step);
+  }
+
+ private:
+  static void random(const TensorView& out, uint64_t seed, uint64_t offset, bool normal, double a, double b,
+                     const char* name) {
+    check<DTypeError>(is_float(out.dtype), "CUDA {}: dtype {} is not supported (f32, f16, bf16, f64)", name,
+                      dtype_name(out.dtype));
+    check_contiguous(name, out);
+    const int64_t n = out.numel();
+    if (n == 0) return;
+    launch_random(current_launch(), out.data, out.dtype, n, seed, offset, normal, a, b);
+  }
+};
+
+}  // namespace
+}  // namespace cuda
+
+Backend& cuda_backend() {
+  static cuda::CudaBackend backend;
+  return backend;
+}
+
+}  // namespace mpt

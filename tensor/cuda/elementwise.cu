@@ -1,0 +1,207 @@
+// Unary and binary element-wise kernels: one kernel per dtype, with the op a
+// runtime switch (uniform across the grid, so it costs no divergence) rather
+// than a template parameter: 8 kernels instead of 8 x 36, for compile time.
+// The formulas are those of tensor/cpu/cpu_elementwise.cpp, written the same
+// way so that both round alike.
+#include "tensor/cuda/kernel_utils.cuh"
+
+namespace mpt::cuda {
+namespace {
+
+// The precise (not the fast-math) CUDA functions, by argument type.
+__device__ __forceinline__ float m_exp(float x) { return expf(x); }
+__device__ __forceinline__ double m_exp(double x) { return exp(x); }
+__device__ __forceinline__ float m_log(float x) { return logf(x); }
+__device__ __forceinline__ double m_log(double x) { return log(x); }
+__device__ __forceinline__ float m_sqrt(float x) { return sqrtf(x); }
+__device__ __forceinline__ double m_sqrt(double x) { return sqrt(x); }
+__device__ __forceinline__ float m_tanh(float x) { return tanhf(x); }
+__device__ __forceinline__ double m_tanh(double x) { return tanh(x); }
+__device__ __forceinline__ float m_erf(float x) { return erff(x); }
+__device__ __forceinline__ double m_erf(double x) { return erf(x); }
+__device__ __forceinline__ float m_sin(float x) { return sinf(x); }
+__device__ __forceinline__ double m_sin(double x) { return sin(x); }
+__device__ __forceinline__ float m_cos(float x) { return cosf(x); }
+__device__ __forceinline__ double m_cos(double x) { return cos(x); }
+__device__ __forceinline__ float m_abs(float x) { return fabsf(x); }
+__device__ __forceinline__ double m_abs(double x) { return fabs(x); }
+__device__ __forceinline__ float m_pow(float x, float y) { return powf(x, y); }
+__device__ __forceinline__ double m_pow(double x, double y) { return pow(x, y); }
+
+constexpr double kSqrt2OverPi = 0.79788456080286535588;  // sqrt(2 / pi)
+constexpr double kGeluCubic = 0.044715;
+constexpr double kInvSqrt2 = 0.70710678118654752440;     // 1 / sqrt(2)
+constexpr double kInvSqrt2Pi = 0.39894228040143267794;   // 1 / sqrt(2 pi)
+
+// d/dx of 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3).
+template <typename C>
+__device__ __forceinline__ C gelu_tanh_grad(C x) {
+  const C x2 = x * x;
+  const C t = m_tanh(C(kSqrt2OverPi) * (x + C(kGeluCubic) * x2 * x));
+  const C du = C(kSqrt2OverPi) * (C(1) + C(3 * kGeluCubic) * x2);
+  return C(0.5) * (C(1) + t) + C(0.5) * x * (C(1) - t * t) * du;
+}
+
+// d/dx of x Phi(x) = Phi(x) + x phi(x).
+template <typename C>
+__device__ __forceinline__ C gelu_erf_grad(C x) {
+  return C(0.5) * (C(1) + m_erf(x * C(kInvSqrt2))) + x * m_exp(C(-0.5) * x * x) * C(kInvSqrt2Pi);
+}
+
+template <typename C>
+__device__ __forceinline__ C unary_value(UnaryOp op, C x, C alpha, C beta) {
+  switch (op) {
+    case UnaryOp::neg: return -x;
+    case UnaryOp::exp: return m_exp(x);
+    case UnaryOp::log: return m_log(x);
+    case UnaryOp::sqrt: return m_sqrt(x);
+    case UnaryOp::rsqrt: return C(1) / m_sqrt(x);  // not rsqrt(): its 2-ulp error would differ from the CPU
+    case UnaryOp::tanh: return m_tanh(x);
+    case UnaryOp::sigmoid: return C(1) / (C(1) + m_exp(-x));
+    case UnaryOp::relu: return x > C(0) ? x : (x == x ? C(0) : x);  // NaN stays NaN
+    case UnaryOp::gelu_tanh:
+      return C(0.5) * x * (C(1) + m_tanh(C(kSqrt2OverPi) * (x + C(kGeluCubic) * x * x * x)));
+    case UnaryOp::gelu_erf: return C(0.5) * x * (C(1) + m_erf(x * C(kInvSqrt2)));
+    case UnaryOp::abs: return m_abs(x);
+    case UnaryOp::sin: return m_sin(x);
+    case UnaryOp::cos: return m_cos(x);
+    case UnaryOp::square: return x * x;
+    case UnaryOp::reciprocal: return C(1) / x;
+    case UnaryOp::affine: return x * alpha + beta;
+    case UnaryOp::pow_scalar: return m_pow(x, alpha);
+    case UnaryOp::step: return x > C(0) ? C(1) : C(0);
+  }
+  return x;
+}
+
+template <typename C>
+__device__ __forceinline__ C binary_value(BinaryOp op, C a, C b) {
+  switch (op) {
+    case BinaryOp::add: return a + b;
+    case BinaryOp::sub: return a - b;
+    case BinaryOp::mul: return a * b;
+    case BinaryOp::div: return a / b;
+    case BinaryOp::pow: return m_pow(a, b);
+    // NaN in either operand gives NaN, as in PyTorch.
+    case BinaryOp::maximum: return (a != a || a > b) ? a : b;
+    case BinaryOp::minimum: return (a != a || a < b) ? a : b;
+    case BinaryOp::eq: return C(a == b);
+    case BinaryOp::ne: return C(a != b);
+    case BinaryOp::lt: return C(a < b);
+    case BinaryOp::le: return C(a <= b);
+    case BinaryOp::gt: return C(a > b);
+    case BinaryOp::ge: return C(a >= b);
+    case BinaryOp::relu_backward: return b > C(0) ? a : C(0);
+    case BinaryOp::gelu_tanh_backward: return a * gelu_tanh_grad(b);
+    case BinaryOp::gelu_erf_backward: return a * gelu_erf_grad(b);
+    case BinaryOp::tanh_backward: return a * (C(1) - b * b);
+    case BinaryOp::sigmoid_backward: return a * b * (C(1) - b);
+  }
+  return a;
+}
+
+template <typename T>
+__global__ void unary_kernel(UnaryOp op, Strided<2> s, int64_t n, typename Element<T>::Compute alpha,
+                             typename Element<T>::Compute beta, bool contiguous, bool packed) {
+  using E = Element<T>;
+  T* out = static_cast<T*>(s.data[0]);
+  const T* in = static_cast<const T*>(s.data[1]);
+  if (!contiguous) {
+    for_each_strided(s, n, [&](const int64_t (&off)[2]) {
+      out[off[0]] = E::store(unary_value(op, E::load(in[off[1]]), alpha, beta));
+    });
+    return;
+  }
+  const int64_t first = global_thread(), step = grid_threads();
+  int64_t tail = 0;
+  if (packed) {
+    constexpr int V = 16 / sizeof(T);
+    using P = Pack<T, V>;
+    const int64_t packs = n / V;
+    for (int64_t p = first; p < packs; p += step) {
+      const P x = reinterpret_cast<const P*>(in)[p];
+      P y;
+#pragma unroll
+      for (int j = 0; j < V; ++j) y.v[j] = E::store(unary_value(op, E::load(x.v[j]), alpha, beta));
+      reinterpret_cast<P*>(out)[p] = y;
+    }
+    tail = packs * V;
+  }
+  for (int64_t i = tail + first; i < n; i += step) out[i] = E::store(unary_value(op, E::load(in[i]), alpha, beta));
+}
+
+template <typename T>
+__global__ void binary_kernel(BinaryOp op, Strided<3> s, int64_t n, bool contiguous, bool packed) {
+  using E = Element<T>;
+  T* out = static_cast<T*>(s.data[0]);
+  const T* a = static_cast<const T*>(s.data[1]);
+  const T* b = static_cast<const T*>(s.data[2]);
+  if (!contiguous) {
+    for_each_strided(s, n, [&](const int64_t (&off)[3]) {
+      out[off[0]] = E::store(binary_value(op, E::load(a[off[1]]), E::load(b[off[2]])));
+    });
+    return;
+  }
+  const int64_t first = global_thread(), step = grid_threads();
+  int64_t tail = 0;
+  if (packed) {
+    constexpr int V = 16 / sizeof(T);
+    using P = Pack<T, V>;
+    const int64_t packs = n / V;
+    for (int64_t p = first; p < packs; p += step) {
+      const P x = reinterpret_cast<const P*>(a)[p];
+      const P y = reinterpret_cast<const P*>(b)[p];
+      P z;
+#pragma unroll
+      for (int j = 0; j < V; ++j) z.v[j] = E::store(binary_value(op, E::load(x.v[j]), E::load(y.v[j])));
+      reinterpret_cast<P*>(out)[p] = z;
+    }
+    tail = packs * V;
+  }
+  for (int64_t i = tail + first; i < n; i += step) out[i] = E::store(binary_value(op, E::load(a[i]), E::load(b[i])));
+}
+
+template <typename T>
+void unary_typed(const Launch& l, UnaryOp op, const Strided<2>& s, int64_t n, double alpha, double beta) {
+  using C = typename Element<T>::Compute;
+  const bool contiguous = s.contiguous();
+  const bool packed = contiguous && aligned_to(16, {s.data[0], s.data[1]});
+  const int64_t work = packed ? n / (16 / sizeof(T)) + 1 : n;
+  unary_kernel<T><<<grid_for(l, work), kThreads, 0, l.stream>>>(op, s, n, static_cast<C>(alpha),
+                                                                 static_cast<C>(beta), contiguous, packed);
+  MPT_CUDA_CHECK_LAUNCH("unary_kernel");
+}
+
+template <typename T>
+void binary_typed(const Launch& l, BinaryOp op, const Strided<3>& s, int64_t n) {
+  const bool contiguous = s.contiguous();
+  const bool packed = contiguous && aligned_to(16, {s.data[0], s.data[1], s.data[2]});
+  const int64_t work = packed ? n / (16 / sizeof(T)) + 1 : n;
+  binary_kernel<T><<<grid_for(l, work), kThreads, 0, l.stream>>>(op, s, n, contiguous, packed);
+  MPT_CUDA_CHECK_LAUNCH("binary_kernel");
+}
+
+}  // namespace
+
+void launch_unary(const Launch& l, UnaryOp op, DType dtype, const Strided<2>& s, int64_t n, double alpha,
+                  double beta) {
+  switch (dtype) {
+    case DType::f32: return unary_typed<float>(l, op, s, n, alpha, beta);
+    case DType::f64: return unary_typed<double>(l, op, s, n, alpha, beta);
+    case DType::f16: return unary_typed<__half>(l, op, s, n, alpha, beta);
+    case DType::bf16: return unary_typed<__nv_bfloat16>(l, op, s, n, alpha, beta);
+    default: throw_dtype_unsupported("unary", dtype);
+  }
+}
+
+void launch_binary(const Launch& l, BinaryOp op, DType dtype, const Strided<3>& s, int64_t n) {
+  switch (dtype) {
+    case DType::f32: return binary_typed<float>(l, op, s, n);
+    case DType::f64: return binary_typed<double>(l, op, s, n);
+    case DType::f16: return binary_typed<__half>(l, op, s, n);
+    case DType::bf16: return binary_typed<__nv_bfloat16>(l, op, s, n);
+    default: throw_dtype_unsupported("binary", dtype);
+  }
+}
+
+}  // namespace mpt::cuda

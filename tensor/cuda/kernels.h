@@ -1,0 +1,63 @@
+#pragma once
+// Internal: the kernel launchers behind the CUDA backend. cuda_backend.cpp
+// checks operands and prepares these arguments; the .cu files only launch.
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "tensor/backend.h"
+#include "tensor/dtype.h"
+#include "tensor/shape.h"
+
+namespace mpt::cuda {
+
+// Throws DTypeError naming the op (out of line: kernel files stay free of fmt).
+[[noreturn]] void throw_dtype_unsupported(const char* op, DType dtype);
+
+struct Launch {
+  int device = 0;
+  cudaStream_t stream = nullptr;
+  int sm_count = 1;
+};
+
+// N operands walked together over one shape (operand 0 is the output), with
+// size-1 dimensions dropped and mergeable neighbours merged, and dimensions
+// stored innermost first. Fully contiguous operands end up as one dimension
+// of stride 1, which the kernels take as their fast path.
+template <int N>
+struct Strided {
+  void* data[N] = {};
+  int ndim = 0;
+  int64_t shape[kMaxDims] = {};
+  int64_t strides[N][kMaxDims] = {};
+
+  bool contiguous() const {
+    if (ndim == 0) return true;
+    if (ndim > 1) return false;
+    for (int n = 0; n < N; ++n)
+      if (strides[n][0] != 1) return false;
+    return true;
+  }
+};
+
+// All operands share `dtype` (f32, f16, bf16, f64).
+void launch_unary(const Launch& l, UnaryOp op, DType dtype, const Strided<2>& s, int64_t n, double alpha,
+                  double beta);
+void launch_binary(const Launch& l, BinaryOp op, DType dtype, const Strided<3>& s, int64_t n);
+
+// Element-wise conversion, any dtypes.
+void launch_copy(const Launch& l, DType dst, DType src, const Strided<2>& s, int64_t n);
+// Writes the element_size-byte pattern `bits` everywhere.
+void launch_fill(const Launch& l, const Strided<1>& s, size_t element_size, uint64_t bits, int64_t n);
+// Contiguous out.
+void launch_arange(const Launch& l, void* out, DType dtype, int64_t n, double start, double step);
+void launch_random(const Launch& l, void* out, DType dtype, int64_t n, uint64_t seed, uint64_t offset, bool normal,
+                   double a, double b);
+
+// in: contiguous [outer, k, inner] of in_dtype; out: contiguous [outer, inner]
+// of in_dtype, or i64 for argmax.
+void launch_reduce(const Launch& l, ReduceOp op, DType in_dtype, const void* in, void* out, int64_t outer,
+                   int64_t k, int64_t inner);
+
+}  // namespace mpt::cuda

@@ -1,0 +1,252 @@
+// Reductions of a contiguous [outer, k, inner] tensor over k.
+//
+// inner == 1 (rows): a warp per row for short rows, a block per row for long
+//   ones, combining with warp shuffles.
+// inner > 1 (columns): threads side by side along inner, so each step over k
+//   reads consecutive addresses, and several threads per column share k.
+// When that leaves too few blocks to fill the GPU (a handful of long rows,
+// say a full sum), k is also split across blocks: each writes a partial
+// result to a workspace and a second kernel combines them.
+//
+// The combine step is associative and commutative, also for argmax (larger
+// value wins, NaN beats everything, ties go to the lower index), so every
+// split and tree order gives the same index as a left-to-right scan.
+#include "tensor/cuda/caching_allocator.h"
+#include "tensor/cuda/kernel_utils.cuh"
+
+namespace mpt::cuda {
+namespace {
+
+template <typename A>
+struct Acc {
+  A v;
+  int64_t i;  // argmax only
+};
+
+template <typename A>
+__device__ __forceinline__ bool is_nan(A x) {
+  return x != x;
+}
+
+template <typename A>
+__device__ __forceinline__ A infinity() {
+  return A(__builtin_huge_val());
+}
+
+template <typename A>
+__device__ __forceinline__ Acc<A> identity(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::max: return {-infinity<A>(), 0};
+    case ReduceOp::min: return {infinity<A>(), 0};
+    case ReduceOp::argmax: return {-infinity<A>(), INT64_MAX};
+    default: return {A(0), 0};
+  }
+}
+
+template <typename A>
+__device__ __forceinline__ Acc<A> combine(ReduceOp op, const Acc<A>& a, const Acc<A>& b) {
+  switch (op) {
+    case ReduceOp::max:
+      if (is_nan(a.v)) return a;
+      return (is_nan(b.v) || b.v > a.v) ? b : a;
+    case ReduceOp::min:
+      if (is_nan(a.v)) return a;
+      return (is_nan(b.v) || b.v < a.v) ? b : a;
+    case ReduceOp::argmax: {
+      const bool an = is_nan(a.v), bn = is_nan(b.v);
+      if (an != bn) return an ? a : b;
+      if (!an && a.v != b.v) return a.v > b.v ? a : b;
+      return a.i <= b.i ? a : b;
+    }
+    default: return {a.v + b.v, 0};
+  }
+}
+
+template <typename A>
+__device__ __forceinline__ Acc<A> warp_reduce(ReduceOp op, Acc<A> acc) {
+#pragma unroll
+  for (int delta = 16; delta > 0; delta /= 2) {
+    const Acc<A> other{__shfl_down_sync(0xffffffffu, acc.v, delta), __shfl_down_sync(0xffffffffu, acc.i, delta)};
+    acc = combine(op, acc, other);
+  }
+  return acc;
+}
+
+template <typename T, typename A>
+__device__ __forceinline__ void write_result(ReduceOp op, void* out, int64_t idx, const Acc<A>& acc, int64_t k) {
+  if (op == ReduceOp::argmax) {
+    static_cast<int64_t*>(out)[idx] = acc.i;
+  } else {
+    // Times the reciprocal, as the CPU does, so both round alike.
+    const A v = op == ReduceOp::mean ? acc.v * (A(1) / static_cast<A>(k)) : acc.v;
+    static_cast<T*>(out)[idx] = Element<T>::store(v);
+  }
+}
+
+struct Split {
+  int64_t chunk;  // k per split
+  int splits;
+};
+
+// blockDim (32, R): a warp per row; or (L, 1): a block per row. Without
+// splitting (splits == 1) the result goes to out, else to partial[row, split].
+template <typename T>
+__global__ void reduce_rows_kernel(ReduceOp op, const T* in, void* out, Acc<typename Element<T>::Compute>* partial,
+                                   int64_t outer, int64_t k, Split split) {
+  using A = typename Element<T>::Compute;
+  __shared__ Acc<A> warp_results[32];
+  const int64_t k0 = blockIdx.y * split.chunk, k1 = min(k, k0 + split.chunk);
+  // Loop bounds are uniform within a row group, so the barriers below are
+  // reached by the whole block (blockDim.y == 1 whenever they are used).
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y; row < outer;
+       row += static_cast<int64_t>(gridDim.x) * blockDim.y) {
+    const T* p = in + row * k;
+    Acc<A> acc = identity<A>(op);
+    for (int64_t j = k0 + threadIdx.x; j < k1; j += blockDim.x) acc = combine(op, acc, Acc<A>{Element<T>::load(p[j]), j});
+    acc = warp_reduce(op, acc);
+    if (blockDim.x > 32) {
+      const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+      if (lane == 0) warp_results[warp] = acc;
+      __syncthreads();
+      if (warp == 0) {
+        acc = lane < static_cast<int>(blockDim.x / 32) ? warp_results[lane] : identity<A>(op);
+        acc = warp_reduce(op, acc);
+      }
+      __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+      if (split.splits == 1) write_result<T>(op, out, row, acc, k);
+      else partial[row * split.splits + blockIdx.y] = acc;
+    }
+  }
+}
+
+// blockDim (X, Y), X * Y == kThreads: x along inner, y along k.
+template <typename T>
+__global__ void reduce_cols_kernel(ReduceOp op, const T* in, void* out, Acc<typename Element<T>::Compute>* partial,
+                                   int64_t outer, int64_t k, int64_t inner, Split split) {
+  using A = typename Element<T>::Compute;
+  __shared__ Acc<A> tile[kThreads];
+  const int64_t k0 = blockIdx.y * split.chunk, k1 = min(k, k0 + split.chunk);
+  const int64_t tiles_per_row = (inner + blockDim.x - 1) / blockDim.x;
+  const int tid = threadIdx.y * blockDim.x + threadIdx.x;
+  for (int64_t t = blockIdx.x; t < outer * tiles_per_row; t += gridDim.x) {  // uniform across the block
+    const int64_t o = t / tiles_per_row;
+    const int64_t i = (t % tiles_per_row) * blockDim.x + threadIdx.x;
+    Acc<A> acc = identity<A>(op);
+    if (i < inner) {
+      const T* p = in + o * k * inner + i;
+      for (int64_t j = k0 + threadIdx.y; j < k1; j += blockDim.y)
+        acc = combine(op, acc, Acc<A>{Element<T>::load(p[j * inner]), j});
+    }
+    tile[tid] = acc;
+    __syncthreads();
+    if (threadIdx.y == 0 && i < inner) {
+      for (int r = 1; r < static_cast<int>(blockDim.y); ++r) acc = combine(op, acc, tile[r * blockDim.x + threadIdx.x]);
+      if (split.splits == 1) write_result<T>(op, out, o * inner + i, acc, k);
+      else partial[(o * split.splits + blockIdx.y) * inner + i] = acc;
+    }
+    __syncthreads();
+  }
+}
+
+// partial [outer, splits, inner] -> out [outer, inner]. With splits == 0
+// (k == 0) it writes the identity: sum 0, mean NaN, max -inf.
+template <typename T>
+__global__ void reduce_finalize_kernel(ReduceOp op, const Acc<typename Element<T>::Compute>* partial, void* out,
+                                       int64_t outer, int64_t inner, int splits, int64_t k) {
+  using A = typename Element<T>::Compute;
+  for (int64_t idx = global_thread(); idx < outer * inner; idx += grid_threads()) {
+    const int64_t o = idx / inner, i = idx % inner;
+    Acc<A> acc = identity<A>(op);
+    for (int s = 0; s < splits; ++s) acc = combine(op, acc, partial[(o * splits + s) * inner + i]);
+    write_result<T>(op, out, idx, acc, k);
+  }
+}
+
+// Splits k when `blocks` would leave the GPU idle, keeping at least
+// min_chunk elements of k per split.
+Split choose_split(const Launch& l, int64_t blocks, int64_t k, int64_t min_chunk) {
+  const int64_t target = 2 * static_cast<int64_t>(l.sm_count);
+  int64_t splits = 1;
+  if (blocks < target) splits = std::min((target + blocks - 1) / blocks, (k + min_chunk - 1) / min_chunk);
+  splits = std::clamp<int64_t>(splits, 1, 1024);
+  const int64_t chunk = (k + splits - 1) / splits;
+  return Split{chunk, static_cast<int>((k + chunk - 1) / chunk)};
+}
+
+// A stream-ordered scratch buffer: freed right after the launches that use
+// it were queued, the block can only be reused by later work on this stream.
+class Workspace {
+ public:
+  Workspace(const Launch& l, size_t nbytes) : device_(l.device), ptr_(caching_allocator(l.device).allocate(nbytes, l.stream)) {}
+  ~Workspace() { caching_allocator(device_).free(ptr_); }
+  Workspace(const Workspace&) = delete;
+  Workspace& operator=(const Workspace&) = delete;
+  void* get() const { return ptr_; }
+
+ private:
+  int device_;
+  void* ptr_;
+};
+
+template <typename T>
+void reduce_typed(const Launch& l, ReduceOp op, const void* in_ptr, void* out, int64_t outer, int64_t k,
+                  int64_t inner) {
+  using A = typename Element<T>::Compute;
+  const T* in = static_cast<const T*>(in_ptr);
+  if (outer * inner == 0) return;
+  if (k == 0) {
+    reduce_finalize_kernel<T><<<grid_for(l, outer * inner), kThreads, 0, l.stream>>>(op, nullptr, out, outer, inner, 0, k);
+    MPT_CUDA_CHECK_LAUNCH("reduce_finalize_kernel");
+    return;
+  }
+  const int64_t max_blocks = static_cast<int64_t>(l.sm_count) * (2048 / kThreads);
+  dim3 block;
+  int64_t blocks;
+  Split split;
+  if (inner == 1) {
+    // Rows of up to 1024 elements: a warp each (8 rows per block); longer
+    // rows: a block each.
+    block = k <= 1024 ? dim3(32, kThreads / 32) : dim3(kThreads, 1);
+    blocks = (outer + block.y - 1) / block.y;
+    split = choose_split(l, blocks, k, 8 * block.x);
+  } else {
+    unsigned x = 1;
+    while (x < 32 && x < inner) x *= 2;
+    block = dim3(x, kThreads / x);
+    blocks = outer * ((inner + x - 1) / x);
+    split = choose_split(l, blocks, k, 8 * block.y);
+  }
+  const dim3 grid(static_cast<unsigned>(std::min(blocks, max_blocks)), static_cast<unsigned>(split.splits));
+
+  if (split.splits == 1) {
+    if (inner == 1) reduce_rows_kernel<T><<<grid, block, 0, l.stream>>>(op, in, out, nullptr, outer, k, split);
+    else reduce_cols_kernel<T><<<grid, block, 0, l.stream>>>(op, in, out, nullptr, outer, k, inner, split);
+    MPT_CUDA_CHECK_LAUNCH("reduce kernel");
+    return;
+  }
+  Workspace ws(l, static_cast<size_t>(outer * split.splits * inner) * sizeof(Acc<A>));
+  auto* partial = static_cast<Acc<A>*>(ws.get());
+  if (inner == 1) reduce_rows_kernel<T><<<grid, block, 0, l.stream>>>(op, in, out, partial, outer, k, split);
+  else reduce_cols_kernel<T><<<grid, block, 0, l.stream>>>(op, in, out, partial, outer, k, inner, split);
+  MPT_CUDA_CHECK_LAUNCH("reduce kernel");
+  reduce_finalize_kernel<T><<<grid_for(l, outer * inner), kThreads, 0, l.stream>>>(op, partial, out, outer, inner,
+                                                                                  split.splits, k);
+  MPT_CUDA_CHECK_LAUNCH("reduce_finalize_kernel");
+}
+
+}  // namespace
+
+void launch_reduce(const Launch& l, ReduceOp op, DType in_dtype, const void* in, void* out, int64_t outer, int64_t k,
+                   int64_t inner) {
+  switch (in_dtype) {
+    case DType::f32: return reduce_typed<float>(l, op, in, out, outer, k, inner);
+    case DType::f64: return reduce_typed<double>(l, op, in, out, outer, k, inner);
+    case DType::f16: return reduce_typed<__half>(l, op, in, out, outer, k, inner);
+    case DType::bf16: return reduce_typed<__nv_bfloat16>(l, op, in, out, outer, k, inner);
+    default: throw_dtype_unsupported(reduce_op_name(op), in_dtype);
+  }
+}
+
+}  // namespace mpt::cuda

@@ -1,0 +1,85 @@
+// The CUDA entry points of the tensor core in a build without CUDA: asking
+// for a CUDA device fails with a DeviceError that says why, and everything
+// that merely touches the CPU keeps working.
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "tensor/cuda/gemm.h"
+#include "tensor/device.h"
+#include "tensor/device_memory.h"
+#include "tensor/error.h"
+#include "tensor/memory.h"
+#include "tensor/stream.h"
+
+namespace mpt {
+namespace {
+
+[[noreturn]] void no_cuda(int index) {
+  throw DeviceError(fmt::format(
+      "cuda:{} requested, but this build of mptrain has no CUDA support (configure with the CUDA toolkit installed)",
+      index));
+}
+
+void require_cpu(const Device& d) {
+  if (d.is_cuda()) no_cuda(d.index);
+}
+
+}  // namespace
+
+bool cuda_built() { return false; }
+int cuda_device_count() { return 0; }
+void check_device_available(const Device& d) { require_cpu(d); }
+
+// ---- streams and events: CPU work is synchronous, so these do nothing ----------
+
+Stream Stream::create(const Device& device, int) {
+  require_cpu(device);
+  return Stream(device, nullptr);
+}
+void Stream::synchronize() const { require_cpu(device_); }
+Stream current_stream(const Device& device) {
+  require_cpu(device);
+  return Stream(device, nullptr);
+}
+void set_current_stream(const Stream& s) { require_cpu(s.device()); }
+void synchronize(const Device& device) { require_cpu(device); }
+
+Event::Event(const Device& device, bool) : device_(device) { require_cpu(device); }
+Event::~Event() = default;
+void Event::record(const Stream& s) { require_cpu(s.device()); }
+void Event::wait(const Stream& s) const { require_cpu(s.device()); }
+void Event::synchronize() const {}
+bool Event::query() const { return true; }
+float Event::elapsed_ms(const Event&) const {
+  throw ValueError("Event::elapsed_ms: timing needs CUDA events, and this build has no CUDA support");
+}
+
+// ---- memory -------------------------------------------------------------------
+
+MemoryStats memory_stats(const Device& device) {
+  require_cpu(device);
+  return {};
+}
+void reset_peak_memory_stats(const Device& device) { require_cpu(device); }
+void empty_cache() {}
+void record_stream(void*, const Stream& stream) { require_cpu(stream.device()); }
+
+std::shared_ptr<Storage> cuda_storage(size_t, const Device& device) {
+  no_cuda(device.is_cuda() ? device.index : 0);
+}
+
+void memcpy_between(void* dst, const Device& dst_device, const void* src, const Device& src_device, size_t nbytes) {
+  require_cpu(dst_device);
+  require_cpu(src_device);
+  if (nbytes) std::memcpy(dst, src, nbytes);
+}
+
+// ---- tensor/cuda/gemm.h, so that tools can set it in any build ------------------
+
+namespace cuda {
+void set_allow_tf32(bool) {}
+bool allow_tf32() { return false; }
+}  // namespace cuda
+
+}  // namespace mpt

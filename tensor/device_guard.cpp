@@ -1,0 +1,30 @@
+#include "tensor/device_guard.h"
+
+#ifdef MPT_WITH_CUDA
+#include <cuda_runtime.h>
+
+#include "tensor/cuda/check.h"
+#endif
+
+namespace mpt {
+
+DeviceGuard::DeviceGuard(const Device& d) {
+#ifdef MPT_WITH_CUDA
+  if (!d.is_cuda()) return;
+  int current = 0;
+  MPT_CUDA_CHECK(cudaGetDevice(&current));
+  if (current == d.index) return;
+  MPT_CUDA_CHECK(cudaSetDevice(d.index));
+  previous_ = current;
+#else
+  (void)d;
+#endif
+}
+
+DeviceGuard::~DeviceGuard() {
+#ifdef MPT_WITH_CUDA
+  if (previous_ >= 0) cudaSetDevice(previous_);  // a destructor must not throw
+#endif
+}
+
+}  // namespace mpt

@@ -1,0 +1,512 @@
+#include "tensor/ops.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "tensor/dispatch.h"
+#include "tensor/device_memory.h"
+
+namespace mpt {
+namespace {
+
+void check_same_device(const char* op, const Tensor& a, const Tensor& b) {
+  if (a.device() != b.device())
+    throw DeviceError(fmt::format("{}: operands are on different devices: {} and {}", op, describe(a), describe(b)));
+}
+
+void check_floating(const char* op, const Tensor& t) {
+  if (!is_floating(t.dtype()))
+    throw DTypeError(fmt::format("{}: expected a floating tensor (f32, f16, bf16, f64), got {}", op, describe(t)));
+}
+
+// A view of `t` with `t`'s strides stretched to `shape` (0 where broadcast).
+TensorView broadcast_view(const Tensor& t, const Shape& shape) {
+  TensorView v = t.view();
+  const Shape st = broadcast_strides(t.shape(), t.strides(), shape);
+  v.ndim = static_cast<int>(shape.size());
+  for (int i = 0; i < v.ndim; ++i) {
+    v.shape[i] = shape[i];
+    v.strides[i] = st[i];
+  }
+  return v;
+}
+
+
+// Strides for viewing (shape, strides) as `to`, when no copy is needed.
+std::optional<Shape> view_strides(const Shape& old_shape, const Shape& old_strides, const Shape& to) {
+  Shape out(to.size());
+  if (numel(old_shape) == 0 || old_shape.empty()) return contiguous_strides(to);
+  int64_t view_d = static_cast<int64_t>(to.size()) - 1;
+  int64_t chunk_base_stride = old_strides.back();
+  int64_t tensor_numel = 1, view_numel = 1;
+  for (int64_t d = static_cast<int64_t>(old_shape.size()) - 1; d >= 0; --d) {
+    tensor_numel *= old_shape[d];
+    // At the start of a chunk of dimensions that are laid out contiguously
+    // with each other, the new dimensions covering the chunk take its strides.
+    if (d == 0 || (old_shape[d - 1] != 1 && old_strides[d - 1] != tensor_numel * chunk_base_stride)) {
+      while (view_d >= 0 && (view_numel < tensor_numel || to[view_d] == 1)) {
+        out[view_d] = view_numel * chunk_base_stride;
+        view_numel *= to[view_d];
+        --view_d;
+      }
+      if (view_numel != tensor_numel) return std::nullopt;
+      if (d > 0) {
+        chunk_base_stride = old_strides[d - 1];
+        tensor_numel = 1;
+        view_numel = 1;
+      }
+    }
+  }
+  if (view_d != -1) return std::nullopt;
+  return out;
+}
+
+Shape infer_shape(const Tensor& t, Shape shape, const char* op) {
+  int64_t known = 1;
+  int infer = -1;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] == -1) {
+      check<ShapeError>(infer < 0, "{}: only one dimension can be -1 in {}", op, shape_str(shape));
+      infer = static_cast<int>(i);
+    } else {
+      check<ShapeError>(shape[i] >= 0, "{}: invalid shape {}", op, shape_str(shape));
+      known *= shape[i];
+    }
+  }
+  if (infer >= 0) {
+    check<ShapeError>(known != 0 && t.numel() % known == 0, "{}: cannot view {} as {}", op, describe(t),
+                      shape_str(shape));
+    shape[infer] = t.numel() / known;
+  }
+  check<ShapeError>(numel(shape) == t.numel(), "{}: shape {} has {} elements, but the tensor {} has {}", op,
+                    shape_str(shape), numel(shape), describe(t), t.numel());
+  return shape;
+}
+
+Tensor with_layout(const Tensor& t, Shape shape, Shape strides, int64_t offset) {
+  return Tensor::view_of(t.storage(), std::move(shape), std::move(strides), offset, t.dtype());
+}
+
+}  // namespace
+
+// ---- creation ----------------------------------------------------------------
+
+Tensor zeros(const Shape& shape, DType dtype, const Device& device) { return full(shape, 0.0, dtype, device); }
+Tensor ones(const Shape& shape, DType dtype, const Device& device) { return full(shape, 1.0, dtype, device); }
+
+Tensor full(const Shape& shape, double value, DType dtype, const Device& device) {
+  Tensor t = Tensor::empty(shape, dtype, device);
+  prim::fill_(t, value);
+  return t;
+}
+
+Tensor arange(double start, double end, double step, DType dtype, const Device& device) {
+  check(step != 0.0, "arange: step must not be zero");
+  const auto n = static_cast<int64_t>(std::max(0.0, std::ceil((end - start) / step)));
+  Tensor t = Tensor::empty({n}, dtype, device);
+  if (n > 0) on_device(device, [&](Backend& b) { b.arange(t.view(), start, step); });
+  return t;
+}
+
+Tensor randn(const Shape& shape, DType dtype, const Device& device, Generator* gen) {
+  Generator& g = gen ? *gen : default_generator();
+  Tensor t = Tensor::empty(shape, dtype, device);
+  check_floating("randn", t);
+  const uint64_t offset = g.take(t.numel());
+  if (t.numel() > 0) on_device(device, [&](Backend& b) { b.normal(t.view(), g.seed(), offset, 0.0, 1.0); });
+  return t;
+}
+
+Tensor rand(const Shape& shape, DType dtype, const Device& device, Generator* gen, double low, double high) {
+  Generator& g = gen ? *gen : default_generator();
+  Tensor t = Tensor::empty(shape, dtype, device);
+  check_floating("rand", t);
+  const uint64_t offset = g.take(t.numel());
+  if (t.numel() > 0) on_device(device, [&](Backend& b) { b.uniform(t.view(), g.seed(), offset, low, high); });
+  return t;
+}
+
+template <typename T>
+Tensor from_vector(const std::vector<T>& values, const Shape& shape, DType dtype, const Device& device) {
+  check<ShapeError>(static_cast<int64_t>(values.size()) == numel(shape),
+                    "from_vector: {} values do not fill shape {} ({} elements)", values.size(), shape_str(shape),
+                    numel(shape));
+  DType host_dtype;
+  if constexpr (std::is_same_v<T, float>) host_dtype = DType::f32;
+  else if constexpr (std::is_same_v<T, double>) host_dtype = DType::f64;
+  else if constexpr (std::is_same_v<T, Half>) host_dtype = DType::f16;
+  else if constexpr (std::is_same_v<T, BFloat16>) host_dtype = DType::bf16;
+  else if constexpr (std::is_same_v<T, int32_t>) host_dtype = DType::i32;
+  else if constexpr (std::is_same_v<T, int64_t>) host_dtype = DType::i64;
+  else host_dtype = DType::u8;
+  Tensor host = Tensor::empty(shape, host_dtype, kCPU);
+  if (!values.empty()) std::memcpy(host.data_ptr(), values.data(), values.size() * sizeof(T));
+  return prim::to(prim::to(host, dtype), device);
+}
+template Tensor from_vector(const std::vector<float>&, const Shape&, DType, const Device&);
+template Tensor from_vector(const std::vector<double>&, const Shape&, DType, const Device&);
+template Tensor from_vector(const std::vector<Half>&, const Shape&, DType, const Device&);
+template Tensor from_vector(const std::vector<BFloat16>&, const Shape&, DType, const Device&);
+template Tensor from_vector(const std::vector<int32_t>&, const Shape&, DType, const Device&);
+template Tensor from_vector(const std::vector<int64_t>&, const Shape&, DType, const Device&);
+template Tensor from_vector(const std::vector<uint8_t>&, const Shape&, DType, const Device&);
+
+Tensor from_vector(const std::vector<float>& values, const Shape& shape, const Device& device) {
+  return from_vector<float>(values, shape, DType::f32, device);
+}
+
+Tensor scalar_tensor(double value, DType dtype, const Device& device) { return full({}, value, dtype, device); }
+
+namespace prim {
+
+// ---- copies and conversions -----------------------------------------------------
+
+void fill_(const Tensor& dst, double value) {
+  if (dst.numel() == 0) return;
+  on_device(dst.device(), [&](Backend& b) { b.fill(dst.view(), value); });
+}
+
+void copy_(const Tensor& dst, const Tensor& src) {
+  const Shape shape = broadcast_shapes(dst.shape(), src.shape(), "copy_");
+  check<ShapeError>(shape == dst.shape(), "copy_: source {} does not broadcast to destination {}", describe(src),
+                    describe(dst));
+  if (dst.numel() == 0) return;
+  const bool same_memory_space = dst.device() == src.device() || (dst.device().is_cpu() && src.device().is_cpu());
+  if (same_memory_space) {
+    on_device(dst.device(), [&](Backend& b) { b.copy(dst.view(), broadcast_view(src, shape)); });
+    return;
+  }
+  // Across devices: make the source a dense block of the destination's
+  // shape on its own device, move the bytes, convert on the destination.
+  Tensor dense = src;
+  if (src.shape() != shape || !src.is_contiguous()) dense = contiguous(expand(src, shape));
+  if (dst.is_contiguous() && dst.dtype() == src.dtype()) {
+    memcpy_between(dst.data_ptr(), dst.device(), dense.data_ptr(), dense.device(), dense.nbytes());
+    return;
+  }
+  Tensor staging = Tensor::empty(shape, src.dtype(), dst.device());
+  memcpy_between(staging.data_ptr(), staging.device(), dense.data_ptr(), dense.device(), dense.nbytes());
+  copy_(dst, staging);
+}
+
+Tensor to(const Tensor& t, const Device& device) {
+  if (t.device() == device) return t;
+  check_device_available(device);
+  Tensor out = Tensor::empty(t.shape(), t.dtype(), device);
+  copy_(out, t);
+  return out;
+}
+
+Tensor to(const Tensor& t, DType dtype) {
+  if (t.dtype() == dtype) return t;
+  Tensor out = Tensor::empty(t.shape(), dtype, t.device());
+  copy_(out, t);
+  return out;
+}
+
+Tensor contiguous(const Tensor& t) { return t.is_contiguous() ? t : clone(t); }
+
+Tensor clone(const Tensor& t) {
+  Tensor out = Tensor::empty(t.shape(), t.dtype(), t.device());
+  copy_(out, t);
+  return out;
+}
+
+// ---- views ----------------------------------------------------------------------
+
+Tensor view(const Tensor& t, Shape shape) {
+  shape = infer_shape(t, std::move(shape), "view");
+  auto strides = view_strides(t.shape(), t.strides(), shape);
+  check<ShapeError>(strides.has_value(),
+                    "view: {} with strides {} cannot be viewed as {} without a copy (use reshape)", describe(t),
+                    shape_str(t.strides()), shape_str(shape));
+  return with_layout(t, std::move(shape), std::move(*strides), t.offset());
+}
+
+Tensor reshape(const Tensor& t, Shape shape) {
+  shape = infer_shape(t, std::move(shape), "reshape");
+  if (auto strides = view_strides(t.shape(), t.strides(), shape))
+    return with_layout(t, std::move(shape), std::move(*strides), t.offset());
+  return view(clone(t), std::move(shape));
+}
+
+Tensor transpose(const Tensor& t, int64_t d0, int64_t d1) {
+  const int a = normalize_dim(d0, t.dim(), "transpose"), b = normalize_dim(d1, t.dim(), "transpose");
+  Shape shape = t.shape(), strides = t.strides();
+  if (t.dim() == 0) return t;
+  std::swap(shape[a], shape[b]);
+  std::swap(strides[a], strides[b]);
+  return with_layout(t, std::move(shape), std::move(strides), t.offset());
+}
+
+Tensor permute(const Tensor& t, const std::vector<int64_t>& dims) {
+  check<ShapeError>(static_cast<int64_t>(dims.size()) == t.dim(), "permute: {} dimensions given for {}", dims.size(),
+                    describe(t));
+  Shape shape(dims.size()), strides(dims.size());
+  std::vector<bool> seen(dims.size(), false);
+  for (size_t i = 0; i < dims.size(); ++i) {
+    const int d = normalize_dim(dims[i], t.dim(), "permute");
+    check<ShapeError>(!seen[d], "permute: dimension {} repeated", d);
+    seen[d] = true;
+    shape[i] = t.shape()[d];
+    strides[i] = t.strides()[d];
+  }
+  return with_layout(t, std::move(shape), std::move(strides), t.offset());
+}
+
+Tensor slice(const Tensor& t, int64_t dim, int64_t start, int64_t end, int64_t step) {
+  const int d = normalize_dim(dim, t.dim(), "slice");
+  check<ValueError>(step > 0, "slice: step must be positive, got {}", step);
+  const int64_t n = t.shape()[d];
+  if (start < 0) start += n;
+  if (end < 0) end += n;
+  start = std::clamp<int64_t>(start, 0, n);
+  end = std::clamp<int64_t>(end, start, n);
+  Shape shape = t.shape(), strides = t.strides();
+  shape[d] = (end - start + step - 1) / step;
+  strides[d] *= step;
+  return with_layout(t, std::move(shape), std::move(strides), t.offset() + start * t.strides()[d]);
+}
+
+Tensor expand(const Tensor& t, const Shape& shape) {
+  const Shape b = broadcast_shapes(t.shape(), shape, "expand");
+  check<ShapeError>(b == shape, "expand: {} cannot be expanded to {}", describe(t), shape_str(shape));
+  return with_layout(t, shape, broadcast_strides(t.shape(), t.strides(), shape), t.offset());
+}
+
+Tensor unsqueeze(const Tensor& t, int64_t dim) {
+  const int d = normalize_dim(dim, t.dim() + 1, "unsqueeze");
+  Shape shape = t.shape(), strides = t.strides();
+  const int64_t stride = d < t.dim() ? t.shape()[d] * t.strides()[d] : 1;
+  shape.insert(shape.begin() + d, 1);
+  strides.insert(strides.begin() + d, stride);
+  return with_layout(t, std::move(shape), std::move(strides), t.offset());
+}
+
+Tensor squeeze(const Tensor& t, int64_t dim) {
+  const int d = normalize_dim(dim, t.dim(), "squeeze");
+  if (t.shape()[d] != 1) return t;
+  Shape shape = t.shape(), strides = t.strides();
+  shape.erase(shape.begin() + d);
+  strides.erase(strides.begin() + d);
+  return with_layout(t, std::move(shape), std::move(strides), t.offset());
+}
+
+// ---- element-wise -------------------------------------------------------------------
+
+void unary_(UnaryOp op, const Tensor& out, const Tensor& x, double alpha, double beta) {
+  const char* name = unary_op_name(op);
+  check_same_device(name, out, x);
+  check_floating(name, x);
+  check<DTypeError>(out.dtype() == x.dtype(), "{}: output {} and input {} differ in dtype", name, describe(out),
+                    describe(x));
+  check<ShapeError>(broadcast_shapes(out.shape(), x.shape(), name) == out.shape(),
+                    "{}: input {} does not broadcast to output {}", name, describe(x), describe(out));
+  if (out.numel() == 0) return;
+  on_device(out.device(), [&](Backend& b) { b.unary(op, out.view(), broadcast_view(x, out.shape()), alpha, beta); });
+}
+
+Tensor unary(UnaryOp op, const Tensor& x, double alpha, double beta) {
+  check_floating(unary_op_name(op), x);
+  Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
+  unary_(op, out, x, alpha, beta);
+  return out;
+}
+
+void binary_(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b) {
+  const char* name = binary_op_name(op);
+  check_same_device(name, a, b);
+  check_same_device(name, out, a);
+  const Shape shape = broadcast_shapes(a.shape(), b.shape(), name);
+  check<ShapeError>(shape == out.shape(), "{}: output {} does not have the broadcast shape {} of {} and {}", name,
+                    describe(out), shape_str(shape), describe(a), describe(b));
+  check_floating(name, out);
+  const Tensor ca = to(a, out.dtype()), cb = to(b, out.dtype());
+  if (out.numel() == 0) return;
+  on_device(out.device(), [&](Backend& be) {
+    be.binary(op, out.view(), broadcast_view(ca, shape), broadcast_view(cb, shape));
+  });
+}
+
+Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
+  const char* name = binary_op_name(op);
+  check_same_device(name, a, b);
+  const DType dtype = promote(a.dtype(), b.dtype());
+  check<DTypeError>(is_floating(dtype), "{}: expected floating operands, got {} and {}", name, describe(a),
+                    describe(b));
+  Tensor out = Tensor::empty(broadcast_shapes(a.shape(), b.shape(), name), dtype, a.device());
+  binary_(op, out, a, b);
+  return out;
+}
+
+// ---- reductions ---------------------------------------------------------------------
+
+Tensor reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t>& dims_in, bool keepdim) {
+  const char* name = reduce_op_name(op);
+  check_floating(name, x);
+  const int64_t nd = x.dim();
+  std::vector<bool> reduced(static_cast<size_t>(nd), dims_in.empty());
+  for (int64_t d : dims_in) {
+    const int n = normalize_dim(d, nd, name);
+    if (nd > 0) reduced[n] = true;
+  }
+  Shape out_shape;
+  int64_t k = 1;
+  for (int64_t d = 0; d < nd; ++d) {
+    if (reduced[d]) {
+      k *= x.shape()[d];
+      if (keepdim) out_shape.push_back(1);
+    } else {
+      out_shape.push_back(x.shape()[d]);
+    }
+  }
+  const DType out_dtype = op == ReduceOp::argmax ? DType::i64 : x.dtype();
+  Tensor out = Tensor::empty(out_shape, out_dtype, x.device());
+  if (out.numel() == 0) return out;
+  if (k == 0) {
+    check<ShapeError>(op == ReduceOp::sum || op == ReduceOp::mean, "{}: cannot reduce {} over an empty dimension",
+                      name, describe(x));
+    fill_(out, op == ReduceOp::sum ? 0.0 : std::nan(""));
+    return out;
+  }
+  // Lay the input out as [outer, k, inner]: in place when the reduced
+  // dimensions are one contiguous run of a contiguous tensor, otherwise by
+  // moving them last and copying.
+  int first = -1, last = -1;
+  for (int64_t d = 0; d < nd; ++d)
+    if (reduced[d] && x.shape()[d] != 1) {
+      if (first < 0) first = static_cast<int>(d);
+      last = static_cast<int>(d);
+    }
+  bool run = true;
+  for (int d = first; first >= 0 && d <= last; ++d) run = run && (reduced[d] || x.shape()[d] == 1);
+  Tensor src = x;
+  int64_t outer = 1, inner = 1;
+  if (x.is_contiguous() && run) {
+    for (int d = 0; d < first; ++d) outer *= x.shape()[d];
+    for (int64_t d = last + 1; first >= 0 && d < nd; ++d) inner *= x.shape()[d];
+    if (first < 0) outer = x.numel();  // only size-1 dimensions reduced
+  } else {
+    std::vector<int64_t> order;
+    for (int64_t d = 0; d < nd; ++d)
+      if (!reduced[d]) order.push_back(d);
+    for (int64_t d = 0; d < nd; ++d)
+      if (reduced[d]) order.push_back(d);
+    src = contiguous(permute(x, order));
+    outer = x.numel() / k;
+  }
+  on_device(x.device(), [&](Backend& b) { b.reduce(op, out.view(), src.view(), outer, k, inner); });
+  return out;
+}
+
+Tensor argmax(const Tensor& x, int64_t dim, bool keepdim) {
+  return reduce(ReduceOp::argmax, x, {dim}, keepdim);
+}
+
+// ---- matrix products ------------------------------------------------------------------
+
+namespace {
+
+// Folds all leading (batch) dimensions of a view into one, if its strides
+// allow; returns the fold's stride.
+std::optional<int64_t> fold_batch(const Shape& shape, const Shape& strides, size_t batch_dims) {
+  int64_t stride = 0;
+  bool any = false;
+  for (size_t i = batch_dims; i-- > 0;) {
+    if (shape[i] == 1) continue;
+    if (!any) {
+      stride = strides[i];
+      any = true;
+      continue;
+    }
+    // The next-outer dimension must step over everything inside it.
+    int64_t inner_span = 1;
+    for (size_t j = i + 1; j < batch_dims; ++j) inner_span *= shape[j];
+    if (strides[i] != stride * inner_span) return std::nullopt;
+  }
+  return stride;
+}
+
+// A matrix operand as a 3-d view [batch, rows, cols] with a unit stride in
+// one of the last two dimensions (copying when that is not already so).
+// `t` is replaced by the tensor the view points into, to keep it alive.
+TensorView gemm_operand(Tensor& t, const Shape& batch, int64_t batch_count) {
+  Shape full = batch;
+  full.push_back(t.shape()[t.dim() - 2]);
+  full.push_back(t.shape()[t.dim() - 1]);
+  t = expand(t, full);
+  auto unit_inner = [&](const Tensor& x) {
+    const int64_t rs = x.strides()[x.dim() - 2], cs = x.strides()[x.dim() - 1];
+    const int64_t rows = x.shape()[x.dim() - 2], cols = x.shape()[x.dim() - 1];
+    return (cs == 1 && (rs >= cols || rows == 1)) || (rs == 1 && (cs >= rows || cols == 1));
+  };
+  auto stride = fold_batch(t.shape(), t.strides(), batch.size());
+  if (!unit_inner(t) || !stride) {
+    t = contiguous(t);
+    stride = fold_batch(t.shape(), t.strides(), batch.size());
+  }
+  TensorView v = t.view();
+  const int nd = v.ndim;
+  TensorView out = v;
+  out.ndim = 3;
+  out.shape[0] = batch_count;
+  out.strides[0] = batch_count == 1 ? 0 : *stride;
+  out.shape[1] = v.shape[nd - 2];
+  out.strides[1] = v.strides[nd - 2];
+  out.shape[2] = v.shape[nd - 1];
+  out.strides[2] = v.strides[nd - 1];
+  return out;
+}
+
+}  // namespace
+
+Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
+  check_same_device("matmul", a_in, b_in);
+  check<ShapeError>(a_in.dim() >= 2 && b_in.dim() >= 2, "matmul: expects operands of at least 2 dimensions, got {} and {}",
+                    describe(a_in), describe(b_in));
+  check<DTypeError>(a_in.dtype() == b_in.dtype(), "matmul: operands differ in dtype: {} and {}", describe(a_in),
+                    describe(b_in));
+  check_floating("matmul", a_in);
+  const int64_t m = a_in.shape()[a_in.dim() - 2], k = a_in.shape()[a_in.dim() - 1];
+  const int64_t k2 = b_in.shape()[b_in.dim() - 2], n = b_in.shape()[b_in.dim() - 1];
+  check<ShapeError>(k == k2, "matmul: inner dimensions differ: {} @ {} ({} vs {})", describe(a_in), describe(b_in), k,
+                    k2);
+  Tensor a = a_in, b = b_in;
+  Shape out_shape;
+  // [..., m, k] @ [k, n] with contiguous rows: one GEMM over all rows.
+  if (b.dim() == 2 && a.dim() > 2 && a.is_contiguous()) {
+    out_shape = Shape(a.shape().begin(), a.shape().end() - 1);
+    out_shape.push_back(n);
+    a = view(a, {-1, k});
+  } else {
+    const Shape ba(a.shape().begin(), a.shape().end() - 2), bb(b.shape().begin(), b.shape().end() - 2);
+    out_shape = broadcast_shapes(ba, bb, "matmul");
+    out_shape.push_back(m);
+    out_shape.push_back(n);
+  }
+  Tensor out = Tensor::empty(out_shape, a.dtype(), a.device());
+  if (out.numel() == 0) return out;
+  if (k == 0) {
+    fill_(out, 0.0);
+    return out;
+  }
+  const Shape batch(out_shape.begin(), out_shape.end() - 2);
+  const int64_t batch_count = a.dim() == 2 && b.dim() == 2 ? 1 : numel(batch);
+  const Shape gemm_batch = a.dim() == 2 && b.dim() == 2 ? Shape{} : batch;
+  GemmArgs g;
+  g.a = gemm_operand(a, gemm_batch, batch_count);  // a and b now hold what the views point into
+  g.b = gemm_operand(b, gemm_batch, batch_count);
+  g.out = out.view();
+  g.out.ndim = 3;
+  g.out.shape[0] = batch_count;
+  g.out.strides[0] = g.a.shape[1] * n;
+  g.out.shape[1] = g.a.shape[1];
+  g.out.strides[1] = n;
+  g.out.shape[2] = n;
+  g.out.strides[2] = 1;
+  on_device(a.device(), [&](Backend& be) { be.gemm(g); });
+  return out;
+}
+
+}  // namespace prim
+}  // namespace mpt

@@ -1,0 +1,103 @@
+#pragma once
+// Raw tensor arithmetic: checks, broadcasting, dtype promotion and
+// allocation, then a backend call. Nothing here records autograd history;
+// autograd/ops.h wraps these with backward rules.
+#include <initializer_list>
+#include <optional>
+#include <vector>
+
+#include "tensor/backend.h"
+#include "tensor/random.h"
+#include "tensor/tensor.h"
+
+namespace mpt {
+
+// ---- creation ---------------------------------------------------------------
+Tensor zeros(const Shape& shape, DType dtype = DType::f32, const Device& device = kCPU);
+Tensor ones(const Shape& shape, DType dtype = DType::f32, const Device& device = kCPU);
+Tensor full(const Shape& shape, double value, DType dtype = DType::f32, const Device& device = kCPU);
+Tensor arange(double start, double end, double step = 1.0, DType dtype = DType::f32, const Device& device = kCPU);
+// Standard normal / uniform [low, high), from `gen` (the thread's default generator if null).
+Tensor randn(const Shape& shape, DType dtype = DType::f32, const Device& device = kCPU, Generator* gen = nullptr);
+Tensor rand(const Shape& shape, DType dtype = DType::f32, const Device& device = kCPU, Generator* gen = nullptr,
+            double low = 0.0, double high = 1.0);
+// From host values (converted to dtype).
+template <typename T>
+Tensor from_vector(const std::vector<T>& values, const Shape& shape, DType dtype, const Device& device = kCPU);
+Tensor from_vector(const std::vector<float>& values, const Shape& shape, const Device& device = kCPU);
+Tensor scalar_tensor(double value, DType dtype = DType::f32, const Device& device = kCPU);
+
+namespace prim {
+
+// ---- copies and conversions -------------------------------------------------
+Tensor to(const Tensor& t, const Device& device);  // same tensor if already there
+Tensor to(const Tensor& t, DType dtype);           // same tensor if already that dtype
+Tensor contiguous(const Tensor& t);                // same tensor if already contiguous
+Tensor clone(const Tensor& t);
+void copy_(const Tensor& dst, const Tensor& src);  // any devices and dtypes; src broadcasts to dst
+void fill_(const Tensor& dst, double value);
+
+// ---- views (share storage) --------------------------------------------------
+Tensor view(const Tensor& t, Shape shape);     // one -1 allowed; needs compatible strides
+Tensor reshape(const Tensor& t, Shape shape);  // a view when possible, else a copy
+Tensor transpose(const Tensor& t, int64_t d0, int64_t d1);
+Tensor permute(const Tensor& t, const std::vector<int64_t>& dims);
+Tensor slice(const Tensor& t, int64_t dim, int64_t start, int64_t end, int64_t step = 1);
+Tensor expand(const Tensor& t, const Shape& shape);
+Tensor unsqueeze(const Tensor& t, int64_t dim);
+Tensor squeeze(const Tensor& t, int64_t dim);
+
+// ---- element-wise -----------------------------------------------------------
+Tensor unary(UnaryOp op, const Tensor& x, double alpha = 0.0, double beta = 0.0);
+// Broadcasting; mixed dtypes promote to the wider one.
+Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b);
+void unary_(UnaryOp op, const Tensor& out, const Tensor& x, double alpha = 0.0, double beta = 0.0);
+void binary_(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b);  // out has the broadcast shape
+
+inline Tensor add(const Tensor& a, const Tensor& b) { return binary(BinaryOp::add, a, b); }
+inline Tensor sub(const Tensor& a, const Tensor& b) { return binary(BinaryOp::sub, a, b); }
+inline Tensor mul(const Tensor& a, const Tensor& b) { return binary(BinaryOp::mul, a, b); }
+inline Tensor div(const Tensor& a, const Tensor& b) { return binary(BinaryOp::div, a, b); }
+inline Tensor neg(const Tensor& x) { return unary(UnaryOp::neg, x); }
+inline Tensor mul_scalar(const Tensor& x, double s) { return unary(UnaryOp::affine, x, s, 0.0); }
+inline Tensor add_scalar(const Tensor& x, double s) { return unary(UnaryOp::affine, x, 1.0, s); }
+
+// ---- reductions -------------------------------------------------------------
+// Over `dims` (all dims when empty). Floating inputs accumulate in f32 (f64 for f64).
+Tensor reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+inline Tensor sum(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false) {
+  return reduce(ReduceOp::sum, x, dims, keepdim);
+}
+inline Tensor mean(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false) {
+  return reduce(ReduceOp::mean, x, dims, keepdim);
+}
+inline Tensor amax(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false) {
+  return reduce(ReduceOp::max, x, dims, keepdim);
+}
+inline Tensor amin(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false) {
+  return reduce(ReduceOp::min, x, dims, keepdim);
+}
+Tensor argmax(const Tensor& x, int64_t dim, bool keepdim = false);  // i64
+
+// ---- matrix products --------------------------------------------------------
+// torch.matmul for operands of 2 or more dimensions: batch dimensions
+// broadcast. f16/bf16 inputs accumulate in f32. Same dtype required.
+Tensor matmul(const Tensor& a, const Tensor& b);
+
+// ---- joining ------------------------------------------------------------------------
+Tensor cat(const std::vector<Tensor>& xs, int64_t dim);  // same dtype and device, shapes equal but in dim
+
+// ---- gathers, convolution, pooling -----------------------------------------------------
+// table [V, D], indices i64 of any shape -> [..., D]. Out-of-range indices throw ValueError.
+Tensor index_select_rows(const Tensor& table, const Tensor& indices);
+// table[indices[i], :] += src[i, :] with src [..., D] matching indices' shape.
+void index_add_rows_(const Tensor& table, const Tensor& indices, const Tensor& src);
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Conv2dParams& p);
+Tensor conv2d_backward_data(const Tensor& grad_out, const Tensor& weight, const Shape& x_shape, const Conv2dParams& p);
+Tensor conv2d_backward_weight(const Tensor& x, const Tensor& grad_out, const Shape& w_shape, const Conv2dParams& p);
+// Returns (out, indices).
+std::pair<Tensor, Tensor> max_pool2d(const Tensor& x, const Pool2dParams& p);
+Tensor max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const Shape& x_shape, const Pool2dParams& p);
+
+}  // namespace prim
+}  // namespace mpt

@@ -1,0 +1,155 @@
+// Raw ops for joining, gathering, convolution and pooling: checks and
+// allocation here, arithmetic in the backends.
+#include "tensor/dispatch.h"
+#include "tensor/ops.h"
+
+namespace mpt::prim {
+namespace {
+
+
+void check_same(const char* op, const Tensor& a, const Tensor& b) {
+  check<DeviceError>(a.device() == b.device(), "{}: operands are on different devices: {} and {}", op, describe(a),
+                     describe(b));
+  check<DTypeError>(a.dtype() == b.dtype(), "{}: operands differ in dtype: {} and {}", op, describe(a), describe(b));
+}
+
+Tensor as_i64(const Tensor& idx, const char* op) {
+  check<DTypeError>(idx.dtype() == DType::i64 || idx.dtype() == DType::i32, "{}: indices must be i64 or i32, got {}",
+                    op, describe(idx));
+  return contiguous(to(idx, DType::i64));
+}
+
+int64_t conv_out_size(int64_t in, int64_t k, int64_t stride, int64_t pad, int64_t dilation) {
+  return (in + 2 * pad - dilation * (k - 1) - 1) / stride + 1;
+}
+
+Shape conv_out_shape(const Shape& x, const Shape& w, const Conv2dParams& p) {
+  return {x[0], w[0], conv_out_size(x[2], w[2], p.stride_h, p.pad_h, p.dilation_h),
+          conv_out_size(x[3], w[3], p.stride_w, p.pad_w, p.dilation_w)};
+}
+
+void check_conv(const Shape& x, const Shape& w, const Conv2dParams& p) {
+  check<ShapeError>(x.size() == 4 && w.size() == 4 && x[1] == w[1],
+                    "conv2d: expects input [N, C, H, W] and weight [O, C, kh, kw] with equal C, got {} and {}",
+                    shape_str(x), shape_str(w));
+  check(p.stride_h > 0 && p.stride_w > 0 && p.dilation_h > 0 && p.dilation_w > 0 && p.pad_h >= 0 && p.pad_w >= 0,
+        "conv2d: stride and dilation must be positive and padding non-negative");
+  const Shape o = conv_out_shape(x, w, p);
+  check<ShapeError>(o[2] > 0 && o[3] > 0, "conv2d: kernel {} does not fit input {} with this padding", shape_str(w),
+                    shape_str(x));
+}
+
+}  // namespace
+
+Tensor cat(const std::vector<Tensor>& xs, int64_t dim) {
+  check<ShapeError>(!xs.empty(), "cat: no tensors given");
+  const Tensor& first = xs[0];
+  const int d = normalize_dim(dim, first.dim(), "cat");
+  Shape shape = first.shape();
+  shape[d] = 0;
+  for (const Tensor& x : xs) {
+    check_same("cat", first, x);
+    Shape s = x.shape();
+    check<ShapeError>(s.size() == shape.size(), "cat: {} and {} differ in rank", describe(first), describe(x));
+    shape[d] += s[d];
+    s[d] = 0;
+    Shape expect = shape;
+    expect[d] = 0;
+    check<ShapeError>(s == expect, "cat: {} does not match {} outside dimension {}", describe(x), describe(first), d);
+  }
+  Tensor out = Tensor::empty(shape, first.dtype(), first.device());
+  int64_t start = 0;
+  for (const Tensor& x : xs) {
+    copy_(slice(out, d, start, start + x.shape()[d]), x);
+    start += x.shape()[d];
+  }
+  return out;
+}
+
+Tensor index_select_rows(const Tensor& table, const Tensor& indices) {
+  check<ShapeError>(table.dim() == 2, "index_select_rows: table must be [V, D], got {}", describe(table));
+  check<DeviceError>(table.device() == indices.device(), "index_select_rows: table {} and indices {} are on different devices",
+                     describe(table), describe(indices));
+  const Tensor idx = as_i64(indices, "index_select_rows");
+  Shape shape = indices.shape();
+  shape.push_back(table.shape()[1]);
+  Tensor out = Tensor::empty(shape, table.dtype(), table.device());
+  if (out.numel() == 0) return out;
+  const Tensor t = contiguous(table);
+  on_device(table.device(), [&](Backend& b) {
+    b.index_select_rows(reshape(out, {-1, table.shape()[1]}).view(), t.view(), reshape(idx, {-1}).view());
+  });
+  return out;
+}
+
+void index_add_rows_(const Tensor& table, const Tensor& indices, const Tensor& src) {
+  check<ShapeError>(table.dim() == 2 && table.is_contiguous(), "index_add_rows_: table must be a contiguous [V, D], got {}",
+                    describe(table));
+  check_same("index_add_rows_", table, src);
+  Shape expect = indices.shape();
+  expect.push_back(table.shape()[1]);
+  check<ShapeError>(src.shape() == expect, "index_add_rows_: source {} does not match indices {} and table {}",
+                    describe(src), describe(indices), describe(table));
+  if (src.numel() == 0) return;
+  const Tensor idx = as_i64(indices, "index_add_rows_");
+  const Tensor s = contiguous(src);
+  on_device(table.device(), [&](Backend& b) {
+    b.index_add_rows(table.view(), reshape(idx, {-1}).view(), reshape(s, {-1, table.shape()[1]}).view());
+  });
+}
+
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Conv2dParams& p) {
+  check_same("conv2d", x, weight);
+  check_conv(x.shape(), weight.shape(), p);
+  Tensor out = Tensor::empty(conv_out_shape(x.shape(), weight.shape(), p), x.dtype(), x.device());
+  const Tensor cx = contiguous(x), cw = contiguous(weight);
+  on_device(x.device(), [&](Backend& b) { b.conv2d_forward(out.view(), cx.view(), cw.view(), p); });
+  return out;
+}
+
+Tensor conv2d_backward_data(const Tensor& grad_out, const Tensor& weight, const Shape& x_shape, const Conv2dParams& p) {
+  check_same("conv2d backward", grad_out, weight);
+  check_conv(x_shape, weight.shape(), p);
+  Tensor gx = Tensor::empty(x_shape, weight.dtype(), weight.device());
+  const Tensor g = contiguous(grad_out), w = contiguous(weight);
+  on_device(gx.device(), [&](Backend& b) { b.conv2d_backward_data(gx.view(), g.view(), w.view(), p); });
+  return gx;
+}
+
+Tensor conv2d_backward_weight(const Tensor& x, const Tensor& grad_out, const Shape& w_shape, const Conv2dParams& p) {
+  check_same("conv2d backward", x, grad_out);
+  check_conv(x.shape(), w_shape, p);
+  Tensor gw = Tensor::empty(w_shape, x.dtype(), x.device());
+  const Tensor cx = contiguous(x), g = contiguous(grad_out);
+  on_device(gw.device(), [&](Backend& b) { b.conv2d_backward_weight(gw.view(), cx.view(), g.view(), p); });
+  return gw;
+}
+
+std::pair<Tensor, Tensor> max_pool2d(const Tensor& x, const Pool2dParams& p) {
+  check<ShapeError>(x.dim() == 4, "max_pool2d: expects [N, C, H, W], got {}", describe(x));
+  check(p.kernel_h > 0 && p.kernel_w > 0 && p.stride_h > 0 && p.stride_w > 0 && p.pad_h >= 0 && p.pad_w >= 0 &&
+            2 * p.pad_h <= p.kernel_h && 2 * p.pad_w <= p.kernel_w,
+        "max_pool2d: kernel and stride must be positive, padding at most half the kernel");
+  const int64_t ho = (x.shape()[2] + 2 * p.pad_h - p.kernel_h) / p.stride_h + 1;
+  const int64_t wo = (x.shape()[3] + 2 * p.pad_w - p.kernel_w) / p.stride_w + 1;
+  check<ShapeError>(ho > 0 && wo > 0, "max_pool2d: kernel {}x{} does not fit input {}", p.kernel_h, p.kernel_w,
+                    describe(x));
+  const Shape shape{x.shape()[0], x.shape()[1], ho, wo};
+  Tensor out = Tensor::empty(shape, x.dtype(), x.device());
+  Tensor indices = Tensor::empty(shape, DType::i64, x.device());
+  const Tensor cx = contiguous(x);
+  if (out.numel() > 0)
+    on_device(x.device(), [&](Backend& b) { b.max_pool2d_forward(out.view(), indices.view(), cx.view(), p); });
+  return {out, indices};
+}
+
+Tensor max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const Shape& x_shape, const Pool2dParams& p) {
+  check<ShapeError>(grad_out.shape() == indices.shape(), "max_pool2d backward: gradient {} does not match indices {}",
+                    describe(grad_out), describe(indices));
+  Tensor gx = Tensor::empty(x_shape, grad_out.dtype(), grad_out.device());
+  const Tensor g = contiguous(grad_out);
+  on_device(gx.device(), [&](Backend& b) { b.max_pool2d_backward(gx.view(), g.view(), indices.view(), p); });
+  return gx;
+}
+
+}  // namespace mpt::prim

@@ -1,0 +1,56 @@
+#include "tensor/shape.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "tensor/error.h"
+
+namespace mpt {
+
+int64_t numel(const Shape& s) {
+  int64_t n = 1;
+  for (int64_t d : s) n *= d;
+  return n;
+}
+
+Shape contiguous_strides(const Shape& s) {
+  Shape st(s.size());
+  int64_t acc = 1;
+  for (size_t i = s.size(); i-- > 0;) {
+    st[i] = acc;
+    acc *= std::max<int64_t>(s[i], 1);
+  }
+  return st;
+}
+
+std::string shape_str(const Shape& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
+
+Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
+  const size_t n = std::max(a.size(), b.size());
+  Shape out(n);
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t da = i < n - a.size() ? 1 : a[i - (n - a.size())];
+    const int64_t db = i < n - b.size() ? 1 : b[i - (n - b.size())];
+    if (da != db && da != 1 && db != 1)
+      throw ShapeError(fmt::format("{}: shapes {} and {} do not broadcast (dimension {}: {} vs {})", op,
+                                   shape_str(a), shape_str(b), i, da, db));
+    out[i] = da == 1 ? db : da;
+  }
+  return out;
+}
+
+Shape broadcast_strides(const Shape& shape, const Shape& strides, const Shape& to) {
+  Shape out(to.size(), 0);
+  const size_t lead = to.size() - shape.size();
+  for (size_t i = 0; i < shape.size(); ++i) out[lead + i] = shape[i] == 1 ? 0 : strides[i];
+  return out;
+}
+
+int normalize_dim(int64_t dim, int64_t ndim, const char* op) {
+  const int64_t d = dim < 0 ? dim + ndim : dim;
+  if (d < 0 || d >= std::max<int64_t>(ndim, 1))
+    throw ShapeError(fmt::format("{}: dimension {} out of range for a tensor of {} dimensions", op, dim, ndim));
+  return static_cast<int>(d);
+}
+
+}  // namespace mpt

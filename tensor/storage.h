@@ -1,0 +1,42 @@
+#pragma once
+// A block of device or host memory shared by a tensor and its views. Freed
+// through the allocator it came from when the last holder lets go.
+#include <cstddef>
+#include <functional>
+#include <memory>
+
+#include "tensor/device.h"
+
+namespace mpt {
+
+class Storage {
+ public:
+  using Deleter = std::function<void(void*)>;
+  Storage(void* data, size_t nbytes, Device device, Deleter deleter)
+      : data_(data), nbytes_(nbytes), device_(device), deleter_(std::move(deleter)) {}
+  ~Storage() {
+    if (deleter_) deleter_(data_);
+  }
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+
+  // nbytes on `device`, from the CPU aligned allocator or the CUDA caching
+  // allocator (on the device's current stream).
+  static std::shared_ptr<Storage> allocate(size_t nbytes, const Device& device);
+
+  void* data() const { return data_; }
+  size_t nbytes() const { return nbytes_; }
+  const Device& device() const { return device_; }
+
+ private:
+  void* data_;
+  size_t nbytes_;
+  Device device_;
+  Deleter deleter_;
+};
+
+// 64-byte aligned host memory (cache lines, AVX-512 loads).
+void* cpu_allocate(size_t nbytes);
+void cpu_free(void* p);
+
+}  // namespace mpt

@@ -1,0 +1,153 @@
+#include "tensor/tensor.h"
+
+#include <ostream>
+
+#include "tensor/ops.h"
+
+namespace mpt {
+
+Tensor Tensor::empty(const Shape& shape, DType dtype, const Device& device) {
+  for (int64_t d : shape)
+    check<ShapeError>(d >= 0, "empty: negative dimension in shape {}", shape_str(shape));
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = Storage::allocate(static_cast<size_t>(mpt::numel(shape)) * dtype_size(dtype), device);
+  impl->shape = shape;
+  impl->strides = contiguous_strides(shape);
+  impl->dtype = dtype;
+  return Tensor(std::move(impl));
+}
+
+Tensor Tensor::view_of(std::shared_ptr<Storage> storage, Shape shape, Shape strides, int64_t offset, DType dtype) {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = std::move(storage);
+  impl->shape = std::move(shape);
+  impl->strides = std::move(strides);
+  impl->offset = offset;
+  impl->dtype = dtype;
+  return Tensor(std::move(impl));
+}
+
+TensorImpl& Tensor::impl() const {
+  if (!impl_) throw ValueError("use of an undefined tensor");
+  return *impl_;
+}
+
+int64_t Tensor::size(int64_t d) const { return shape()[normalize_dim(d, dim(), "size")]; }
+
+bool Tensor::is_contiguous() const { return view().is_contiguous(); }
+
+void* Tensor::data_ptr() const {
+  return static_cast<char*>(impl().storage->data()) + impl().offset * static_cast<int64_t>(element_size());
+}
+
+namespace {
+template <typename T> constexpr DType dtype_of();
+template <> constexpr DType dtype_of<float>() { return DType::f32; }
+template <> constexpr DType dtype_of<double>() { return DType::f64; }
+template <> constexpr DType dtype_of<Half>() { return DType::f16; }
+template <> constexpr DType dtype_of<BFloat16>() { return DType::bf16; }
+template <> constexpr DType dtype_of<int32_t>() { return DType::i32; }
+template <> constexpr DType dtype_of<int64_t>() { return DType::i64; }
+template <> constexpr DType dtype_of<uint8_t>() { return DType::u8; }
+}  // namespace
+
+template <typename T>
+T* Tensor::data() const {
+  check<DTypeError>(dtype() == dtype_of<T>(), "data<{}>() on a tensor of dtype {}", dtype_name(dtype_of<T>()),
+                    dtype_name(dtype()));
+  return static_cast<T*>(data_ptr());
+}
+
+TensorView Tensor::view() const {
+  const TensorImpl& t = impl();
+  check<ShapeError>(t.shape.size() <= static_cast<size_t>(kMaxDims), "tensors have at most {} dimensions, got {}",
+                    kMaxDims, shape_str(t.shape));
+  TensorView v;
+  v.data = data_ptr();
+  v.dtype = t.dtype;
+  v.ndim = static_cast<int>(t.shape.size());
+  for (int i = 0; i < v.ndim; ++i) {
+    v.shape[i] = t.shape[i];
+    v.strides[i] = t.strides[i];
+  }
+  return v;
+}
+
+template <typename T>
+std::vector<T> Tensor::to_vector() const {
+  // Same-dtype host copy, then a host-side conversion element by element.
+  const Tensor host = prim::contiguous(prim::to(*this, kCPU));
+  const int64_t n = host.numel();
+  std::vector<T> out(static_cast<size_t>(n));
+  const void* p = host.data_ptr();
+  auto read = [&](auto tag) {
+    using S = decltype(tag);
+    const S* s = static_cast<const S*>(p);
+    for (int64_t i = 0; i < n; ++i) {
+      if constexpr (std::is_same_v<T, S>) {
+        out[i] = s[i];
+      } else if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
+        out[i] = T(static_cast<double>(static_cast<float>(s[i])));
+      } else {
+        out[i] = static_cast<T>(static_cast<double>(s[i]));
+      }
+    }
+  };
+  switch (host.dtype()) {
+    case DType::f32: read(float{}); break;
+    case DType::f64: read(double{}); break;
+    case DType::f16: read(Half{}); break;
+    case DType::bf16: read(BFloat16{}); break;
+    case DType::i32: read(int32_t{}); break;
+    case DType::i64: read(int64_t{}); break;
+    case DType::u8: read(uint8_t{}); break;
+  }
+  return out;
+}
+
+double Tensor::item() const {
+  check<ShapeError>(numel() == 1, "item: the tensor has {} elements, expected 1 ({})", numel(), describe(*this));
+  return to_vector<double>()[0];
+}
+
+#define MPT_INSTANTIATE(T)                      \
+  template T* Tensor::data<T>() const;          \
+  template std::vector<T> Tensor::to_vector<T>() const;
+MPT_INSTANTIATE(float)
+MPT_INSTANTIATE(double)
+MPT_INSTANTIATE(Half)
+MPT_INSTANTIATE(BFloat16)
+MPT_INSTANTIATE(int32_t)
+MPT_INSTANTIATE(int64_t)
+MPT_INSTANTIATE(uint8_t)
+#undef MPT_INSTANTIATE
+
+AutogradMeta& Tensor::autograd_meta() const {
+  TensorImpl& t = impl();
+  if (!t.autograd) t.autograd = std::make_shared<AutogradMeta>();
+  return *t.autograd;
+}
+
+bool Tensor::requires_grad() const { return impl_ && impl_->autograd && impl_->autograd->requires_grad; }
+
+Tensor& Tensor::set_requires_grad(bool on) {
+  check<DTypeError>(!on || is_floating(dtype()), "requires_grad: only floating tensors can require gradients, got {}",
+                    describe(*this));
+  autograd_meta().requires_grad = on;
+  return *this;
+}
+
+Tensor Tensor::grad() const { return impl_ && impl_->autograd ? impl_->autograd->grad : Tensor(); }
+
+void Tensor::set_grad(const Tensor& g) { autograd_meta().grad = g; }
+
+std::shared_ptr<Node> Tensor::grad_fn() const {
+  return impl_ && impl_->autograd ? impl_->autograd->grad_fn : nullptr;
+}
+
+std::string describe(const Tensor& t) {
+  if (!t.defined()) return "undefined tensor";
+  return fmt::format("{}{} on {}", dtype_name(t.dtype()), shape_str(t.shape()), t.device().str());
+}
+
+}  // namespace mpt

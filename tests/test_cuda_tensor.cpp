@@ -1,0 +1,636 @@
+// The CUDA backend against the CPU backend, on fresh random inputs (the seed
+// is printed on failure): every op and dtype, casts bit for bit, the caching
+// allocator, streams and events. Every test skips without a GPU.
+#include <gtest/gtest.h>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "tensor/cuda/gemm.h"
+#include "tensor/device_guard.h"
+#include "tensor/memory.h"
+#include "tensor/ops.h"
+#include "tensor/stream.h"
+#include "tests/test_util.h"
+
+namespace mpt {
+namespace {
+
+using testing::host_f64;
+using testing::tolerance;
+
+const Device kCuda0{DeviceType::cuda, 0};
+const DType kFloatTypes[] = {DType::f32, DType::f64, DType::f16, DType::bf16};
+
+// Raw bytes of a tensor's elements, in row-major order, on the host.
+std::vector<uint8_t> raw_bytes(const Tensor& t) {
+  const Tensor h = prim::contiguous(prim::to(t, kCPU));
+  const auto* p = static_cast<const uint8_t*>(h.data_ptr());
+  return std::vector<uint8_t>(p, p + h.nbytes());
+}
+
+// Fails with the first differing element unless both hold the same bits.
+void expect_same_bits(const Tensor& gpu, const Tensor& cpu, const std::string& what) {
+  ASSERT_EQ(gpu.dtype(), cpu.dtype()) << what;
+  ASSERT_EQ(gpu.shape(), cpu.shape()) << what;
+  const std::vector<uint8_t> g = raw_bytes(gpu), c = raw_bytes(cpu);
+  const size_t es = gpu.element_size();
+  for (size_t i = 0; i < g.size(); i += es) {
+    if (std::memcmp(&g[i], &c[i], es) != 0) {
+      const auto gv = host_f64(gpu), cv = host_f64(cpu);
+      ADD_FAILURE() << what << ": element " << i / es << " differs: gpu " << gv[i / es] << ", cpu " << cv[i / es];
+      return;
+    }
+  }
+}
+
+// |gpu - cpu| <= rtol * |cpu| + atol element by element, NaN matching NaN.
+void expect_close(const std::vector<double>& gpu, const std::vector<double>& cpu, double rtol, double atol,
+                  const std::string& what) {
+  ASSERT_EQ(gpu.size(), cpu.size()) << what;
+  for (size_t i = 0; i < gpu.size(); ++i) {
+    const double g = gpu[i], c = cpu[i];
+    if (std::isnan(g) || std::isnan(c)) {
+      if (std::isnan(g) != std::isnan(c)) {
+        ADD_FAILURE() << what << ": element " << i << ": gpu " << g << ", cpu " << c;
+        return;
+      }
+      continue;
+    }
+    if (std::isinf(g) || std::isinf(c)) {
+      if (g != c) {
+        ADD_FAILURE() << what << ": element " << i << ": gpu " << g << ", cpu " << c;
+        return;
+      }
+      continue;
+    }
+    if (std::fabs(g - c) > rtol * std::fabs(c) + atol) {
+      ADD_FAILURE() << what << ": element " << i << ": gpu " << g << ", cpu " << c << " (|diff| "
+                    << std::fabs(g - c) << " > " << rtol * std::fabs(c) + atol << ")";
+      return;
+    }
+  }
+}
+
+// For results that the two devices compute in a different order or with
+// different (correctly rounded or few-ulp) functions.
+void expect_close(const Tensor& gpu, const Tensor& cpu, const std::string& what) {
+  ASSERT_TRUE(gpu.device().is_cuda()) << what;
+  ASSERT_EQ(gpu.shape(), cpu.shape()) << what;
+  const double rtol = tolerance(cpu.dtype());
+  expect_close(host_f64(gpu), host_f64(cpu), rtol, rtol / 10, what);
+}
+
+class CudaTensor : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!testing::has_cuda()) GTEST_SKIP() << "skipped: no CUDA device";
+    seed_ = testing::fresh_seed();
+    gen_.manual_seed(seed_);
+  }
+
+  // Inputs are drawn on the CPU and copied, so both devices see the same values.
+  Tensor randn(const Shape& s, DType dt) { return mpt::randn(s, dt, kCPU, &gen_); }
+  Tensor rand(const Shape& s, DType dt, double lo, double hi) { return mpt::rand(s, dt, kCPU, &gen_, lo, hi); }
+  static Tensor gpu(const Tensor& t) { return prim::to(t, kCuda0); }
+  std::string trace() const { return fmt::format("seed {}", seed_); }
+
+  uint64_t seed_ = 0;
+  Generator gen_;
+};
+
+// ---- element-wise ---------------------------------------------------------------
+
+TEST_F(CudaTensor, EveryUnaryOpMatchesTheCpu) {
+  SCOPED_TRACE(trace());
+  for (DType dt : kFloatTypes) {
+    for (int i = 0; i <= static_cast<int>(UnaryOp::step); ++i) {
+      const auto op = static_cast<UnaryOp>(i);
+      const bool positive = op == UnaryOp::log || op == UnaryOp::sqrt || op == UnaryOp::rsqrt ||
+                            op == UnaryOp::reciprocal || op == UnaryOp::pow_scalar;
+      const double alpha = op == UnaryOp::pow_scalar ? 1.7 : 2.5, beta = -0.75;
+      const std::string what = fmt::format("{} {}", unary_op_name(op), dtype_name(dt));
+      // Odd sizes leave a tail after the 16-byte packs.
+      Tensor x = positive ? rand({37, 129}, dt, 0.2, 4.0) : rand({37, 129}, dt, -4.0, 4.0);
+      Tensor gx = gpu(x);
+      expect_close(prim::unary(op, gx, alpha, beta), prim::unary(op, x, alpha, beta), what + " contiguous");
+      // Transposed (strided) input.
+      expect_close(prim::unary(op, prim::transpose(gx, 0, 1), alpha, beta),
+                   prim::unary(op, prim::transpose(x, 0, 1), alpha, beta), what + " transposed");
+      // Contiguous but not 16-byte aligned: the unpacked path.
+      expect_close(prim::unary(op, prim::slice(prim::view(gx, {-1}), 0, 1, 4000), alpha, beta),
+                   prim::unary(op, prim::slice(prim::view(x, {-1}), 0, 1, 4000), alpha, beta), what + " unaligned");
+      // Broadcast input (stride 0) into a larger output.
+      Tensor row = prim::slice(x, 0, 0, 1);
+      Tensor out_cpu = Tensor::empty({5, 129}, dt, kCPU), out_gpu = Tensor::empty({5, 129}, dt, kCuda0);
+      prim::unary_(op, out_cpu, row, alpha, beta);
+      prim::unary_(op, out_gpu, gpu(row), alpha, beta);
+      expect_close(out_gpu, out_cpu, what + " broadcast");
+    }
+  }
+}
+
+TEST_F(CudaTensor, EveryBinaryOpMatchesTheCpu) {
+  SCOPED_TRACE(trace());
+  for (DType dt : kFloatTypes) {
+    for (int i = 0; i <= static_cast<int>(BinaryOp::sigmoid_backward); ++i) {
+      const auto op = static_cast<BinaryOp>(i);
+      const bool positive = op == BinaryOp::pow || op == BinaryOp::div;
+      const std::string what = fmt::format("{} {}", binary_op_name(op), dtype_name(dt));
+      const double lo = positive ? 0.2 : -3.0, hi = 3.0;
+      Tensor a = rand({33, 65}, dt, lo, hi);
+      // Equal in the lower rows, so that the comparisons see ties.
+      Tensor b = prim::clone(a);
+      prim::copy_(prim::slice(b, 0, 0, 16), rand({16, 65}, dt, lo, hi));
+      Tensor ga = gpu(a), gb = gpu(b);
+      expect_close(prim::binary(op, ga, gb), prim::binary(op, a, b), what + " contiguous");
+
+      // Broadcasting: a row vector and a column vector.
+      Tensor row = rand({65}, dt, lo, hi), col = rand({33, 1}, dt, lo, hi);
+      expect_close(prim::binary(op, ga, gpu(row)), prim::binary(op, a, row), what + " row broadcast");
+      expect_close(prim::binary(op, gpu(col), ga), prim::binary(op, col, a), what + " column broadcast");
+
+      // Transposed operands.
+      Tensor at = prim::transpose(rand({65, 33}, dt, lo, hi), 0, 1);
+      expect_close(prim::binary(op, gpu(at), gb), prim::binary(op, at, b), what + " transposed");
+    }
+  }
+}
+
+TEST_F(CudaTensor, ElementwiseNaNPropagatesLikeTheCpu) {
+  const std::vector<float> values = {NAN, 1.0f, -2.0f, NAN, 0.0f, -0.0f};
+  const std::vector<float> others = {1.0f, NAN, -3.0f, NAN, -0.0f, 0.0f};
+  Tensor a = from_vector(values, {6}), b = from_vector(others, {6});
+  for (BinaryOp op : {BinaryOp::maximum, BinaryOp::minimum, BinaryOp::relu_backward}) {
+    expect_close(prim::binary(op, gpu(a), gpu(b)), prim::binary(op, a, b), binary_op_name(op));
+  }
+  expect_close(prim::unary(UnaryOp::relu, gpu(a)), prim::unary(UnaryOp::relu, a), "relu");
+}
+
+// ---- copies and casts -----------------------------------------------------------
+
+TEST_F(CudaTensor, CastsBetweenAllDTypesMatchTheCpuBitForBit) {
+  SCOPED_TRACE(trace());
+  for (DType src : kAllDTypes) {
+    for (DType dst : kAllDTypes) {
+      const std::string what = fmt::format("{} -> {}", dtype_name(src), dtype_name(dst));
+      // Keep values where every conversion is defined (u8 has no negatives).
+      const bool non_negative = src == DType::u8 || dst == DType::u8;
+      Tensor x = prim::to(rand({19, 23}, DType::f64, non_negative ? 0.0 : -300.0, 250.0), src);
+      Tensor gx = gpu(x);
+      expect_same_bits(prim::to(gx, dst), prim::to(x, dst), what);
+      // Strided source.
+      Tensor xt = prim::transpose(x, 0, 1);
+      expect_same_bits(prim::to(prim::transpose(gx, 0, 1), dst), prim::to(xt, dst), what + " transposed");
+    }
+  }
+}
+
+TEST_F(CudaTensor, HalfConversionsAreBitIdenticalOverAllExponents) {
+  SCOPED_TRACE(trace());
+  std::mt19937_64 rng(seed_);
+  // f32 and f64 from random bit patterns (NaN payloads may differ, so none).
+  std::vector<float> f32;
+  std::vector<double> f64;
+  while (f32.size() < 100000) {
+    const auto bits = static_cast<uint32_t>(rng());
+    float f;
+    std::memcpy(&f, &bits, 4);
+    if (!std::isnan(f)) f32.push_back(f);
+  }
+  while (f64.size() < 100000) {
+    // Exponents near the half range, where double rounding would show.
+    const double d = std::ldexp(static_cast<double>(rng()) / 18446744073709551616.0 + 0.5,
+                                static_cast<int>(rng() % 60) - 40);
+    f64.push_back(rng() % 2 ? d : -d);
+  }
+  for (float edge : {65504.0f, 65519.996f, 65520.0f, 70000.0f, -70000.0f, 5.9604645e-8f, 2.9802322e-8f,
+                     1.00048828125f, 1.00146484375f, -0.0f, INFINITY, -INFINITY, 3.3895314e38f})
+    f32.push_back(edge);
+  Tensor x32 = from_vector<float>(f32, {static_cast<int64_t>(f32.size())}, DType::f32);
+  Tensor x64 = from_vector<double>(f64, {static_cast<int64_t>(f64.size())}, DType::f64);
+  for (DType dst : {DType::f16, DType::bf16}) {
+    expect_same_bits(prim::to(gpu(x32), dst), prim::to(x32, dst), fmt::format("f32 -> {}", dtype_name(dst)));
+    expect_same_bits(prim::to(gpu(x64), dst), prim::to(x64, dst), fmt::format("f64 -> {}", dtype_name(dst)));
+  }
+  expect_same_bits(prim::to(gpu(x64), DType::f32), prim::to(x64, DType::f32), "f64 -> f32");
+
+  // Every non-NaN 16-bit pattern back to f32.
+  std::vector<Half> h;
+  std::vector<BFloat16> bf;
+  for (uint32_t b = 0; b < 65536; ++b) {
+    const Half hv = Half::from_bits(static_cast<uint16_t>(b));
+    if (!std::isnan(static_cast<float>(hv))) h.push_back(hv);
+    const BFloat16 bv = BFloat16::from_bits(static_cast<uint16_t>(b));
+    if (!std::isnan(static_cast<float>(bv))) bf.push_back(bv);
+  }
+  Tensor th = from_vector<Half>(h, {static_cast<int64_t>(h.size())}, DType::f16);
+  Tensor tb = from_vector<BFloat16>(bf, {static_cast<int64_t>(bf.size())}, DType::bf16);
+  expect_same_bits(prim::to(gpu(th), DType::f32), prim::to(th, DType::f32), "f16 -> f32");
+  expect_same_bits(prim::to(gpu(tb), DType::f32), prim::to(tb, DType::f32), "bf16 -> f32");
+  expect_same_bits(prim::to(gpu(th), DType::bf16), prim::to(th, DType::bf16), "f16 -> bf16");
+}
+
+TEST_F(CudaTensor, F16OverflowGivesInfinityLikeTheCpu) {
+  Tensor x = from_vector(std::vector<float>{70000.f, -70000.f, 65504.f, 65520.f, 1e-9f}, {5});
+  Tensor g = prim::to(gpu(x), DType::f16);
+  expect_same_bits(g, prim::to(x, DType::f16), "f32 -> f16");
+  const auto v = g.to_vector<float>();
+  EXPECT_TRUE(std::isinf(v[0]) && v[0] > 0);
+  EXPECT_TRUE(std::isinf(v[1]) && v[1] < 0);
+  EXPECT_EQ(v[2], 65504.f);
+  EXPECT_TRUE(std::isinf(v[3]));
+  // Arithmetic that overflows in f16 also gives inf.
+  Tensor big = full({4}, 300.0, DType::f16, kCuda0);
+  EXPECT_TRUE(std::isinf(prim::mul(big, big).to_vector<float>()[3]));
+}
+
+TEST_F(CudaTensor, FillMatchesTheCpuForEveryDType) {
+  for (DType dt : kAllDTypes) {
+    for (double value : {0.0, 3.7, -2.5, 70000.0, 1e-3}) {
+      if (dt == DType::u8 && value < 0) continue;
+      const std::string what = fmt::format("fill {} {}", dtype_name(dt), value);
+      expect_same_bits(full({3, 17}, value, dt, kCuda0), full({3, 17}, value, dt, kCPU), what);
+      // Strided destination: every other column of a zeroed matrix.
+      Tensor c = zeros({4, 10}, dt, kCPU), g = zeros({4, 10}, dt, kCuda0);
+      prim::fill_(prim::slice(c, 1, 0, 10, 2), value);
+      prim::fill_(prim::slice(g, 1, 0, 10, 2), value);
+      expect_same_bits(g, c, what + " strided");
+    }
+  }
+}
+
+TEST_F(CudaTensor, ArangeMatchesTheCpuForEveryDType) {
+  for (DType dt : kAllDTypes) {
+    const double start = dt == DType::u8 ? 1.0 : -3.5;
+    expect_same_bits(arange(start, 40.0, 0.3, dt, kCuda0), arange(start, 40.0, 0.3, dt, kCPU),
+                     fmt::format("arange {}", dtype_name(dt)));
+  }
+}
+
+TEST_F(CudaTensor, DeviceRoundTripIsExactForEveryDType) {
+  SCOPED_TRACE(trace());
+  for (DType dt : kAllDTypes) {
+    Tensor x = prim::to(rand({1001}, DType::f64, 0.0, 200.0), dt);
+    Tensor back = prim::to(gpu(x), kCPU);
+    EXPECT_TRUE(back.device().is_cpu());
+    expect_same_bits(back, x, fmt::format("round trip {}", dtype_name(dt)));
+    // A strided source crosses too.
+    Tensor xt = prim::transpose(prim::view(x, {7, 143}), 0, 1);
+    expect_same_bits(prim::to(prim::to(xt, kCuda0), kCPU), xt, fmt::format("strided round trip {}", dtype_name(dt)));
+  }
+}
+
+TEST_F(CudaTensor, CopiesBetweenTwoGpus) {
+  if (cuda_device_count() < 2) GTEST_SKIP() << "skipped: needs 2 CUDA devices";
+  SCOPED_TRACE(trace());
+  const Device cuda1{DeviceType::cuda, 1};
+  Tensor x = randn({64, 33}, DType::f32);
+  Tensor on1 = prim::to(gpu(x), cuda1);
+  EXPECT_EQ(on1.device(), cuda1);
+  expect_same_bits(on1, x, "cuda:0 -> cuda:1");
+  // Strided, with a dtype change on the way.
+  Tensor dst = Tensor::empty({33, 64}, DType::f16, cuda1);
+  prim::copy_(dst, prim::transpose(gpu(x), 0, 1));
+  expect_same_bits(dst, prim::to(prim::transpose(x, 0, 1), DType::f16), "cuda:0 -> cuda:1 transposed f16");
+  // Work on the second device runs there.
+  expect_close(prim::matmul(on1, prim::transpose(on1, 0, 1)), prim::matmul(x, prim::transpose(x, 0, 1)),
+               "matmul on cuda:1");
+  expect_same_bits(prim::to(on1, kCuda0), x, "cuda:1 -> cuda:0");
+}
+
+// ---- reductions -----------------------------------------------------------------
+
+TEST_F(CudaTensor, ReductionsMatchTheCpu) {
+  SCOPED_TRACE(trace());
+  struct Case {
+    Shape shape;
+    std::vector<int64_t> dims;
+  };
+  // Small and long rows (warp and block per row), columns, mixed dims, and
+  // shapes with few outputs and long k, which split k across blocks.
+  const std::vector<Case> cases = {
+      {{7, 300, 5}, {1}}, {{7, 300, 5}, {2}}, {{7, 300, 5}, {0}}, {{7, 300, 5}, {0, 2}}, {{7, 300, 5}, {}},
+      {{64, 3000}, {1}},  {{3, 200000}, {1}}, {{200000, 3}, {0}}, {{50000, 40}, {0}},   {{1}, {0}},
+  };
+  const ReduceOp ops[] = {ReduceOp::sum, ReduceOp::mean, ReduceOp::max, ReduceOp::min, ReduceOp::argmax};
+  for (DType dt : kFloatTypes) {
+    for (const Case& c : cases) {
+      Tensor x = randn(c.shape, dt);
+      Tensor gx = gpu(x);
+      // Sums are compared relative to the sum of magnitudes: the devices add
+      // in a different order, and a sum may cancel to near zero.
+      const Tensor magnitude = prim::sum(prim::unary(UnaryOp::abs, prim::to(x, DType::f64)), c.dims);
+      for (ReduceOp op : ops) {
+        if (op == ReduceOp::argmax && c.dims.size() != 1) continue;
+        const std::string what = fmt::format("{} {} {} dims [{}]", reduce_op_name(op), dtype_name(dt),
+                                             shape_str(c.shape), fmt::join(c.dims, ","));
+        if (op == ReduceOp::argmax) {
+          // First index of the maximum on both devices: exactly equal.
+          expect_same_bits(prim::argmax(gx, c.dims[0]), prim::argmax(x, c.dims[0]), what);
+          continue;
+        }
+        const Tensor g = prim::reduce(op, gx, c.dims), r = prim::reduce(op, x, c.dims);
+        if (op == ReduceOp::max || op == ReduceOp::min) {
+          expect_same_bits(g, r, what);
+          continue;
+        }
+        std::vector<double> bound = host_f64(magnitude);
+        const int64_t k = x.numel() / std::max<int64_t>(r.numel(), 1);
+        std::vector<double> gv = host_f64(g), rv = host_f64(r);
+        for (size_t i = 0; i < gv.size(); ++i) {
+          const double scale = op == ReduceOp::mean ? bound[i] / static_cast<double>(k) : bound[i];
+          ASSERT_LE(std::fabs(gv[i] - rv[i]), 2 * tolerance(dt) * scale + 1e-30) << what << " element " << i;
+        }
+      }
+    }
+  }
+}
+
+TEST_F(CudaTensor, ReductionsPropagateNaNLikeTheCpu) {
+  // Row 0: a clear maximum at 17. Row 1: NaNs at 200 and 400; NaN counts as
+  // the maximum, and the first one wins.
+  std::vector<float> v(1000, 1.0f);
+  v[17] = 5.0f;
+  v[500 + 200] = NAN;
+  v[500 + 400] = NAN;
+  Tensor x = from_vector(v, {2, 500});
+  for (ReduceOp op : {ReduceOp::max, ReduceOp::min, ReduceOp::sum})
+    expect_close(prim::reduce(op, gpu(x), {1}), prim::reduce(op, x, {1}), reduce_op_name(op));
+  expect_same_bits(prim::argmax(gpu(x), 1), prim::argmax(x, 1), "argmax");
+  EXPECT_EQ(prim::argmax(gpu(x), 1).to_vector<int64_t>(), (std::vector<int64_t>{17, 200}));
+}
+
+// ---- matrix products ------------------------------------------------------------
+
+TEST_F(CudaTensor, MatmulMatchesTheCpu) {
+  SCOPED_TRACE(trace());
+  struct Case {
+    Shape a, b;
+    bool transpose_a = false, transpose_b = false;
+  };
+  const std::vector<Case> cases = {
+      {{64, 48}, {48, 80}},
+      {{3, 17, 33}, {3, 33, 9}},          // batched
+      {{2, 1, 5, 7}, {3, 7, 4}},          // broadcast batch
+      {{4, 6, 32}, {32, 16}},             // [..., m, k] @ [k, n]: one GEMM
+      {{48, 64}, {80, 48}, true, true},   // both transposed views
+      {{5, 40, 24}, {5, 40, 8}, true},    // batched, a transposed
+      {{1, 37}, {37, 1}},                 // m = n = 1
+  };
+  for (DType dt : kFloatTypes) {
+    for (const Case& c : cases) {
+      const std::string what =
+          fmt::format("{} {} @ {}{}{}", dtype_name(dt), shape_str(c.a), shape_str(c.b), c.transpose_a ? " a^T" : "",
+                      c.transpose_b ? " b^T" : "");
+      Tensor a = randn(c.a, dt), b = randn(c.b, dt);
+      if (c.transpose_a) a = prim::transpose(a, -1, -2);
+      if (c.transpose_b) b = prim::transpose(b, -1, -2);
+      const Tensor g = prim::matmul(gpu(a), gpu(b)), r = prim::matmul(a, b);
+      ASSERT_EQ(g.shape(), r.shape()) << what;
+      // Relative to |a| @ |b|: the scale of the rounding errors of the sum.
+      const Tensor bound = prim::matmul(prim::unary(UnaryOp::abs, prim::to(a, DType::f64)),
+                                        prim::unary(UnaryOp::abs, prim::to(b, DType::f64)));
+      const auto gv = host_f64(g), rv = host_f64(r), bv = host_f64(bound);
+      for (size_t i = 0; i < gv.size(); ++i)
+        ASSERT_LE(std::fabs(gv[i] - rv[i]), 2 * tolerance(dt) * bv[i] + 1e-30) << what << " element " << i;
+    }
+  }
+}
+
+TEST_F(CudaTensor, GemmAlphaBetaAccumulateIntoTheOutput) {
+  SCOPED_TRACE(trace());
+  for (DType dt : kFloatTypes) {
+    Tensor a = randn({2, 9, 13}, dt), b = randn({2, 13, 11}, dt), c = randn({2, 9, 11}, dt);
+    Tensor ga = gpu(a), gb = gpu(b), gc = gpu(c);
+    auto run = [](const Tensor& a, const Tensor& b, const Tensor& out) {
+      GemmArgs g;
+      g.a = a.view();
+      g.b = b.view();
+      g.out = out.view();
+      g.alpha = 2.0f;
+      g.beta = 0.5f;
+      DeviceGuard guard(out.device());
+      backend_for(out.device()).gemm(g);
+    };
+    run(a, b, c);
+    run(ga, gb, gc);
+    expect_close(host_f64(gc), host_f64(c), 2 * tolerance(dt), 2 * tolerance(dt) * 10,
+                 fmt::format("alpha/beta {}", dtype_name(dt)));
+  }
+}
+
+TEST_F(CudaTensor, Tf32IsOptIn) {
+  SCOPED_TRACE(trace());
+  Tensor a = randn({128, 256}, DType::f32), b = randn({256, 64}, DType::f32);
+  const auto ref = host_f64(prim::matmul(prim::to(a, DType::f64), prim::to(b, DType::f64)));
+  EXPECT_FALSE(cuda::allow_tf32());
+  cuda::set_allow_tf32(true);
+  const auto fast = host_f64(prim::matmul(gpu(a), gpu(b)));
+  cuda::set_allow_tf32(false);
+  // TF32 keeps 10 mantissa bits: about 1e-3 relative per product.
+  expect_close(fast, ref, 0, 0.5, "tf32");
+  expect_close(host_f64(prim::matmul(gpu(a), gpu(b))), ref, 0, 1e-3, "f32 after tf32 is switched off");
+}
+
+// ---- random numbers -------------------------------------------------------------
+
+TEST_F(CudaTensor, UniformIsBitIdenticalToTheCpu) {
+  for (DType dt : kFloatTypes) {
+    for (auto [lo, hi] : {std::pair{0.0, 1.0}, std::pair{-2.0, 3.0}}) {
+      Generator cpu_gen(seed_), gpu_gen(seed_);
+      cpu_gen.take(5);  // a nonzero offset that is not a multiple of 4 elements
+      gpu_gen.take(5);
+      Tensor c = mpt::rand({4099}, dt, kCPU, &cpu_gen, lo, hi);
+      Tensor g = mpt::rand({4099}, dt, kCuda0, &gpu_gen, lo, hi);
+      expect_same_bits(g, c, fmt::format("uniform {} [{}, {}) seed {}", dtype_name(dt), lo, hi, seed_));
+      EXPECT_EQ(cpu_gen.offset(), gpu_gen.offset());
+    }
+  }
+}
+
+TEST_F(CudaTensor, NormalMatchesTheCpuAfterRounding) {
+  for (DType dt : kFloatTypes) {
+    Generator cpu_gen(seed_), gpu_gen(seed_);
+    Tensor c = mpt::randn({10007}, dt, kCPU, &cpu_gen);
+    Tensor g = mpt::randn({10007}, dt, kCuda0, &gpu_gen);
+    const std::string what = fmt::format("normal {} seed {}", dtype_name(dt), seed_);
+    if (dt == DType::f16 || dt == DType::bf16) {
+      // log/sin/cos differ by an ulp of f64 at most: invisible after rounding to 16 bits.
+      expect_same_bits(g, c, what);
+    } else if (dt == DType::f32) {
+      const auto gv = g.to_vector<float>(), cv = c.to_vector<float>();
+      for (size_t i = 0; i < gv.size(); ++i) {
+        int32_t gb, cb;
+        std::memcpy(&gb, &gv[i], 4);
+        std::memcpy(&cb, &cv[i], 4);
+        ASSERT_LE(std::abs(gb - cb), 1) << what << " element " << i << ": " << gv[i] << " vs " << cv[i];
+      }
+    } else {
+      expect_close(host_f64(g), host_f64(c), 1e-14, 1e-15, what);
+    }
+  }
+}
+
+// ---- the caching allocator ------------------------------------------------------
+
+TEST_F(CudaTensor, AllocatorReusesFreedBlocksAndCountsBytes) {
+  synchronize(kCuda0);
+  empty_cache();
+  const MemoryStats base = memory_stats(kCuda0);
+  EXPECT_EQ(base.reserved_bytes, base.allocated_bytes);
+  constexpr uint64_t kBytes = 1 << 20;
+  {
+    Tensor t = Tensor::empty({kBytes / 4}, DType::f32, kCuda0);
+    const MemoryStats s = memory_stats(kCuda0);
+    EXPECT_EQ(s.allocated_bytes, base.allocated_bytes + kBytes);
+    EXPECT_EQ(s.reserved_bytes, base.reserved_bytes + kBytes);
+    EXPECT_EQ(s.num_allocs, base.num_allocs + 1);
+    EXPECT_EQ(s.num_device_mallocs, base.num_device_mallocs + 1);
+    EXPECT_GE(s.peak_allocated_bytes, s.allocated_bytes);
+  }
+  const MemoryStats freed = memory_stats(kCuda0);
+  EXPECT_EQ(freed.allocated_bytes, base.allocated_bytes);
+  EXPECT_EQ(freed.reserved_bytes, base.reserved_bytes + kBytes);  // cached, not returned
+  {
+    Tensor t = Tensor::empty({kBytes / 4}, DType::f32, kCuda0);
+    EXPECT_EQ(memory_stats(kCuda0).num_device_mallocs, freed.num_device_mallocs);  // reused
+    EXPECT_EQ(memory_stats(kCuda0).num_allocs, freed.num_allocs + 1);
+  }
+  // Sizes round up to classes: a slightly smaller request reuses the block too.
+  { Tensor t = Tensor::empty({kBytes / 4 - 100}, DType::f32, kCuda0); }
+  EXPECT_EQ(memory_stats(kCuda0).num_device_mallocs, freed.num_device_mallocs);
+
+  reset_peak_memory_stats(kCuda0);
+  EXPECT_EQ(memory_stats(kCuda0).peak_allocated_bytes, base.allocated_bytes);
+  { Tensor t = Tensor::empty({4 * kBytes / 4}, DType::f32, kCuda0); }
+  const MemoryStats peak = memory_stats(kCuda0);
+  EXPECT_EQ(peak.peak_allocated_bytes, base.allocated_bytes + 4 * kBytes);
+  EXPECT_GE(peak.peak_reserved_bytes, peak.reserved_bytes);
+
+  empty_cache();
+  const MemoryStats emptied = memory_stats(kCuda0);
+  EXPECT_EQ(emptied.reserved_bytes, emptied.allocated_bytes);
+  EXPECT_GT(emptied.num_device_frees, peak.num_device_frees);
+
+  // Zero bytes: a valid, usable (empty) tensor.
+  Tensor empty = Tensor::empty({0}, DType::f32, kCuda0);
+  EXPECT_EQ(prim::to(empty, kCPU).numel(), 0);
+}
+
+TEST_F(CudaTensor, OutOfMemoryIsAnExceptionThatNamesTheRequest) {
+  const int64_t elements = int64_t(1) << 48;  // 2^50 bytes of f32
+  try {
+    Tensor t = Tensor::empty({elements}, DType::f32, kCuda0);
+    FAIL() << "allocating 1 PiB did not throw";
+  } catch (const OutOfMemoryError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("1125899906842624"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("cuda:0"), std::string::npos) << msg;
+  }
+  // The allocator and the device still work.
+  Tensor ok = full({1000}, 2.0, DType::f32, kCuda0);
+  EXPECT_EQ(prim::sum(ok).item(), 2000.0);
+}
+
+TEST_F(CudaTensor, RecordStreamDelaysReuseUntilTheStreamIsDone) {
+  const Stream side = Stream::create(kCuda0);
+  void* block = nullptr;
+  {
+    Tensor t = Tensor::empty({1 << 16}, DType::f32, kCuda0);  // on the default stream
+    block = t.storage()->data();
+    {
+      StreamGuard guard(side);
+      prim::fill_(t, 1.0);  // used on the side stream
+    }
+    record_stream(t.data_ptr(), side);
+    record_stream(static_cast<char*>(block) + 64, side);  // a view inside the block: same block
+  }
+  side.synchronize();
+  const uint64_t mallocs = memory_stats(kCuda0).num_device_mallocs;
+  Tensor again = Tensor::empty({1 << 16}, DType::f32, kCuda0);
+  EXPECT_EQ(again.storage()->data(), block);
+  EXPECT_EQ(memory_stats(kCuda0).num_device_mallocs, mallocs);
+
+  int host_value = 0;
+  EXPECT_THROW(record_stream(&host_value, side), ValueError);
+}
+
+// ---- streams and events ---------------------------------------------------------
+
+TEST_F(CudaTensor, WorkOnACreatedStreamAndEvents) {
+  SCOPED_TRACE(trace());
+  const Stream side = Stream::create(kCuda0, /*priority=*/-1);
+  EXPECT_EQ(current_stream(kCuda0), Stream::default_stream(kCuda0));
+  Tensor a = randn({256, 128}, DType::f32), b = randn({128, 64}, DType::f32);
+  Tensor ga = gpu(a), gb = gpu(b);
+  synchronize(kCuda0);
+
+  Event start(kCuda0, /*timing=*/true), stop(kCuda0, /*timing=*/true), done(kCuda0);
+  Tensor product;
+  {
+    StreamGuard guard(side);
+    EXPECT_EQ(current_stream(kCuda0), side);
+    start.record();
+    product = prim::matmul(ga, gb);
+    product = prim::unary(UnaryOp::tanh, product);
+    stop.record();
+    done.record(side);
+  }
+  EXPECT_EQ(current_stream(kCuda0), Stream::default_stream(kCuda0));
+  // The default stream waits for the side stream before reading its result.
+  done.wait(current_stream(kCuda0));
+  expect_close(product, prim::unary(UnaryOp::tanh, prim::matmul(a, b)), "matmul on a side stream");
+  stop.synchronize();
+  EXPECT_TRUE(stop.query());
+  EXPECT_GE(start.elapsed_ms(stop), 0.0f);
+
+  Event cpu_event(kCPU);
+  cpu_event.record(current_stream(kCPU));
+  EXPECT_TRUE(cpu_event.query());
+  EXPECT_THROW(cpu_event.elapsed_ms(cpu_event), ValueError);
+}
+
+TEST_F(CudaTensor, UnknownDevicesAreRefusedWithTheCount) {
+  const int n = cuda_device_count();
+  try {
+    check_device_available(Device(DeviceType::cuda, n));
+    FAIL() << "cuda:" << n << " was accepted";
+  } catch (const DeviceError& e) {
+    EXPECT_NE(std::string(e.what()).find(fmt::format("cuda:{} requested, but this machine has {} CUDA device", n, n)),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(Tensor::empty({3}, DType::f32, Device(DeviceType::cuda, n)), DeviceError);
+}
+
+// ---- 64-bit indexing --------------------------------------------------------------
+
+TEST_F(CudaTensor, HandlesMoreThan2To31Elements) {
+  const int64_t n = (int64_t(1) << 31) + 40;
+  {
+    // Strided copy (a broadcast source): the 64-bit offset path.
+    Tensor dst = Tensor::empty({n}, DType::u8, kCuda0);
+    prim::copy_(dst, prim::expand(full({1}, 7.0, DType::u8, kCuda0), {n}));
+    const auto tail = prim::slice(dst, 0, n - 8, n).to_vector<uint8_t>();
+    EXPECT_EQ(tail, std::vector<uint8_t>(8, 7));
+  }
+  {
+    // Contiguous element-wise with packed loads.
+    Tensor x = full({n}, 1.5, DType::f16, kCuda0);
+    Tensor y = prim::unary(UnaryOp::neg, x);
+    EXPECT_EQ(prim::slice(y, 0, n - 3, n).to_vector<float>(), std::vector<float>(3, -1.5f));
+    EXPECT_EQ(prim::slice(y, 0, 0, 2).to_vector<float>(), std::vector<float>(2, -1.5f));
+    EXPECT_EQ(prim::sum(prim::slice(y, 0, n - 1000, n)).item(), -1500.0);
+  }
+  empty_cache();
+}
+
+}  // namespace
+}  // namespace mpt

@@ -1,0 +1,374 @@
+// Every CPU kernel against a straightforward f64 reference, on fresh random
+// inputs (seed printed on failure), for each floating dtype.
+#include <gtest/gtest.h>
+
+#include <fmt/ranges.h>
+
+#include <functional>
+
+#include "tensor/ops.h"
+#include "tests/test_util.h"
+
+namespace mpt {
+namespace {
+
+using testing::host_f64;
+using testing::rel_error;
+using testing::tolerance;
+
+const DType kFloatTypes[] = {DType::f32, DType::f64, DType::f16, DType::bf16};
+
+// Values of `values` (contiguous, shape `from`) read at each index of `to`.
+std::vector<double> broadcast_values(const std::vector<double>& values, const Shape& from, const Shape& to) {
+  const Shape st = broadcast_strides(from, contiguous_strides(from), to);
+  std::vector<double> out(static_cast<size_t>(numel(to)));
+  std::vector<int64_t> idx(to.size(), 0);
+  for (size_t i = 0; i < out.size(); ++i) {
+    int64_t off = 0;
+    for (size_t d = 0; d < to.size(); ++d) off += idx[d] * st[d];
+    out[i] = values[off];
+    for (size_t d = to.size(); d-- > 0;) {
+      if (++idx[d] < to[d]) break;
+      idx[d] = 0;
+    }
+  }
+  return out;
+}
+
+class OpsCpu : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    seed_ = testing::fresh_seed();
+    gen_.manual_seed(seed_);
+  }
+  Tensor randn(const Shape& s, DType dt) { return mpt::randn(s, dt, kCPU, &gen_); }
+  Tensor rand(const Shape& s, DType dt, double lo, double hi) { return mpt::rand(s, dt, kCPU, &gen_, lo, hi); }
+  std::string trace() const { return fmt::format("seed {}", seed_); }
+  uint64_t seed_ = 0;
+  Generator gen_;
+};
+
+double gelu_tanh_ref(double x) { return 0.5 * x * (1 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))); }
+double gelu_erf_ref(double x) { return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0))); }
+double numeric_derivative(const std::function<double(double)>& f, double x) {
+  const double h = 1e-6;
+  return (f(x + h) - f(x - h)) / (2 * h);
+}
+
+TEST_F(OpsCpu, UnaryMatchesReference) {
+  SCOPED_TRACE(trace());
+  struct Case {
+    UnaryOp op;
+    std::function<double(double)> ref;
+    double lo, hi;  // input range
+    double alpha = 0, beta = 0;
+  };
+  const std::vector<Case> cases = {
+      {UnaryOp::neg, [](double x) { return -x; }, -3, 3},
+      {UnaryOp::exp, [](double x) { return std::exp(x); }, -3, 3},
+      {UnaryOp::log, [](double x) { return std::log(x); }, 0.1, 5},
+      {UnaryOp::sqrt, [](double x) { return std::sqrt(x); }, 0.1, 5},
+      {UnaryOp::rsqrt, [](double x) { return 1 / std::sqrt(x); }, 0.1, 5},
+      {UnaryOp::tanh, [](double x) { return std::tanh(x); }, -3, 3},
+      {UnaryOp::sigmoid, [](double x) { return 1 / (1 + std::exp(-x)); }, -5, 5},
+      {UnaryOp::relu, [](double x) { return x > 0 ? x : 0; }, -3, 3},
+      {UnaryOp::gelu_tanh, gelu_tanh_ref, -4, 4},
+      {UnaryOp::gelu_erf, gelu_erf_ref, -4, 4},
+      {UnaryOp::abs, [](double x) { return std::fabs(x); }, -3, 3},
+      {UnaryOp::sin, [](double x) { return std::sin(x); }, -3, 3},
+      {UnaryOp::cos, [](double x) { return std::cos(x); }, -3, 3},
+      {UnaryOp::square, [](double x) { return x * x; }, -3, 3},
+      {UnaryOp::reciprocal, [](double x) { return 1 / x; }, 0.2, 4},
+      {UnaryOp::affine, [](double x) { return x * 2.5 - 0.75; }, -3, 3, 2.5, -0.75},
+      {UnaryOp::pow_scalar, [](double x) { return std::pow(x, 1.7); }, 0.1, 3, 1.7},
+      {UnaryOp::step, [](double x) { return x > 0 ? 1 : 0; }, -3, 3},
+  };
+  for (DType dt : kFloatTypes) {
+    for (const Case& c : cases) {
+      SCOPED_TRACE(fmt::format("{} {}", unary_op_name(c.op), dtype_name(dt)));
+      // A non-contiguous input: the transpose of a random matrix.
+      Tensor x = prim::transpose(rand({7, 13}, dt, c.lo, c.hi), 0, 1);
+      Tensor y = prim::unary(c.op, x, c.alpha, c.beta);
+      EXPECT_EQ(y.shape(), (Shape{13, 7}));
+      std::vector<double> ref = host_f64(x);
+      for (double& v : ref) v = c.ref(v);
+      EXPECT_LE(rel_error(host_f64(y), ref), tolerance(dt));
+    }
+  }
+}
+
+TEST_F(OpsCpu, BinaryBroadcastsAndMatchesReference) {
+  SCOPED_TRACE(trace());
+  struct Case {
+    BinaryOp op;
+    std::function<double(double, double)> ref;
+    bool positive = false;
+  };
+  auto gelu_tanh_grad = [](double x) { return numeric_derivative(gelu_tanh_ref, x); };
+  auto gelu_erf_grad = [](double x) { return numeric_derivative(gelu_erf_ref, x); };
+  const std::vector<Case> cases = {
+      {BinaryOp::add, [](double a, double b) { return a + b; }},
+      {BinaryOp::sub, [](double a, double b) { return a - b; }},
+      {BinaryOp::mul, [](double a, double b) { return a * b; }},
+      {BinaryOp::div, [](double a, double b) { return a / b; }, true},
+      {BinaryOp::pow, [](double a, double b) { return std::pow(a, b); }, true},
+      {BinaryOp::maximum, [](double a, double b) { return std::max(a, b); }},
+      {BinaryOp::minimum, [](double a, double b) { return std::min(a, b); }},
+      {BinaryOp::eq, [](double a, double b) { return a == b ? 1.0 : 0.0; }},
+      {BinaryOp::ne, [](double a, double b) { return a != b ? 1.0 : 0.0; }},
+      {BinaryOp::lt, [](double a, double b) { return a < b ? 1.0 : 0.0; }},
+      {BinaryOp::le, [](double a, double b) { return a <= b ? 1.0 : 0.0; }},
+      {BinaryOp::gt, [](double a, double b) { return a > b ? 1.0 : 0.0; }},
+      {BinaryOp::ge, [](double a, double b) { return a >= b ? 1.0 : 0.0; }},
+      {BinaryOp::relu_backward, [](double g, double x) { return x > 0 ? g : 0; }},
+      {BinaryOp::gelu_tanh_backward, [=](double g, double x) { return g * gelu_tanh_grad(x); }},
+      {BinaryOp::gelu_erf_backward, [=](double g, double x) { return g * gelu_erf_grad(x); }},
+      {BinaryOp::tanh_backward, [](double g, double y) { return g * (1 - y * y); }},
+      {BinaryOp::sigmoid_backward, [](double g, double y) { return g * y * (1 - y); }},
+  };
+  for (DType dt : kFloatTypes) {
+    for (const Case& c : cases) {
+      SCOPED_TRACE(fmt::format("{} {}", binary_op_name(c.op), dtype_name(dt)));
+      const double lo = c.positive ? 0.2 : -2, hi = 2;
+      Tensor a = prim::permute(rand({5, 1, 3}, dt, lo, hi), {1, 2, 0});  // [1, 3, 5], strided
+      Tensor b = rand({4, 1, 5}, dt, lo, hi);
+      Tensor out = prim::binary(c.op, a, b);
+      const Shape shape{4, 3, 5};
+      ASSERT_EQ(out.shape(), shape);
+      const auto av = broadcast_values(host_f64(a), a.shape(), shape);
+      const auto bv = broadcast_values(host_f64(b), b.shape(), shape);
+      std::vector<double> ref(av.size());
+      for (size_t i = 0; i < ref.size(); ++i) ref[i] = c.ref(av[i], bv[i]);
+      // Backward rules of gelu are checked against a numeric derivative.
+      const double tol = std::max(tolerance(dt), c.op == BinaryOp::gelu_tanh_backward ||
+                                                         c.op == BinaryOp::gelu_erf_backward
+                                                     ? 1e-6
+                                                     : 0.0);
+      EXPECT_LE(rel_error(host_f64(out), ref), tol);
+    }
+  }
+}
+
+TEST_F(OpsCpu, MixedDTypesPromote) {
+  Tensor a = ones({3}, DType::f16), b = ones({3}, DType::bf16), c = ones({3}, DType::f64);
+  EXPECT_EQ(prim::add(a, b).dtype(), DType::f32);
+  EXPECT_EQ(prim::mul(a, c).dtype(), DType::f64);
+  EXPECT_EQ(prim::add(a, a).dtype(), DType::f16);
+  EXPECT_THROW(prim::add(ones({3}, DType::i64), ones({3}, DType::i64)), DTypeError);
+}
+
+TEST_F(OpsCpu, HalfArithmeticRoundsOnceFromF32) {
+  SCOPED_TRACE(trace());
+  for (DType dt : {DType::f16, DType::bf16}) {
+    Tensor a = randn({1000}, dt), b = randn({1000}, dt);
+    const auto got = prim::mul(a, b).to_vector<float>();
+    const auto av = a.to_vector<float>(), bv = b.to_vector<float>();
+    for (size_t i = 0; i < got.size(); ++i) {
+      const float exact = av[i] * bv[i];
+      const float rounded = dt == DType::f16 ? float(Half(exact)) : float(BFloat16(exact));
+      ASSERT_EQ(got[i], rounded) << i;
+    }
+  }
+  // Overflow to infinity, as on the GPU.
+  Tensor big = full({2}, 300.0, DType::f16);
+  EXPECT_TRUE(std::isinf(prim::mul(big, big).to_vector<float>()[0]));
+}
+
+TEST_F(OpsCpu, ReductionsOverAnyDims) {
+  SCOPED_TRACE(trace());
+  const Shape shape{3, 4, 5, 2};
+  const std::vector<std::vector<int64_t>> dim_sets = {{}, {0}, {1}, {3}, {-1}, {1, 2}, {0, 2}, {0, 3}, {0, 1, 2, 3}};
+  for (DType dt : kFloatTypes) {
+    Tensor x = randn(shape, dt);
+    const std::vector<double> xv = host_f64(x);
+    for (const auto& dims : dim_sets) {
+      for (bool keepdim : {false, true}) {
+        SCOPED_TRACE(fmt::format("{} dims [{}] keepdim {}", dtype_name(dt), fmt::join(dims, ","), keepdim));
+        std::vector<bool> red(4, dims.empty());
+        for (int64_t d : dims) red[d < 0 ? d + 4 : d] = true;
+        Shape kept;
+        for (int d = 0; d < 4; ++d) kept.push_back(red[d] ? 1 : shape[d]);
+        const int64_t n_out = numel(kept);
+        std::vector<double> sum(n_out, 0), mx(n_out, -INFINITY), mn(n_out, INFINITY), cnt(n_out, 0);
+        const Shape kst = contiguous_strides(kept), xst = contiguous_strides(shape);
+        for (int64_t i = 0; i < numel(shape); ++i) {
+          int64_t o = 0;
+          for (int d = 0; d < 4; ++d) o += red[d] ? 0 : ((i / xst[d]) % shape[d]) * kst[d];
+          sum[o] += xv[i];
+          mx[o] = std::max(mx[o], xv[i]);
+          mn[o] = std::min(mn[o], xv[i]);
+          cnt[o] += 1;
+        }
+        std::vector<double> mean(n_out);
+        for (int64_t i = 0; i < n_out; ++i) mean[i] = sum[i] / cnt[i];
+        Tensor s = prim::sum(x, dims, keepdim);
+        if (keepdim) EXPECT_EQ(s.shape(), kept);
+        EXPECT_EQ(s.numel(), n_out);
+        // Sums of n terms: the tolerance grows with the count.
+        const double tol = tolerance(dt) * 8;
+        EXPECT_LE(rel_error(host_f64(s), sum), tol);
+        EXPECT_LE(rel_error(host_f64(prim::mean(x, dims, keepdim)), mean), tol);
+        EXPECT_EQ(host_f64(prim::amax(x, dims, keepdim)), mx);
+        EXPECT_EQ(host_f64(prim::amin(x, dims, keepdim)), mn);
+      }
+    }
+  }
+}
+
+TEST_F(OpsCpu, ReductionOfNonContiguousInput) {
+  SCOPED_TRACE(trace());
+  Tensor x = prim::transpose(randn({6, 9}, DType::f64), 0, 1);  // [9, 6]
+  const auto xv = host_f64(x);
+  std::vector<double> ref(6, 0);
+  for (int i = 0; i < 9; ++i)
+    for (int j = 0; j < 6; ++j) ref[j] += xv[i * 6 + j];
+  EXPECT_LE(rel_error(host_f64(prim::sum(x, {0})), ref), 1e-12);
+}
+
+TEST_F(OpsCpu, ArgmaxFindsFirstMaximumAndNaN) {
+  SCOPED_TRACE(trace());
+  Tensor x = randn({4, 7}, DType::f32);
+  const auto xv = host_f64(x);
+  const auto got = prim::argmax(x, 1).to_vector<int64_t>();
+  for (int r = 0; r < 4; ++r) {
+    int64_t best = 0;
+    for (int c = 1; c < 7; ++c)
+      if (xv[r * 7 + c] > xv[r * 7 + best]) best = c;
+    EXPECT_EQ(got[r], best);
+  }
+  Tensor ties = from_vector({1.f, 3.f, 3.f, NAN, 2.f, 5.f}, {2, 3});
+  EXPECT_EQ(prim::argmax(ties, 1).to_vector<int64_t>(), (std::vector<int64_t>{1, 0}));
+  EXPECT_TRUE(std::isnan(prim::amax(ties).item()));
+  EXPECT_EQ(prim::argmax(ties, 0, true).shape(), (Shape{1, 3}));
+}
+
+TEST_F(OpsCpu, EmptyReductions) {
+  Tensor e = zeros({0, 3});
+  EXPECT_EQ(prim::sum(e, {0}).to_vector<float>(), (std::vector<float>{0, 0, 0}));
+  EXPECT_TRUE(std::isnan(prim::mean(e, {0}).to_vector<float>()[0]));
+  EXPECT_THROW(prim::amax(e, {0}), ShapeError);
+}
+
+// Naive f64 batched product over logical (contiguous) values.
+std::vector<double> matmul_ref(const std::vector<double>& a, const std::vector<double>& b, int64_t batch_a,
+                               int64_t batch_b, int64_t m, int64_t k, int64_t n) {
+  const int64_t batch = std::max(batch_a, batch_b);
+  std::vector<double> out(static_cast<size_t>(batch * m * n), 0);
+  for (int64_t p = 0; p < batch; ++p)
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        double s = 0;
+        for (int64_t q = 0; q < k; ++q)
+          s += a[(batch_a == 1 ? 0 : p) * m * k + i * k + q] * b[(batch_b == 1 ? 0 : p) * k * n + q * n + j];
+        out[p * m * n + i * n + j] = s;
+      }
+  return out;
+}
+
+TEST_F(OpsCpu, MatmulLayoutsAndBatches) {
+  SCOPED_TRACE(trace());
+  for (DType dt : kFloatTypes) {
+    SCOPED_TRACE(dtype_name(dt));
+    const int64_t m = 17, k = 33, n = 9;
+    // Plain, transposed operands, batched, broadcast batch, [B, T, C] @ [C, N].
+    Tensor a = randn({m, k}, dt), b = randn({k, n}, dt);
+    EXPECT_LE(rel_error(host_f64(prim::matmul(a, b)), matmul_ref(host_f64(a), host_f64(b), 1, 1, m, k, n)),
+              tolerance(dt) * 4);
+    Tensor at = prim::transpose(randn({k, m}, dt), 0, 1), bt = prim::transpose(randn({n, k}, dt), 0, 1);
+    EXPECT_LE(rel_error(host_f64(prim::matmul(at, bt)), matmul_ref(host_f64(at), host_f64(bt), 1, 1, m, k, n)),
+              tolerance(dt) * 4);
+    Tensor ba = randn({3, m, k}, dt), bb = prim::transpose(randn({3, n, k}, dt), 1, 2);
+    EXPECT_LE(rel_error(host_f64(prim::matmul(ba, bb)), matmul_ref(host_f64(ba), host_f64(bb), 3, 3, m, k, n)),
+              tolerance(dt) * 4);
+    Tensor bc = randn({1, k, n}, dt);
+    Tensor out = prim::matmul(ba, bc);
+    EXPECT_EQ(out.shape(), (Shape{3, m, n}));
+    EXPECT_LE(rel_error(host_f64(out), matmul_ref(host_f64(ba), host_f64(bc), 3, 1, m, k, n)), tolerance(dt) * 4);
+    Tensor x = randn({2, 5, k}, dt);
+    Tensor y = prim::matmul(x, b);
+    EXPECT_EQ(y.shape(), (Shape{2, 5, n}));
+    EXPECT_LE(rel_error(host_f64(y), matmul_ref(host_f64(x), host_f64(b), 1, 1, 10, k, n)), tolerance(dt) * 4);
+    // 4-d attention-like product with a permuted (non-foldable) operand.
+    Tensor q = prim::permute(randn({2, 6, 3, 8}, dt), {0, 2, 1, 3});  // [2, 3, 6, 8]
+    Tensor kk = prim::transpose(q, 2, 3);                             // [2, 3, 8, 6]
+    Tensor s = prim::matmul(q, kk);
+    EXPECT_EQ(s.shape(), (Shape{2, 3, 6, 6}));
+    EXPECT_LE(rel_error(host_f64(s), matmul_ref(host_f64(q), host_f64(kk), 6, 6, 6, 8, 6)), tolerance(dt) * 4);
+  }
+}
+
+TEST_F(OpsCpu, MatmulErrorsNameTheShapes) {
+  try {
+    prim::matmul(zeros({2, 3}), zeros({4, 5}));
+    FAIL();
+  } catch (const ShapeError& e) {
+    EXPECT_NE(std::string(e.what()).find("matmul: inner dimensions differ: f32[2, 3] on cpu @ f32[4, 5] on cpu"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(prim::matmul(zeros({3}), zeros({3, 2})), ShapeError);
+  EXPECT_THROW(prim::matmul(zeros({2, 3}), zeros({3, 2}, DType::f16)), DTypeError);
+  try {
+    prim::add(zeros({2, 3}), zeros({4}));
+    FAIL();
+  } catch (const ShapeError& e) {
+    EXPECT_NE(std::string(e.what()).find("add: shapes [2, 3] and [4] do not broadcast"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST_F(OpsCpu, CopyCastsBetweenAllDTypesAndLayouts) {
+  SCOPED_TRACE(trace());
+  Tensor src = rand({4, 6}, DType::f64, -100, 100);
+  const auto sv = host_f64(src);
+  for (DType to : kAllDTypes) {
+    if (to == DType::u8) continue;  // negative values
+    Tensor c = prim::to(src, to);
+    const auto cv = host_f64(c);
+    for (size_t i = 0; i < sv.size(); ++i) {
+      double expect = sv[i];
+      if (to == DType::f32) expect = static_cast<float>(sv[i]);
+      if (to == DType::f16) expect = float(Half(sv[i]));
+      if (to == DType::bf16) expect = float(BFloat16(sv[i]));
+      if (to == DType::i32 || to == DType::i64) expect = std::trunc(sv[i]);
+      ASSERT_EQ(cv[i], expect) << dtype_name(to) << " element " << i;
+    }
+  }
+  // Strided destination, broadcast source.
+  Tensor dst = zeros({6, 4}, DType::f16);
+  Tensor dst_t = prim::transpose(dst, 0, 1);  // [4, 6]
+  prim::copy_(dst_t, prim::view(arange(0, 6, 1, DType::f64), {1, 6}));
+  const auto dv = host_f64(dst);
+  for (int r = 0; r < 6; ++r)
+    for (int c = 0; c < 4; ++c) EXPECT_EQ(dv[r * 4 + c], r);
+  EXPECT_THROW(prim::copy_(zeros({2, 2}), zeros({3})), ShapeError);
+}
+
+TEST_F(OpsCpu, FillAndArange) {
+  Tensor t = full({2, 3}, 7.5, DType::bf16);
+  EXPECT_EQ(host_f64(t), std::vector<double>(6, 7.5));
+  EXPECT_EQ(host_f64(arange(2, 5, 0.5)), (std::vector<double>{2, 2.5, 3, 3.5, 4, 4.5}));
+  EXPECT_EQ(arange(0, 10, 3, DType::i64).to_vector<int64_t>(), (std::vector<int64_t>{0, 3, 6, 9}));
+  EXPECT_EQ(arange(5, 0, -2).to_vector<float>(), (std::vector<float>{5, 3, 1}));
+  EXPECT_EQ(arange(0, 0).numel(), 0);
+}
+
+TEST_F(OpsCpu, OperandsOnDifferentDevicesAreRefused) {
+  // Two virtual CPU devices share memory but are distinct devices.
+  Tensor a = zeros({2});
+  Tensor b = Tensor::view_of(Storage::allocate(8, Device("cpu:1")), {2}, {1}, 0, DType::f32);
+  try {
+    prim::add(a, b);
+    FAIL();
+  } catch (const DeviceError& e) {
+    EXPECT_NE(std::string(e.what()).find("add: operands are on different devices: f32[2] on cpu and f32[2] on cpu:1"),
+              std::string::npos)
+        << e.what();
+  }
+  // Copies between them work.
+  prim::copy_(b, full({2}, 3.0));
+  EXPECT_EQ(host_f64(prim::to(b, kCPU)), (std::vector<double>{3, 3}));
+}
+
+}  // namespace
+}  // namespace mpt

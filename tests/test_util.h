@@ -1,0 +1,62 @@
+#pragma once
+// Helpers shared by the tests: fresh seeds (printed on failure), host
+// copies in f64, and error norms.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "tensor/ops.h"
+
+namespace mpt::testing {
+
+// A new seed every run, so each run checks fresh inputs; SCOPED_TRACE it.
+inline uint64_t fresh_seed() {
+  static std::random_device rd;
+  return (static_cast<uint64_t>(rd()) << 32) | rd();
+}
+
+inline std::vector<double> host_f64(const Tensor& t) { return t.to_vector<double>(); }
+
+// ||a - b|| / ||b|| (0 when both are 0); NaN in either gives infinity.
+inline double rel_error(const std::vector<double>& a, const std::vector<double>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    if (std::isnan(a[i]) != std::isnan(b[i])) return INFINITY;
+    if (std::isnan(a[i])) continue;
+    if (std::isinf(a[i]) || std::isinf(b[i])) {
+      if (a[i] != b[i]) return INFINITY;
+      continue;
+    }
+    num += (a[i] - b[i]) * (a[i] - b[i]);
+    den += b[i] * b[i];
+  }
+  if (den == 0) return std::sqrt(num);
+  return std::sqrt(num / den);
+}
+
+inline double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b) {
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
+  return m;
+}
+
+// Relative tolerance for results computed in `t` (inputs rounded to t).
+inline double tolerance(DType t) {
+  switch (t) {
+    case DType::f64: return 1e-12;
+    case DType::f32: return 1e-5;
+    case DType::f16: return 2e-3;
+    case DType::bf16: return 1.6e-2;
+    default: return 0;
+  }
+}
+
+inline bool has_cuda() { return cuda_device_count() > 0; }
+
+#define MPT_SKIP_WITHOUT_CUDA() \
+  if (!::mpt::testing::has_cuda()) GTEST_SKIP() << "skipped: no CUDA device"
+
+}  // namespace mpt::testing
