@@ -70,6 +70,7 @@ Strided<N> collapse(const std::array<const TensorView*, N>& views, const char* o
     s.shape[0] = 1;
     for (int n = 0; n < N; ++n) s.strides[n][0] = 1;
   }
+  s.prepare_divisors();
   return s;
 }
 

@@ -100,84 +100,95 @@ __device__ __forceinline__ C binary_value(BinaryOp op, C a, C b) {
   return a;
 }
 
-template <typename T>
-__global__ void unary_kernel(UnaryOp op, Strided<2> s, int64_t n, typename Element<T>::Compute alpha,
-                             typename Element<T>::Compute beta, bool contiguous, bool packed) {
+template <typename T, int V>
+__device__ __forceinline__ Pack<T, V> splat(T x) {
+  Pack<T, V> p;
+#pragma unroll
+  for (int j = 0; j < V; ++j) p.v[j] = x;
+  return p;
+}
+
+// out = f(inputs...) over N - 1 inputs in any Layout; f works in the compute type.
+template <typename T, int N, typename F>
+__device__ __forceinline__ void elementwise(const Strided<N>& s, int64_t n, Layout layout, F f) {
   using E = Element<T>;
+  using C = typename E::Compute;
+  constexpr int M = N - 1;
+  constexpr int V = 16 / sizeof(T);
+  using P = Pack<T, V>;
   T* out = static_cast<T*>(s.data[0]);
-  const T* in = static_cast<const T*>(s.data[1]);
-  if (!contiguous) {
-    for_each_strided(s, n, [&](const int64_t (&off)[2]) {
-      out[off[0]] = E::store(unary_value(op, E::load(in[off[1]]), alpha, beta));
+  const T* in[M];
+#pragma unroll
+  for (int k = 0; k < M; ++k) in[k] = static_cast<const T*>(s.data[k + 1]);
+  auto apply = [&](const C (&x)[M]) {
+    if constexpr (M == 1) return f(x[0]);
+    else return f(x[0], x[1]);
+  };
+  // One Pack of inputs -> one Pack of output.
+  auto apply_pack = [&](const P (&x)[M]) {
+    P y;
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      C a[M];
+#pragma unroll
+      for (int k = 0; k < M; ++k) a[k] = E::load(x[k].v[j]);
+      y.v[j] = E::store(apply(a));
+    }
+    return y;
+  };
+
+  if (layout == Layout::strided) {
+    for_each_strided(s, n, 1, [&](const int64_t (&off)[N]) {
+      C a[M];
+#pragma unroll
+      for (int k = 0; k < M; ++k) a[k] = E::load(in[k][off[k + 1]]);
+      out[off[0]] = E::store(apply(a));
     });
     return;
   }
-  const int64_t first = global_thread(), step = grid_threads();
-  int64_t tail = 0;
-  if (packed) {
-    constexpr int V = 16 / sizeof(T);
-    using P = Pack<T, V>;
-    const int64_t packs = n / V;
-    for (int64_t p = first; p < packs; p += step) {
-      const P x = reinterpret_cast<const P*>(in)[p];
-      P y;
+  // Layout::packed
+  for_each_strided(s, n / V, V, [&](const int64_t (&off)[N]) {
+    P x[M];
 #pragma unroll
-      for (int j = 0; j < V; ++j) y.v[j] = E::store(unary_value(op, E::load(x.v[j]), alpha, beta));
-      reinterpret_cast<P*>(out)[p] = y;
-    }
-    tail = packs * V;
+    for (int k = 0; k < M; ++k)
+      x[k] = s.strides[k + 1][0] == 1 ? *reinterpret_cast<const P*>(in[k] + off[k + 1]) : splat<T, V>(in[k][off[k + 1]]);
+    *reinterpret_cast<P*>(out + off[0]) = apply_pack(x);
+  });
+  // The last n % V elements (one dimension only; else there are none).
+  for (int64_t i = n / V * V + global_thread(); i < n; i += grid_threads()) {
+    C a[M];
+#pragma unroll
+    for (int k = 0; k < M; ++k) a[k] = E::load(in[k][i * s.strides[k + 1][0]]);
+    out[i] = E::store(apply(a));
   }
-  for (int64_t i = tail + first; i < n; i += step) out[i] = E::store(unary_value(op, E::load(in[i]), alpha, beta));
 }
 
 template <typename T>
-__global__ void binary_kernel(BinaryOp op, Strided<3> s, int64_t n, bool contiguous, bool packed) {
-  using E = Element<T>;
-  T* out = static_cast<T*>(s.data[0]);
-  const T* a = static_cast<const T*>(s.data[1]);
-  const T* b = static_cast<const T*>(s.data[2]);
-  if (!contiguous) {
-    for_each_strided(s, n, [&](const int64_t (&off)[3]) {
-      out[off[0]] = E::store(binary_value(op, E::load(a[off[1]]), E::load(b[off[2]])));
-    });
-    return;
-  }
-  const int64_t first = global_thread(), step = grid_threads();
-  int64_t tail = 0;
-  if (packed) {
-    constexpr int V = 16 / sizeof(T);
-    using P = Pack<T, V>;
-    const int64_t packs = n / V;
-    for (int64_t p = first; p < packs; p += step) {
-      const P x = reinterpret_cast<const P*>(a)[p];
-      const P y = reinterpret_cast<const P*>(b)[p];
-      P z;
-#pragma unroll
-      for (int j = 0; j < V; ++j) z.v[j] = E::store(binary_value(op, E::load(x.v[j]), E::load(y.v[j])));
-      reinterpret_cast<P*>(out)[p] = z;
-    }
-    tail = packs * V;
-  }
-  for (int64_t i = tail + first; i < n; i += step) out[i] = E::store(binary_value(op, E::load(a[i]), E::load(b[i])));
+__global__ void unary_kernel(UnaryOp op, Strided<2> s, int64_t n, typename Element<T>::Compute alpha,
+                             typename Element<T>::Compute beta, Layout layout) {
+  using C = typename Element<T>::Compute;
+  elementwise<T>(s, n, layout, [&](C x) { return unary_value(op, x, alpha, beta); });
+}
+
+template <typename T>
+__global__ void binary_kernel(BinaryOp op, Strided<3> s, int64_t n, Layout layout) {
+  using C = typename Element<T>::Compute;
+  elementwise<T>(s, n, layout, [&](C a, C b) { return binary_value(op, a, b); });
 }
 
 template <typename T>
 void unary_typed(const Launch& l, UnaryOp op, const Strided<2>& s, int64_t n, double alpha, double beta) {
   using C = typename Element<T>::Compute;
-  const bool contiguous = s.contiguous();
-  const bool packed = contiguous && aligned_to(16, {s.data[0], s.data[1]});
-  const int64_t work = packed ? n / (16 / sizeof(T)) + 1 : n;
-  unary_kernel<T><<<grid_for(l, work), kThreads, 0, l.stream>>>(op, s, n, static_cast<C>(alpha),
-                                                                 static_cast<C>(beta), contiguous, packed);
+  const Layout layout = choose_layout(s, sizeof(T));
+  unary_kernel<T><<<grid_for(l, layout_work(layout, n, sizeof(T))), kThreads, 0, l.stream>>>(
+      op, s, n, static_cast<C>(alpha), static_cast<C>(beta), layout);
   MPT_CUDA_CHECK_LAUNCH("unary_kernel");
 }
 
 template <typename T>
 void binary_typed(const Launch& l, BinaryOp op, const Strided<3>& s, int64_t n) {
-  const bool contiguous = s.contiguous();
-  const bool packed = contiguous && aligned_to(16, {s.data[0], s.data[1], s.data[2]});
-  const int64_t work = packed ? n / (16 / sizeof(T)) + 1 : n;
-  binary_kernel<T><<<grid_for(l, work), kThreads, 0, l.stream>>>(op, s, n, contiguous, packed);
+  const Layout layout = choose_layout(s, sizeof(T));
+  binary_kernel<T><<<grid_for(l, layout_work(layout, n, sizeof(T))), kThreads, 0, l.stream>>>(op, s, n, layout);
   MPT_CUDA_CHECK_LAUNCH("binary_kernel");
 }
 

@@ -70,7 +70,7 @@ __global__ void copy_kernel(Strided<2> s, int64_t n, DType dst_type, DType src_t
   if (dst_type == src_type) {  // a strided gather: move the bits
     const int size = dst_type == DType::u8 ? 1 : (dst_type == DType::f16 || dst_type == DType::bf16) ? 2
                                                : (dst_type == DType::f64 || dst_type == DType::i64) ? 8 : 4;
-    for_each_strided(s, n, [&](const int64_t (&off)[2]) {
+    for_each_strided(s, n, 1, [&](const int64_t (&off)[2]) {
       switch (size) {
         case 1: copy_raw<uint8_t>(dst, off[0], src, off[1]); break;
         case 2: copy_raw<uint16_t>(dst, off[0], src, off[1]); break;
@@ -79,14 +79,26 @@ __global__ void copy_kernel(Strided<2> s, int64_t n, DType dst_type, DType src_t
       }
     });
   } else if (is_integral(src_type)) {
-    for_each_strided(s, n, [&](const int64_t (&off)[2]) {
+    for_each_strided(s, n, 1, [&](const int64_t (&off)[2]) {
       store_integral(dst, dst_type, off[0], load_integral(src, src_type, off[1]));
     });
   } else {
-    for_each_strided(s, n, [&](const int64_t (&off)[2]) {
+    for_each_strided(s, n, 1, [&](const int64_t (&off)[2]) {
       store_double(dst, dst_type, off[0], load_floating(src, src_type, off[1]));
     });
   }
+}
+
+// Same-dtype copy whose rows are whole 16-byte Packs on both sides (a permute
+// that keeps the innermost dimension, say): offsets once per Pack of
+// `per_pack` elements, 16 bytes per load and store.
+__global__ void copy_packs_kernel(Strided<2> s, int64_t packs, int per_pack, int element_size) {
+  char* dst = static_cast<char*>(s.data[0]);
+  const char* src = static_cast<const char*>(s.data[1]);
+  for_each_strided(s, packs, per_pack, [&](const int64_t (&off)[2]) {
+    *reinterpret_cast<uint4*>(dst + off[0] * element_size) =
+        *reinterpret_cast<const uint4*>(src + off[1] * element_size);
+  });
 }
 
 // Contiguous f32 <-> f16/bf16, four elements per thread and access.
@@ -121,7 +133,7 @@ void launch_cast(const Launch& l, void* dst, const void* src, int64_t n) {
 template <typename Bits>
 __global__ void fill_kernel(Strided<1> s, int64_t n, Bits bits) {
   Bits* out = static_cast<Bits*>(s.data[0]);
-  for_each_strided(s, n, [&](const int64_t (&off)[1]) { out[off[0]] = bits; });
+  for_each_strided(s, n, 1, [&](const int64_t (&off)[1]) { out[off[0]] = bits; });
 }
 
 template <typename Bits>
@@ -155,6 +167,15 @@ void launch_copy(const Launch& l, DType dst, DType src, const Strided<2>& s, int
     if (src == DType::f32 && dst == DType::bf16) return launch_cast<float, __nv_bfloat16>(l, s.data[0], s.data[1], n);
     if (src == DType::f16 && dst == DType::f32) return launch_cast<__half, float>(l, s.data[0], s.data[1], n);
     if (src == DType::bf16 && dst == DType::f32) return launch_cast<__nv_bfloat16, float>(l, s.data[0], s.data[1], n);
+  }
+  const size_t size = dtype_size(dst);
+  if (src == dst && choose_layout(s, size, /*allow_broadcast=*/false) == Layout::packed &&
+      n % (16 / size) == 0) {
+    const int per_pack = static_cast<int>(16 / size);
+    copy_packs_kernel<<<grid_for(l, n / per_pack), kThreads, 0, l.stream>>>(s, n / per_pack, per_pack,
+                                                                            static_cast<int>(size));
+    MPT_CUDA_CHECK_LAUNCH("copy_packs_kernel");
+    return;
   }
   copy_kernel<<<grid_for(l, n), kThreads, 0, l.stream>>>(s, n, dst, src);
   MPT_CUDA_CHECK_LAUNCH("copy_kernel");

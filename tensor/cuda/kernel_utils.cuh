@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 
 #include "tensor/cuda/check.h"
 #include "tensor/cuda/kernels.h"
@@ -58,41 +59,51 @@ struct alignas(sizeof(T) * N) Pack {
   T v[N];
 };
 
+__device__ __forceinline__ uint32_t divide(const FastDivisor& d, uint32_t n) {
+  return (__umulhi(n, d.magic) + n) >> d.shift;
+}
+
 // Offsets (in elements) of linear index `linear` in each operand. Index is
-// uint32_t whenever the element count allows: 64-bit division is several
-// times slower. The loop runs over the compile-time bound so the operand
-// arrays stay in the parameter bank instead of being copied to local memory.
+// uint32_t whenever the element count allows, dividing by multiplication;
+// else 64-bit division. The outermost index is what is left, undivided. The
+// loop runs over the compile-time bound so the operand arrays stay in the
+// parameter bank instead of being copied to local memory.
 template <int N, typename Index>
 __device__ __forceinline__ void strided_offsets(const Strided<N>& s, Index linear, int64_t (&off)[N]) {
 #pragma unroll
   for (int n = 0; n < N; ++n) off[n] = 0;
 #pragma unroll
   for (int d = 0; d < kMaxDims; ++d) {
-    if (d == s.ndim) break;
-    const Index size = static_cast<Index>(s.shape[d]);
-    const Index next = linear / size;
-    const int64_t i = static_cast<int64_t>(linear - next * size);
-    linear = next;
+    Index i = linear;
+    if (d < s.ndim - 1) {
+      Index next;
+      if constexpr (sizeof(Index) == 4) next = divide(s.divisors[d], linear);
+      else next = linear / static_cast<Index>(s.shape[d]);
+      i = linear - next * static_cast<Index>(s.shape[d]);
+      linear = next;
+    }
 #pragma unroll
-    for (int n = 0; n < N; ++n) off[n] += i * s.strides[n][d];
+    for (int n = 0; n < N; ++n) off[n] += static_cast<int64_t>(i) * s.strides[n][d];
+    if (d == s.ndim - 1) break;
   }
 }
 
-// Grid-stride loop over the n elements of `s`, calling f(offsets).
+// Grid-stride loop over `count` items of `s`, item i being element i * scale,
+// calling f(offsets of that element).
 template <int N, typename F>
-__device__ __forceinline__ void for_each_strided(const Strided<N>& s, int64_t n, F&& f) {
+__device__ __forceinline__ void for_each_strided(const Strided<N>& s, int64_t count, int scale, F&& f) {
   int64_t off[N];
-  if (n <= INT32_MAX) {
+  if (count * scale <= INT32_MAX) {
     const uint32_t step = gridDim.x * blockDim.x;
-    for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < static_cast<uint32_t>(n); i += step) {
-      strided_offsets<N, uint32_t>(s, i, off);
+    for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < static_cast<uint32_t>(count); i += step) {
+      strided_offsets<N, uint32_t>(s, i * scale, off);
       f(off);
     }
   } else {
     const uint64_t step = static_cast<uint64_t>(gridDim.x) * blockDim.x;
-    for (uint64_t i = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < static_cast<uint64_t>(n);
-         i += step) {
-      strided_offsets<N, uint64_t>(s, i, off);
+    for (uint64_t i = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+         i < static_cast<uint64_t>(count); i += step) {
+      strided_offsets<N, uint64_t>(s, i * scale, off);
       f(off);
     }
   }
@@ -108,6 +119,36 @@ inline bool aligned_to(size_t bytes, std::initializer_list<const void*> ptrs) {
   for (const void* p : ptrs)
     if (reinterpret_cast<uintptr_t>(p) % bytes != 0) return false;
   return true;
+}
+
+// How an element-wise kernel walks its operands.
+enum class Layout : uint8_t {
+  // The innermost dimension has stride 1 in every operand (0 is allowed for
+  // an input: a broadcast) and runs in 16-byte aligned Packs, so loads and
+  // stores move 16 bytes and offsets are computed once per Pack. Contiguous
+  // operands are the one-dimensional case; only there the innermost size
+  // need not be a whole number of Packs (the remainder goes element-wise).
+  packed,
+  strided,  // anything else: offsets computed per element
+};
+
+template <int N>
+Layout choose_layout(const Strided<N>& s, size_t element_size, bool allow_broadcast = true) {
+  const int64_t v = 16 / static_cast<int64_t>(element_size);
+  if (s.ndim > 1 && s.shape[0] % v != 0) return Layout::strided;
+  for (int n = 0; n < N; ++n) {
+    const int64_t inner = s.strides[n][0];
+    if (inner == 0 && n > 0 && allow_broadcast) continue;  // one element per Pack, whatever its alignment
+    if (inner != 1 || reinterpret_cast<uintptr_t>(s.data[n]) % 16 != 0) return Layout::strided;
+    for (int d = 1; d < s.ndim; ++d)
+      if (s.strides[n][d] % v != 0) return Layout::strided;
+  }
+  return Layout::packed;
+}
+
+// Threads a launch needs for n elements in `layout`.
+inline int64_t layout_work(Layout layout, int64_t n, size_t element_size) {
+  return layout == Layout::packed ? n / (16 / static_cast<int64_t>(element_size)) + 1 : n;
 }
 
 }  // namespace mpt::cuda

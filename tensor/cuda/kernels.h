@@ -21,6 +21,20 @@ struct Launch {
   int sm_count = 1;
 };
 
+// Division by a fixed d in [1, 2^31] as a multiply-high, add and shift
+// (Granlund & Montgomery, as in PyTorch's IntDivider), exact for dividends
+// below 2^31. Integer division would dominate the strided kernels otherwise.
+struct FastDivisor {
+  uint32_t magic = 1;
+  uint32_t shift = 0;
+
+  FastDivisor() = default;
+  explicit FastDivisor(uint32_t d) {
+    while ((uint64_t(1) << shift) < d) ++shift;
+    magic = static_cast<uint32_t>(((uint64_t(1) << 32) * ((uint64_t(1) << shift) - d)) / d + 1);
+  }
+};
+
 // N operands walked together over one shape (operand 0 is the output), with
 // size-1 dimensions dropped and mergeable neighbours merged, and dimensions
 // stored innermost first. Fully contiguous operands end up as one dimension
@@ -31,6 +45,13 @@ struct Strided {
   int ndim = 0;
   int64_t shape[kMaxDims] = {};
   int64_t strides[N][kMaxDims] = {};
+  FastDivisor divisors[kMaxDims];  // of shape[d], where shape[d] < 2^31
+
+  // Call once the shape is final.
+  void prepare_divisors() {
+    for (int d = 0; d < ndim; ++d)
+      if (shape[d] < (int64_t(1) << 31)) divisors[d] = FastDivisor(static_cast<uint32_t>(shape[d]));
+  }
 
   bool contiguous() const {
     if (ndim == 0) return true;

@@ -90,9 +90,12 @@ struct Split {
 
 // blockDim (32, R): a warp per row; or (L, 1): a block per row. Without
 // splitting (splits == 1) the result goes to out, else to partial[row, split].
+// `packed`: rows and split chunks start 16-byte aligned, so whole Packs load.
 template <typename T>
 __global__ void reduce_rows_kernel(ReduceOp op, const T* in, void* out, Acc<typename Element<T>::Compute>* partial,
-                                   int64_t outer, int64_t k, Split split) {
+                                   int64_t outer, int64_t k, Split split, bool packed) {
+  constexpr int V = 16 / sizeof(T);
+  using P = Pack<T, V>;
   using A = typename Element<T>::Compute;
   __shared__ Acc<A> warp_results[32];
   const int64_t k0 = blockIdx.y * split.chunk, k1 = min(k, k0 + split.chunk);
@@ -102,7 +105,16 @@ __global__ void reduce_rows_kernel(ReduceOp op, const T* in, void* out, Acc<type
        row += static_cast<int64_t>(gridDim.x) * blockDim.y) {
     const T* p = in + row * k;
     Acc<A> acc = identity<A>(op);
-    for (int64_t j = k0 + threadIdx.x; j < k1; j += blockDim.x) acc = combine(op, acc, Acc<A>{Element<T>::load(p[j]), j});
+    if (packed) {
+      for (int64_t j = k0 / V + threadIdx.x; j < k1 / V; j += blockDim.x) {
+        const P x = reinterpret_cast<const P*>(p)[j];
+#pragma unroll
+        for (int e = 0; e < V; ++e) acc = combine(op, acc, Acc<A>{Element<T>::load(x.v[e]), j * V + e});
+      }
+    } else {
+      for (int64_t j = k0 + threadIdx.x; j < k1; j += blockDim.x)
+        acc = combine(op, acc, Acc<A>{Element<T>::load(p[j]), j});
+    }
     acc = warp_reduce(op, acc);
     if (blockDim.x > 32) {
       const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -136,6 +148,7 @@ __global__ void reduce_cols_kernel(ReduceOp op, const T* in, void* out, Acc<type
     Acc<A> acc = identity<A>(op);
     if (i < inner) {
       const T* p = in + o * k * inner + i;
+#pragma unroll 4  // several loads in flight per thread
       for (int64_t j = k0 + threadIdx.y; j < k1; j += blockDim.y)
         acc = combine(op, acc, Acc<A>{Element<T>::load(p[j * inner]), j});
     }
@@ -164,14 +177,16 @@ __global__ void reduce_finalize_kernel(ReduceOp op, const Acc<typename Element<T
   }
 }
 
-// Splits k when `blocks` would leave the GPU idle, keeping at least
-// min_chunk elements of k per split.
-Split choose_split(const Launch& l, int64_t blocks, int64_t k, int64_t min_chunk) {
-  const int64_t target = 2 * static_cast<int64_t>(l.sm_count);
+// Splits k when `blocks` would not fill every SM (kThreads-thread blocks,
+// 2048 threads per SM), keeping at least min_chunk elements of k per split
+// and chunks a multiple of `align` elements.
+Split choose_split(const Launch& l, int64_t blocks, int64_t k, int64_t min_chunk, int64_t align) {
+  const int64_t target = static_cast<int64_t>(l.sm_count) * (2048 / kThreads);
   int64_t splits = 1;
   if (blocks < target) splits = std::min((target + blocks - 1) / blocks, (k + min_chunk - 1) / min_chunk);
   splits = std::clamp<int64_t>(splits, 1, 1024);
-  const int64_t chunk = (k + splits - 1) / splits;
+  int64_t chunk = (k + splits - 1) / splits;
+  chunk = (chunk + align - 1) / align * align;
   return Split{chunk, static_cast<int>((k + chunk - 1) / chunk)};
 }
 
@@ -210,25 +225,28 @@ void reduce_typed(const Launch& l, ReduceOp op, const void* in_ptr, void* out, i
     // rows: a block each.
     block = k <= 1024 ? dim3(32, kThreads / 32) : dim3(kThreads, 1);
     blocks = (outer + block.y - 1) / block.y;
-    split = choose_split(l, blocks, k, 8 * block.x);
+    split = choose_split(l, blocks, k, 8 * block.x, 16 / sizeof(T));
   } else {
     unsigned x = 1;
     while (x < 32 && x < inner) x *= 2;
     block = dim3(x, kThreads / x);
     blocks = outer * ((inner + x - 1) / x);
-    split = choose_split(l, blocks, k, 8 * block.y);
+    split = choose_split(l, blocks, k, 8 * block.y, 1);
   }
+  // Every row starts 16-byte aligned when the first does and a row is a
+  // whole number of 16-byte packs (chunks are multiples of packs already).
+  const bool packed = inner == 1 && aligned_to(16, {in}) && (k * sizeof(T)) % 16 == 0;
   const dim3 grid(static_cast<unsigned>(std::min(blocks, max_blocks)), static_cast<unsigned>(split.splits));
 
   if (split.splits == 1) {
-    if (inner == 1) reduce_rows_kernel<T><<<grid, block, 0, l.stream>>>(op, in, out, nullptr, outer, k, split);
+    if (inner == 1) reduce_rows_kernel<T><<<grid, block, 0, l.stream>>>(op, in, out, nullptr, outer, k, split, packed);
     else reduce_cols_kernel<T><<<grid, block, 0, l.stream>>>(op, in, out, nullptr, outer, k, inner, split);
     MPT_CUDA_CHECK_LAUNCH("reduce kernel");
     return;
   }
   Workspace ws(l, static_cast<size_t>(outer * split.splits * inner) * sizeof(Acc<A>));
   auto* partial = static_cast<Acc<A>*>(ws.get());
-  if (inner == 1) reduce_rows_kernel<T><<<grid, block, 0, l.stream>>>(op, in, out, partial, outer, k, split);
+  if (inner == 1) reduce_rows_kernel<T><<<grid, block, 0, l.stream>>>(op, in, out, partial, outer, k, split, packed);
   else reduce_cols_kernel<T><<<grid, block, 0, l.stream>>>(op, in, out, partial, outer, k, inner, split);
   MPT_CUDA_CHECK_LAUNCH("reduce kernel");
   reduce_finalize_kernel<T><<<grid_for(l, outer * inner), kThreads, 0, l.stream>>>(op, partial, out, outer, inner,

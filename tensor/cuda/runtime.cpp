@@ -1,5 +1,5 @@
 // The CUDA side of tensor/device.h and tensor/stream.h: device discovery,
-// the current device, streams and events.
+// streams and events; plus the current-device helpers of runtime.h.
 #include "tensor/cuda/runtime.h"
 
 #include <array>
