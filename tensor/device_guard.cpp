@@ -23,7 +23,9 @@ DeviceGuard::DeviceGuard(const Device& d) {
 
 DeviceGuard::~DeviceGuard() {
 #ifdef MPT_WITH_CUDA
-  if (previous_ >= 0) cudaSetDevice(previous_);  // a destructor must not throw
+  // A destructor must not throw; a failure must not linger as the runtime's
+  // last error either, or the next launch check would report it.
+  if (previous_ >= 0 && cudaSetDevice(previous_) != cudaSuccess) (void)cudaGetLastError();
 #endif
 }
 

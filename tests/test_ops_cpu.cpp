@@ -344,6 +344,13 @@ TEST_F(OpsCpu, CopyCastsBetweenAllDTypesAndLayouts) {
   EXPECT_THROW(prim::copy_(zeros({2, 2}), zeros({3})), ShapeError);
 }
 
+TEST_F(OpsCpu, IntegerCopiesKeepEveryBit) {
+  const int64_t big = (int64_t{1} << 60) + 1;  // not representable in f64
+  Tensor src = from_vector(std::vector<int64_t>{big, -big, 7, 8}, {2, 2}, DType::i64);
+  EXPECT_EQ(prim::contiguous(prim::transpose(src, 0, 1)).to_vector<int64_t>(),
+            (std::vector<int64_t>{big, 7, -big, 8}));
+}
+
 TEST_F(OpsCpu, FillAndArange) {
   Tensor t = full({2, 3}, 7.5, DType::bf16);
   EXPECT_EQ(host_f64(t), std::vector<double>(6, 7.5));
