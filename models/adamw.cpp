@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "models/fused_optim.h"
+#include "tensor/device_guard.h"
 #include "tensor/ops.h"
 
 namespace mpt::optim {
@@ -25,29 +27,47 @@ AdamW::AdamW(std::vector<ParamGroup> groups, const AdamWOptions& options)
 void AdamW::update_group(const Group& group, std::vector<ParamUpdate>& batch) {
   const double b1 = options_.beta1, b2 = options_.beta2;
   for (ParamUpdate& u : batch) {
-    const Tensor& p = u.param;
-    const Tensor& g = u.grad;
     OrderedDict<Tensor>& s = u.state->buffers;
     if (!s.contains("exp_avg")) {
-      s.insert("exp_avg", zeros(p.shape(), p.dtype(), p.device()));
-      s.insert("exp_avg_sq", zeros(p.shape(), p.dtype(), p.device()));
+      s.insert("exp_avg", zeros(u.param.shape(), u.param.dtype(), u.param.device()));
+      s.insert("exp_avg_sq", zeros(u.param.shape(), u.param.dtype(), u.param.device()));
     }
-    const Tensor& m = s.at("exp_avg");
-    const Tensor& v = s.at("exp_avg_sq");
+  }
+  // Bias corrections in double on the host; t is each parameter's own count,
+  // so a parameter that skipped steps is corrected for its own history.
+  auto bias_corrections = [&](const ParamUpdate& u) {
+    const double t = static_cast<double>(u.state->step);
+    return std::pair{1.0 - std::pow(b1, t), std::sqrt(1.0 - std::pow(b2, t))};
+  };
 
+  if (can_fuse(batch)) {
+    std::vector<fused::AdamWTensor> tensors;
+    for (const ParamUpdate& u : batch) {
+      const auto [bc1, bc2_sqrt] = bias_corrections(u);
+      const OrderedDict<Tensor>& s = u.state->buffers;
+      tensors.push_back({u.param.data_ptr(), u.grad.data_ptr(), s.at("exp_avg").data_ptr(),
+                         s.at("exp_avg_sq").data_ptr(), u.param.numel(), static_cast<float>(group.lr / bc1),
+                         static_cast<float>(1.0 / bc2_sqrt)});
+    }
+    DeviceGuard guard(batch.front().param.device());
+    fused::adamw(batch.front().param.dtype(), tensors,
+                 {static_cast<float>(1.0 - group.lr * group.weight_decay), static_cast<float>(b1),
+                  static_cast<float>(b2), static_cast<float>(options_.eps)});
+    return;
+  }
+
+  for (ParamUpdate& u : batch) {
+    const Tensor& p = u.param;
+    const Tensor& g = u.grad;
+    const Tensor& m = u.state->buffers.at("exp_avg");
+    const Tensor& v = u.state->buffers.at("exp_avg_sq");
     // Decoupled decay: shrink the weights, independent of the gradient.
     if (group.weight_decay != 0) prim::unary_(UnaryOp::affine, p, p, 1.0 - group.lr * group.weight_decay, 0.0);
-
     prim::unary_(UnaryOp::affine, m, m, b1, 0.0);
     prim::binary_(BinaryOp::add, m, m, prim::mul_scalar(g, 1.0 - b1));
     prim::unary_(UnaryOp::affine, v, v, b2, 0.0);
     prim::binary_(BinaryOp::add, v, v, prim::mul_scalar(prim::unary(UnaryOp::square, g), 1.0 - b2));
-
-    // Bias corrections in double on the host; t is this parameter's count,
-    // so a parameter that skipped steps is corrected for its own history.
-    const double t = static_cast<double>(u.state->step);
-    const double bc1 = 1.0 - std::pow(b1, t);
-    const double bc2_sqrt = std::sqrt(1.0 - std::pow(b2, t));
+    const auto [bc1, bc2_sqrt] = bias_corrections(u);
     // denom = sqrt(v) / sqrt(bc2) + eps, in one affine after the sqrt.
     Tensor denom = prim::unary(UnaryOp::sqrt, v);
     prim::unary_(UnaryOp::affine, denom, denom, 1.0 / bc2_sqrt, options_.eps);

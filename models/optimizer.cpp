@@ -5,6 +5,7 @@
 #include <unordered_set>
 
 #include "autograd/grad_mode.h"
+#include "models/fused_optim.h"
 #include "tensor/ops.h"
 
 namespace mpt::optim {
@@ -76,6 +77,19 @@ std::string Optimizer::param_name(size_t index) const {
 
 void Optimizer::check_lr(double lr, size_t g) const {
   check(std::isfinite(lr) && lr >= 0, "{}: invalid learning rate {} for group {} (must be >= 0)", name_, lr, g);
+}
+
+bool Optimizer::can_fuse(const std::vector<ParamUpdate>& batch) const {
+  if (!fused_ || batch.empty() || !fused::available()) return false;
+  const Device device = batch.front().param.device();
+  const DType dtype = batch.front().param.dtype();
+  if (!device.is_cuda() || (dtype != DType::f32 && dtype != DType::f16 && dtype != DType::bf16))
+    return false;
+  for (const ParamUpdate& u : batch)
+    if (u.param.device() != device || u.param.dtype() != dtype || !u.param.is_contiguous() ||
+        !u.grad.is_contiguous())
+      return false;
+  return true;
 }
 
 void Optimizer::set_lr(double lr) {

@@ -73,6 +73,11 @@ class Optimizer {
   size_t num_params() const { return states_.size(); }
   const ParamState& state(size_t index) const { return states_.at(index); }
 
+  // On CUDA, whole groups update in one multi-tensor kernel (on by
+  // default); off, every device uses the raw-op rule (for comparisons).
+  void set_fused(bool fused) { fused_ = fused; }
+  bool fused() const { return fused_; }
+
   StateDict state_dict() const;
   // Checks every key, shape and group count first; a bad dict changes
   // nothing. Buffers are copied onto each parameter's device and dtype.
@@ -96,12 +101,16 @@ class Optimizer {
   // "blocks.0.attn.qkv.weight" when the module named it, else "param <i>".
   std::string param_name(size_t index) const;
   void check_lr(double lr, size_t g) const;
+  // Whether `batch` can go to a fused kernel: fusion on, every parameter and
+  // gradient contiguous, on one CUDA device, in one dtype of f32/f16/bf16.
+  bool can_fuse(const std::vector<ParamUpdate>& batch) const;
 
  private:
   std::string name_;
   std::vector<Group> groups_;
   std::vector<ParamState> states_;   // one per parameter, by global index
   std::vector<Tensor> all_params_;   // by global index
+  bool fused_ = true;
 };
 
 }  // namespace mpt::optim

@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "models/fused_optim.h"
+#include "tensor/device_guard.h"
 #include "tensor/ops.h"
 
 namespace mpt::optim {
@@ -27,6 +29,26 @@ SGD::SGD(std::vector<ParamGroup> groups, const SGDOptions& options)
 
 void SGD::update_group(const Group& group, std::vector<ParamUpdate>& batch) {
   const SGDOptions& o = options_;
+  if (can_fuse(batch)) {
+    std::vector<fused::SGDTensor> tensors;
+    for (ParamUpdate& u : batch) {
+      const Tensor& p = u.param;
+      void* buffer = nullptr;
+      bool first = false;
+      if (o.momentum != 0) {
+        Tensor* buf = u.state->buffers.find("momentum_buffer");
+        first = buf == nullptr;
+        if (first) buf = &u.state->buffers.insert("momentum_buffer", Tensor::empty(p.shape(), p.dtype(), p.device()));
+        buffer = buf->data_ptr();
+      }
+      tensors.push_back({p.data_ptr(), u.grad.data_ptr(), buffer, p.numel(), first});
+    }
+    DeviceGuard guard(batch.front().param.device());
+    fused::sgd(batch.front().param.dtype(), tensors,
+               {static_cast<float>(group.lr), static_cast<float>(group.weight_decay), static_cast<float>(o.momentum),
+                static_cast<float>(o.dampening), o.nesterov});
+    return;
+  }
   for (ParamUpdate& u : batch) {
     const Tensor& p = u.param;
     // d starts as the gradient itself (read only: it may be p.grad()).

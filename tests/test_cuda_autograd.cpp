@@ -66,6 +66,14 @@ std::vector<Case> cases() {
        {{2, 3, 16, 8}, {2, 3, 16, 8}, {2, 3, 16, 8}}},
       {"reshape_permute_slice",
        [](const V& v) { return slice(permute(reshape(v[0], {4, 6, 5}), {2, 0, 1}), 1, 1, 4); }, {{24, 5}}},
+      {"conv2d", [](const V& v) { return conv2d(v[0], v[1], v[2], Conv2dParams{1, 1, 1, 1}); },
+       {{2, 3, 9, 7}, {5, 3, 3, 3}, {5}}},
+      {"conv2d_strided_dilated",
+       [](const V& v) { return conv2d(v[0], v[1], Tensor(), Conv2dParams{2, 1, 0, 2, 2, 1}); },
+       {{3, 4, 11, 10}, {6, 4, 3, 2}}},
+      {"max_pool2d", [](const V& v) { return max_pool2d(v[0]); }, {{2, 3, 8, 9}}},
+      {"max_pool2d_overlapping", [](const V& v) { return max_pool2d(v[0], Pool2dParams{3, 3, 2, 2, 1, 1}); },
+       {{2, 3, 9, 8}}},
       {"cat_split",
        [](const V& v) {
          auto parts = split(cat({v[0], v[1]}, 0), 3, 0);
@@ -110,6 +118,31 @@ TEST(CudaAutograd, CrossEntropyMatchesTheCpu) {
     backward(a);
     backward(b);
     EXPECT_LE(rel_error(host_f64(lg.grad()), host_f64(lc.grad())), dt == DType::f32 ? 1e-5 : 2e-3);
+  }
+}
+
+TEST(CudaAutograd, EmbeddingMatchesTheCpuWithRepeatedIndices) {
+  MPT_SKIP_WITHOUT_CUDA();
+  const uint64_t seed = testing::fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  Generator gen(seed);
+  std::mt19937_64 rng(seed);
+  std::vector<int64_t> ids(3 * 57);
+  for (int64_t& i : ids) i = static_cast<int64_t>(rng() % 11);  // 11 rows: many repeats
+  const Tensor idx_cpu = from_vector(ids, {3, 57}, DType::i64);
+  for (DType dt : {DType::f32, DType::f16, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    Tensor wc = randn({11, 40}, dt, kCPU, &gen);
+    Tensor wg = prim::to(wc, Device("cuda:0"));
+    wc.set_requires_grad(true);
+    wg.set_requires_grad(true);
+    const Tensor oc = embedding(wc, idx_cpu), og = embedding(wg, prim::to(idx_cpu, Device("cuda:0")));
+    EXPECT_EQ(host_f64(og), host_f64(oc));  // a gather is exact
+    const Tensor w = randn(oc.shape(), dt, kCPU, &gen);
+    backward(sum(mul(oc, w)));
+    backward(sum(mul(og, prim::to(w, Device("cuda:0")))));
+    // Atomics add in another order: equal up to rounding.
+    EXPECT_LE(rel_error(host_f64(wg.grad()), host_f64(wc.grad())), dt == DType::f32 ? 1e-5 : 2e-2);
   }
 }
 

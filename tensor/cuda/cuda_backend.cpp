@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "tensor/cuda/check.h"
+#include "tensor/cuda/conv_cudnn.h"
 #include "tensor/cuda/gemm.h"
 #include "tensor/cuda/kernels.h"
 #include "tensor/cuda/runtime.h"
@@ -191,7 +192,85 @@ class CudaBackend final : public Backend {
     launch_arange(current_launch(), out.data, out.dtype, n, start, step);
   }
 
+  void index_select_rows(const TensorView& out, const TensorView& table, const TensorView& idx) override {
+    check_rows("index_select_rows", out, table, idx);
+    check_same_dtype("gather", "index_select_rows", out, table);
+    launch_gather_rows(current_launch(), out.data, table.data, static_cast<const int64_t*>(idx.data),
+                       dtype_size(table.dtype), idx.shape[0], table.shape[1]);
+  }
+
+  void index_add_rows(const TensorView& table, const TensorView& idx, const TensorView& src) override {
+    check_rows("index_add_rows", src, table, idx);
+    check_float("scatter", "index_add_rows", table.dtype);
+    check_same_dtype("scatter", "index_add_rows", table, src);
+    launch_scatter_add_rows(current_launch(), table.dtype, table.data, static_cast<const int64_t*>(idx.data),
+                            src.data, idx.shape[0], table.shape[1]);
+  }
+
+  void conv2d_forward(const TensorView& out, const TensorView& x, const TensorView& w,
+                      const Conv2dParams& p) override {
+    check_conv("conv2d", {&out, &x, &w});
+    cuda::conv2d_forward(out, x, w, p);
+  }
+
+  void conv2d_backward_data(const TensorView& grad_x, const TensorView& grad_out, const TensorView& w,
+                            const Conv2dParams& p) override {
+    check_conv("conv2d backward data", {&grad_x, &grad_out, &w});
+    cuda::conv2d_backward_data(grad_x, grad_out, w, p);
+  }
+
+  void conv2d_backward_weight(const TensorView& grad_w, const TensorView& x, const TensorView& grad_out,
+                              const Conv2dParams& p) override {
+    check_conv("conv2d backward weight", {&grad_w, &x, &grad_out});
+    cuda::conv2d_backward_weight(grad_w, x, grad_out, p);
+  }
+
+  void max_pool2d_forward(const TensorView& out, const TensorView& indices, const TensorView& x,
+                          const Pool2dParams& p) override {
+    check_pool("max_pool2d", out, indices, x);
+    launch_max_pool2d_forward(current_launch(), x.dtype, out.data, static_cast<int64_t*>(indices.data), x.data,
+                              x.shape, out.shape[2], out.shape[3], p);
+  }
+
+  void max_pool2d_backward(const TensorView& grad_x, const TensorView& grad_out, const TensorView& indices,
+                           const Pool2dParams& p) override {
+    check_pool("max_pool2d backward", grad_out, indices, grad_x);
+    launch_max_pool2d_backward(current_launch(), grad_x.dtype, grad_x.data, grad_out.data,
+                               static_cast<const int64_t*>(indices.data), grad_x.shape, grad_out.shape[2],
+                               grad_out.shape[3], p);
+  }
+
  private:
+  // rows [n, d], table [V, d], idx i64 [n], all contiguous.
+  static void check_rows(const char* op, const TensorView& rows, const TensorView& table, const TensorView& idx) {
+    check<DTypeError>(idx.dtype == DType::i64, "CUDA {}: indices must be i64, got {}", op, dtype_name(idx.dtype));
+    check<ShapeError>(rows.ndim == 2 && table.ndim == 2 && idx.ndim == 1 && rows.shape[0] == idx.shape[0] &&
+                          rows.shape[1] == table.shape[1],
+                      "CUDA {}: rows {}, table {} and indices {} do not fit together", op, shape_of(rows),
+                      shape_of(table), shape_of(idx));
+    check_contiguous(op, rows);
+    check_contiguous(op, table);
+    check_contiguous(op, idx);
+  }
+
+  static void check_conv(const char* op, std::initializer_list<const TensorView*> views) {
+    for (const TensorView* v : views) {
+      check_float("conv2d", op, v->dtype);
+      check_same_dtype("conv2d", op, **views.begin(), *v);
+      check<ShapeError>(v->ndim == 4, "CUDA {}: operands must be 4-d, got {}", op, shape_of(*v));
+      check_contiguous(op, *v);
+    }
+  }
+
+  static void check_pool(const char* op, const TensorView& out, const TensorView& indices, const TensorView& x) {
+    check_float("pool", op, x.dtype);
+    check_same_dtype("pool", op, x, out);
+    check<DTypeError>(indices.dtype == DType::i64, "CUDA {}: indices must be i64, got {}", op,
+                      dtype_name(indices.dtype));
+    check<ShapeError>(x.ndim == 4 && out.ndim == 4 && indices.ndim == 4, "CUDA {}: operands must be 4-d", op);
+    for (const TensorView* v : {&out, &indices, &x}) check_contiguous(op, *v);
+  }
+
   static void random(const TensorView& out, uint64_t seed, uint64_t offset, bool normal, double a, double b,
                      const char* name) {
     check<DTypeError>(is_float(out.dtype), "CUDA {}: dtype {} is not supported (f32, f16, bf16, f64)", name,

@@ -81,4 +81,18 @@ void launch_random(const Launch& l, void* out, DType dtype, int64_t n, uint64_t 
 void launch_reduce(const Launch& l, ReduceOp op, DType in_dtype, const void* in, void* out, int64_t outer,
                    int64_t k, int64_t inner);
 
+// Row gather out[i, :] = table[idx[i], :] of raw elements; [n, d] rows.
+void launch_gather_rows(const Launch& l, void* out, const void* table, const int64_t* idx, size_t element_size,
+                        int64_t n, int64_t d);
+// table[idx[i], :] += src[i, :] with atomics (f32, f64, f16, bf16).
+void launch_scatter_add_rows(const Launch& l, DType dtype, void* table, const int64_t* idx, const void* src, int64_t n,
+                             int64_t d);
+
+// NCHW max pooling; x_shape is [N, C, H, W], the output [N, C, ho, wo].
+void launch_max_pool2d_forward(const Launch& l, DType dtype, void* out, int64_t* indices, const void* x,
+                               const int64_t* x_shape, int64_t ho, int64_t wo, const Pool2dParams& p);
+void launch_max_pool2d_backward(const Launch& l, DType dtype, void* grad_x, const void* grad_out,
+                                const int64_t* indices, const int64_t* x_shape, int64_t ho, int64_t wo,
+                                const Pool2dParams& p);
+
 }  // namespace mpt::cuda

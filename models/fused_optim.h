@@ -1,0 +1,50 @@
+#pragma once
+// Multi-tensor optimizer kernels for CUDA: one launch updates a whole list of
+// parameters (up to a few dozen tensors per launch), instead of eight
+// element-wise kernels per parameter. The rules are those of models/adamw.h
+// and models/sgd.h, computed in f32 per element.
+#include <cstdint>
+#include <vector>
+
+#include "tensor/dtype.h"
+
+namespace mpt::optim::fused {
+
+// Whether this build has the kernels (false in CPU-only builds).
+bool available();
+
+// One parameter's operands for AdamW: contiguous, same dtype and device.
+struct AdamWTensor {
+  void* param;
+  const void* grad;
+  void* exp_avg;
+  void* exp_avg_sq;
+  int64_t numel;
+  float step_size;     // lr / (1 - beta1^t)
+  float inv_bc2_sqrt;  // 1 / sqrt(1 - beta2^t)
+};
+
+struct AdamWScalars {
+  float decay;  // 1 - lr * weight_decay
+  float beta1, beta2, eps;
+};
+
+// On the current device's current stream; dtype f32, f16 or bf16.
+void adamw(DType dtype, const std::vector<AdamWTensor>& tensors, const AdamWScalars& s);
+
+struct SGDTensor {
+  void* param;
+  const void* grad;
+  void* momentum_buffer;  // null without momentum
+  int64_t numel;
+  bool first;  // the buffer starts as this step's direction
+};
+
+struct SGDScalars {
+  float lr, weight_decay, momentum, dampening;
+  bool nesterov;
+};
+
+void sgd(DType dtype, const std::vector<SGDTensor>& tensors, const SGDScalars& s);
+
+}  // namespace mpt::optim::fused

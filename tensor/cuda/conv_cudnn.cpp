@@ -1,0 +1,214 @@
+// 2-d convolution on CUDA through cuDNN (its convolution API: descriptors,
+// a heuristic algorithm choice cached per geometry, workspace from the
+// caching allocator).
+#include "tensor/cuda/conv_cudnn.h"
+
+#include <cudnn.h>
+
+#include <array>
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include <fmt/format.h>
+
+#include "tensor/cuda/caching_allocator.h"
+#include "tensor/cuda/check.h"
+#include "tensor/cuda/gemm.h"
+#include "tensor/cuda/runtime.h"
+#include "tensor/error.h"
+
+namespace mpt::cuda {
+namespace {
+
+enum class ConvPass : uint8_t { forward, backward_data, backward_weight };
+
+// One handle per thread and device: a handle carries its stream, and two
+// threads setting streams on one handle would race.
+cudnnHandle_t cudnn_handle(int device) {
+  thread_local std::array<cudnnHandle_t, 64> handles{};  // never destroyed: cheap to keep until exit
+  check<DeviceError>(device >= 0 && device < static_cast<int>(handles.size()),
+                     "CUDA conv2d: device index {} out of range", device);
+  if (!handles[device]) MPT_CUDNN_CHECK(cudnnCreate(&handles[device]));
+  MPT_CUDNN_CHECK(cudnnSetStream(handles[device], current_cuda_stream(device)));
+  return handles[device];
+}
+
+cudnnDataType_t cudnn_dtype(DType t) {
+  switch (t) {
+    case DType::f32: return CUDNN_DATA_FLOAT;
+    case DType::f64: return CUDNN_DATA_DOUBLE;
+    case DType::f16: return CUDNN_DATA_HALF;
+    case DType::bf16: return CUDNN_DATA_BFLOAT16;
+    default: throw DTypeError(fmt::format("CUDA conv2d: dtype {} is not supported", dtype_name(t)));
+  }
+}
+
+// The descriptors of one convolution, destroyed together.
+struct Descriptors {
+  cudnnTensorDescriptor_t x = nullptr, y = nullptr;
+  cudnnFilterDescriptor_t w = nullptr;
+  cudnnConvolutionDescriptor_t conv = nullptr;
+
+  Descriptors(DType dtype, const TensorView& x_view, const TensorView& w_view, const TensorView& y_view,
+              const Conv2dParams& p) {
+    const cudnnDataType_t t = cudnn_dtype(dtype);
+    auto dim = [](const TensorView& v, int i) { return static_cast<int>(v.shape[i]); };
+    MPT_CUDNN_CHECK(cudnnCreateTensorDescriptor(&x));
+    MPT_CUDNN_CHECK(cudnnCreateTensorDescriptor(&y));
+    MPT_CUDNN_CHECK(cudnnCreateFilterDescriptor(&w));
+    MPT_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&conv));
+    MPT_CUDNN_CHECK(cudnnSetTensor4dDescriptor(x, CUDNN_TENSOR_NCHW, t, dim(x_view, 0), dim(x_view, 1),
+                                               dim(x_view, 2), dim(x_view, 3)));
+    MPT_CUDNN_CHECK(cudnnSetTensor4dDescriptor(y, CUDNN_TENSOR_NCHW, t, dim(y_view, 0), dim(y_view, 1),
+                                               dim(y_view, 2), dim(y_view, 3)));
+    MPT_CUDNN_CHECK(cudnnSetFilter4dDescriptor(w, t, CUDNN_TENSOR_NCHW, dim(w_view, 0), dim(w_view, 1),
+                                               dim(w_view, 2), dim(w_view, 3)));
+    // Half types accumulate in f32, as in the GEMMs.
+    const cudnnDataType_t compute = dtype == DType::f64 ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT;
+    MPT_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(
+        conv, static_cast<int>(p.pad_h), static_cast<int>(p.pad_w), static_cast<int>(p.stride_h),
+        static_cast<int>(p.stride_w), static_cast<int>(p.dilation_h), static_cast<int>(p.dilation_w),
+        CUDNN_CROSS_CORRELATION, compute));
+    // f32 stays f32 unless TF32 was allowed, as for matmuls.
+    const cudnnMathType_t math = dtype == DType::f16 || dtype == DType::bf16 ? CUDNN_TENSOR_OP_MATH
+                                 : dtype == DType::f32 && allow_tf32()       ? CUDNN_DEFAULT_MATH
+                                                                             : CUDNN_FMA_MATH;
+    MPT_CUDNN_CHECK(cudnnSetConvolutionMathType(conv, math));
+  }
+  ~Descriptors() {
+    // Destroy calls only free host memory; their status is of no use here.
+    if (conv) (void)cudnnDestroyConvolutionDescriptor(conv);
+    if (w) (void)cudnnDestroyFilterDescriptor(w);
+    if (y) (void)cudnnDestroyTensorDescriptor(y);
+    if (x) (void)cudnnDestroyTensorDescriptor(x);
+  }
+  Descriptors(const Descriptors&) = delete;
+  Descriptors& operator=(const Descriptors&) = delete;
+};
+
+// What decides the algorithm: the pass, the device, dtype, shapes, geometry
+// and whether TF32 is allowed.
+using PlanKey = std::tuple<ConvPass, int, DType, std::array<int64_t, 12>, std::array<int64_t, 6>, bool>;
+
+struct Plan {
+  int algo = 0;  // of the pass's algorithm enum
+  size_t workspace = 0;
+};
+
+PlanKey make_key(ConvPass pass, int device, DType dtype, const TensorView& x, const TensorView& w,
+                 const TensorView& y, const Conv2dParams& p) {
+  std::array<int64_t, 12> shapes{};
+  for (int i = 0; i < 4; ++i) {
+    shapes[i] = x.shape[i];
+    shapes[4 + i] = w.shape[i];
+    shapes[8 + i] = y.shape[i];
+  }
+  return {pass, device, dtype, shapes, {p.stride_h, p.stride_w, p.pad_h, p.pad_w, p.dilation_h, p.dilation_w},
+          allow_tf32()};
+}
+
+// Asks cuDNN's heuristics for its ranked algorithms and keeps the first one
+// that is supported for these descriptors.
+template <typename Perf, typename Query>
+Plan choose(const char* pass_name, Query&& query) {
+  constexpr int kWant = 8;
+  std::array<Perf, kWant> perf{};
+  int returned = 0;
+  MPT_CUDNN_CHECK(query(kWant, &returned, perf.data()));
+  for (int i = 0; i < returned; ++i)
+    if (perf[i].status == CUDNN_STATUS_SUCCESS) return Plan{static_cast<int>(perf[i].algo), perf[i].memory};
+  throw NotAvailableError(fmt::format("CUDA conv2d {}: cuDNN offers no algorithm for this geometry", pass_name));
+}
+
+Plan find_plan(ConvPass pass, cudnnHandle_t handle, const Descriptors& d, const PlanKey& key) {
+  static std::mutex mutex;
+  static std::map<PlanKey, Plan> plans;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (auto it = plans.find(key); it != plans.end()) return it->second;
+  }
+  Plan plan;
+  switch (pass) {
+    case ConvPass::forward:
+      plan = choose<cudnnConvolutionFwdAlgoPerf_t>("forward", [&](int want, int* got, auto* perf) {
+        return cudnnGetConvolutionForwardAlgorithm_v7(handle, d.x, d.w, d.conv, d.y, want, got, perf);
+      });
+      break;
+    case ConvPass::backward_data:
+      plan = choose<cudnnConvolutionBwdDataAlgoPerf_t>("backward data", [&](int want, int* got, auto* perf) {
+        return cudnnGetConvolutionBackwardDataAlgorithm_v7(handle, d.w, d.y, d.conv, d.x, want, got, perf);
+      });
+      break;
+    case ConvPass::backward_weight:
+      plan = choose<cudnnConvolutionBwdFilterAlgoPerf_t>("backward weight", [&](int want, int* got, auto* perf) {
+        return cudnnGetConvolutionBackwardFilterAlgorithm_v7(handle, d.x, d.y, d.conv, d.w, want, got, perf);
+      });
+      break;
+  }
+  std::lock_guard<std::mutex> lock(mutex);
+  plans.emplace(key, plan);
+  return plan;
+}
+
+// Workspace from the caching allocator, released as soon as the call is
+// queued: only later work on the same stream can reuse it.
+struct Workspace {
+  CachingAllocator& allocator;
+  void* ptr = nullptr;
+  Workspace(int device, size_t bytes, cudaStream_t stream) : allocator(caching_allocator(device)) {
+    if (bytes) ptr = allocator.allocate(bytes, stream);
+  }
+  ~Workspace() { allocator.free(ptr); }
+  Workspace(const Workspace&) = delete;
+  Workspace& operator=(const Workspace&) = delete;
+};
+
+void run(ConvPass pass, const TensorView& x, const TensorView& w, const TensorView& y, const Conv2dParams& p) {
+  const int device = current_device();
+  const DType dtype = x.dtype;
+  const cudnnHandle_t handle = cudnn_handle(device);
+  const Descriptors d(dtype, x, w, y, p);
+  const Plan plan = find_plan(pass, handle, d, make_key(pass, device, dtype, x, w, y, p));
+  const Workspace ws(device, plan.workspace, current_cuda_stream(device));
+  const float one_f = 1, zero_f = 0;
+  const double one_d = 1, zero_d = 0;
+  const bool f64 = dtype == DType::f64;
+  const void* one = f64 ? static_cast<const void*>(&one_d) : &one_f;
+  const void* zero = f64 ? static_cast<const void*>(&zero_d) : &zero_f;
+  switch (pass) {
+    case ConvPass::forward:
+      MPT_CUDNN_CHECK(cudnnConvolutionForward(handle, one, d.x, x.data, d.w, w.data, d.conv,
+                                              static_cast<cudnnConvolutionFwdAlgo_t>(plan.algo), ws.ptr,
+                                              plan.workspace, zero, d.y, y.data));
+      break;
+    case ConvPass::backward_data:
+      MPT_CUDNN_CHECK(cudnnConvolutionBackwardData(handle, one, d.w, w.data, d.y, y.data, d.conv,
+                                                   static_cast<cudnnConvolutionBwdDataAlgo_t>(plan.algo), ws.ptr,
+                                                   plan.workspace, zero, d.x, x.data));
+      break;
+    case ConvPass::backward_weight:
+      MPT_CUDNN_CHECK(cudnnConvolutionBackwardFilter(handle, one, d.x, x.data, d.y, y.data, d.conv,
+                                                     static_cast<cudnnConvolutionBwdFilterAlgo_t>(plan.algo), ws.ptr,
+                                                     plan.workspace, zero, d.w, w.data));
+      break;
+  }
+}
+
+}  // namespace
+
+void conv2d_forward(const TensorView& out, const TensorView& x, const TensorView& w, const Conv2dParams& p) {
+  run(ConvPass::forward, x, w, out, p);
+}
+
+void conv2d_backward_data(const TensorView& grad_x, const TensorView& grad_out, const TensorView& w,
+                          const Conv2dParams& p) {
+  run(ConvPass::backward_data, grad_x, w, grad_out, p);
+}
+
+void conv2d_backward_weight(const TensorView& grad_w, const TensorView& x, const TensorView& grad_out,
+                            const Conv2dParams& p) {
+  run(ConvPass::backward_weight, x, grad_w, grad_out, p);
+}
+
+}  // namespace mpt::cuda
