@@ -69,6 +69,9 @@ std::shared_ptr<Storage> cuda_storage(size_t, const Device& device) {
   no_cuda(device.is_cuda() ? device.index : 0);
 }
 
+std::shared_ptr<Storage> pinned_host_storage(size_t) { return nullptr; }
+bool is_pinned_host_memory(const void*) { return false; }
+
 void memcpy_between(void* dst, const Device& dst_device, const void* src, const Device& src_device, size_t nbytes) {
   require_cpu(dst_device);
   require_cpu(src_device);

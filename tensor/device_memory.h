@@ -20,3 +20,13 @@ std::shared_ptr<Storage> cuda_storage(size_t nbytes, const Device& device);
 void memcpy_between(void* dst, const Device& dst_device, const void* src, const Device& src_device, size_t nbytes);
 
 }  // namespace mpt
+
+namespace mpt {
+
+// Page-locked host memory from the host cache (tensor/pinned.h); null when
+// CUDA is not built or no device is present.
+std::shared_ptr<Storage> pinned_host_storage(size_t nbytes);
+// Whether `ptr` lies in a block of the pinned host cache.
+bool is_pinned_host_memory(const void* ptr);
+
+}  // namespace mpt

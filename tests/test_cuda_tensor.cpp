@@ -16,6 +16,7 @@
 #include "tensor/device_guard.h"
 #include "tensor/memory.h"
 #include "tensor/ops.h"
+#include "tensor/pinned.h"
 #include "tensor/stream.h"
 #include "tests/test_util.h"
 
@@ -650,6 +651,33 @@ TEST_F(CudaTensor, UnknownDevicesAreRefusedWithTheCount) {
         << e.what();
   }
   EXPECT_THROW(Tensor::empty({3}, DType::f32, Device(DeviceType::cuda, n)), DeviceError);
+}
+
+// ---- pinned host memory ------------------------------------------------------------
+
+TEST_F(CudaTensor, PinnedCopiesArriveAndBlocksAreRecycledOnlyAfterTheCopy) {
+  Generator gen(testing::fresh_seed());
+  const Tensor src = mpt::randn({1 << 20}, DType::f32, kCPU, &gen);
+  Tensor pinned = pin_memory(src);
+  ASSERT_TRUE(is_pinned(pinned));
+  EXPECT_FALSE(is_pinned(src));
+  EXPECT_TRUE(is_pinned(prim::slice(pinned, 0, 10, 20)));  // views inside the block count
+  const void* block = pinned.data_ptr();
+  // Queue a long kernel first, so the copy is still pending when the host
+  // lets go of the pinned tensor and asks for another of the same size.
+  Tensor busy = mpt::randn({1 << 24}, DType::f32, kCuda0, &gen);
+  for (int i = 0; i < 20; ++i) busy = prim::unary(UnaryOp::tanh, busy);
+  Tensor on_gpu = prim::to(pinned, kCuda0);
+  Event copied(kCuda0);
+  copied.record(current_stream(kCuda0));
+  pinned = Tensor();
+  Tensor next = empty_pinned({1 << 20}, DType::f32);
+  if (next.data_ptr() == block) {
+    // Reuse is allowed only once the copy is done.
+    EXPECT_TRUE(copied.query());
+  }
+  prim::fill_(next, 0.0);  // would corrupt the copy if the block were shared too early
+  EXPECT_EQ(on_gpu.to_vector<float>(), src.to_vector<float>());
 }
 
 // ---- 64-bit indexing --------------------------------------------------------------

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "tensor/ops.h"
+#include "tensor/pinned.h"
 #include "tests/test_util.h"
 
 namespace mpt {
@@ -16,6 +17,15 @@ TEST(Tensor, EmptyHasContiguousLayout) {
   EXPECT_TRUE(t.is_contiguous());
   EXPECT_EQ(reinterpret_cast<uintptr_t>(t.data_ptr()) % 64, 0u);
   EXPECT_EQ(t.device(), kCPU);
+}
+
+TEST(Tensor, PinnedTensorsAreCpuTensors) {
+  // Pinned where a GPU exists, plain host memory elsewhere; a CPU tensor either way.
+  const Tensor src = arange(0, 1000, 1, DType::f32);
+  const Tensor p = pin_memory(src);
+  EXPECT_EQ(p.device(), kCPU);
+  EXPECT_EQ(is_pinned(p), cuda_device_count() > 0);
+  EXPECT_EQ(p.to_vector<float>(), src.to_vector<float>());
 }
 
 TEST(Tensor, FromVectorRoundTripsEveryDType) {

@@ -7,6 +7,7 @@
 
 #include "tensor/cuda/check.h"
 #include "tensor/cuda/event_pool.h"
+#include "tensor/cuda/host_allocator.h"
 #include "tensor/cuda/runtime.h"
 #include "tensor/device_guard.h"
 #include "tensor/device_memory.h"
@@ -74,9 +75,14 @@ void memcpy_between(void* dst, const Device& dst_device, const void* src, const 
 
   if (src_device.is_cpu()) {
     // From pageable host memory the call returns once the source has been
-    // staged, so the caller may free or overwrite it right away.
+    // staged, so the caller may free or overwrite it right away. From pinned
+    // memory it returns at once; the host cache keeps the block from being
+    // reused until the copy is done (writing into a live pinned tensor
+    // meanwhile is the caller's race, as with PyTorch's non_blocking).
     DeviceGuard guard(dst_device);
-    MPT_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice, cuda::current_cuda_stream(dst_device.index)));
+    const cudaStream_t stream = cuda::current_cuda_stream(dst_device.index);
+    MPT_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice, stream));
+    cuda::record_pinned_use(src, dst_device.index, stream);
     return;
   }
   if (dst_device.is_cpu()) {
