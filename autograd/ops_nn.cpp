@@ -208,6 +208,18 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
                     describe(q), describe(k), describe(v));
   const int64_t t = q.shape()[2];
   const double s = scale.value_or(1.0 / std::sqrt(static_cast<double>(q.shape()[3])));
+  if (prim::fused_attention_available(q, k, v)) {
+    // One kernel each way; the [T, T] scores never reach memory.
+    auto [out, lse] = prim::attention_forward(q, k, v, causal, s);
+    if (needs_grad({q, k, v})) {
+      const Tensor saved_out = detach(out);  // not `out` itself: the node must not own its own output
+      record("scaled_dot_product_attention", out, {q, k, v}, [q, k, v, saved_out, lse, causal, s](const Grads& g) {
+        if (!g[0].defined()) return Grads(3);
+        return Grads(prim::attention_backward(q, k, v, saved_out, lse, g[0], causal, s));
+      });
+    }
+    return out;
+  }
   Tensor scores = mul(matmul(q, transpose(k, -1, -2)), s);
   if (causal) {
     // 0 on and below the diagonal, -inf above it (log of the keep mask).

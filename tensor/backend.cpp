@@ -65,4 +65,14 @@ const char* reduce_op_name(ReduceOp op) {
   return kNames[static_cast<int>(op)];
 }
 
+void Backend::attention_forward(const TensorView&, const TensorView&, const TensorView&, const TensorView&,
+                                const TensorView&, bool, double) {
+  not_available("fused attention");
+}
+void Backend::attention_backward(const TensorView&, const TensorView&, const TensorView&, const TensorView&,
+                                 const TensorView&, const TensorView&, const TensorView&, const TensorView&,
+                                 const TensorView&, const TensorView&, bool, double) {
+  not_available("fused attention backward");
+}
+
 }  // namespace mpt

@@ -106,6 +106,20 @@ class Backend {
   // grad_x (overwritten) gets each grad_out element added at its index.
   virtual void max_pool2d_backward(const TensorView& grad_x, const TensorView& grad_out, const TensorView& indices,
                                    const Pool2dParams& p);
+
+  // Fused attention softmax(q k^T * scale [+ causal mask]) v, with q, k, v
+  // and out contiguous [B, H, T, D] of one dtype. Where a backend has it
+  // (fused_attention_supported), autograd uses it instead of the composed
+  // math. lse: f32 [B, H, T], each row's log-sum-exp of the scaled scores.
+  virtual bool fused_attention_supported(DType dtype, int64_t head_dim) const { return false; }
+  virtual void attention_forward(const TensorView& out, const TensorView& lse, const TensorView& q,
+                                 const TensorView& k, const TensorView& v, bool causal, double scale);
+  // grad_q32: f32 [B, H, T, D], zeroed by the caller; delta: f32 [B, H, T]
+  // scratch; grad_k, grad_v in the inputs' dtype.
+  virtual void attention_backward(const TensorView& grad_q32, const TensorView& grad_k, const TensorView& grad_v,
+                                  const TensorView& delta, const TensorView& q, const TensorView& k,
+                                  const TensorView& v, const TensorView& out, const TensorView& lse,
+                                  const TensorView& grad_out, bool causal, double scale);
 };
 
 // The backend for a device type. Throws DeviceError for CUDA in a build

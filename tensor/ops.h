@@ -99,5 +99,15 @@ Tensor conv2d_backward_weight(const Tensor& x, const Tensor& grad_out, const Sha
 std::pair<Tensor, Tensor> max_pool2d(const Tensor& x, const Pool2dParams& p);
 Tensor max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const Shape& x_shape, const Pool2dParams& p);
 
+// Fused attention on q, k, v [B, H, T, D] of one shape, dtype and device,
+// where the device's backend has it for this dtype and head size.
+bool fused_attention_available(const Tensor& q, const Tensor& k, const Tensor& v);
+// {out, lse}: lse (f32 [B, H, T]) is what the backward pass needs.
+std::pair<Tensor, Tensor> attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
+                                            double scale);
+// {grad_q, grad_k, grad_v}.
+std::vector<Tensor> attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                                       const Tensor& lse, const Tensor& grad_out, bool causal, double scale);
+
 }  // namespace prim
 }  // namespace mpt

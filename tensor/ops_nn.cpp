@@ -152,4 +152,45 @@ Tensor max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const 
   return gx;
 }
 
+bool fused_attention_available(const Tensor& q, const Tensor& k, const Tensor& v) {
+  if (q.dim() != 4 || k.shape() != q.shape() || v.shape() != q.shape() || k.dtype() != q.dtype() ||
+      v.dtype() != q.dtype() || k.device() != q.device() || v.device() != q.device())
+    return false;
+  bool supported = false;
+  on_device(q.device(), [&](Backend& b) { supported = b.fused_attention_supported(q.dtype(), q.shape()[3]); });
+  return supported;
+}
+
+std::pair<Tensor, Tensor> attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
+                                            double scale) {
+  check(fused_attention_available(q, k, v), "attention_forward: no fused kernel for q {}, k {}, v {}", describe(q),
+        describe(k), describe(v));
+  const Tensor cq = contiguous(q), ck = contiguous(k), cv = contiguous(v);
+  Tensor out = Tensor::empty(q.shape(), q.dtype(), q.device());
+  Tensor lse = Tensor::empty({q.shape()[0], q.shape()[1], q.shape()[2]}, DType::f32, q.device());
+  on_device(q.device(), [&](Backend& b) {
+    b.attention_forward(out.view(), lse.view(), cq.view(), ck.view(), cv.view(), causal, scale);
+  });
+  return {out, lse};
+}
+
+std::vector<Tensor> attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                                       const Tensor& lse, const Tensor& grad_out, bool causal, double scale) {
+  check(fused_attention_available(q, k, v), "attention_backward: no fused kernel for q {}, k {}, v {}", describe(q),
+        describe(k), describe(v));
+  check<ShapeError>(grad_out.shape() == q.shape(), "attention_backward: gradient {} does not match q {}",
+                    describe(grad_out), describe(q));
+  const Tensor cq = contiguous(q), ck = contiguous(k), cv = contiguous(v), co = contiguous(out);
+  const Tensor g = contiguous(to(grad_out, q.dtype()));
+  Tensor grad_q32 = zeros(q.shape(), DType::f32, q.device());
+  Tensor grad_k = Tensor::empty(q.shape(), q.dtype(), q.device());
+  Tensor grad_v = Tensor::empty(q.shape(), q.dtype(), q.device());
+  Tensor delta = Tensor::empty(lse.shape(), DType::f32, q.device());
+  on_device(q.device(), [&](Backend& b) {
+    b.attention_backward(grad_q32.view(), grad_k.view(), grad_v.view(), delta.view(), cq.view(), ck.view(),
+                         cv.view(), co.view(), lse.view(), g.view(), causal, scale);
+  });
+  return {to(grad_q32, q.dtype()), grad_k, grad_v};
+}
+
 }  // namespace mpt::prim

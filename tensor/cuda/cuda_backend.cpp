@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "tensor/cuda/attention.h"
 #include "tensor/cuda/check.h"
 #include "tensor/cuda/conv_cudnn.h"
 #include "tensor/cuda/gemm.h"
@@ -240,7 +241,70 @@ class CudaBackend final : public Backend {
                                grad_out.shape[3], p);
   }
 
+  bool fused_attention_supported(DType dtype, int64_t head_dim) const override {
+    return cuda::fused_attention_supported(dtype, head_dim);
+  }
+
+  void attention_forward(const TensorView& out, const TensorView& lse, const TensorView& q, const TensorView& k,
+                         const TensorView& v, bool causal, double scale) override {
+    launch_attention_forward(current_launch(), attention_args(out, lse, q, k, v, causal, scale));
+  }
+
+  void attention_backward(const TensorView& grad_q32, const TensorView& grad_k, const TensorView& grad_v,
+                          const TensorView& delta, const TensorView& q, const TensorView& k, const TensorView& v,
+                          const TensorView& out, const TensorView& lse, const TensorView& grad_out, bool causal,
+                          double scale) override {
+    const AttentionArgs a = attention_args(out, lse, q, k, v, causal, scale);
+    for (const TensorView* t : {&grad_k, &grad_v, &grad_out}) {
+      check_same_dtype("attention", "backward", q, *t);
+      check_same_shape("attention backward", q, *t);
+    }
+    check_same_shape("attention backward", q, grad_q32);
+    check<DTypeError>(grad_q32.dtype == DType::f32 && delta.dtype == DType::f32,
+                      "CUDA attention backward: grad_q and delta must be f32");
+    check<ShapeError>(delta.numel() == a.batch_heads * a.len, "CUDA attention backward: delta {} does not fit q {}",
+                      shape_of(delta), shape_of(q));
+    for (const TensorView* t : {&grad_q32, &grad_k, &grad_v, &delta, &grad_out}) check_contiguous("attention", *t);
+    launch_attention_backward(current_launch(), a,
+                              AttentionGrads{grad_out.data, static_cast<float*>(grad_q32.data), grad_k.data,
+                                             grad_v.data, static_cast<float*>(delta.data)});
+  }
+
  private:
+  static void check_same_shape(const char* op, const TensorView& a, const TensorView& b) {
+    check<ShapeError>(Shape(a.shape, a.shape + a.ndim) == Shape(b.shape, b.shape + b.ndim),
+                      "CUDA {}: shapes {} and {} differ", op, shape_of(a), shape_of(b));
+  }
+
+  static AttentionArgs attention_args(const TensorView& out, const TensorView& lse, const TensorView& q,
+                                      const TensorView& k, const TensorView& v, bool causal, double scale) {
+    check<ShapeError>(q.ndim == 4, "CUDA attention: q must be [B, H, T, D], got {}", shape_of(q));
+    for (const TensorView* t : {&k, &v, &out}) {
+      check_same_dtype("attention", "forward", q, *t);
+      check_same_shape("attention", q, *t);
+    }
+    check<DTypeError>(cuda::fused_attention_supported(q.dtype, q.shape[3]),
+                      "CUDA attention: fused kernels take f16/bf16 with head size 32, 64 or 128, got {} {}",
+                      dtype_name(q.dtype), shape_of(q));
+    check<ShapeError>(q.shape[2] < (int64_t(1) << 30), "CUDA attention: sequence length {} is too long", q.shape[2]);
+    check<DTypeError>(lse.dtype == DType::f32 && lse.numel() == q.shape[0] * q.shape[1] * q.shape[2],
+                      "CUDA attention: lse must be f32 [B, H, T], got {} {}", dtype_name(lse.dtype), shape_of(lse));
+    for (const TensorView* t : {&q, &k, &v, &out, &lse}) check_contiguous("attention", *t);
+    AttentionArgs a;
+    a.dtype = q.dtype;
+    a.batch_heads = q.shape[0] * q.shape[1];
+    a.len = static_cast<int>(q.shape[2]);
+    a.head_dim = q.shape[3];
+    a.q = q.data;
+    a.k = k.data;
+    a.v = v.data;
+    a.out = out.data;
+    a.lse = static_cast<float*>(lse.data);
+    a.scale = scale;
+    a.causal = causal;
+    return a;
+  }
+
   // rows [n, d], table [V, d], idx i64 [n], all contiguous.
   static void check_rows(const char* op, const TensorView& rows, const TensorView& table, const TensorView& idx) {
     check<DTypeError>(idx.dtype == DType::i64, "CUDA {}: indices must be i64, got {}", op, dtype_name(idx.dtype));
