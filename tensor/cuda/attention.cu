@@ -344,10 +344,10 @@ __global__ void __launch_bounds__(kBlockThreads)
 }
 
 // Raises a kernel's dynamic shared memory limit above the default 48 KiB,
-// once per device (the attribute is per device).
+// once per device (the attribute is per device); `done` is the kernel's own
+// record of the devices already set.
 template <typename Kernel>
-void allow_shared_memory(Kernel kernel, size_t bytes, int device) {
-  static std::atomic<uint64_t> done{0};
+void allow_shared_memory(Kernel kernel, size_t bytes, int device, std::atomic<uint64_t>& done) {
   const uint64_t bit = uint64_t(1) << (device % 64);
   if (done.load(std::memory_order_acquire) & bit) return;
   MPT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
@@ -358,7 +358,8 @@ template <typename T, int D>
 void forward_typed(const Launch& l, const AttentionArgs& a) {
   using L = ForwardLayout<T, D>;
   auto kernel = attention_forward_kernel<T, D>;
-  allow_shared_memory(kernel, L::bytes, l.device);
+  static std::atomic<uint64_t> devices_set{0};
+  allow_shared_memory(kernel, L::bytes, l.device, devices_set);
   const dim3 grid((a.len + kTile - 1) / kTile, static_cast<unsigned>(a.batch_heads));
   kernel<<<grid, kBlockThreads, L::bytes, l.stream>>>(
       static_cast<const T*>(a.q), static_cast<const T*>(a.k), static_cast<const T*>(a.v), static_cast<T*>(a.out),
@@ -374,7 +375,8 @@ void backward_typed(const Launch& l, const AttentionArgs& a, const AttentionGrad
   MPT_CUDA_CHECK_LAUNCH("attention_delta_kernel");
   using L = BackwardLayout<T, D>;
   auto kernel = attention_backward_kernel<T, D>;
-  allow_shared_memory(kernel, L::bytes, l.device);
+  static std::atomic<uint64_t> devices_set{0};
+  allow_shared_memory(kernel, L::bytes, l.device, devices_set);
   const dim3 grid((a.len + kTile - 1) / kTile, static_cast<unsigned>(a.batch_heads));
   kernel<<<grid, kBlockThreads, L::bytes, l.stream>>>(
       static_cast<const T*>(a.q), static_cast<const T*>(a.k), static_cast<const T*>(a.v),
