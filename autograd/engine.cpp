@@ -3,6 +3,7 @@
 // reach each node's outputs.
 #include "autograd/engine.h"
 
+#include <optional>
 #include <queue>
 #include <unordered_map>
 
@@ -10,6 +11,7 @@
 #include "autograd/node.h"
 #include "tensor/device_guard.h"
 #include "tensor/ops.h"
+#include "tensor/stream.h"
 
 namespace mpt {
 namespace {
@@ -81,12 +83,33 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
   for (auto& [node, st] : state)
     if (st.pending == 0) ready.push(node);
 
+  // Each rule runs on its forward stream; nodes without one (leaf sinks)
+  // run on the caller's current stream. Where consecutive nodes change
+  // stream, the next waits for the previous, so gradients handed from one
+  // to the other are complete; the caller's stream waits for the last.
+  std::optional<Stream> previous;
+  auto enter = [&previous](const Stream& next) {
+    if (previous && !(*previous == next)) {
+      Event handed_over(previous->device());
+      handed_over.record(*previous);
+      handed_over.wait(next);
+    }
+    previous = next;
+  };
+
   // Backward ops record no history of their own.
   NoGradGuard no_grad;
   while (!ready.empty()) {
     Node* node = ready.top();
     ready.pop();
     NodeState& st = state[node];
+    std::optional<StreamGuard> on_forward_stream;
+    if (node->stream()) {
+      enter(*node->stream());
+      on_forward_stream.emplace(*node->stream());
+    } else if (previous) {
+      enter(current_stream(previous->device()));
+    }
     std::vector<Tensor> in_grads = node->apply(std::move(st.grads));
     if (!retain_graph) node->release();
     auto& edges = node->next_edges();
@@ -100,6 +123,7 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
       if (--next.pending == 0) ready.push(e.node.get());
     }
   }
+  if (previous) enter(current_stream(previous->device()));
 }
 
 }  // namespace mpt

@@ -21,6 +21,8 @@ bool needs_grad(const std::vector<Tensor>& inputs) {
 void record(const char* name, std::vector<Tensor>& outs, const std::vector<Tensor>& inputs, FunctionNode::Rule rule) {
   auto node = std::make_shared<FunctionNode>(name, std::move(rule));
   node->set_num_outputs(static_cast<uint32_t>(outs.size()));
+  if (!outs.empty() && outs[0].defined() && outs[0].device().is_cuda())
+    node->set_stream(current_stream(outs[0].device()));
   for (const Tensor& t : inputs) node->next_edges().push_back(gradient_edge(t));
   for (size_t i = 0; i < outs.size(); ++i) {
     // A fresh handle with its own autograd slot: a raw op may have returned

@@ -6,9 +6,11 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "tensor/stream.h"
 #include "tensor/tensor.h"
 
 namespace mpt {
@@ -38,8 +40,14 @@ class Node {
   // Drops what forward saved, after a backward without retain_graph.
   virtual void release() {}
 
+  // The CUDA stream forward ran on; the engine runs the backward rule there
+  // too, so a model run on a side stream stays on it in both directions.
+  const std::optional<Stream>& stream() const { return stream_; }
+  void set_stream(const Stream& s) { stream_ = s; }
+
  private:
   std::string name_;
+  std::optional<Stream> stream_;
   uint64_t sequence_nr_;
   std::vector<Edge> next_;
   uint32_t num_outputs_ = 1;

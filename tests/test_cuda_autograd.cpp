@@ -4,7 +4,9 @@
 
 #include <functional>
 
+#include "autograd/function.h"
 #include "autograd/ops.h"
+#include "tensor/stream.h"
 #include "tests/test_util.h"
 
 namespace mpt {
@@ -156,6 +158,34 @@ TEST(CudaAutograd, FusedAttentionMatchesTheCpu) {
       for (int i = 0; i < 3; ++i)
         EXPECT_LE(rel_error(host_f64(gpu[i].grad()), host_f64(cpu[i].grad())), 2 * tol) << "gradient of input " << i;
     }
+}
+
+// Forward on a side stream: the backward rules run on that stream even when
+// backward() is called outside it.
+TEST(CudaAutograd, BackwardRunsOnTheForwardStream) {
+  MPT_SKIP_WITHOUT_CUDA();
+  const Device gpu("cuda:0");
+  const Stream side = Stream::create(gpu);
+  Tensor x = randn({64, 64}, DType::f32, gpu).set_requires_grad(true);
+  Stream seen_by_rule;
+  Tensor loss;
+  {
+    StreamGuard guard(side);
+    Tensor y = prim::mul_scalar(x, 3.0);
+    record("probe", y, {x}, [&seen_by_rule, gpu](const Grads& g) {
+      seen_by_rule = current_stream(gpu);
+      return Grads{prim::mul_scalar(g[0], 3.0)};
+    });
+    loss = sum(tanh(y));
+  }
+  ASSERT_FALSE(current_stream(gpu) == side);
+  backward(loss);
+  EXPECT_TRUE(seen_by_rule == side);
+  EXPECT_FALSE(current_stream(gpu) == side);  // restored afterwards
+  const Tensor expected = prim::mul_scalar(prim::sub(full({}, 1.0, DType::f32, gpu),
+                                                     prim::unary(UnaryOp::square, prim::unary(UnaryOp::tanh, prim::mul_scalar(x, 3.0)))),
+                                           3.0);
+  EXPECT_LE(rel_error(host_f64(x.grad()), host_f64(expected)), 1e-5);
 }
 
 TEST(CudaAutograd, EmbeddingMatchesTheCpuWithRepeatedIndices) {
