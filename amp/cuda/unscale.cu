@@ -2,10 +2,8 @@
 // of gradients (multi-tensor apply, as PyTorch's multi_tensor_apply does it:
 // the list travels in the kernel's parameters, each block takes one chunk of
 // one tensor), and the one-thread scale update.
-#include "amp/amp_cuda.h"
+#include "amp/cuda/unscale_kernels.h"
 #include "tensor/cuda/kernel_utils.cuh"
-#include "tensor/cuda/runtime.h"
-#include "tensor/device_guard.h"
 
 namespace mpt::amp::cuda {
 namespace {
@@ -61,7 +59,8 @@ __global__ void unscale_kernel(TensorChunks list, float* found_inf, const float*
 }
 
 template <typename T>
-void unscale_list(const std::vector<Tensor>& grads, float* found_inf, const float* inv_scale, cudaStream_t stream) {
+void unscale_list(void* const* grads, const int64_t* sizes, size_t count, float* found_inf, const float* inv_scale,
+                  cudaStream_t stream) {
   TensorChunks list;
   int tensors = 0, blocks = 0;
   auto launch = [&] {
@@ -70,16 +69,16 @@ void unscale_list(const std::vector<Tensor>& grads, float* found_inf, const floa
     MPT_CUDA_CHECK_LAUNCH("unscale_kernel");
     tensors = blocks = 0;
   };
-  for (const Tensor& g : grads) {
-    const int64_t n = g.numel();
+  for (size_t i = 0; i < count; ++i) {
+    const int64_t n = sizes[i];
     if (n == 0) continue;
-    int slot = -1;  // g's index in the current launch, once registered
+    int slot = -1;  // tensor i's slot in the current launch, once registered
     const int64_t chunks = (n + kChunk - 1) / kChunk;
     for (int64_t c = 0; c < chunks; ++c) {
       if (slot < 0) {
         if (tensors == kMaxTensors) launch();
         slot = tensors++;
-        list.addresses[slot] = g.data_ptr();
+        list.addresses[slot] = grads[i];
         list.sizes[slot] = n;
       }
       list.block_to_tensor[blocks] = static_cast<unsigned char>(slot);
@@ -100,30 +99,19 @@ __global__ void update_scale_kernel(float* scale, int64_t* growth_tracker, int32
 
 }  // namespace
 
-void unscale_and_check_inf(std::vector<Tensor>& grads, Tensor& found_inf, const Tensor& inv_scale) {
-  const Device device = found_inf.device();
-  DeviceGuard guard(device);
-  cudaStream_t stream = mpt::cuda::current_cuda_stream(device.index);
-  std::vector<Tensor> f32, f16, bf16;
-  for (const Tensor& g : grads) {
-    if (g.dtype() == DType::f32) f32.push_back(g);
-    else if (g.dtype() == DType::f16) f16.push_back(g);
-    else bf16.push_back(g);
+void launch_unscale_and_check_inf(DType dtype, void* const* grads, const int64_t* sizes, size_t count,
+                                  float* found_inf, const float* inv_scale, cudaStream_t stream) {
+  switch (dtype) {
+    case DType::f32: unscale_list<float>(grads, sizes, count, found_inf, inv_scale, stream); break;
+    case DType::f16: unscale_list<__half>(grads, sizes, count, found_inf, inv_scale, stream); break;
+    case DType::bf16: unscale_list<__nv_bfloat16>(grads, sizes, count, found_inf, inv_scale, stream); break;
+    default: break;  // the caller accepts only the three
   }
-  float* found = found_inf.data<float>();
-  const float* inv = inv_scale.data<float>();
-  unscale_list<float>(f32, found, inv, stream);
-  unscale_list<__half>(f16, found, inv, stream);
-  unscale_list<__nv_bfloat16>(bf16, found, inv, stream);
 }
 
-void update_scale(Tensor& scale, Tensor& growth_tracker, Tensor& hysteresis_left, const Tensor& found_inf,
-                  const ScaleRule& rule, int64_t units) {
-  const Device device = scale.device();
-  DeviceGuard guard(device);
-  cudaStream_t stream = mpt::cuda::current_cuda_stream(device.index);
-  update_scale_kernel<<<1, 1, 0, stream>>>(scale.data<float>(), growth_tracker.data<int64_t>(),
-                                           hysteresis_left.data<int32_t>(), found_inf.data<float>(), rule, units);
+void launch_update_scale(float* scale, int64_t* growth_tracker, int32_t* hysteresis_left, const float* found_inf,
+                         const ScaleRule& rule, int64_t units, cudaStream_t stream) {
+  update_scale_kernel<<<1, 1, 0, stream>>>(scale, growth_tracker, hysteresis_left, found_inf, rule, units);
   MPT_CUDA_CHECK_LAUNCH("update_scale_kernel");
 }
 
