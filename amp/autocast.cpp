@@ -121,6 +121,15 @@ AutocastGuard::~AutocastGuard() {
 bool autocast_enabled(DeviceType device_type) { return t_policy.enabled[slot(device_type)]; }
 DType autocast_dtype(DeviceType device_type) { return t_policy.dtype[slot(device_type)]; }
 
+AutocastSettings current_autocast_settings() {
+  AutocastSettings s;
+  for (int i = 0; i < kDeviceTypes; ++i) {
+    s.enabled[i] = t_policy.enabled[i];
+    s.dtype[i] = t_policy.dtype[i];
+  }
+  return s;
+}
+
 WeightCastCacheStats weight_cast_cache_stats() {
   WeightCastCacheStats s = t_policy.stats;
   s.entries = static_cast<int64_t>(t_policy.cache.size());

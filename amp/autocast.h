@@ -43,6 +43,26 @@ class AutocastGuard {
 bool autocast_enabled(DeviceType device_type);
 DType autocast_dtype(DeviceType device_type);  // the lower-precision dtype for that device type
 
+// This thread's settings for both device types, to carry into worker threads
+// (a data-parallel replica runs its forward under the caller's autocast).
+struct AutocastSettings {
+  bool enabled[2] = {false, false};  // [cpu, cuda]
+  DType dtype[2] = {DType::f16, DType::f16};
+};
+AutocastSettings current_autocast_settings();
+
+// Applies captured settings for a scope (the worker thread's own weight-cast
+// cache lives as long as the guard).
+class AutocastSettingsGuard {
+ public:
+  explicit AutocastSettingsGuard(const AutocastSettings& settings)
+      : cpu_(DeviceType::cpu, settings.dtype[0], settings.enabled[0]),
+        cuda_(DeviceType::cuda, settings.dtype[1], settings.enabled[1]) {}
+
+ private:
+  AutocastGuard cpu_, cuda_;
+};
+
 // The weight-cast cache of this thread's outermost autocast region.
 struct WeightCastCacheStats {
   int64_t entries = 0;  // casts held now

@@ -131,9 +131,16 @@ void GradScaler::unscale_(ScalableOptimizer& optimizer) {
   std::vector<Device> devices;
   std::vector<std::vector<Tensor>> grads_by_device;
   std::vector<Tensor> params = optimizer.scalable_parameters();
-  for (const Tensor& p : params) {
-    Tensor g = p.grad();
+  for (size_t i = 0; i < params.size(); ++i) {
+    Tensor g = params[i].grad();
     if (!g.defined()) continue;
+    // Checked for every gradient before any is touched: a bad one fails the
+    // call with nothing unscaled.
+    check<DTypeError>(g.dtype() == DType::f32 || g.dtype() == DType::f16 || g.dtype() == DType::bf16,
+                      "GradScaler::unscale_: the gradient of {} is {}; expected f32, f16 or bf16",
+                      param_name(params[i], i), describe(g));
+    check(g.is_contiguous(), "GradScaler::unscale_: the gradient of {} ({}) is not contiguous",
+          param_name(params[i], i), describe(g));
     size_t d = 0;
     while (d < devices.size() && devices[d] != g.device()) ++d;
     if (d == devices.size()) {
@@ -185,15 +192,14 @@ void GradScaler::step(ScalableOptimizer& optimizer) {
   }
   st.stage = Stage::stepped;
   if (!found) return;
-  found_inf_host_ = found_inf_host_.value_or(false) || *found;
   used_scale_host_ = used_scale;
   if (!*found) return;
   const bool collapsed = used_scale < 1.0 || (rule_.min_scale > 0 && used_scale <= rule_.min_scale);
   if ((trace_ || collapsed) && first_nonfinite_.empty()) first_nonfinite_ = first_nonfinite_gradient(st.params);
-  if (collapsed) warn_collapse(used_scale, st.params);
+  if (collapsed) warn_collapse(used_scale);
 }
 
-void GradScaler::warn_collapse(double used_scale, const std::vector<Tensor>& params) {
+void GradScaler::warn_collapse(double used_scale) {
   if (!warn_) return;
   const std::string where = used_scale < 1.0 ? "below 1" : fmt::format("at the floor min_scale = {}", rule_.min_scale);
   warn_(fmt::format(
@@ -220,7 +226,7 @@ void GradScaler::update() {
   ScalerTraceRow row;
   if (trace_) {
     row.scale = used_scale_host_ ? *used_scale_host_ : scale_.item();
-    row.found_inf = found_inf_host_ ? *found_inf_host_ : found.item() != 0.0;
+    row.found_inf = found.item() != 0.0;  // all optimizers together (tracing may sync)
   }
   if (scale_.device().is_cuda()) {
     cuda::update_scale(scale_, growth_tracker_, hysteresis_left_, found, rule_, units);
@@ -241,7 +247,6 @@ void GradScaler::update() {
   per_optimizer_.clear();
   micro_batches_ = 0;
   samples_ = 0;
-  found_inf_host_.reset();
   used_scale_host_.reset();
   first_nonfinite_.clear();
   grad_norm_sq_ = 0;
@@ -257,7 +262,6 @@ void GradScaler::update(double new_scale) {
   per_optimizer_.clear();
   micro_batches_ = 0;
   samples_ = 0;
-  found_inf_host_.reset();
   used_scale_host_.reset();
   first_nonfinite_.clear();
   grad_norm_sq_ = 0;

@@ -43,6 +43,7 @@ enum class GrowthUnit {
   optimizer_steps,  // PyTorch's meaning
   micro_batches,    // scale() calls: keeps the growth rate when gradient accumulation changes
   samples,          // samples passed to scale(loss, samples): keeps it when the batch or world size changes
+                    // (under data parallelism, pass the samples of the whole step across ranks)
 };
 
 struct GradScalerOptions {
@@ -125,7 +126,7 @@ class GradScaler {
   void check_scale_exists(const char* fn) const;
   std::string first_nonfinite_gradient(const std::vector<Tensor>& params) const;
   double grad_norm(const std::vector<Tensor>& params) const;
-  void warn_collapse(double used_scale, const std::vector<Tensor>& params);
+  void warn_collapse(double used_scale);
 
   GradScalerOptions options_;
   ScaleRule rule_;
@@ -136,8 +137,7 @@ class GradScaler {
   int64_t micro_batches_ = 0;  // scale() calls since the last update
   int64_t samples_ = 0;        // samples passed to scale() since the last update
   int64_t host_syncs_ = 0;
-  // What the host learned this step (with a host-side optimizer, or tracing).
-  std::optional<bool> found_inf_host_;
+  // The scale this step used, when the host has read it (for the trace).
   std::optional<double> used_scale_host_;
   std::string first_nonfinite_;
   double grad_norm_sq_ = 0;

@@ -2,6 +2,8 @@
 // and backward running in the dtypes forward chose.
 #include <gtest/gtest.h>
 
+#include <thread>
+
 #include "amp/autocast.h"
 #include "amp/autocast_policy.h"
 #include "autograd/ops.h"
@@ -171,6 +173,27 @@ TEST(Autocast, FP32OpBackwardReturnsToTheInputDtype) {
     backward(sum(softmax(x, 1) * rand_f32({3, 4}, 22)));
   }
   EXPECT_EQ(x.grad().dtype(), DType::f16);
+}
+
+}  // namespace
+}  // namespace mpt
+
+namespace mpt {
+namespace {
+
+TEST(Autocast, StateIsPerThreadAndCarriesIntoWorkers) {
+  const Tensor x = rand_f32({2, 3}, 23), w = rand_f32({3, 3}, 24);
+  amp::AutocastGuard autocast(DeviceType::cpu, DType::bf16);
+  const amp::AutocastSettings settings = amp::current_autocast_settings();
+  DType plain = DType::u8, carried = DType::u8;
+  std::thread worker([&] {
+    plain = linear(x, w).dtype();  // a new thread starts with autocast off
+    amp::AutocastSettingsGuard guard(settings);
+    carried = linear(x, w).dtype();
+  });
+  worker.join();
+  EXPECT_EQ(plain, DType::f32);
+  EXPECT_EQ(carried, DType::bf16);
 }
 
 }  // namespace

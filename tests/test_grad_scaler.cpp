@@ -283,6 +283,28 @@ TEST(GradScaler, ContractErrors) {
   EXPECT_NO_THROW(scaler.step(opt));
 }
 
+TEST(GradScaler, ABadGradientFailsUnscaleWithNothingUnscaled) {
+  GradScaler scaler;
+  struct TwoParams : amp::ScalableOptimizer {
+    std::vector<Tensor> params{zeros({4}).set_requires_grad(true), zeros({2, 3}).set_requires_grad(true)};
+    std::vector<Tensor> scalable_parameters() const override { return params; }
+    void step() override {}
+  } opt;
+  opt.params[1].autograd_meta().name = "head.weight";
+  backward(scaler.scale(sum(opt.params[0])));  // grad of params[0]: 65536 each
+  opt.params[1].set_grad(prim::transpose(full({3, 2}, 1.0), 0, 1));
+  try {
+    scaler.unscale_(opt);
+    FAIL() << "a strided gradient was accepted";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("head.weight"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(opt.params[0].grad().to_vector<float>(), std::vector<float>(4, 65536.0f));
+  opt.params[1].set_grad(prim::contiguous(opt.params[1].grad()));
+  EXPECT_NO_THROW(scaler.unscale_(opt));  // the failed call left the optimizer ready
+  EXPECT_EQ(opt.params[0].grad().to_vector<float>(), std::vector<float>(4, 1.0f));
+}
+
 TEST(GradScaler, InvalidOptionsAndStatesAreRejected) {
   GradScalerOptions bad;
   bad.backoff_factor = 1.5;

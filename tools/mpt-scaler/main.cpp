@@ -2,6 +2,11 @@
 //   replay  overflow patterns through the policies, writing trajectories
 //   sweep   a real training run across growth intervals
 //   plot    scale trajectories (traces) as a PNG
+//
+//   mpt-scaler replay --policy all --pattern bursts:700:3 --steps 20000 --growth-interval 200
+//                     --out run.jsonl --plot run.png       (one command line)
+//   mpt-scaler sweep --intervals 50,200,1000 --steps 2000 --device cuda --out sweep.json --plot sweep.png
+//   mpt-scaler plot run.torch.jsonl trace-from-training.csv --out both.png
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
