@@ -9,6 +9,9 @@
 #include "amp/grad_scaler.h"
 #include "amp/unscale.h"
 #include "autograd/ops.h"
+#include "models/layers.h"
+#include "models/sequential.h"
+#include "models/sgd.h"
 #include "tests/test_util.h"
 
 namespace mpt {
@@ -134,6 +137,51 @@ TEST(CudaAmp, F16OverflowOnTheGpuIsSkipped) {
   EXPECT_EQ(opt.steps, 0);
   EXPECT_EQ(w.to_vector<float>(), before);
   EXPECT_EQ(scaler.get_scale(), std::ldexp(1.0, 39));
+}
+
+std::unique_ptr<nn::Sequential> make_mlp(uint64_t seed) {
+  Generator gen(seed);
+  auto net = std::make_unique<nn::Sequential>();
+  net->push_back(std::make_shared<nn::Linear>(8, 32, true, &gen));
+  net->push_back(std::make_shared<nn::ReLU>());
+  net->push_back(std::make_shared<nn::Linear>(32, 1, true, &gen));
+  net->to(kGPU);
+  return net;
+}
+
+TEST(CudaAmp, F16AutocastWithScalerMatchesF32TrainingOnTheGpu) {
+  MPT_SKIP_WITHOUT_CUDA();
+  Generator gen(3);
+  const Tensor x = randn({64, 8}, DType::f32, kGPU, &gen);
+  const Tensor y = prim::unary(UnaryOp::sin, prim::matmul(x, randn({8, 1}, DType::f32, kGPU, &gen)));
+  auto net32 = make_mlp(4), net16 = make_mlp(4);
+  optim::SGD opt32(net32->parameters(), {.lr = 0.05});
+  optim::SGD opt16(net16->parameters(), {.lr = 0.05});
+  amp::GradScalerOptions o;
+  o.growth_interval = 50;
+  amp::GradScaler scaler(o);
+  auto loss_of = [&](nn::Sequential& net) {
+    NoGradGuard no_grad;
+    return mse_loss(net(x), y).item();
+  };
+  const double initial = loss_of(*net32);
+  for (int step = 0; step < 300; ++step) {
+    net32->zero_grad();
+    backward(mse_loss(net32->forward(x), y));
+    opt32.step();
+    net16->zero_grad();
+    Tensor loss;
+    {
+      amp::AutocastGuard autocast(DeviceType::cuda, DType::f16);
+      loss = mse_loss(net16->forward(x), y);
+    }
+    backward(scaler.scale(loss));
+    scaler.step(opt16);
+    scaler.update();
+  }
+  const double l32 = loss_of(*net32), l16 = loss_of(*net16);
+  EXPECT_LT(l32, 0.3 * initial);
+  EXPECT_NEAR(l16, l32, 0.03 * initial) << "f32 " << l32 << " f16 " << l16 << " initial " << initial;
 }
 
 }  // namespace
