@@ -1,4 +1,5 @@
 // Element-wise ops and their backward rules.
+#include "autograd/autocast_hook.h"
 #include "autograd/function.h"
 #include "autograd/grad_utils.h"
 #include "autograd/ops.h"
@@ -9,6 +10,7 @@ using prim::binary;
 using prim::unary;
 
 Tensor add(const Tensor& a, const Tensor& b) {
+  if (AutocastOp ac{"add", {&a, &b}}) return add(ac[0], ac[1]);
   Tensor out = prim::add(a, b);
   if (needs_grad({a, b}))
     record("add", out, {a, b}, [a, b](const Grads& g) { return Grads{grad_for(g[0], a), grad_for(g[0], b)}; });
@@ -16,6 +18,7 @@ Tensor add(const Tensor& a, const Tensor& b) {
 }
 
 Tensor sub(const Tensor& a, const Tensor& b) {
+  if (AutocastOp ac{"sub", {&a, &b}}) return sub(ac[0], ac[1]);
   Tensor out = prim::sub(a, b);
   if (needs_grad({a, b}))
     record("sub", out, {a, b},
@@ -24,6 +27,7 @@ Tensor sub(const Tensor& a, const Tensor& b) {
 }
 
 Tensor mul(const Tensor& a, const Tensor& b) {
+  if (AutocastOp ac{"mul", {&a, &b}}) return mul(ac[0], ac[1]);
   Tensor out = prim::mul(a, b);
   if (needs_grad({a, b}))
     record("mul", out, {a, b}, [a, b](const Grads& g) {
@@ -34,6 +38,7 @@ Tensor mul(const Tensor& a, const Tensor& b) {
 }
 
 Tensor div(const Tensor& a, const Tensor& b) {
+  if (AutocastOp ac{"div", {&a, &b}}) return div(ac[0], ac[1]);
   Tensor out = prim::div(a, b);
   if (needs_grad({a, b}))
     record("div", out, {a, b}, [a, b, out](const Grads& g) {
@@ -63,6 +68,7 @@ Tensor neg(const Tensor& x) {
 }
 
 Tensor pow(const Tensor& x, double p) {
+  if (AutocastOp ac{"pow", {&x}}) return pow(ac[0], p);
   Tensor out = unary(UnaryOp::pow_scalar, x, p);
   if (needs_grad({x}))
     record("pow", out, {x}, [x, p](const Grads& g) {
@@ -72,6 +78,7 @@ Tensor pow(const Tensor& x, double p) {
 }
 
 Tensor pow(const Tensor& x, const Tensor& e) {
+  if (AutocastOp ac{"pow", {&x, &e}}) return pow(ac[0], ac[1]);
   Tensor out = binary(BinaryOp::pow, x, e);
   if (needs_grad({x, e}))
     record("pow", out, {x, e}, [x, e, out](const Grads& g) {
@@ -86,12 +93,14 @@ Tensor pow(const Tensor& x, const Tensor& e) {
 }
 
 Tensor exp(const Tensor& x) {
+  if (AutocastOp ac{"exp", {&x}}) return exp(ac[0]);
   Tensor out = unary(UnaryOp::exp, x);
   if (needs_grad({x})) record("exp", out, {x}, [out](const Grads& g) { return Grads{prim::mul(g[0], out)}; });
   return out;
 }
 
 Tensor log(const Tensor& x) {
+  if (AutocastOp ac{"log", {&x}}) return log(ac[0]);
   Tensor out = unary(UnaryOp::log, x);
   if (needs_grad({x})) record("log", out, {x}, [x](const Grads& g) { return Grads{prim::div(g[0], x)}; });
   return out;

@@ -1,4 +1,5 @@
 // Reductions and matrix products with their backward rules.
+#include "autograd/autocast_hook.h"
 #include "autograd/function.h"
 #include "autograd/grad_utils.h"
 #include "autograd/ops.h"
@@ -24,12 +25,14 @@ Tensor spread(const Tensor& g, const Tensor& x, const std::vector<int64_t>& dims
 }  // namespace
 
 Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
+  if (AutocastOp ac{"sum", {&x}}) return sum(ac[0], dims, keepdim);
   Tensor out = prim::sum(x, dims, keepdim);
   if (needs_grad({x})) record("sum", out, {x}, [x, dims](const Grads& g) { return Grads{spread(g[0], x, dims, 1.0)}; });
   return out;
 }
 
 Tensor mean(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
+  if (AutocastOp ac{"mean", {&x}}) return mean(ac[0], dims, keepdim);
   Tensor out = prim::mean(x, dims, keepdim);
   if (needs_grad({x})) {
     const double count = static_cast<double>(x.numel()) / static_cast<double>(std::max<int64_t>(out.numel(), 1));
@@ -39,6 +42,7 @@ Tensor mean(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
 }
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
+  if (AutocastOp ac{"matmul", {&a, &b}}) return matmul(ac[0], ac[1]);
   Tensor out = prim::matmul(a, b);
   if (needs_grad({a, b}))
     record("matmul", out, {a, b}, [a, b](const Grads& g) {
@@ -59,12 +63,14 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 }
 
 Tensor bmm(const Tensor& a, const Tensor& b) {
+  if (AutocastOp ac{"bmm", {&a, &b}}) return bmm(ac[0], ac[1]);
   check<ShapeError>(a.dim() == 3 && b.dim() == 3 && a.shape()[0] == b.shape()[0],
                     "bmm: expects [B, m, k] and [B, k, n], got {} and {}", describe(a), describe(b));
   return matmul(a, b);
 }
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  if (AutocastOp ac{"linear", {&x, &weight, &bias}}) return linear(ac[0], ac[1], ac[2]);
   check<ShapeError>(weight.dim() == 2 && x.dim() >= 1 && x.shape().back() == weight.shape()[1],
                     "linear: input {} does not match weight {} (expected [..., {}])", describe(x), describe(weight),
                     weight.dim() == 2 ? weight.shape()[1] : -1);

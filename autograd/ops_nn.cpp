@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 
+#include "autograd/autocast_hook.h"
 #include "autograd/function.h"
 #include "autograd/grad_utils.h"
 #include "autograd/ops.h"
@@ -42,6 +43,7 @@ void check_indices(const char* op, const Tensor& idx, int64_t n, std::optional<i
 }  // namespace
 
 Tensor softmax(const Tensor& x, int64_t dim) {
+  if (AutocastOp ac{"softmax", {&x}}) return softmax(ac[0], dim);
   const Tensor y32 = softmax_wide(wide(x), dim);
   Tensor out = prim::to(y32, x.dtype());
   if (needs_grad({x}))
@@ -53,6 +55,7 @@ Tensor softmax(const Tensor& x, int64_t dim) {
 }
 
 Tensor log_softmax(const Tensor& x, int64_t dim) {
+  if (AutocastOp ac{"log_softmax", {&x}}) return log_softmax(ac[0], dim);
   const Tensor y32 = log_softmax_wide(wide(x), dim);
   Tensor out = prim::to(y32, x.dtype());
   if (needs_grad({x}))
@@ -65,6 +68,7 @@ Tensor log_softmax(const Tensor& x, int64_t dim) {
 }
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index, Reduction reduction) {
+  if (AutocastOp ac{"cross_entropy", {&logits, &target}}) return cross_entropy(ac[0], ac[1], ignore_index, reduction);
   check<ShapeError>(logits.dim() == 2 && target.dim() == 1 && target.shape()[0] == logits.shape()[0],
                     "cross_entropy: expects logits [N, C] and target [N], got {} and {}", describe(logits),
                     describe(target));
@@ -102,6 +106,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_
 }
 
 Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
+  if (AutocastOp ac{"mse_loss", {&input, &target}}) return mse_loss(ac[0], ac[1], reduction);
   check<ShapeError>(input.shape() == target.shape(), "mse_loss: input {} and target {} differ in shape",
                     describe(input), describe(target));
   const Tensor d = sub(to(input, compute_dtype(input)), to(target, compute_dtype(input)));
@@ -115,6 +120,7 @@ Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) 
 }
 
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
+  if (AutocastOp ac{"layer_norm", {&x, &weight, &bias}}) return layer_norm(ac[0], ac[1], ac[2], eps);
   check<ShapeError>(x.dim() >= 1, "layer_norm: input must have at least one dimension, got {}", describe(x));
   const int64_t d = x.shape().back();
   for (const Tensor* p : {&weight, &bias})
@@ -173,6 +179,7 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator* gen) {
 }
 
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dParams& p) {
+  if (AutocastOp ac{"conv2d", {&x, &weight, &bias}}) return conv2d(ac[0], ac[1], ac[2], p);
   Tensor y = prim::conv2d(x, weight, p);
   if (bias.defined()) {
     check<ShapeError>(bias.shape() == Shape{weight.shape()[0]}, "conv2d: bias {} does not match weight {}",
@@ -203,6 +210,7 @@ Tensor max_pool2d(const Tensor& x, const Pool2dParams& p) {
 
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
                                     std::optional<double> scale) {
+  if (AutocastOp ac{"scaled_dot_product_attention", {&q, &k, &v}}) return scaled_dot_product_attention(ac[0], ac[1], ac[2], causal, scale);
   check<ShapeError>(q.dim() == 4 && k.shape() == q.shape() && v.shape() == q.shape(),
                     "scaled_dot_product_attention: expects q, k, v of one shape [B, H, T, D], got {}, {}, {}",
                     describe(q), describe(k), describe(v));

@@ -1,6 +1,7 @@
 // Shape and layout ops: their gradients undo the rearrangement.
 #include <numeric>
 
+#include "autograd/autocast_hook.h"
 #include "autograd/function.h"
 #include "autograd/grad_utils.h"
 #include "autograd/ops.h"
@@ -83,6 +84,7 @@ Tensor contiguous(const Tensor& x) {
 }
 
 Tensor cat(const std::vector<Tensor>& xs, int64_t dim) {
+  if (AutocastOp ac{"cat", xs}) return cat(ac.inputs(), dim);
   Tensor out = prim::cat(xs, dim);
   if (needs_grad(xs)) {
     const int d = normalize_dim(dim, xs.at(0).dim(), "cat");

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "amp/scalable_optimizer.h"
 #include "models/ordered_dict.h"
 #include "tensor/tensor.h"
 
@@ -51,7 +52,9 @@ struct ParamUpdate {
   size_t index;       // global parameter index (the <i> of the state dict)
 };
 
-class Optimizer {
+// A ScalableOptimizer, so amp::GradScaler can unscale its gradients and skip
+// its step; the skip decision is read on the host (the default).
+class Optimizer : public amp::ScalableOptimizer {
  public:
   virtual ~Optimizer() = default;
   Optimizer(const Optimizer&) = delete;
@@ -59,9 +62,11 @@ class Optimizer {
 
   // One update of every parameter that has a gradient; the others (and
   // their step counts) are left alone. Runs without recording autograd.
-  void step();
+  void step() override;
   // Drops every parameter's gradient (undefined, not zero-filled).
   void zero_grad();
+  // Every parameter, by global index (what the loss scaler unscales).
+  std::vector<Tensor> scalable_parameters() const override { return all_params_; }
 
   const std::string& name() const { return name_; }
   size_t num_groups() const { return groups_.size(); }

@@ -1,0 +1,141 @@
+#include "amp/autocast.h"
+
+#include <unordered_map>
+#include <vector>
+
+#include "amp/autocast_policy.h"
+#include "autograd/autocast_hook.h"
+#include "autograd/grad_mode.h"
+#include "autograd/ops.h"
+
+namespace mpt::amp {
+namespace {
+
+constexpr int kDeviceTypes = 2;
+int slot(DeviceType t) { return t == DeviceType::cuda ? 1 : 0; }
+
+// Autocast only re-types the training dtypes; f64 (gradient checks) and
+// integers pass through untouched, as in PyTorch.
+bool eligible(const Tensor& t) {
+  return t.defined() && (t.dtype() == DType::f32 || t.dtype() == DType::f16 || t.dtype() == DType::bf16);
+}
+
+struct CachedCast {
+  std::shared_ptr<TensorImpl> leaf;  // held so its address cannot be reused while cached
+  DType dtype;
+  Tensor cast;
+};
+
+class PolicyHandler final : public AutocastHandler {
+ public:
+  bool enabled[kDeviceTypes] = {false, false};
+  DType dtype[kDeviceTypes] = {DType::f16, DType::f16};
+  int nesting = 0;
+  std::unordered_multimap<const TensorImpl*, CachedCast> cache;
+  WeightCastCacheStats stats;
+
+  bool any_enabled() const { return enabled[0] || enabled[1]; }
+
+  std::vector<Tensor> cast_inputs(const char* op, const std::vector<Tensor>& inputs) override {
+    const CastPolicy policy = autocast_policy(op);
+    if (policy == CastPolicy::none) return inputs;
+    const Tensor* first = nullptr;
+    for (const Tensor& t : inputs)
+      if (t.defined() && is_floating(t.dtype())) {
+        first = &t;
+        break;
+      }
+    if (!first || !enabled[slot(first->device().type)]) return inputs;
+
+    std::vector<Tensor> out = inputs;
+    switch (policy) {
+      case CastPolicy::lower_precision: {
+        const DType target = dtype[slot(first->device().type)];
+        for (Tensor& t : out)
+          if (eligible(t) && t.dtype() != target) t = cast_weight_cached(t, target);
+        break;
+      }
+      case CastPolicy::fp32:
+        for (Tensor& t : out)
+          if (eligible(t) && t.dtype() != DType::f32) t = to(t, DType::f32);
+        break;
+      case CastPolicy::promote: {
+        DType widest = first->dtype();
+        for (const Tensor& t : out)
+          if (t.defined() && is_floating(t.dtype())) widest = promote(widest, t.dtype());
+        for (Tensor& t : out)
+          if (t.defined() && is_floating(t.dtype()) && t.dtype() != widest) t = to(t, widest);
+        break;
+      }
+      case CastPolicy::none: break;
+    }
+    return out;
+  }
+
+ private:
+  // PyTorch's rule: only f32 leaves that require a gradient (weights) are
+  // cached, and only while recording, so a cast made under no_grad (which
+  // has no path back to the weight) is never reused by a training step.
+  Tensor cast_weight_cached(const Tensor& t, DType target) {
+    const bool cacheable = t.dtype() == DType::f32 && t.requires_grad() && !t.grad_fn() && grad_enabled();
+    if (!cacheable) return to(t, target);
+    auto [begin, end] = cache.equal_range(t.impl_ptr().get());
+    for (auto it = begin; it != end; ++it)
+      if (it->second.dtype == target) {
+        ++stats.hits;
+        return it->second.cast;
+      }
+    Tensor cast = to(t, target);
+    cache.emplace(t.impl_ptr().get(), CachedCast{t.impl_ptr(), target, cast});
+    ++stats.misses;
+    return cast;
+  }
+};
+
+thread_local PolicyHandler t_policy;
+
+void install_if_enabled() { set_autocast_handler(t_policy.any_enabled() ? &t_policy : nullptr); }
+
+}  // namespace
+
+AutocastGuard::AutocastGuard(DeviceType device_type, DType dtype, bool enabled)
+    : device_type_(device_type),
+      previous_enabled_(t_policy.enabled[slot(device_type)]),
+      previous_dtype_(t_policy.dtype[slot(device_type)]) {
+  check<DTypeError>(dtype == DType::f16 || dtype == DType::bf16,
+                    "AutocastGuard: the autocast dtype for {} must be f16 or bf16, got {}",
+                    Device(device_type).str(), dtype_name(dtype));
+  t_policy.enabled[slot(device_type)] = enabled;
+  t_policy.dtype[slot(device_type)] = dtype;
+  ++t_policy.nesting;
+  install_if_enabled();
+}
+
+AutocastGuard::~AutocastGuard() {
+  t_policy.enabled[slot(device_type_)] = previous_enabled_;
+  t_policy.dtype[slot(device_type_)] = previous_dtype_;
+  if (--t_policy.nesting == 0) clear_weight_cast_cache();
+  install_if_enabled();
+}
+
+bool autocast_enabled(DeviceType device_type) { return t_policy.enabled[slot(device_type)]; }
+DType autocast_dtype(DeviceType device_type) { return t_policy.dtype[slot(device_type)]; }
+
+AutocastSettings current_autocast_settings() {
+  AutocastSettings s;
+  for (int i = 0; i < kDeviceTypes; ++i) {
+    s.enabled[i] = t_policy.enabled[i];
+    s.dtype[i] = t_policy.dtype[i];
+  }
+  return s;
+}
+
+WeightCastCacheStats weight_cast_cache_stats() {
+  WeightCastCacheStats s = t_policy.stats;
+  s.entries = static_cast<int64_t>(t_policy.cache.size());
+  return s;
+}
+
+void clear_weight_cast_cache() { t_policy.cache.clear(); }
+
+}  // namespace mpt::amp

@@ -1,0 +1,55 @@
+#include "amp/autocast_policy.h"
+
+#include <array>
+#include <utility>
+
+namespace mpt::amp {
+namespace {
+
+// Op names as the autograd ops pass them to the autocast hook.
+constexpr std::array<std::pair<std::string_view, CastPolicy>, 21> kPolicies{{
+    // Tensor-core ops: 16-bit inputs, f32 accumulation inside the GEMM.
+    {"matmul", CastPolicy::lower_precision},
+    {"bmm", CastPolicy::lower_precision},
+    {"linear", CastPolicy::lower_precision},
+    {"conv2d", CastPolicy::lower_precision},
+    {"scaled_dot_product_attention", CastPolicy::lower_precision},
+    // Range-hungry or accumulation-heavy ops.
+    {"exp", CastPolicy::fp32},
+    {"log", CastPolicy::fp32},
+    {"pow", CastPolicy::fp32},
+    {"softmax", CastPolicy::fp32},
+    {"log_softmax", CastPolicy::fp32},
+    {"layer_norm", CastPolicy::fp32},
+    {"cross_entropy", CastPolicy::fp32},
+    {"mse_loss", CastPolicy::fp32},
+    {"sum", CastPolicy::fp32},
+    {"mean", CastPolicy::fp32},
+    // Several inputs of possibly mixed dtypes.
+    {"add", CastPolicy::promote},
+    {"sub", CastPolicy::promote},
+    {"mul", CastPolicy::promote},
+    {"div", CastPolicy::promote},
+    {"cat", CastPolicy::promote},
+    {"stack", CastPolicy::promote},
+}};
+
+}  // namespace
+
+const char* cast_policy_name(CastPolicy policy) {
+  switch (policy) {
+    case CastPolicy::lower_precision: return "lower_precision";
+    case CastPolicy::fp32: return "fp32";
+    case CastPolicy::promote: return "promote";
+    case CastPolicy::none: return "none";
+  }
+  return "?";
+}
+
+CastPolicy autocast_policy(std::string_view op) {
+  for (const auto& [name, policy] : kPolicies)
+    if (name == op) return policy;
+  return CastPolicy::none;
+}
+
+}  // namespace mpt::amp

@@ -1,0 +1,24 @@
+#pragma once
+// Which dtype each op runs in under autocast. The lists follow PyTorch's CUDA
+// autocast op lists (torch/csrc/autograd/autocast_mode.cpp, "lower_precision_fp",
+// "fp32" and "promote"), restricted to the ops this library has.
+#include <string_view>
+
+#include "tensor/dtype.h"
+
+namespace mpt::amp {
+
+enum class CastPolicy {
+  lower_precision,  // matmul-like ops: run in the autocast dtype (f16 or bf16)
+  fp32,             // ops that lose range or accuracy in 16 bits: run in f32
+  promote,          // ops of several inputs: cast all to the widest floating input
+  none,             // run in whatever dtypes the inputs have
+};
+
+const char* cast_policy_name(CastPolicy policy);
+
+// The policy of an autograd op by its name ("linear", "softmax", ...);
+// `none` for ops autocast leaves alone (relu, reshape, ...).
+CastPolicy autocast_policy(std::string_view op);
+
+}  // namespace mpt::amp

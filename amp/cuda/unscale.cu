@@ -1,0 +1,118 @@
+// The scaler's CUDA kernels: the fused unscale + inf/NaN check over a list
+// of gradients (multi-tensor apply, as PyTorch's multi_tensor_apply does it:
+// the list travels in the kernel's parameters, each block takes one chunk of
+// one tensor), and the one-thread scale update.
+#include "amp/cuda/unscale_kernels.h"
+#include "tensor/cuda/kernel_utils.cuh"
+
+namespace mpt::amp::cuda {
+namespace {
+
+using mpt::cuda::Element;
+using mpt::cuda::Pack;
+
+constexpr int kMaxTensors = 48;    // per launch
+constexpr int kMaxBlocks = 320;    // per launch; the struct stays well under the 4 KiB parameter limit
+constexpr int64_t kChunk = 65536;  // elements per block (a multiple of every pack width: chunks keep alignment)
+constexpr int kBlockThreads = 512;
+
+struct TensorChunks {
+  void* addresses[kMaxTensors];
+  int64_t sizes[kMaxTensors];
+  unsigned char block_to_tensor[kMaxBlocks];
+  int block_to_chunk[kMaxBlocks];
+};
+static_assert(sizeof(TensorChunks) < 4000, "kernel parameters are limited to 4 KiB");
+
+template <typename T>
+__device__ __forceinline__ T unscale_one(T x, float inv_scale, bool& found) {
+  const float v = Element<T>::load(x);
+  found |= !isfinite(v);
+  return Element<T>::store(v * inv_scale);
+}
+
+template <typename T>
+__global__ void unscale_kernel(TensorChunks list, float* found_inf, const float* inv_scale_ptr) {
+  const int tensor = list.block_to_tensor[blockIdx.x];
+  const int64_t start = static_cast<int64_t>(list.block_to_chunk[blockIdx.x]) * kChunk;
+  T* p = static_cast<T*>(list.addresses[tensor]) + start;
+  const int64_t n = min(kChunk, list.sizes[tensor] - start);
+  const float inv_scale = *inv_scale_ptr;
+  bool found = false;
+
+  constexpr int kVec = 16 / sizeof(T);
+  int64_t vector_end = 0;
+  if (reinterpret_cast<uintptr_t>(p) % 16 == 0) {
+    // 16-byte loads and stores over the aligned body.
+    vector_end = n / kVec * kVec;
+    auto* packs = reinterpret_cast<Pack<T, kVec>*>(p);
+    for (int64_t i = threadIdx.x; i < n / kVec; i += blockDim.x) {
+      Pack<T, kVec> pack = packs[i];
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) pack.v[j] = unscale_one(pack.v[j], inv_scale, found);
+      packs[i] = pack;
+    }
+  }
+  for (int64_t i = vector_end + threadIdx.x; i < n; i += blockDim.x) p[i] = unscale_one(p[i], inv_scale, found);
+  // Every writer writes the same 1: the race is benign and needs no atomic.
+  if (found) *found_inf = 1.0f;
+}
+
+template <typename T>
+void unscale_list(void* const* grads, const int64_t* sizes, size_t count, float* found_inf, const float* inv_scale,
+                  cudaStream_t stream) {
+  TensorChunks list;
+  int tensors = 0, blocks = 0;
+  auto launch = [&] {
+    if (blocks == 0) return;
+    unscale_kernel<T><<<blocks, kBlockThreads, 0, stream>>>(list, found_inf, inv_scale);
+    MPT_CUDA_CHECK_LAUNCH("unscale_kernel");
+    tensors = blocks = 0;
+  };
+  for (size_t i = 0; i < count; ++i) {
+    const int64_t n = sizes[i];
+    if (n == 0) continue;
+    int slot = -1;  // tensor i's slot in the current launch, once registered
+    const int64_t chunks = (n + kChunk - 1) / kChunk;
+    for (int64_t c = 0; c < chunks; ++c) {
+      if (slot < 0) {
+        if (tensors == kMaxTensors) launch();
+        slot = tensors++;
+        list.addresses[slot] = grads[i];
+        list.sizes[slot] = n;
+      }
+      list.block_to_tensor[blocks] = static_cast<unsigned char>(slot);
+      list.block_to_chunk[blocks] = static_cast<int>(c);
+      if (++blocks == kMaxBlocks) {
+        launch();
+        slot = -1;
+      }
+    }
+  }
+  launch();
+}
+
+__global__ void update_scale_kernel(float* scale, int64_t* growth_tracker, int32_t* hysteresis_left,
+                                    const float* found_inf, ScaleRule rule, int64_t units) {
+  update_scale(rule, *found_inf != 0.0f, units, scale, growth_tracker, hysteresis_left);
+}
+
+}  // namespace
+
+void launch_unscale_and_check_inf(DType dtype, void* const* grads, const int64_t* sizes, size_t count,
+                                  float* found_inf, const float* inv_scale, cudaStream_t stream) {
+  switch (dtype) {
+    case DType::f32: unscale_list<float>(grads, sizes, count, found_inf, inv_scale, stream); break;
+    case DType::f16: unscale_list<__half>(grads, sizes, count, found_inf, inv_scale, stream); break;
+    case DType::bf16: unscale_list<__nv_bfloat16>(grads, sizes, count, found_inf, inv_scale, stream); break;
+    default: break;  // the caller accepts only the three
+  }
+}
+
+void launch_update_scale(float* scale, int64_t* growth_tracker, int32_t* hysteresis_left, const float* found_inf,
+                         const ScaleRule& rule, int64_t units, cudaStream_t stream) {
+  update_scale_kernel<<<1, 1, 0, stream>>>(scale, growth_tracker, hysteresis_left, found_inf, rule, units);
+  MPT_CUDA_CHECK_LAUNCH("update_scale_kernel");
+}
+
+}  // namespace mpt::amp::cuda

@@ -1,0 +1,156 @@
+#include "amp/scaler_trace.h"
+
+#include <cmath>
+#include <limits>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "tensor/error.h"
+
+namespace mpt::amp {
+namespace {
+
+constexpr const char* kCsvHeader =
+    "step,scale,next_scale,growth_tracker,hysteresis_left,found_inf,skipped,first_nonfinite,grad_norm";
+
+// JSON has no inf/NaN: a norm that is not finite is written as a string.
+nlohmann::json number_or_string(double v) {
+  if (std::isfinite(v)) return v;
+  if (std::isnan(v)) return "nan";
+  return v > 0 ? "inf" : "-inf";
+}
+
+double parse_double(const std::string& s) {
+  if (s == "nan") return std::numeric_limits<double>::quiet_NaN();
+  if (s == "inf") return std::numeric_limits<double>::infinity();
+  if (s == "-inf") return -std::numeric_limits<double>::infinity();
+  size_t used = 0;
+  const double v = std::stod(s, &used);
+  if (used != s.size()) throw std::invalid_argument(s);
+  return v;
+}
+
+double json_double(const nlohmann::json& v) { return v.is_string() ? parse_double(v.get<std::string>()) : v.get<double>(); }
+
+std::string csv_field(const std::string& s) {
+  if (s.find_first_of(",\"\n") == std::string::npos) return s;
+  std::string out = "\"";
+  for (char c : s) out += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return out + "\"";
+}
+
+std::vector<std::string> split_csv(const std::string& line) {
+  std::vector<std::string> fields(1);
+  bool quoted = false;
+  for (size_t i = 0; i < line.size(); ++i) {
+    const char c = line[i];
+    if (quoted) {
+      if (c == '"' && i + 1 < line.size() && line[i + 1] == '"') fields.back() += '"', ++i;
+      else if (c == '"') quoted = false;
+      else fields.back() += c;
+    } else if (c == '"') {
+      quoted = true;
+    } else if (c == ',') {
+      fields.emplace_back();
+    } else {
+      fields.back() += c;
+    }
+  }
+  return fields;
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+}  // namespace
+
+TraceFormat trace_format_from_name(const std::string& name) {
+  if (name == "jsonl" || name == "json") return TraceFormat::jsonl;
+  if (name == "csv") return TraceFormat::csv;
+  throw ValueError(fmt::format("scaler trace: unknown format '{}' (expected jsonl or csv)", name));
+}
+
+TraceFormat trace_format_for_path(const std::string& path) {
+  if (ends_with(path, ".jsonl") || ends_with(path, ".json")) return TraceFormat::jsonl;
+  if (ends_with(path, ".csv")) return TraceFormat::csv;
+  throw ValueError(fmt::format("scaler trace: cannot tell the format of '{}' (name it .jsonl or .csv)", path));
+}
+
+ScalerTraceWriter::ScalerTraceWriter(const std::string& path, TraceFormat format)
+    : path_(path), format_(format), out_(path) {
+  check<IOError>(out_.good(), "scaler trace: cannot open '{}' for writing", path);
+  if (format_ == TraceFormat::csv) out_ << kCsvHeader << '\n' << std::flush;
+}
+
+void ScalerTraceWriter::write(const ScalerTraceRow& r) {
+  if (format_ == TraceFormat::jsonl) {
+    nlohmann::json j = {{"step", r.step},
+                        {"scale", r.scale},
+                        {"next_scale", r.next_scale},
+                        {"growth_tracker", r.growth_tracker},
+                        {"hysteresis_left", r.hysteresis_left},
+                        {"found_inf", r.found_inf},
+                        {"skipped", r.skipped},
+                        {"first_nonfinite", r.first_nonfinite},
+                        {"grad_norm", number_or_string(r.grad_norm)}};
+    out_ << j.dump() << '\n';
+  } else {
+    out_ << fmt::format("{},{},{},{},{},{},{},{},{}\n", r.step, r.scale, r.next_scale, r.growth_tracker,
+                        r.hysteresis_left, r.found_inf ? 1 : 0, r.skipped ? 1 : 0, csv_field(r.first_nonfinite),
+                        r.grad_norm);
+  }
+  out_.flush();
+  check<IOError>(out_.good(), "scaler trace: writing step {} to '{}' failed", r.step, path_);
+}
+
+std::vector<ScalerTraceRow> read_scaler_trace(const std::string& path) {
+  std::ifstream in(path);
+  check<IOError>(in.good(), "scaler trace: cannot open '{}' for reading", path);
+  std::vector<ScalerTraceRow> rows;
+  std::string line;
+  int64_t line_nr = 0;
+  bool csv = false;
+  while (std::getline(in, line)) {
+    ++line_nr;
+    if (line.empty()) continue;
+    if (line_nr == 1 && line == kCsvHeader) {
+      csv = true;
+      continue;
+    }
+    ScalerTraceRow r;
+    try {
+      if (csv) {
+        const auto f = split_csv(line);
+        if (f.size() != 9) throw std::invalid_argument("expected 9 fields");
+        r.step = std::stoll(f[0]);
+        r.scale = parse_double(f[1]);
+        r.next_scale = parse_double(f[2]);
+        r.growth_tracker = std::stoll(f[3]);
+        r.hysteresis_left = std::stoi(f[4]);
+        r.found_inf = f[5] == "1";
+        r.skipped = f[6] == "1";
+        r.first_nonfinite = f[7];
+        r.grad_norm = parse_double(f[8]);
+      } else {
+        const auto j = nlohmann::json::parse(line);
+        r.step = j.at("step").get<int64_t>();
+        r.scale = json_double(j.at("scale"));
+        r.next_scale = json_double(j.at("next_scale"));
+        r.growth_tracker = j.at("growth_tracker").get<int64_t>();
+        r.hysteresis_left = j.at("hysteresis_left").get<int32_t>();
+        r.found_inf = j.at("found_inf").get<bool>();
+        r.skipped = j.at("skipped").get<bool>();
+        r.first_nonfinite = j.at("first_nonfinite").get<std::string>();
+        r.grad_norm = json_double(j.at("grad_norm"));
+      }
+    } catch (const std::exception& e) {
+      throw IOError(fmt::format("scaler trace: '{}' line {} is malformed ({}): {}", path, line_nr, e.what(), line));
+    }
+    rows.push_back(std::move(r));
+  }
+  return rows;
+}
+
+}  // namespace mpt::amp

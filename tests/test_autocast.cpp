@@ -1,0 +1,200 @@
+// Autocast: the policy table applied per op, nesting, the weight-cast cache,
+// and backward running in the dtypes forward chose.
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "amp/autocast.h"
+#include "amp/autocast_policy.h"
+#include "autograd/ops.h"
+#include "tests/test_util.h"
+
+namespace mpt {
+namespace {
+
+using amp::AutocastGuard;
+
+Tensor rand_f32(const Shape& s, uint64_t seed) {
+  Generator gen(seed);
+  return randn(s, DType::f32, kCPU, &gen);
+}
+
+TEST(Autocast, PolicyTableFollowsPyTorchsLists) {
+  using amp::CastPolicy;
+  for (const char* op : {"matmul", "bmm", "linear", "conv2d", "scaled_dot_product_attention"})
+    EXPECT_EQ(amp::autocast_policy(op), CastPolicy::lower_precision) << op;
+  for (const char* op : {"exp", "log", "pow", "softmax", "log_softmax", "layer_norm", "cross_entropy", "mse_loss",
+                         "sum", "mean"})
+    EXPECT_EQ(amp::autocast_policy(op), CastPolicy::fp32) << op;
+  for (const char* op : {"add", "sub", "mul", "div", "cat"}) EXPECT_EQ(amp::autocast_policy(op), CastPolicy::promote) << op;
+  for (const char* op : {"relu", "gelu", "reshape", "tanh"}) EXPECT_EQ(amp::autocast_policy(op), CastPolicy::none) << op;
+}
+
+TEST(Autocast, OutputDtypesPerOpCategory) {
+  for (DType low : {DType::f16, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(low));
+    const Tensor x = rand_f32({4, 8}, 1), w = rand_f32({3, 8}, 2), b = rand_f32({3}, 3);
+    const Tensor x16 = prim::to(x, DType::f16);
+    AutocastGuard autocast(DeviceType::cpu, low);
+    // lower precision
+    EXPECT_EQ(linear(x, w, b).dtype(), low);
+    EXPECT_EQ(matmul(x, transpose(w, 0, 1)).dtype(), low);
+    EXPECT_EQ(bmm(reshape(x, {1, 4, 8}), reshape(transpose(w, 0, 1), {1, 8, 3})).dtype(), low);
+    const Tensor img = rand_f32({1, 2, 5, 5}, 4), k = rand_f32({3, 2, 3, 3}, 5);
+    EXPECT_EQ(conv2d(img, k).dtype(), low);
+    const Tensor q = rand_f32({1, 2, 4, 8}, 6);
+    EXPECT_EQ(scaled_dot_product_attention(q, q, q).dtype(), low);
+    // f32
+    EXPECT_EQ(exp(x16).dtype(), DType::f32);
+    EXPECT_EQ(log(exp(x16)).dtype(), DType::f32);
+    EXPECT_EQ(pow(x16, 2.0).dtype(), DType::f32);
+    EXPECT_EQ(softmax(x16, 1).dtype(), DType::f32);
+    EXPECT_EQ(log_softmax(x16, 1).dtype(), DType::f32);
+    EXPECT_EQ(layer_norm(x16, Tensor(), Tensor()).dtype(), DType::f32);
+    EXPECT_EQ(sum(x16).dtype(), DType::f32);
+    EXPECT_EQ(mean(x16).dtype(), DType::f32);
+    EXPECT_EQ(mse_loss(x16, x16).dtype(), DType::f32);
+    const Tensor target = from_vector<int64_t>({0, 1, 2, 0}, {4}, DType::i64);
+    EXPECT_EQ(cross_entropy(linear(x, w, b), target).dtype(), DType::f32);
+    // promote to the widest input
+    EXPECT_EQ(add(x16, x).dtype(), DType::f32);
+    EXPECT_EQ(mul(x, x16).dtype(), DType::f32);
+    EXPECT_EQ(cat({x16, x}, 0).dtype(), DType::f32);
+    EXPECT_EQ(add(x16, x16).dtype(), DType::f16);
+    // untouched
+    EXPECT_EQ(relu(x).dtype(), DType::f32);
+    EXPECT_EQ(relu(x16).dtype(), DType::f16);
+    // f64 (gradient checks) is never lowered
+    EXPECT_EQ(matmul(prim::to(x, DType::f64), prim::to(transpose(w, 0, 1), DType::f64)).dtype(), DType::f64);
+  }
+}
+
+TEST(Autocast, ValuesAreTheOpOnCastInputs) {
+  const Tensor x = rand_f32({4, 8}, 7), w = rand_f32({3, 8}, 8);
+  Tensor expected = prim::matmul(prim::to(x, DType::f16), prim::transpose(prim::to(w, DType::f16), 0, 1));
+  AutocastGuard autocast(DeviceType::cpu);
+  EXPECT_EQ(linear(x, w).to_vector<float>(), expected.to_vector<float>());
+}
+
+TEST(Autocast, GuardsNestAndRestore) {
+  const Tensor x = rand_f32({2, 3}, 9), w = rand_f32({3, 3}, 10);
+  EXPECT_FALSE(amp::autocast_enabled(DeviceType::cpu));
+  {
+    AutocastGuard outer(DeviceType::cpu, DType::f16);
+    EXPECT_EQ(linear(x, w).dtype(), DType::f16);
+    {
+      AutocastGuard off(DeviceType::cpu, DType::f16, false);
+      EXPECT_EQ(linear(x, w).dtype(), DType::f32);
+      {
+        AutocastGuard inner(DeviceType::cpu, DType::bf16);
+        EXPECT_EQ(linear(x, w).dtype(), DType::bf16);
+      }
+      EXPECT_EQ(linear(x, w).dtype(), DType::f32);
+    }
+    EXPECT_EQ(linear(x, w).dtype(), DType::f16);
+  }
+  EXPECT_FALSE(amp::autocast_enabled(DeviceType::cpu));
+  EXPECT_EQ(linear(x, w).dtype(), DType::f32);
+}
+
+TEST(Autocast, OtherDeviceTypeIsLeftAlone) {
+  const Tensor x = rand_f32({2, 3}, 11), w = rand_f32({3, 3}, 12);
+  AutocastGuard autocast(DeviceType::cuda, DType::f16);
+  EXPECT_EQ(linear(x, w).dtype(), DType::f32);  // CPU tensors: CPU autocast is off
+}
+
+TEST(Autocast, RejectsNonHalfDtype) { EXPECT_THROW(AutocastGuard(DeviceType::cpu, DType::f32), DTypeError); }
+
+TEST(Autocast, WeightCastCacheIsHitWithinTheOutermostRegion) {
+  Tensor w = rand_f32({4, 4}, 13).set_requires_grad(true);
+  const Tensor x = rand_f32({2, 4}, 14);
+  const auto before = amp::weight_cast_cache_stats();
+  {
+    AutocastGuard autocast(DeviceType::cpu);
+    Tensor h = linear(x, w);
+    {
+      AutocastGuard inner(DeviceType::cpu);  // nested regions share the cache
+      h = linear(h, w);
+    }
+    h = linear(h, w);
+    const auto during = amp::weight_cast_cache_stats();
+    EXPECT_EQ(during.misses - before.misses, 1);  // cast once ...
+    EXPECT_EQ(during.hits - before.hits, 2);      // ... used three times
+    EXPECT_EQ(during.entries, 1);
+    // Inputs that are not leaf weights are never cached.
+    linear(x, rand_f32({4, 4}, 15));
+    EXPECT_EQ(amp::weight_cast_cache_stats().entries, 1);
+  }
+  EXPECT_EQ(amp::weight_cast_cache_stats().entries, 0);  // the outermost region cleared it
+  {
+    AutocastGuard autocast(DeviceType::cpu);
+    linear(x, w);
+    EXPECT_EQ(amp::weight_cast_cache_stats().misses - before.misses, 2);  // a new region casts afresh
+  }
+}
+
+TEST(Autocast, NoCachingUnderNoGrad) {
+  Tensor w = rand_f32({4, 4}, 16).set_requires_grad(true);
+  const Tensor x = rand_f32({2, 4}, 17);
+  AutocastGuard autocast(DeviceType::cpu);
+  {
+    NoGradGuard no_grad;
+    linear(x, w);
+  }
+  EXPECT_EQ(amp::weight_cast_cache_stats().entries, 0);
+  // The recorded use afterwards still reaches the weight.
+  backward(sum(linear(x, w)));
+  EXPECT_TRUE(w.grad().defined());
+}
+
+TEST(Autocast, BackwardRunsInForwardsDtypesAndMasterWeightsGetF32Grads) {
+  Tensor w = rand_f32({3, 5}, 18).set_requires_grad(true);
+  Tensor x = rand_f32({4, 5}, 19).set_requires_grad(true);
+  const Tensor g = rand_f32({4, 3}, 20);
+  Tensor y;
+  {
+    AutocastGuard autocast(DeviceType::cpu);
+    y = linear(x, w);
+  }
+  ASSERT_EQ(y.dtype(), DType::f16);
+  backward(y, prim::to(g, DType::f16));
+  ASSERT_EQ(w.grad().dtype(), DType::f32);
+  ASSERT_EQ(x.grad().dtype(), DType::f32);
+  // The rule: the f16 linear's gradients, computed in f16, then widened.
+  const Tensor g16 = prim::to(g, DType::f16), x16 = prim::to(x, DType::f16), w16 = prim::to(w, DType::f16);
+  EXPECT_EQ(w.grad().to_vector<float>(), prim::to(prim::matmul(prim::transpose(g16, 0, 1), x16), DType::f32).to_vector<float>());
+  EXPECT_EQ(x.grad().to_vector<float>(), prim::to(prim::matmul(g16, w16), DType::f32).to_vector<float>());
+}
+
+TEST(Autocast, FP32OpBackwardReturnsToTheInputDtype) {
+  Tensor x = prim::to(rand_f32({3, 4}, 21), DType::f16).set_requires_grad(true);
+  {
+    AutocastGuard autocast(DeviceType::cpu);
+    backward(sum(softmax(x, 1) * rand_f32({3, 4}, 22)));
+  }
+  EXPECT_EQ(x.grad().dtype(), DType::f16);
+}
+
+}  // namespace
+}  // namespace mpt
+
+namespace mpt {
+namespace {
+
+TEST(Autocast, StateIsPerThreadAndCarriesIntoWorkers) {
+  const Tensor x = rand_f32({2, 3}, 23), w = rand_f32({3, 3}, 24);
+  amp::AutocastGuard autocast(DeviceType::cpu, DType::bf16);
+  const amp::AutocastSettings settings = amp::current_autocast_settings();
+  DType plain = DType::u8, carried = DType::u8;
+  std::thread worker([&] {
+    plain = linear(x, w).dtype();  // a new thread starts with autocast off
+    amp::AutocastSettingsGuard guard(settings);
+    carried = linear(x, w).dtype();
+  });
+  worker.join();
+  EXPECT_EQ(plain, DType::f32);
+  EXPECT_EQ(carried, DType::bf16);
+}
+
+}  // namespace
+}  // namespace mpt

@@ -1,0 +1,188 @@
+// The scaler's CUDA kernels against the CPU: the fused unscale + inf check
+// bit for bit over many tensors of odd sizes and alignments, found_inf from
+// a single inf/NaN anywhere, and the on-device scale update.
+#include <gtest/gtest.h>
+
+#include <limits>
+
+#include "amp/autocast.h"
+#include "amp/grad_scaler.h"
+#include "amp/unscale.h"
+#include "autograd/ops.h"
+#include "models/layers.h"
+#include "models/sequential.h"
+#include "models/sgd.h"
+#include "tests/test_util.h"
+
+namespace mpt {
+namespace {
+
+const Device kGPU{DeviceType::cuda, 0};
+
+// Contiguous tensors of odd sizes; some start 1..7 elements into a buffer,
+// so their data is not 16-byte aligned.
+std::vector<Tensor> odd_tensors(DType dtype, const Device& device, uint64_t seed) {
+  std::vector<Tensor> out;
+  Generator gen(seed);
+  const int64_t sizes[] = {1, 3, 7, 8, 17, 255, 1000, 4099, 65535, 65537, 200003};
+  for (int64_t n : sizes)
+    for (int64_t shift : {0, 1, 3, 7}) {
+      const Tensor values = prim::mul_scalar(randn({n + shift}, DType::f32, kCPU, &gen), 1000.0);
+      const Tensor buffer = prim::to(prim::to(values, dtype), device);
+      out.push_back(prim::slice(buffer, 0, shift, n + shift));  // contiguous, shifted start
+    }
+  return out;
+}
+
+std::vector<Tensor> to_cpu(const std::vector<Tensor>& ts) {
+  std::vector<Tensor> out;
+  for (const Tensor& t : ts) out.push_back(prim::clone(prim::to(t, kCPU)));
+  return out;
+}
+
+TEST(CudaAmp, FusedUnscaleEqualsTheCpuBitForBit) {
+  MPT_SKIP_WITHOUT_CUDA();
+  for (DType dtype : {DType::f32, DType::f16, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    std::vector<Tensor> gpu = odd_tensors(dtype, kGPU, 7);
+    std::vector<Tensor> cpu = to_cpu(gpu);
+    Tensor found_gpu = zeros({1}, DType::f32, kGPU), found_cpu = zeros({1});
+    const double inv = 1.0 / 3.0;  // not a power of two: rounding must agree
+    amp::unscale_and_check_inf_(gpu, found_gpu, full({1}, inv, DType::f32, kGPU));
+    amp::unscale_and_check_inf_(cpu, found_cpu, full({1}, inv));
+    EXPECT_EQ(found_gpu.item(), 0.0);
+    EXPECT_EQ(found_cpu.item(), 0.0);
+    for (size_t i = 0; i < gpu.size(); ++i) {
+      const auto a = prim::to(gpu[i], DType::f32).to_vector<float>();
+      const auto b = prim::to(cpu[i], DType::f32).to_vector<float>();
+      ASSERT_EQ(a, b) << "tensor " << i << " of " << gpu[i].numel();
+    }
+  }
+}
+
+TEST(CudaAmp, ASingleInfOrNanAnywhereRaisesFoundInf) {
+  MPT_SKIP_WITHOUT_CUDA();
+  for (DType dtype : {DType::f32, DType::f16, DType::bf16})
+    for (double bad : {std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity(),
+                       std::numeric_limits<double>::quiet_NaN()})
+      for (size_t which : {size_t{0}, size_t{13}, size_t{43}}) {
+        std::vector<Tensor> grads = odd_tensors(dtype, kGPU, 9);
+        Tensor& t = grads[which];
+        const int64_t at = t.numel() - 1;  // the last element: the scalar tail of the kernel
+        prim::fill_(prim::slice(t, 0, at, at + 1), bad);
+        Tensor found = zeros({1}, DType::f32, kGPU);
+        amp::unscale_and_check_inf_(grads, found, full({1}, 0.5, DType::f32, kGPU));
+        EXPECT_EQ(found.item(), 1.0) << dtype_name(dtype) << " tensor " << which << " value " << bad;
+        // and in the first element: the vectorised body
+        grads = odd_tensors(dtype, kGPU, 9);
+        prim::fill_(prim::slice(grads[which], 0, 0, 1), bad);
+        found = zeros({1}, DType::f32, kGPU);
+        amp::unscale_and_check_inf_(grads, found, full({1}, 0.5, DType::f32, kGPU));
+        EXPECT_EQ(found.item(), 1.0) << dtype_name(dtype) << " tensor " << which << " value " << bad;
+      }
+}
+
+struct OneParam : amp::ScalableOptimizer {
+  Tensor param;
+  int64_t steps = 0;
+  std::vector<Tensor> scalable_parameters() const override { return {param}; }
+  void step() override { ++steps; }
+};
+
+TEST(CudaAmp, ScaleUpdatesOnTheDeviceMatchTheCpu) {
+  MPT_SKIP_WITHOUT_CUDA();
+  amp::GradScalerOptions o;
+  o.growth_interval = 3;
+  o.policy = amp::ScalePolicy::hysteresis;
+  o.hysteresis = 2;
+  amp::GradScaler gpu(o), cpu(o);
+  OneParam pg, pc;
+  pg.param = zeros({5}, DType::f32, kGPU).set_requires_grad(true);
+  pc.param = zeros({5}).set_requires_grad(true);
+  const double inf = std::numeric_limits<double>::infinity();
+  for (int i = 0; i < 200; ++i) {
+    const bool overflow = (i * 7919) % 11 < 3;
+    for (auto [s, p, dev] : {std::tuple{&gpu, &pg, kGPU}, std::tuple{&cpu, &pc, kCPU}}) {
+      p->param.set_grad(Tensor());
+      backward(s->scale(sum(mul(p->param, full({5}, overflow ? inf : 1.0, DType::f32, dev)))));
+      s->step(*p);
+      s->update();
+    }
+    ASSERT_EQ(gpu.get_scale(), cpu.get_scale()) << i;
+    ASSERT_EQ(gpu.growth_tracker(), cpu.growth_tracker()) << i;
+    ASSERT_EQ(pg.steps, pc.steps) << i;
+  }
+  EXPECT_EQ(gpu.scale_tensor().device(), kGPU);
+}
+
+TEST(CudaAmp, F16OverflowOnTheGpuIsSkipped) {
+  MPT_SKIP_WITHOUT_CUDA();
+  Generator gen(5);
+  Tensor w = randn({16, 8}, DType::f32, kGPU, &gen).set_requires_grad(true);
+  const Tensor x = randn({32, 8}, DType::f32, kGPU, &gen);
+  OneParam opt;
+  opt.param = w;
+  amp::GradScalerOptions o;
+  o.init_scale = std::ldexp(1.0, 40);
+  amp::GradScaler scaler(o);
+  Tensor loss;
+  {
+    amp::AutocastGuard autocast(DeviceType::cuda, DType::f16);
+    loss = mean(linear(x, w));
+  }
+  backward(scaler.scale(loss));
+  const auto before = w.to_vector<float>();
+  scaler.step(opt);
+  scaler.update();
+  EXPECT_EQ(opt.steps, 0);
+  EXPECT_EQ(w.to_vector<float>(), before);
+  EXPECT_EQ(scaler.get_scale(), std::ldexp(1.0, 39));
+}
+
+std::unique_ptr<nn::Sequential> make_mlp(uint64_t seed) {
+  Generator gen(seed);
+  auto net = std::make_unique<nn::Sequential>();
+  net->push_back(std::make_shared<nn::Linear>(8, 32, true, &gen));
+  net->push_back(std::make_shared<nn::ReLU>());
+  net->push_back(std::make_shared<nn::Linear>(32, 1, true, &gen));
+  net->to(kGPU);
+  return net;
+}
+
+TEST(CudaAmp, F16AutocastWithScalerMatchesF32TrainingOnTheGpu) {
+  MPT_SKIP_WITHOUT_CUDA();
+  Generator gen(3);
+  const Tensor x = randn({64, 8}, DType::f32, kGPU, &gen);
+  const Tensor y = prim::unary(UnaryOp::sin, prim::matmul(x, randn({8, 1}, DType::f32, kGPU, &gen)));
+  auto net32 = make_mlp(4), net16 = make_mlp(4);
+  optim::SGD opt32(net32->parameters(), {.lr = 0.05});
+  optim::SGD opt16(net16->parameters(), {.lr = 0.05});
+  amp::GradScalerOptions o;
+  o.growth_interval = 50;
+  amp::GradScaler scaler(o);
+  auto loss_of = [&](nn::Sequential& net) {
+    NoGradGuard no_grad;
+    return mse_loss(net(x), y).item();
+  };
+  const double initial = loss_of(*net32);
+  for (int step = 0; step < 300; ++step) {
+    net32->zero_grad();
+    backward(mse_loss(net32->forward(x), y));
+    opt32.step();
+    net16->zero_grad();
+    Tensor loss;
+    {
+      amp::AutocastGuard autocast(DeviceType::cuda, DType::f16);
+      loss = mse_loss(net16->forward(x), y);
+    }
+    backward(scaler.scale(loss));
+    scaler.step(opt16);
+    scaler.update();
+  }
+  const double l32 = loss_of(*net32), l16 = loss_of(*net16);
+  EXPECT_LT(l32, 0.3 * initial);
+  EXPECT_NEAR(l16, l32, 0.03 * initial) << "f32 " << l32 << " f16 " << l16 << " initial " << initial;
+}
+
+}  // namespace
+}  // namespace mpt

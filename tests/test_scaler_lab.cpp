@@ -1,0 +1,118 @@
+// The scaler lab: overflow patterns, replay (which must match what a real
+// GradScaler does on the same pattern) and growth-interval sweeps.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <limits>
+
+#include "amp/scaler_replay.h"
+#include "amp/scaler_sweep.h"
+#include "autograd/ops.h"
+#include "tests/test_util.h"
+
+namespace mpt {
+namespace {
+
+TEST(OverflowPatterns, GeneratedPatternsFollowTheirDefinitions) {
+  const auto periodic = amp::periodic_overflows(100, 10);
+  for (int64_t i = 0; i < 100; ++i) EXPECT_EQ(periodic[i], (i + 1) % 10 == 0) << i;
+  const auto bursts = amp::burst_overflows(100, 20, 3);
+  for (int64_t i = 0; i < 100; ++i) {
+    const bool in_burst = i >= 19 && (i - 19) % 20 < 3;
+    EXPECT_EQ(bursts[i], in_burst) << i;
+  }
+  const auto b = amp::bernoulli_overflows(200000, 0.01, 5);
+  int64_t n = 0;
+  for (bool v : b) n += v;
+  EXPECT_NEAR(n, 2000, 5 * std::sqrt(2000.0));  // 5 sigma
+  EXPECT_EQ(b, amp::bernoulli_overflows(200000, 0.01, 5));  // seeded
+  EXPECT_THROW(amp::overflow_pattern_from_spec("gaussian:3", 10, 0), ValueError);
+  EXPECT_THROW(amp::overflow_pattern_from_spec("bursts:5", 10, 0), ValueError);
+  EXPECT_EQ(amp::overflow_pattern_from_spec("periodic:10", 100, 0), periodic);
+}
+
+TEST(OverflowPatterns, ReadFromAFile) {
+  const std::string path = ::testing::TempDir() + "overflow_pattern.txt";
+  {
+    std::ofstream out(path);
+    out << "# a comment\n0\n1\n\n0  # trailing comment\ntrue\n";
+  }
+  EXPECT_EQ(amp::read_overflow_pattern(path), (std::vector<bool>{false, true, false, true}));
+  {
+    std::ofstream out(path);
+    out << "0\nmaybe\n";
+  }
+  EXPECT_THROW(amp::read_overflow_pattern(path), IOError);
+  std::remove(path.c_str());
+}
+
+struct OneParam : amp::ScalableOptimizer {
+  Tensor param = zeros({2}).set_requires_grad(true);
+  std::vector<Tensor> scalable_parameters() const override { return {param}; }
+  void step() override {}
+};
+
+TEST(ScalerReplay, MatchesARealScalerOnTheSamePattern) {
+  const uint64_t seed = testing::fresh_seed();
+  SCOPED_TRACE(seed);
+  const auto pattern = amp::bernoulli_overflows(3000, 0.02, seed);
+  for (amp::ScalePolicy policy : {amp::ScalePolicy::torch, amp::ScalePolicy::hysteresis, amp::ScalePolicy::fixed}) {
+    amp::GradScalerOptions o;
+    o.policy = policy;
+    o.growth_interval = 25;
+    o.min_scale = 1;
+    const auto replayed = amp::replay_overflows(o, pattern);
+    std::vector<amp::ScalerTraceRow> real;
+    amp::GradScaler scaler(o);
+    scaler.set_trace_sink([&](const amp::ScalerTraceRow& r) { real.push_back(r); });
+    OneParam opt;
+    for (bool overflow : pattern) {
+      opt.param.set_grad(Tensor());
+      backward(scaler.scale(sum(mul(opt.param, full({2}, overflow ? std::numeric_limits<double>::infinity() : 1.0)))));
+      scaler.step(opt);
+      scaler.update();
+    }
+    ASSERT_EQ(real.size(), replayed.size());
+    for (size_t i = 0; i < real.size(); ++i) {
+      ASSERT_EQ(real[i].scale, replayed[i].scale) << amp::scale_policy_name(policy) << " step " << i;
+      ASSERT_EQ(real[i].next_scale, replayed[i].next_scale) << i;
+      ASSERT_EQ(real[i].growth_tracker, replayed[i].growth_tracker) << i;
+      ASSERT_EQ(real[i].found_inf, replayed[i].found_inf) << i;
+    }
+  }
+}
+
+TEST(ScalerSweep, CollectsSkipsTimeAtScaleAndLossPerInterval) {
+  // A "training" whose gradients overflow every 10th step.
+  auto train = [](amp::GradScaler& scaler) {
+    OneParam opt;
+    for (int step = 0; step < 100; ++step) {
+      opt.param.set_grad(Tensor());
+      const bool overflow = step % 10 == 9;
+      backward(scaler.scale(sum(mul(opt.param, full({2}, overflow ? std::numeric_limits<double>::infinity() : 1.0)))));
+      scaler.step(opt);
+      scaler.update();
+    }
+    return scaler.get_scale();  // stands in for the final loss
+  };
+  std::vector<size_t> progress;
+  const auto runs = amp::sweep_growth_interval({}, {3, 100}, train, [&](size_t done, size_t) { progress.push_back(done); });
+  ASSERT_EQ(runs.size(), 2u);
+  EXPECT_EQ(progress, (std::vector<size_t>{1, 2}));
+  for (const auto& run : runs) {
+    EXPECT_EQ(run.steps, 100);
+    EXPECT_EQ(run.skipped_steps, 10);
+    int64_t total = 0;
+    for (const auto& [scale, n] : run.steps_at_scale) total += n;
+    EXPECT_EQ(total, 100);
+  }
+  // Interval 100 never grows: 65536 halves at each of the 10 overflows.
+  EXPECT_EQ(runs[1].final_loss, 65536.0 / 1024);
+  EXPECT_EQ(runs[1].steps_at_scale.at(65536.0), 10);
+  // Interval 3 grows three times between overflows (9 clean steps) and halves once: x4 per 10 steps.
+  EXPECT_EQ(runs[0].final_loss, 65536.0 * std::pow(4.0, 10));
+}
+
+}  // namespace
+}  // namespace mpt

@@ -1,0 +1,196 @@
+// mpt-scaler: a lab for loss-scaler research.
+//   replay  overflow patterns through the policies, writing trajectories
+//   sweep   a real training run across growth intervals
+//   plot    scale trajectories (traces) as a PNG
+//
+//   mpt-scaler replay --policy all --pattern bursts:700:3 --steps 20000 --growth-interval 200
+//                     --out run.jsonl --plot run.png       (one command line)
+//   mpt-scaler sweep --intervals 50,200,1000 --steps 2000 --device cuda --out sweep.json --plot sweep.png
+//   mpt-scaler plot run.torch.jsonl trace-from-training.csv --out both.png
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "amp/scaler_replay.h"
+#include "amp/scaler_sweep.h"
+#include "tensor/error.h"
+#include "tools/mpt-scaler/plot.h"
+#include "tools/mpt-scaler/progress.h"
+#include "tools/mpt-scaler/sweep_mlp.h"
+
+using namespace mpt;
+
+namespace {
+
+// "run.jsonl" + "torch" -> "run.torch.jsonl" (one output per policy).
+std::string path_for(const std::string& path, const std::string& tag, bool several) {
+  if (!several) return path;
+  const std::filesystem::path p(path);
+  return (p.parent_path() / (p.stem().string() + "." + tag + p.extension().string())).string();
+}
+
+struct ScalerFlags {
+  double init_scale = 65536, growth_factor = 2, backoff_factor = 0.5;
+  int64_t growth_interval = 2000;
+  int32_t hysteresis = 2;
+  bool consecutive = false;
+  double min_scale = 0, max_scale = 0;  // 0: none
+
+  void add_to(CLI::App& app) {
+    app.add_option("--init-scale", init_scale, "initial loss scale")->capture_default_str();
+    app.add_option("--growth-factor", growth_factor)->capture_default_str();
+    app.add_option("--backoff-factor", backoff_factor)->capture_default_str();
+    app.add_option("--growth-interval", growth_interval, "clean steps before growing")->capture_default_str();
+    app.add_option("--hysteresis", hysteresis, "hysteresis policy: overflows tolerated")->capture_default_str();
+    app.add_flag("--consecutive-hysteresis", consecutive, "hysteresis policy: a clean step restores the allowance");
+    app.add_option("--min-scale", min_scale, "floor (0: none)");
+    app.add_option("--max-scale", max_scale, "cap (0: none)");
+  }
+  amp::GradScalerOptions options(amp::ScalePolicy policy) const {
+    amp::GradScalerOptions o;
+    o.init_scale = init_scale;
+    o.growth_factor = growth_factor;
+    o.backoff_factor = backoff_factor;
+    o.growth_interval = growth_interval;
+    o.policy = policy;
+    o.hysteresis = hysteresis;
+    o.consecutive_hysteresis = consecutive;
+    if (min_scale > 0) o.min_scale = min_scale;
+    if (max_scale > 0) o.max_scale = max_scale;
+    return o;
+  }
+};
+
+void write_rows(const std::string& path, const std::vector<amp::ScalerTraceRow>& rows) {
+  amp::ScalerTraceWriter writer(path);
+  tools::ProgressBar bar("writing " + path, static_cast<int64_t>(rows.size()));
+  for (size_t i = 0; i < rows.size(); ++i) {
+    writer.write(rows[i]);
+    if (i % 1024 == 0 || i + 1 == rows.size()) bar.update(static_cast<int64_t>(i + 1));
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"mpt-scaler: replay overflow patterns through loss-scaler policies, sweep growth intervals on a "
+               "real training run, plot scale trajectories"};
+  app.require_subcommand(1);
+
+  // ---- replay ----
+  auto* replay = app.add_subcommand("replay", "replay an overflow pattern through one or more policies");
+  ScalerFlags replay_flags;
+  replay_flags.add_to(*replay);
+  std::vector<std::string> policies{"torch"};
+  std::string pattern = "bernoulli:0.001", replay_out = "scale.jsonl", replay_plot;
+  int64_t replay_steps = 10000;
+  uint64_t seed = 0;
+  replay->add_option("--policy", policies, "torch, hysteresis, static or all (repeatable)")->capture_default_str();
+  replay->add_option("--pattern", pattern, "bernoulli:P | bursts:EVERY:LENGTH | periodic:PERIOD | file:PATH")
+      ->capture_default_str();
+  replay->add_option("--steps", replay_steps, "steps to generate (ignored for file:)")->capture_default_str();
+  replay->add_option("--seed", seed)->capture_default_str();
+  replay->add_option("--out", replay_out, "trajectory file (.jsonl or .csv); several policies add .<policy>")
+      ->capture_default_str();
+  replay->add_option("--plot", replay_plot, "also draw the trajectories into this PNG");
+
+  // ---- sweep ----
+  auto* sweep = app.add_subcommand("sweep", "train the same model once per growth interval and compare");
+  ScalerFlags sweep_flags;
+  sweep_flags.add_to(*sweep);
+  std::vector<int64_t> intervals{50, 200, 1000};
+  tools::SyntheticMlpConfig mlp;
+  std::string device = "cpu", dtype = "f16", policy = "torch", unit = "steps", sweep_out, sweep_plot;
+  sweep->add_option("--intervals", intervals, "growth intervals to try")->delimiter(',')->capture_default_str();
+  sweep->add_option("--steps", mlp.steps)->capture_default_str();
+  sweep->add_option("--batch", mlp.batch)->capture_default_str();
+  sweep->add_option("--hidden", mlp.hidden)->capture_default_str();
+  sweep->add_option("--lr", mlp.lr)->capture_default_str();
+  sweep->add_option("--seed", mlp.seed)->capture_default_str();
+  sweep->add_option("--device", device, "cpu or cuda[:N]")->capture_default_str();
+  sweep->add_option("--dtype", dtype, "autocast dtype: f16 or bf16")->capture_default_str();
+  sweep->add_option("--policy", policy, "torch, hysteresis or static")->capture_default_str();
+  sweep->add_option("--growth-unit", unit, "steps, micro_batches or samples")->capture_default_str();
+  sweep->add_option("--out", sweep_out, "results as JSON");
+  sweep->add_option("--plot", sweep_plot, "scale trajectories of every run as a PNG");
+
+  // ---- plot ----
+  auto* plot = app.add_subcommand("plot", "draw scale trajectories from traces (.jsonl/.csv) as a PNG");
+  std::vector<std::string> traces;
+  std::string plot_out = "scale.png";
+  int width = 1000, height = 500;
+  plot->add_option("traces", traces, "trace files")->required();
+  plot->add_option("--out", plot_out)->capture_default_str();
+  plot->add_option("--width", width)->capture_default_str();
+  plot->add_option("--height", height)->capture_default_str();
+
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    if (*replay) {
+      const auto overflows = amp::overflow_pattern_from_spec(pattern, replay_steps, seed);
+      if (policies.size() == 1 && policies[0] == "all") policies = {"torch", "hysteresis", "static"};
+      std::vector<tools::ScaleSeries> series;
+      for (const std::string& name : policies) {
+        const auto rows = amp::replay_overflows(replay_flags.options(amp::scale_policy_from_name(name)), overflows);
+        const std::string path = path_for(replay_out, name, policies.size() > 1);
+        write_rows(path, rows);
+        int64_t skipped = 0;
+        for (const auto& r : rows) skipped += r.skipped;
+        std::printf("%-10s %s: %zu steps, %lld skipped, final scale %g  (colour %s)\n", name.c_str(), path.c_str(),
+                    rows.size(), static_cast<long long>(skipped), rows.empty() ? 0.0 : rows.back().next_scale,
+                    tools::series_colour(series.size()).c_str());
+        series.push_back(tools::series_from_trace(name, rows));
+      }
+      if (!replay_plot.empty()) tools::plot_scale_trajectories(replay_plot, series);
+    } else if (*sweep) {
+      mlp.device = Device(device);
+      mlp.autocast_dtype = dtype_from_name(dtype);
+      amp::GradScalerOptions base = sweep_flags.options(amp::scale_policy_from_name(policy));
+      base.growth_unit = amp::growth_unit_from_name(unit);
+      tools::ProgressBar bar("sweep", static_cast<int64_t>(intervals.size()));
+      bar.update(0);
+      const auto runs = amp::sweep_growth_interval(
+          base, intervals, [&](amp::GradScaler& scaler) { return tools::train_synthetic_mlp(mlp, scaler); },
+          [&](size_t done, size_t) { bar.update(static_cast<int64_t>(done)); });
+      nlohmann::json results = nlohmann::json::array();
+      std::vector<tools::ScaleSeries> series;
+      std::printf("%16s %8s %8s %12s %14s\n", "growth_interval", "steps", "skipped", "final_loss", "most_time_at");
+      for (const auto& run : runs) {
+        auto most = std::max_element(run.steps_at_scale.begin(), run.steps_at_scale.end(),
+                                     [](const auto& a, const auto& b) { return a.second < b.second; });
+        std::printf("%16lld %8lld %8lld %12.5f %14g\n", static_cast<long long>(run.growth_interval),
+                    static_cast<long long>(run.steps), static_cast<long long>(run.skipped_steps), run.final_loss,
+                    most == run.steps_at_scale.end() ? 0.0 : most->first);
+        nlohmann::json at_scale = nlohmann::json::object();
+        for (const auto& [scale, n] : run.steps_at_scale) at_scale[fmt::format("{}", scale)] = n;
+        results.push_back({{"growth_interval", run.growth_interval},
+                           {"steps", run.steps},
+                           {"skipped_steps", run.skipped_steps},
+                           {"final_loss", run.final_loss},
+                           {"steps_at_scale", at_scale}});
+        series.push_back(tools::series_from_trace(fmt::format("{}", run.growth_interval), run.trace));
+      }
+      if (!sweep_out.empty()) {
+        std::ofstream out(sweep_out);
+        check<IOError>(out.good(), "mpt-scaler: cannot write '{}'", sweep_out);
+        out << results.dump(2) << '\n';
+      }
+      if (!sweep_plot.empty()) tools::plot_scale_trajectories(sweep_plot, series);
+    } else if (*plot) {
+      std::vector<tools::ScaleSeries> series;
+      for (size_t i = 0; i < traces.size(); ++i) {
+        series.push_back(tools::series_from_trace(traces[i], amp::read_scaler_trace(traces[i])));
+        std::printf("%zu %s %s\n", i + 1, tools::series_colour(i).c_str(), traces[i].c_str());
+      }
+      tools::plot_scale_trajectories(plot_out, series, width, height);
+    }
+  } catch (const mpt::Error& e) {
+    std::fprintf(stderr, "mpt-scaler: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
