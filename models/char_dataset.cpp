@@ -1,0 +1,66 @@
+#include "models/char_dataset.h"
+
+#include <array>
+#include <fstream>
+#include <sstream>
+
+#include "tensor/error.h"
+
+namespace mpt::data {
+namespace {
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  check<IOError>(in.good(), "CharDataset: cannot open '{}'", path);
+  std::ostringstream s;
+  s << in.rdbuf();
+  check<IOError>(!in.bad(), "CharDataset: reading '{}' failed", path);
+  return s.str();
+}
+
+}  // namespace
+
+CharDataset::CharDataset(const std::string& path, int64_t context) : CharDataset(read_text(path), context, path) {}
+
+CharDataset::CharDataset(std::string text, int64_t context, const std::string& name) : context_(context) {
+  check(context > 0, "CharDataset: context {} must be positive", context);
+  check<IOError>(static_cast<int64_t>(text.size()) > context,
+                 "CharDataset: '{}' has {} bytes; need more than the context of {}", name, text.size(), context);
+  std::array<bool, 256> seen{};
+  for (unsigned char c : text) seen[c] = true;
+  std::array<uint8_t, 256> id{};
+  for (int c = 0; c < 256; ++c)
+    if (seen[c]) {
+      id[c] = static_cast<uint8_t>(vocab_.size());
+      vocab_.push_back(static_cast<char>(c));
+    }
+  tokens_.reserve(text.size());
+  for (unsigned char c : text) tokens_.push_back(id[c]);
+}
+
+Batch CharDataset::get_batch(const std::vector<int64_t>& indices) const {
+  const int64_t n = static_cast<int64_t>(indices.size());
+  Tensor input = Tensor::empty({n, context_}, DType::i64), target = Tensor::empty({n, context_}, DType::i64);
+  int64_t* x = input.data<int64_t>();
+  int64_t* y = target.data<int64_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t s = indices[i];
+    check(s >= 0 && s < size(), "CharDataset::get_batch: index {} out of range [0, {})", s, size());
+    for (int64_t t = 0; t < context_; ++t) {
+      x[i * context_ + t] = tokens_[s + t];
+      y[i * context_ + t] = tokens_[s + t + 1];
+    }
+  }
+  return {input, target};
+}
+
+std::string CharDataset::decode(const std::vector<int64_t>& tokens) const {
+  std::string out;
+  for (int64_t t : tokens) {
+    check(t >= 0 && t < vocab_size(), "CharDataset::decode: token {} out of range [0, {})", t, vocab_size());
+    out.push_back(vocab_[t]);
+  }
+  return out;
+}
+
+}  // namespace mpt::data

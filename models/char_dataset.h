@@ -1,0 +1,36 @@
+#pragma once
+// Character-level language modelling from any text file: the vocabulary is
+// the file's distinct bytes (sorted), and sample i is the window of
+// `context` tokens starting at byte i with, as targets, the same window
+// shifted by one.
+#include <string>
+
+#include "models/dataset.h"
+
+namespace mpt::data {
+
+// A small default corpus installed by scripts/setup.sh (package fortunes-min).
+inline constexpr const char* kDefaultTextCorpus = "/usr/share/games/fortunes/fortunes";
+
+class CharDataset : public Dataset {
+ public:
+  CharDataset(const std::string& path, int64_t context);
+  // Text already in memory (name is used in messages).
+  CharDataset(std::string text, int64_t context, const std::string& name);
+
+  int64_t size() const override { return static_cast<int64_t>(tokens_.size()) - context_; }
+  // input, target: i64 [N, context].
+  Batch get_batch(const std::vector<int64_t>& indices) const override;
+
+  int64_t vocab_size() const { return static_cast<int64_t>(vocab_.size()); }
+  int64_t context() const { return context_; }
+  const std::string& vocabulary() const { return vocab_; }  // token id -> byte
+  std::string decode(const std::vector<int64_t>& tokens) const;
+
+ private:
+  int64_t context_;
+  std::string vocab_;
+  std::vector<uint8_t> tokens_;  // each byte of the text as its token id
+};
+
+}  // namespace mpt::data

@@ -1,0 +1,52 @@
+#include "models/gpt.h"
+
+namespace mpt::nn {
+
+GPTBlock::GPTBlock(int64_t d_model, int64_t n_heads, Generator* gen)
+    : Module("GPTBlock"), d_model(d_model), n_heads(n_heads) {
+  check(d_model > 0 && n_heads > 0 && d_model % n_heads == 0,
+        "GPTBlock: d_model {} must be a positive multiple of n_heads {}", d_model, n_heads);
+  // The reference's registration order, which is also its state-dict order.
+  ln1 = register_module("ln1", std::make_shared<LayerNorm>(d_model));
+  ln2 = register_module("ln2", std::make_shared<LayerNorm>(d_model));
+  qkv = register_module("qkv", std::make_shared<Linear>(d_model, 3 * d_model, true, gen));
+  proj = register_module("proj", std::make_shared<Linear>(d_model, d_model, true, gen));
+  fc = register_module("fc", std::make_shared<Linear>(d_model, 4 * d_model, true, gen));
+  out = register_module("out", std::make_shared<Linear>(4 * d_model, d_model, true, gen));
+}
+
+Tensor GPTBlock::forward(const Tensor& x) {
+  check<ShapeError>(x.dim() == 3 && x.size(2) == d_model, "GPTBlock(d={}, h={}): input {} must be [B, T, {}]",
+                    d_model, n_heads, describe(x), d_model);
+  const int64_t B = x.size(0), T = x.size(1), C = d_model, H = n_heads;
+  std::vector<Tensor> qkv_parts = split((*qkv)((*ln1)(x)), C, 2);
+  for (Tensor& t : qkv_parts) t = transpose(reshape(t, {B, T, H, C / H}), 1, 2);  // [B, H, T, C/H]
+  const Tensor y = scaled_dot_product_attention(qkv_parts[0], qkv_parts[1], qkv_parts[2], /*causal=*/true);
+  const Tensor h = x + (*proj)(reshape(transpose(y, 1, 2), {B, T, C}));
+  return h + (*out)(gelu((*fc)((*ln2)(h))));
+}
+
+GPT::GPT(const GPTOptions& o, Generator* gen) : Module("GPT"), options(o) {
+  check(o.vocab_size > 0 && o.context > 0 && o.n_layers >= 0,
+        "GPT: vocab_size {}, context {} must be positive and n_layers {} not negative", o.vocab_size, o.context,
+        o.n_layers);
+  tok = register_module("tok", std::make_shared<Embedding>(o.vocab_size, o.d_model, gen));
+  pos = register_module("pos", std::make_shared<Embedding>(o.context, o.d_model, gen));
+  blocks = register_module("blocks", std::make_shared<Sequential>());
+  for (int64_t i = 0; i < o.n_layers; ++i) blocks->push_back(std::make_shared<GPTBlock>(o.d_model, o.n_heads, gen));
+  ln = register_module("ln", std::make_shared<LayerNorm>(o.d_model));
+  head = register_module("head", std::make_shared<Linear>(o.d_model, o.vocab_size, false, gen));
+}
+
+Tensor GPT::forward(const Tensor& idx) {
+  check<ShapeError>(idx.dim() == 2 && idx.size(1) >= 1 && idx.size(1) <= options.context,
+                    "GPT: input {} must be [B, T] token indices with 1 <= T <= context {}", describe(idx),
+                    options.context);
+  check<DTypeError>(idx.dtype() == DType::i64, "GPT: input {} must hold i64 token indices", describe(idx));
+  const int64_t T = idx.size(1);
+  const Tensor positions = arange(0, static_cast<double>(T), 1, DType::i64, idx.device());
+  const Tensor x = (*tok)(idx) + (*pos)(positions);
+  return (*head)((*ln)(blocks->forward(x)));
+}
+
+}  // namespace mpt::nn

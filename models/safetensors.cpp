@@ -1,0 +1,272 @@
+#include "models/safetensors.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <bit>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "tensor/ops.h"
+
+namespace mpt::io {
+namespace {
+
+using json = nlohmann::json;
+
+// Tensor bytes are copied as they lie in memory; the format is little-endian.
+static_assert(std::endian::native == std::endian::little, "safetensors I/O assumes a little-endian host");
+
+// Hugging Face's reader refuses headers above 100 MB; so do we.
+constexpr uint64_t kMaxHeaderBytes = 100'000'000;
+
+const char* format_dtype(DType t) {
+  switch (t) {
+    case DType::f32: return "F32";
+    case DType::f16: return "F16";
+    case DType::bf16: return "BF16";
+    case DType::f64: return "F64";
+    case DType::i32: return "I32";
+    case DType::i64: return "I64";
+    case DType::u8: return "U8";
+  }
+  return "?";
+}
+
+std::optional<DType> parse_dtype(const std::string& s) {
+  for (DType t : kAllDTypes)
+    if (s == format_dtype(t)) return t;
+  return std::nullopt;
+}
+
+uint32_t crc32_of(uint32_t crc, const void* data, size_t n) {
+  const auto* p = static_cast<const Bytef*>(data);
+  while (n > 0) {
+    const uInt chunk = static_cast<uInt>(std::min<size_t>(n, 1u << 30));
+    crc = static_cast<uint32_t>(crc32(crc, p, chunk));
+    p += chunk;
+    n -= chunk;
+  }
+  return crc;
+}
+
+// The checksum covers the header as it reads without the checksum entry
+// (nlohmann's objects are sorted, so the dump is canonical) and every data byte.
+uint32_t checksum(const json& header_without_crc, const std::vector<uint8_t>& data) {
+  const std::string h = header_without_crc.dump();
+  return crc32_of(crc32_of(static_cast<uint32_t>(crc32(0, nullptr, 0)), h.data(), h.size()), data.data(), data.size());
+}
+
+std::string hex32(uint32_t v) { return fmt::format("{:08x}", v); }
+
+// A file descriptor that closes itself; writes all or throws.
+class OutputFile {
+ public:
+  explicit OutputFile(const std::string& path) : path_(path) {
+    fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    check<IOError>(fd_ >= 0, "save_safetensors: cannot create '{}': {}", path, std::strerror(errno));
+  }
+  ~OutputFile() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  void write(const void* data, size_t n) {
+    const char* p = static_cast<const char*>(data);
+    while (n > 0) {
+      const ssize_t w = ::write(fd_, p, n);
+      if (w < 0 && errno == EINTR) continue;
+      check<IOError>(w > 0, "save_safetensors: writing '{}' failed: {}", path_, std::strerror(errno));
+      p += w;
+      n -= static_cast<size_t>(w);
+    }
+  }
+  void sync_and_close() {
+    check<IOError>(::fsync(fd_) == 0, "save_safetensors: fsync of '{}' failed: {}", path_, std::strerror(errno));
+    const int fd = fd_;
+    fd_ = -1;
+    check<IOError>(::close(fd) == 0, "save_safetensors: closing '{}' failed: {}", path_, std::strerror(errno));
+  }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
+
+void sync_directory(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  check<IOError>(fd >= 0, "save_safetensors: cannot open folder '{}' to sync it: {}", dir, std::strerror(errno));
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  check<IOError>(rc == 0, "save_safetensors: fsync of folder '{}' failed: {}", dir, std::strerror(errno));
+}
+
+}  // namespace
+
+void save_safetensors(const std::string& path, const OrderedDict<Tensor>& tensors, const Metadata& metadata,
+                      const PartialWriteHook& hook) {
+  check(metadata.count(kChecksumKey) == 0, "save_safetensors('{}'): metadata key '{}' is reserved", path,
+        kChecksumKey);
+  // Everything to host bytes first, so a bad tensor fails before any file exists.
+  json header = json::object();
+  std::vector<uint8_t> data;
+  for (const auto& [name, t] : tensors) {
+    check(!name.empty() && name != "__metadata__", "save_safetensors('{}'): invalid tensor name '{}'", path, name);
+    check(t.defined(), "save_safetensors('{}'): tensor '{}' is undefined", path, name);
+    const Tensor host = prim::contiguous(prim::to(t, kCPU));
+    const size_t begin = data.size();
+    data.resize(begin + host.nbytes());
+    if (host.nbytes() > 0) std::memcpy(data.data() + begin, host.data_ptr(), host.nbytes());
+    header[name] = {{"dtype", format_dtype(t.dtype())}, {"shape", t.shape()}, {"data_offsets", {begin, data.size()}}};
+  }
+  json meta = json::object();
+  for (const auto& [k, v] : metadata) meta[k] = v;
+  header["__metadata__"] = meta;
+  const uint32_t crc = checksum(header, data);
+  header["__metadata__"][kChecksumKey] = hex32(crc);
+
+  std::string text = header.dump();
+  // Pad with spaces so the data starts 8-byte aligned (as the reference writer does).
+  text.append((8 - text.size() % 8) % 8, ' ');
+  uint8_t length[8];
+  for (int i = 0; i < 8; ++i) length[i] = static_cast<uint8_t>(static_cast<uint64_t>(text.size()) >> (8 * i));
+
+  namespace fs = std::filesystem;
+  const fs::path target(path);
+  const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  const std::string temp = (dir / fmt::format(".{}.tmp.{}", target.filename().string(), ::getpid())).string();
+  try {
+    OutputFile out(temp);
+    out.write(length, 8);
+    out.write(text.data(), text.size());
+    const size_t half = data.size() / 2;
+    out.write(data.data(), half);
+    if (hook) hook(temp);
+    out.write(data.data() + half, data.size() - half);
+    out.sync_and_close();
+    std::error_code ec;
+    fs::rename(temp, target, ec);
+    check<IOError>(!ec, "save_safetensors: cannot rename '{}' to '{}': {}", temp, path, ec.message());
+  } catch (...) {
+    std::error_code ignored;
+    fs::remove(temp, ignored);
+    throw;
+  }
+  sync_directory(dir.string());
+}
+
+TensorFile load_safetensors(const std::string& path) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  check<IOError>(in.good(), "load_safetensors: cannot open '{}'", path);
+  const uint64_t file_size = static_cast<uint64_t>(in.tellg());
+  in.seekg(0);
+  check<IOError>(file_size >= 8, "load_safetensors: '{}' has {} bytes, too short for the 8-byte header length", path,
+                 file_size);
+  uint8_t length_bytes[8];
+  in.read(reinterpret_cast<char*>(length_bytes), 8);
+  uint64_t header_len = 0;
+  for (int i = 0; i < 8; ++i) header_len |= static_cast<uint64_t>(length_bytes[i]) << (8 * i);
+  check<IOError>(header_len >= 2 && header_len <= kMaxHeaderBytes && header_len <= file_size - 8,
+                 "load_safetensors: '{}' declares a {}-byte header, but the file has {} bytes (truncated or not a "
+                 "safetensors file)",
+                 path, header_len, file_size);
+  std::string text(header_len, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(header_len));
+  std::vector<uint8_t> data(file_size - 8 - header_len);
+  in.read(reinterpret_cast<char*>(data.data()), static_cast<std::streamsize>(data.size()));
+  check<IOError>(in.good(), "load_safetensors: reading '{}' failed", path);
+
+  json header;
+  try {
+    header = json::parse(text);
+  } catch (const json::parse_error& e) {
+    throw IOError(fmt::format("load_safetensors: '{}' has a malformed JSON header: {}", path, e.what()));
+  }
+  check<IOError>(header.is_object(), "load_safetensors: '{}': the header is not a JSON object", path);
+
+  TensorFile result;
+  std::optional<std::string> stored_crc;
+  if (auto m = header.find("__metadata__"); m != header.end()) {
+    check<IOError>(m->is_object(), "load_safetensors: '{}': __metadata__ is not an object", path);
+    for (const auto& [k, v] : m->items()) {
+      check<IOError>(v.is_string(), "load_safetensors: '{}': metadata '{}' is not a string", path, k);
+      if (k == kChecksumKey)
+        stored_crc = v.get<std::string>();
+      else
+        result.metadata[k] = v.get<std::string>();
+    }
+  }
+
+  struct Entry {
+    std::string name;
+    DType dtype;
+    Shape shape;
+    uint64_t begin, end;
+  };
+  std::vector<Entry> entries;
+  for (const auto& [name, e] : header.items()) {
+    if (name == "__metadata__") continue;
+    auto fault = [&](const std::string& what) {
+      return IOError(fmt::format("load_safetensors: '{}', tensor '{}': {}", path, name, what));
+    };
+    if (!e.is_object() || !e.contains("dtype") || !e.contains("shape") || !e.contains("data_offsets"))
+      throw fault("entry needs dtype, shape and data_offsets");
+    const json& dt = e["dtype"];
+    const std::optional<DType> dtype = dt.is_string() ? parse_dtype(dt.get<std::string>()) : std::nullopt;
+    if (!dtype) throw fault(fmt::format("unsupported dtype {}", dt.dump()));
+    Shape shape;
+    uint64_t count = 1;
+    if (!e["shape"].is_array()) throw fault("shape is not an array");
+    for (const json& d : e["shape"]) {
+      if (!d.is_number_unsigned()) throw fault(fmt::format("shape {} is not a list of sizes", e["shape"].dump()));
+      const uint64_t s = d.get<uint64_t>();
+      if (s > 0 && count > file_size / s) throw fault(fmt::format("shape {} is larger than the file", e["shape"].dump()));
+      count *= s;
+      shape.push_back(static_cast<int64_t>(s));
+    }
+    const json& off = e["data_offsets"];
+    if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())
+      throw fault(fmt::format("data_offsets {} must be [begin, end]", off.dump()));
+    const uint64_t begin = off[0].get<uint64_t>(), end = off[1].get<uint64_t>();
+    if (begin > end || end > data.size())
+      throw fault(fmt::format("data_offsets [{}, {}] outside the {} data bytes", begin, end, data.size()));
+    if (end - begin != count * dtype_size(*dtype))
+      throw fault(fmt::format("{} {} needs {} bytes, data_offsets [{}, {}] hold {}", dt.get<std::string>(),
+                              e["shape"].dump(), count * dtype_size(*dtype), begin, end, end - begin));
+    entries.push_back({name, *dtype, shape, begin, end});
+  }
+  std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  uint64_t expected = 0;
+  for (const Entry& e : entries) {
+    check<IOError>(e.begin == expected,
+                   "load_safetensors: '{}', tensor '{}': data_offsets [{}, {}] {} the previous tensor's end {}", path,
+                   e.name, e.begin, e.end, e.begin < expected ? "overlap" : "leave a gap after", expected);
+    expected = e.end;
+  }
+  check<IOError>(expected == data.size(),
+                 "load_safetensors: '{}': the tensors hold {} bytes but the file has {} data bytes ({})", path,
+                 expected, data.size(), expected < data.size() ? "extra bytes at the end" : "truncated");
+
+  if (stored_crc) {
+    header["__metadata__"].erase(kChecksumKey);
+    const std::string actual = hex32(checksum(header, data));
+    check<IOError>(actual == *stored_crc,
+                   "load_safetensors: '{}' is corrupted: checksum {} does not match the stored {}", path, actual,
+                   *stored_crc);
+    result.had_checksum = true;
+  }
+
+  for (const Entry& e : entries) {
+    Tensor t = Tensor::empty(e.shape, e.dtype, kCPU);
+    if (e.end > e.begin) std::memcpy(t.data_ptr(), data.data() + e.begin, e.end - e.begin);
+    result.tensors.insert(e.name, t);
+  }
+  return result;
+}
+
+}  // namespace mpt::io

@@ -1,0 +1,268 @@
+// Checkpoints: the safetensors layout against the format's written rules,
+// round trips, refusal of truncated, corrupted and mismatched files with
+// nothing loaded, an interrupted save that leaves the old file intact, and
+// a restored run that continues bit-identically.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "autograd/ops.h"
+#include "models/adamw.h"
+#include "models/checkpoint.h"
+#include "models/mlp.h"
+#include "models/sgd.h"
+#include "tests/test_util.h"
+
+namespace mpt {
+namespace {
+
+namespace fs = std::filesystem;
+using Bytes = std::vector<uint8_t>;
+
+class CheckpointTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / fmt::format("mpt-ckpt-test-{}-{}", getpid(),
+                                                   ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string file(const std::string& name) const { return (dir_ / name).string(); }
+  fs::path dir_;
+};
+
+Bytes read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return Bytes((std::istreambuf_iterator<char>(in)), {});
+}
+void write_bytes(const std::string& path, const Bytes& b) {
+  std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(b.data()), b.size());
+}
+
+template <typename E, typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no exception of the expected type";
+  return "";
+}
+void expect_contains(const std::string& s, const std::vector<std::string>& parts) {
+  for (const auto& p : parts) EXPECT_NE(s.find(p), std::string::npos) << "'" << p << "' not in: " << s;
+}
+
+std::vector<std::pair<std::string, std::vector<double>>> values_of(const OrderedDict<Tensor>& d) {
+  std::vector<std::pair<std::string, std::vector<double>>> out;
+  for (const auto& [k, t] : d) out.emplace_back(k, t.to_vector<double>());
+  return out;
+}
+
+// ---- the file format -----------------------------------------------------------------------
+
+TEST_F(CheckpointTest, FileFollowsTheSafetensorsLayout) {
+  const Tensor a = from_vector(std::vector<float>{1.5f, -2.0f, 3.25f, 0.0f, 5.0f, 6.0f}, {2, 3}, kCPU);
+  const Tensor b = from_vector(std::vector<int64_t>{7}, {}, DType::i64);
+  io::save_safetensors(file("x.safetensors"), {{"a", a}, {"b", b}}, {{"note", "hi"}});
+  const Bytes bytes = read_bytes(file("x.safetensors"));
+  // 8-byte little-endian header length, JSON header, then the data.
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= uint64_t{bytes[i]} << (8 * i);
+  ASSERT_LE(8 + n, bytes.size());
+  EXPECT_EQ((8 + n) % 8, 0u);  // data aligned
+  const auto header = nlohmann::json::parse(std::string(bytes.begin() + 8, bytes.begin() + 8 + n));
+  EXPECT_EQ(header["a"]["dtype"], "F32");
+  EXPECT_EQ(header["a"]["shape"], nlohmann::json({2, 3}));
+  EXPECT_EQ(header["b"]["dtype"], "I64");
+  EXPECT_EQ(header["b"]["shape"], nlohmann::json::array());
+  EXPECT_EQ(header["__metadata__"]["note"], "hi");
+  const uint64_t a0 = header["a"]["data_offsets"][0], a1 = header["a"]["data_offsets"][1];
+  const uint64_t b0 = header["b"]["data_offsets"][0];
+  EXPECT_EQ(a1 - a0, 24u);
+  float first;
+  std::memcpy(&first, bytes.data() + 8 + n + a0, 4);
+  EXPECT_EQ(first, 1.5f);
+  int64_t seven;
+  std::memcpy(&seven, bytes.data() + 8 + n + b0, 8);
+  EXPECT_EQ(seven, 7);
+  EXPECT_EQ(bytes.size(), 8 + n + 24 + 8);
+}
+
+TEST_F(CheckpointTest, ReadsAFileWrittenByHandFromTheSpec) {
+  // As another writer would produce it: no checksum, tensors not in name order.
+  const std::string header = R"({"w":{"dtype":"F16","shape":[2],"data_offsets":[8,12]},)"
+                             R"("v":{"dtype":"I32","shape":[2],"data_offsets":[0,8]}})";
+  Bytes b(8);
+  for (int i = 0; i < 8; ++i) b[i] = static_cast<uint8_t>(header.size() >> (8 * i));
+  b.insert(b.end(), header.begin(), header.end());
+  for (uint8_t x : {3, 0, 0, 0, 0xfe, 0xff, 0xff, 0xff}) b.push_back(x);  // i32 3, -2
+  for (uint8_t x : {0x00, 0x3c, 0x00, 0xc0}) b.push_back(x);              // f16 1.0, -2.0
+  write_bytes(file("hand.safetensors"), b);
+  const io::TensorFile f = io::load_safetensors(file("hand.safetensors"));
+  EXPECT_FALSE(f.had_checksum);
+  EXPECT_EQ(f.tensors.keys(), (std::vector<std::string>{"v", "w"}));  // file order
+  EXPECT_EQ(f.tensors.at("v").to_vector<int64_t>(), (std::vector<int64_t>{3, -2}));
+  EXPECT_EQ(f.tensors.at("w").to_vector<double>(), (std::vector<double>{1.0, -2.0}));
+}
+
+TEST_F(CheckpointTest, RoundTripKeepsEveryDTypeBitForBit) {
+  Generator gen(testing::fresh_seed());
+  OrderedDict<Tensor> in;
+  for (DType t : {DType::f32, DType::f16, DType::bf16, DType::f64})
+    in.insert(dtype_name(t), prim::to(randn({3, 4}, DType::f32, kCPU, &gen), t));
+  in.insert("i32", from_vector(std::vector<int32_t>{-1, 2}, {2}, DType::i32));
+  in.insert("u8", from_vector(std::vector<int32_t>{0, 255}, {2}, DType::u8));
+  in.insert("scalar", scalar_tensor(0.1, DType::f64));
+  in.insert("empty", zeros({0, 5}));
+  in.insert("view", prim::transpose(randn({2, 3}, DType::f32, kCPU, &gen), 0, 1));  // not contiguous
+  io::save_safetensors(file("r.safetensors"), in, {{"k", "v"}});
+  const io::TensorFile out = io::load_safetensors(file("r.safetensors"));
+  EXPECT_TRUE(out.had_checksum);
+  EXPECT_EQ(out.metadata, (io::Metadata{{"k", "v"}}));
+  ASSERT_EQ(out.tensors.keys(), in.keys());
+  for (const auto& [k, t] : in) {
+    const Tensor& u = out.tensors.at(k);
+    EXPECT_EQ(u.dtype(), t.dtype()) << k;
+    EXPECT_EQ(u.shape(), t.shape()) << k;
+    EXPECT_EQ(u.to_vector<double>(), t.to_vector<double>()) << k;
+  }
+}
+
+// ---- refusals ------------------------------------------------------------------------------------
+
+TEST_F(CheckpointTest, TruncatedAndCorruptedFilesAreRefused) {
+  Generator gen(3);
+  auto mlp = nn::make_mlp({.in_features = 6, .hidden = {5}, .num_classes = 3}, &gen);
+  optim::AdamW opt(mlp->parameters());
+  const std::string path = file("c.safetensors");
+  ckpt::save_checkpoint(path, ckpt::capture(*mlp, opt, 4, {1, 2}, gen));
+  const Bytes good = read_bytes(path);
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= uint64_t{good[i]} << (8 * i);
+
+  const std::string bad = file("bad.safetensors");
+  for (size_t keep : {size_t{0}, size_t{5}, size_t{8 + n / 2}, size_t(8 + n), good.size() - 1}) {
+    write_bytes(bad, Bytes(good.begin(), good.begin() + keep));
+    const std::string e = error_of<IOError>([&] { ckpt::read_checkpoint(bad); });
+    expect_contains(e, {bad});
+    SCOPED_TRACE(e);
+  }
+  // One flipped bit in the data, in a header digit, in the metadata.
+  auto flipped = [&](size_t at) {
+    Bytes b = good;
+    b[at] ^= 0x10;
+    write_bytes(bad, b);
+    return error_of<IOError>([&] { ckpt::read_checkpoint(bad); });
+  };
+  expect_contains(flipped(good.size() - 3), {bad, "corrupted", "checksum"});
+  expect_contains(flipped(8 + n + 1), {bad, "corrupted"});
+  const std::string text(good.begin() + 8, good.begin() + 8 + n);
+  const size_t step_at = text.find("\"step\":\"4\"") + 8;  // the digit 4
+  ASSERT_NE(step_at, std::string::npos + 8);
+  expect_contains(flipped(8 + step_at), {bad});
+  expect_contains(flipped(8 + text.find('{')), {bad, "malformed JSON"});
+
+  // Data appended after the last tensor.
+  Bytes longer = good;
+  longer.push_back(0);
+  write_bytes(bad, longer);
+  expect_contains(error_of<IOError>([&] { ckpt::read_checkpoint(bad); }), {"extra bytes"});
+}
+
+TEST_F(CheckpointTest, MismatchedModelOrOptimizerIsRefusedAndNothingIsLoaded) {
+  Generator gen(testing::fresh_seed());
+  auto small = nn::make_mlp({.in_features = 6, .hidden = {5}, .num_classes = 3}, &gen);
+  optim::AdamW small_opt(small->parameters());
+  backward(sum(small->forward(randn({2, 6}, DType::f32, kCPU, &gen))));
+  small_opt.step();
+  const std::string path = file("m.safetensors");
+  ckpt::save_checkpoint(path, ckpt::capture(*small, small_opt, 1, {}, gen));
+  const ckpt::Checkpoint c = ckpt::read_checkpoint(path);
+
+  // Another width: the model part does not fit.
+  auto wide = nn::make_mlp({.in_features = 6, .hidden = {7}, .num_classes = 3}, &gen);
+  optim::AdamW wide_opt(wide->parameters());
+  Generator rng(99);
+  const auto before = values_of(wide->state_dict());
+  const std::string e = error_of<ValueError>([&] { ckpt::restore(c, *wide, wide_opt, rng, path); });
+  expect_contains(e, {path, "model", "0.weight", "[5, 6]", "[7, 6]", "nothing was loaded"});
+  EXPECT_EQ(values_of(wide->state_dict()), before);
+  EXPECT_EQ(wide_opt.state_dict().size(), 2u);  // still only its group entries: no state came in
+  EXPECT_EQ(rng.seed(), 99u);
+
+  // Same model, other optimizer (SGD keeps no exp_avg): the model is put back.
+  auto same = nn::make_mlp({.in_features = 6, .hidden = {5}, .num_classes = 3}, &gen);
+  optim::SGD sgd(same->parameters(), {.lr = 0.1, .momentum = 0.9});
+  const auto same_before = values_of(same->state_dict());
+  const std::string e2 = error_of<ValueError>([&] { ckpt::restore(c, *same, sgd, rng, path); });
+  expect_contains(e2, {"optimizer", "exp_avg", "nothing was loaded"});
+  EXPECT_EQ(values_of(same->state_dict()), same_before);
+}
+
+TEST_F(CheckpointTest, CrashDuringSaveLeavesThePreviousCheckpoint) {
+  Generator gen(5);
+  auto mlp = nn::make_mlp({.in_features = 4, .hidden = {4}, .num_classes = 2}, &gen);
+  optim::SGD opt(mlp->parameters(), {.lr = 0.1});
+  const std::string path = file("keep.safetensors");
+  ckpt::save_checkpoint(path, ckpt::capture(*mlp, opt, 1, {0, 1}, gen));
+  const Bytes original = read_bytes(path);
+
+  for (const Tensor& p : mlp->parameters()) prim::fill_(p, 42.0);
+  std::string temp_seen;
+  EXPECT_THROW(ckpt::save_checkpoint(path, ckpt::capture(*mlp, opt, 2, {0, 2}, gen),
+                                     [&](const std::string& temp) {
+                                       temp_seen = temp;
+                                       EXPECT_TRUE(fs::exists(temp));
+                                       throw IOError("simulated crash while writing");
+                                     }),
+               IOError);
+  EXPECT_EQ(read_bytes(path), original);
+  EXPECT_EQ(ckpt::read_checkpoint(path).step, 1);
+  EXPECT_FALSE(temp_seen.empty());
+  EXPECT_FALSE(fs::exists(temp_seen));  // cleaned up
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir_), fs::directory_iterator()), 1);
+}
+
+// ---- continuing a run ----------------------------------------------------------------------------
+
+TEST_F(CheckpointTest, RestoredRunContinuesBitIdentically) {
+  const uint64_t seed = testing::fresh_seed();
+  SCOPED_TRACE(fmt::format("seed {}", seed));
+  auto train = [](nn::Module& m, optim::Optimizer& opt, Generator& gen, int steps) {
+    for (int i = 0; i < steps; ++i) {
+      const Tensor x = randn({8, 6}, DType::f32, kCPU, &gen);
+      opt.zero_grad();
+      backward(mean(m.forward(x) * m.forward(x)));
+      opt.step();
+    }
+  };
+  Generator gen(seed);
+  auto a = nn::make_mlp({.in_features = 6, .hidden = {16}, .num_classes = 3}, &gen);
+  optim::AdamW opt_a(a->parameters(), {.lr = 1e-2});
+  train(*a, opt_a, gen, 3);
+  ckpt::Checkpoint c = ckpt::capture(*a, opt_a, 3, {0, 3}, gen);
+  c.info["run.model"] = "mlp";
+  c.extra.insert("scale", scalar_tensor(65536.0));
+  ckpt::save_checkpoint(file("r.safetensors"), c);
+  train(*a, opt_a, gen, 3);
+
+  Generator other(seed + 1);
+  auto b = nn::make_mlp({.in_features = 6, .hidden = {16}, .num_classes = 3}, &other);
+  optim::AdamW opt_b(b->parameters(), {.lr = 1e-2});
+  const ckpt::Checkpoint r = ckpt::read_checkpoint(file("r.safetensors"));
+  EXPECT_EQ(r.step, 3);
+  EXPECT_EQ(r.position.batch, 3);
+  EXPECT_EQ(r.info.at("run.model"), "mlp");
+  EXPECT_EQ(r.extra.at("scale").item(), 65536.0);
+  ckpt::restore(r, *b, opt_b, other);
+  train(*b, opt_b, other, 3);
+  EXPECT_EQ(values_of(b->state_dict()), values_of(a->state_dict()));
+  EXPECT_EQ(values_of(opt_b.state_dict()), values_of(opt_a.state_dict()));
+}
+
+}  // namespace
+}  // namespace mpt

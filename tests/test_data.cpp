@@ -1,0 +1,340 @@
+// Data: IDX files (good and crafted bad ones), Fashion-MNIST, the
+// character-level text set, samplers against PyTorch's written rules, and
+// the DataLoader's order, prefetch bound, resume position and errors.
+#include <gtest/gtest.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "models/char_dataset.h"
+#include "models/data_loader.h"
+#include "models/fashion_mnist.h"
+#include "models/idx_file.h"
+#include "tests/test_util.h"
+
+namespace mpt::data {
+namespace {
+
+namespace fs = std::filesystem;
+
+class TempDir {
+ public:
+  TempDir() {
+    path_ = fs::temp_directory_path() / fmt::format("mpt-data-test-{}-{}", getpid(), counter_++);
+    fs::create_directories(path_);
+  }
+  ~TempDir() { fs::remove_all(path_); }
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  fs::path path_;
+  static inline int counter_ = 0;
+};
+
+using Bytes = std::vector<uint8_t>;
+
+void write_plain(const std::string& path, const Bytes& bytes) {
+  std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+}
+
+void write_gz(const std::string& path, const Bytes& bytes) {
+  gzFile f = gzopen(path.c_str(), "wb");
+  ASSERT_NE(f, nullptr);
+  ASSERT_EQ(gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size())), static_cast<int>(bytes.size()));
+  gzclose(f);
+}
+
+// An IDX file of unsigned bytes with the given sizes; values count up from 0.
+Bytes idx_bytes(const std::vector<uint32_t>& dims) {
+  Bytes b = {0, 0, 0x08, static_cast<uint8_t>(dims.size())};
+  size_t n = 1;
+  for (uint32_t d : dims) {
+    for (int s = 24; s >= 0; s -= 8) b.push_back(static_cast<uint8_t>(d >> s));
+    n *= d;
+  }
+  for (size_t i = 0; i < n; ++i) b.push_back(static_cast<uint8_t>(i * 7));
+  return b;
+}
+
+std::string idx_error(const std::string& path) {
+  try {
+    read_idx(path);
+  } catch (const IOError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "read_idx('" << path << "') did not throw IOError";
+  return "";
+}
+
+void expect_contains(const std::string& s, const std::vector<std::string>& parts) {
+  for (const auto& p : parts) EXPECT_NE(s.find(p), std::string::npos) << "'" << p << "' not in: " << s;
+}
+
+// ---- IDX -----------------------------------------------------------------------------------
+
+TEST(IdxFile, ReadsPlainAndGzippedFiles) {
+  TempDir dir;
+  const Bytes bytes = idx_bytes({3, 2, 5});
+  write_plain(dir.file("a.idx"), bytes);
+  write_gz(dir.file("a.idx.gz"), bytes);
+  for (const char* name : {"a.idx", "a.idx.gz"}) {
+    const IdxArray a = read_idx(dir.file(name));
+    EXPECT_EQ(a.shape, (std::vector<int64_t>{3, 2, 5})) << name;
+    EXPECT_EQ(a.values, Bytes(bytes.begin() + 16, bytes.end())) << name;
+  }
+}
+
+TEST(IdxFile, MalformedFilesNameTheFileAndTheFault) {
+  TempDir dir;
+  const Bytes good = idx_bytes({4, 3});
+  auto with = [&](const std::string& name, Bytes b, bool gz = true) {
+    const std::string p = dir.file(name);
+    if (gz) write_gz(p, b); else write_plain(p, b);
+    return p;
+  };
+  Bytes bad_magic = good;
+  bad_magic[0] = 0x1f;
+  Bytes bad_type = good;
+  bad_type[2] = 0x0D;
+  Bytes zero_rank = good;
+  zero_rank[3] = 0;
+  Bytes zero_dim = good;
+  zero_dim[7] = 0;
+  const Bytes short_header(good.begin(), good.begin() + 6);
+  const Bytes short_data(good.begin(), good.end() - 5);
+  Bytes trailing = good;
+  trailing.push_back(1);
+
+  std::string p = with("magic.gz", bad_magic);
+  expect_contains(idx_error(p), {p, "magic"});
+  p = with("type.gz", bad_type);
+  expect_contains(idx_error(p), {p, "0x0d"});
+  p = with("rank.gz", zero_rank);
+  expect_contains(idx_error(p), {p, "0 dimensions"});
+  p = with("dim.gz", zero_dim);
+  expect_contains(idx_error(p), {p, "size 0"});
+  p = with("header.gz", short_header);
+  expect_contains(idx_error(p), {p, "header"});
+  p = with("data.gz", short_data);
+  expect_contains(idx_error(p), {p, "truncated", "7 of 12"});
+  p = with("trailing.gz", trailing);
+  expect_contains(idx_error(p), {p, "after"});
+  p = with("tiny", Bytes{0, 0}, false);
+  expect_contains(idx_error(p), {p, "too short"});
+  expect_contains(idx_error(dir.file("missing.gz")), {"cannot open", "missing.gz"});
+
+  // A gzip stream cut in half: zlib's complaint, with the file name.
+  write_gz(dir.file("whole.gz"), idx_bytes({64, 64}));
+  std::ifstream in(dir.file("whole.gz"), std::ios::binary);
+  Bytes gz((std::istreambuf_iterator<char>(in)), {});
+  p = with("cut.gz", Bytes(gz.begin(), gz.begin() + gz.size() / 2), false);
+  expect_contains(idx_error(p), {p});
+}
+
+// ---- Fashion-MNIST ---------------------------------------------------------------------------
+
+TEST(FashionMnist, HasTheDocumentedSizesAndBalancedClasses) {
+  if (!fs::exists(kFashionMnistDir)) GTEST_SKIP() << "skipped: " << kFashionMnistDir << " not installed";
+  const FashionMNIST train(Split::train), test(Split::test);
+  ASSERT_EQ(train.size(), 60000);
+  ASSERT_EQ(test.size(), 10000);
+  // The data set's documented make-up: 6000 training and 1000 test images per class.
+  for (const auto* set : {&train, &test}) {
+    std::vector<int64_t> all(static_cast<size_t>(set->size()));
+    std::iota(all.begin(), all.end(), int64_t{0});
+    const Batch b = set->get_batch(all);
+    EXPECT_EQ(b.input.shape(), (Shape{set->size(), 1, 28, 28}));
+    std::vector<int64_t> per_class(10);
+    for (int64_t y : b.target.to_vector<int64_t>()) per_class.at(static_cast<size_t>(y))++;
+    for (int64_t c : per_class) EXPECT_EQ(c, set->size() / 10);
+  }
+  // Normalised pixels: (0/255 - mean)/std .. (1 - mean)/std.
+  const auto x = train.get_batch({0, 1, 2}).input.to_vector<float>();
+  const auto [lo, hi] = std::minmax_element(x.begin(), x.end());
+  EXPECT_NEAR(*lo, -FashionMNIST::kMean / FashionMNIST::kStd, 1e-6);
+  EXPECT_LE(*hi, (1 - FashionMNIST::kMean) / FashionMNIST::kStd + 1e-6);
+  EXPECT_THROW(train.get_batch({60000}), ValueError);
+}
+
+TEST(FashionMnist, MissingDirectoryIsAnIOError) {
+  try {
+    FashionMNIST(Split::test, "/nonexistent/fmnist");
+    FAIL();
+  } catch (const IOError& e) {
+    expect_contains(e.what(), {"/nonexistent/fmnist/t10k-images-idx3-ubyte.gz"});
+  }
+}
+
+// ---- text ---------------------------------------------------------------------------------------
+
+TEST(CharDataset, WindowsAndShiftedTargets) {
+  const std::string text = "hello world";
+  const CharDataset ds(text, 4, "inline");
+  EXPECT_EQ(ds.vocabulary(), " dehlorw");
+  EXPECT_EQ(ds.size(), 11 - 4);
+  const Batch b = ds.get_batch({0, 6});
+  EXPECT_EQ(b.input.shape(), (Shape{2, 4}));
+  const auto x = b.input.to_vector<int64_t>(), y = b.target.to_vector<int64_t>();
+  EXPECT_EQ(ds.decode({x.begin(), x.begin() + 4}), "hell");
+  EXPECT_EQ(ds.decode({y.begin(), y.begin() + 4}), "ello");
+  EXPECT_EQ(ds.decode({x.begin() + 4, x.end()}), "worl");
+  EXPECT_EQ(ds.decode({y.begin() + 4, y.end()}), "orld");
+  EXPECT_THROW(ds.get_batch({7}), ValueError);
+  EXPECT_THROW(CharDataset("abc", 3, "short"), IOError);
+}
+
+TEST(CharDataset, ReadsTheDefaultCorpus) {
+  if (!fs::exists(kDefaultTextCorpus)) GTEST_SKIP() << "skipped: " << kDefaultTextCorpus << " not installed";
+  const CharDataset ds(kDefaultTextCorpus, 64);
+  EXPECT_GT(ds.size(), 10000);
+  EXPECT_GT(ds.vocab_size(), 40);
+  EXPECT_LE(ds.vocab_size(), 256);
+}
+
+// ---- samplers ----------------------------------------------------------------------------------
+
+TEST(Samplers, ShuffleIsASeededPermutationPerEpoch) {
+  const SequentialOrRandomSampler s(1000, true, 42);
+  const auto e0 = s.indices(0), e1 = s.indices(1);
+  EXPECT_EQ(std::set<int64_t>(e0.begin(), e0.end()).size(), 1000u);
+  EXPECT_EQ(*std::max_element(e0.begin(), e0.end()), 999);
+  EXPECT_EQ(e0, SequentialOrRandomSampler(1000, true, 42).indices(0));  // reproducible
+  EXPECT_NE(e0, e1);                                                    // reshuffled per epoch
+  EXPECT_NE(e0, SequentialOrRandomSampler(1000, true, 43).indices(0));
+  const auto seq = SequentialOrRandomSampler(5, false).indices(3);
+  EXPECT_EQ(seq, (std::vector<int64_t>{0, 1, 2, 3, 4}));
+}
+
+// PyTorch's DistributedSampler, restated: pad the epoch's order with its
+// own beginning to total = ceil(n / world) * world; rank r takes [r::world].
+TEST(Samplers, DistributedShardsFollowPyTorchsRule) {
+  for (int64_t n : {10, 12, 3}) {
+    for (int world : {1, 3, 4}) {
+      const auto order = SequentialOrRandomSampler(n, true, 7).indices(5);
+      const int64_t per_rank = (n + world - 1) / world;
+      std::vector<int64_t> padded = order;
+      while (static_cast<int64_t>(padded.size()) < per_rank * world) padded.push_back(order[padded.size() - n]);
+      std::multiset<int64_t> covered;
+      for (int r = 0; r < world; ++r) {
+        const auto shard = DistributedSampler(n, world, r, true, 7).indices(5);
+        std::vector<int64_t> expected;
+        for (size_t i = static_cast<size_t>(r); i < padded.size(); i += world) expected.push_back(padded[i]);
+        EXPECT_EQ(shard, expected) << "n " << n << " world " << world << " rank " << r;
+        covered.insert(shard.begin(), shard.end());
+      }
+      for (int64_t i = 0; i < n; ++i) EXPECT_GE(covered.count(i), 1u);
+    }
+  }
+  // drop_last: floor(n / world) each, no sample twice.
+  std::set<int64_t> seen;
+  for (int r = 0; r < 4; ++r) {
+    const auto shard = DistributedSampler(10, 4, r, true, 1, true).indices(0);
+    EXPECT_EQ(shard.size(), 2u);
+    seen.insert(shard.begin(), shard.end());
+  }
+  EXPECT_EQ(seen.size(), 8u);
+  EXPECT_NE(DistributedSampler(100, 2, 0, true, 1).indices(0), DistributedSampler(100, 2, 0, true, 1).indices(1));
+  EXPECT_THROW(DistributedSampler(10, 2, 2), ValueError);
+}
+
+// ---- DataLoader ----------------------------------------------------------------------------------
+
+// Sample i is the value i; remembers the highest batch start it was asked
+// for and can fail on one index.
+class CountingDataset : public Dataset {
+ public:
+  explicit CountingDataset(int64_t n, int64_t fail_at = -1) : n_(n), fail_at_(fail_at) {}
+  int64_t size() const override { return n_; }
+  Batch get_batch(const std::vector<int64_t>& indices) const override {
+    requests_++;
+    std::vector<int64_t> v(indices.begin(), indices.end());
+    for (int64_t i : v)
+      if (i == fail_at_) throw IOError(fmt::format("CountingDataset: sample {} is unreadable", i));
+    return {from_vector(v, {static_cast<int64_t>(v.size())}, DType::i64),
+            from_vector(v, {static_cast<int64_t>(v.size())}, DType::i64)};
+  }
+  mutable std::atomic<int> requests_{0};
+
+ private:
+  int64_t n_, fail_at_;
+};
+
+std::vector<std::vector<int64_t>> drain(DataLoader& loader) {
+  std::vector<std::vector<int64_t>> out;
+  while (auto b = loader.next()) out.push_back(b->input.to_vector<int64_t>());
+  return out;
+}
+
+TEST(DataLoaderTest, BatchesFollowTheSamplerWhateverTheWorkerCount) {
+  auto ds = std::make_shared<CountingDataset>(103);
+  auto sampler = std::make_shared<SequentialOrRandomSampler>(103, true, 9);
+  const auto order = sampler->indices(2);
+  std::vector<std::vector<int64_t>> expected;
+  for (size_t i = 0; i < order.size(); i += 10)
+    expected.emplace_back(order.begin() + i, order.begin() + std::min(order.size(), i + 10));
+  for (int workers : {0, 1, 3}) {
+    DataLoader loader(ds, sampler, {.batch_size = 10, .num_workers = workers, .prefetch = 2});
+    EXPECT_EQ(loader.batches_per_epoch(), 11);
+    loader.start_epoch(2);
+    EXPECT_EQ(drain(loader), expected) << workers << " workers";
+    EXPECT_FALSE(loader.next().has_value());
+  }
+  DataLoader dropping(ds, sampler, {.batch_size = 10, .drop_last = true, .num_workers = 2});
+  dropping.start_epoch(2);
+  expected.pop_back();
+  EXPECT_EQ(drain(dropping), expected);
+}
+
+TEST(DataLoaderTest, PrefetchStaysBounded) {
+  auto ds = std::make_shared<CountingDataset>(1000);
+  DataLoader loader(ds, std::make_shared<SequentialOrRandomSampler>(1000, false), {.batch_size = 10, .num_workers = 3,
+                                                                                   .prefetch = 4});
+  for (int consumed = 1; consumed <= 5; ++consumed) {
+    ASSERT_TRUE(loader.next().has_value());
+    // Workers may have started at most `prefetch` batches beyond the ones taken.
+    EXPECT_LE(ds->requests_.load(), consumed + 4);
+  }
+}
+
+TEST(DataLoaderTest, ResumingAtASavedPositionContinuesTheSameSequence) {
+  auto ds = std::make_shared<CountingDataset>(57);
+  auto sampler = std::make_shared<SequentialOrRandomSampler>(57, true, 3);
+  DataLoader full(ds, sampler, {.batch_size = 8, .num_workers = 2});
+  full.start_epoch(1);
+  const auto all = drain(full);
+
+  DataLoader first(ds, sampler, {.batch_size = 8, .num_workers = 2});
+  first.start_epoch(1);
+  first.next();
+  first.next();
+  first.next();
+  const DataPosition pos = first.position();
+  EXPECT_EQ(pos.epoch, 1);
+  EXPECT_EQ(pos.batch, 3);
+
+  DataLoader resumed(ds, sampler, {.batch_size = 8, .num_workers = 1});
+  resumed.start_epoch(pos.epoch, pos.batch);
+  EXPECT_EQ(drain(resumed), std::vector<std::vector<int64_t>>(all.begin() + 3, all.end()));
+  EXPECT_THROW(resumed.start_epoch(0, 9), ValueError);
+}
+
+TEST(DataLoaderTest, AWorkerFailureSurfacesAtItsBatch) {
+  auto ds = std::make_shared<CountingDataset>(40, /*fail_at=*/25);
+  DataLoader loader(ds, std::make_shared<SequentialOrRandomSampler>(40, false), {.batch_size = 10, .num_workers = 2});
+  EXPECT_TRUE(loader.next().has_value());
+  EXPECT_TRUE(loader.next().has_value());
+  try {
+    loader.next();
+    FAIL() << "no error";
+  } catch (const IOError& e) {
+    expect_contains(e.what(), {"sample 25"});
+  }
+}
+
+}  // namespace
+}  // namespace mpt::data
