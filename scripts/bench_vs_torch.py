@@ -1,0 +1,112 @@
+#!/usr/bin/env python3
+"""Runs the PyTorch reference (shared/reference/torch_bench.py) and mpt-bench
+side by side on this GPU machine, for every workload and mode asked for, and
+prints a Markdown table of step times and ours/PyTorch ratios.
+
+  scripts/bench_vs_torch.py --build build [--workloads ...] [--modes ...]
+
+Each pair runs back to back in the same call, so the ratio compares like
+with like; absolute times from other days mean little. Raw JSON lines go to
+--log (default: $OUT/bench.jsonl when $OUT is set)."""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+
+def find_reference():
+    for p in (os.path.join(ROOT, "..", "shared", "reference"), os.path.join(ROOT, "shared", "reference")):
+        if os.path.exists(os.path.join(p, "torch_bench.py")):
+            return os.path.abspath(p)
+    sys.exit("bench_vs_torch: shared/reference/torch_bench.py not found")
+
+
+def run_json(cmd, env=None, timeout=900):
+    """Runs cmd; returns its JSON lines (or an error record)."""
+    t0 = time.time()
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+    lines = [json.loads(l) for l in p.stdout.splitlines() if l.startswith("{")]
+    if p.returncode != 0 or not lines:
+        tail = (p.stderr or p.stdout).strip().splitlines()[-5:]
+        return [{"error": f"exit {p.returncode}: " + " | ".join(tail), "cmd": " ".join(cmd)}]
+    for l in lines:
+        l["wall_s"] = round(time.time() - t0, 1)
+    return lines
+
+
+# torch_bench.py as it is, with the peak allocated memory of GPU 0 added
+# (torch_bench.py itself does not report it; ddp's workers are other
+# processes, so there it stays unknown).
+TORCH_WITH_MEMORY = """
+import json, sys, torch
+sys.path.insert(0, sys.argv[1])
+import torch_bench
+sys.argv = ["torch_bench.py"] + sys.argv[2:]
+torch_bench.main()
+if torch.cuda.is_initialized():
+    print(json.dumps({"peak_mem_mb": round(torch.cuda.max_memory_allocated(0) / 2**20, 1)}))
+"""
+
+
+def torch_run(ref, args, env):
+    lines = run_json([sys.executable, "-c", TORCH_WITH_MEMORY, ref] + args, env)
+    result = dict(lines[0])
+    for extra in lines[1:]:
+        result.update(extra)
+    return result
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--build", default="build")
+    ap.add_argument("--workloads", nargs="+", default=["mlp_small", "cnn", "gpt_mini", "mlp_large"])
+    ap.add_argument("--modes", nargs="+", default=["single"])
+    ap.add_argument("--precision", default="fp16")
+    ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--log", default=os.path.join(os.environ["OUT"], "bench.jsonl") if "OUT" in os.environ else None)
+    ap.add_argument("--ceilings", action="store_true", help="also run ceilings.py (GEMM rate, copy bandwidth)")
+    a = ap.parse_args()
+
+    ref = find_reference()
+    env = dict(os.environ)
+    env["LD_LIBRARY_PATH"] = os.path.abspath(a.build) + ":" + env.get("LD_LIBRARY_PATH", "")
+    env.setdefault("NCCL_NVLS_ENABLE", "0")
+    common = ["--precision", a.precision, "--warmup", str(a.warmup), "--steps", str(a.steps)]
+    records = []
+    if a.ceilings:
+        records += run_json([sys.executable, os.path.join(ref, "ceilings.py")], env)
+    rows = []
+    for w in a.workloads:
+        for m in a.modes:
+            torch = torch_run(ref, ["--workload", w, "--mode", m] + common, env)
+            ours_cmd = [os.path.join(a.build, "tools", "mpt-bench", "mpt-bench"), "--workload", w, "--mode", m]
+            ours = run_json(ours_cmd + common, env)[-1]
+            torch.setdefault("impl", "pytorch")
+            records += [torch, ours]
+            rows.append((w, m, torch, ours))
+
+    if a.log:
+        with open(a.log, "w") as f:
+            for r in records:
+                f.write(json.dumps(r) + "\n")
+    for r in records:
+        if "ceiling" in r:
+            print(json.dumps(r))
+    print(f"\n| workload | mode | PyTorch ms/step | mptrain ms/step | ours / PyTorch | PyTorch peak MB | mptrain peak MB |")
+    print("|---|---|---|---|---|---|---|")
+    for w, m, t, o in rows:
+        tm, om = t.get("step_ms_median"), o.get("step_ms_median")
+        ratio = f"{om / tm:.3f}" if tm and om else "n/a"
+        err = "; ".join(x["error"] for x in (t, o) if "error" in x)
+        print(f"| {w} | {m} | {tm} | {om} | {ratio} | {t.get('peak_mem_mb', '-')} | {o.get('peak_mem_mb', '-')} |"
+              + (f" {err}" if err else ""))
+
+
+if __name__ == "__main__":
+    main()
