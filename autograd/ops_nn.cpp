@@ -126,6 +126,23 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
   for (const Tensor* p : {&weight, &bias})
     check<ShapeError>(!p->defined() || p->shape() == Shape{d}, "layer_norm: parameter {} does not match input {}",
                       describe(*p), describe(x));
+  if (prim::fused_layer_norm_available(x, weight, bias)) {
+    std::vector<Tensor> r = prim::layer_norm_forward(x, weight, bias, eps);
+    Tensor out = r[0];
+    if (needs_grad({x, weight, bias})) {
+      const Tensor mean = r[1], rstd = r[2];
+      record("layer_norm", out, {x, weight, bias}, [x, weight, bias, mean, rstd](const Grads& g) {
+        if (!g[0].defined()) return Grads(3);
+        const bool want_w = weight.defined() && weight.requires_grad();
+        const bool want_b = bias.defined() && bias.requires_grad();
+        std::vector<Tensor> grads = prim::layer_norm_backward(g[0], x, weight, mean, rstd, want_w, want_b);
+        if (want_w) grads[1] = prim::to(grads[1], weight.dtype());
+        if (want_b) grads[2] = prim::to(grads[2], bias.dtype());
+        return Grads(std::move(grads));
+      });
+    }
+    return out;
+  }
   const Tensor x32 = wide(x);
   const Tensor xc = prim::sub(x32, prim::mean(x32, {-1}, true));
   const Tensor rstd =

@@ -19,8 +19,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
 
-def find_reference():
-    for p in (os.path.join(ROOT, "..", "shared", "reference"), os.path.join(ROOT, "shared", "reference")):
+def find_reference(build):
+    for p in (os.path.join(ROOT, "..", "shared", "reference"), os.path.join(ROOT, "shared", "reference"),
+              os.path.join(build, "reference")):
         if os.path.exists(os.path.join(p, "torch_bench.py")):
             return os.path.abspath(p)
     sys.exit("bench_vs_torch: shared/reference/torch_bench.py not found")
@@ -73,7 +74,7 @@ def main():
     ap.add_argument("--ceilings", action="store_true", help="also run ceilings.py (GEMM rate, copy bandwidth)")
     a = ap.parse_args()
 
-    ref = find_reference()
+    ref = find_reference(a.build)
     env = dict(os.environ)
     env["LD_LIBRARY_PATH"] = os.path.abspath(a.build) + ":" + env.get("LD_LIBRARY_PATH", "")
     env.setdefault("NCCL_NVLS_ENABLE", "0")

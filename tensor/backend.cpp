@@ -65,6 +65,14 @@ const char* reduce_op_name(ReduceOp op) {
   return kNames[static_cast<int>(op)];
 }
 
+void Backend::layer_norm_forward(const TensorView&, const TensorView&, const TensorView&, const TensorView&,
+                                 const TensorView&, const TensorView&, double) {
+  not_available("fused layer_norm");
+}
+void Backend::layer_norm_backward(const TensorView&, const TensorView&, const TensorView&, const TensorView&,
+                                  const TensorView&, const TensorView&, const TensorView&, const TensorView&) {
+  not_available("fused layer_norm backward");
+}
 void Backend::attention_forward(const TensorView&, const TensorView&, const TensorView&, const TensorView&,
                                 const TensorView&, bool, double) {
   not_available("fused attention");

@@ -107,6 +107,17 @@ class Backend {
   virtual void max_pool2d_backward(const TensorView& grad_x, const TensorView& grad_out, const TensorView& indices,
                                    const Pool2dParams& p);
 
+  // Fused layer norm over the last dimension of x, viewed as contiguous
+  // [rows, d]. weight and bias ([d], x's dtype) may have null data (absent).
+  // out like x; mean and rstd f32 [rows] (saved for the backward pass).
+  virtual bool fused_layer_norm_supported(DType dtype, int64_t d) const { return false; }
+  virtual void layer_norm_forward(const TensorView& out, const TensorView& mean, const TensorView& rstd,
+                                  const TensorView& x, const TensorView& weight, const TensorView& bias, double eps);
+  // grad_x like x; grad_weight and grad_bias f32 [d], or null data when not wanted.
+  virtual void layer_norm_backward(const TensorView& grad_x, const TensorView& grad_weight,
+                                   const TensorView& grad_bias, const TensorView& grad_out, const TensorView& x,
+                                   const TensorView& weight, const TensorView& mean, const TensorView& rstd);
+
   // Fused attention softmax(q k^T * scale [+ causal mask]) v, with q, k, v
   // and out contiguous [B, H, T, D] of one dtype. Where a backend has it
   // (fused_attention_supported), autograd uses it instead of the composed

@@ -99,6 +99,17 @@ Tensor conv2d_backward_weight(const Tensor& x, const Tensor& grad_out, const Sha
 std::pair<Tensor, Tensor> max_pool2d(const Tensor& x, const Pool2dParams& p);
 Tensor max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const Shape& x_shape, const Pool2dParams& p);
 
+// Fused layer norm over the last dimension, where the device's backend has
+// it for x's dtype and row length; weight and bias ([d], x's dtype and
+// device) may be undefined.
+bool fused_layer_norm_available(const Tensor& x, const Tensor& weight, const Tensor& bias);
+// {out, mean, rstd}; mean and rstd are f32, one per row.
+std::vector<Tensor> layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps);
+// {grad_x, grad_weight, grad_bias}; the parameter gradients are f32, and
+// undefined unless asked for.
+std::vector<Tensor> layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
+                                        const Tensor& mean, const Tensor& rstd, bool want_weight, bool want_bias);
+
 // Fused attention on q, k, v [B, H, T, D] of one shape, dtype and device,
 // where the device's backend has it for this dtype and head size.
 bool fused_attention_available(const Tensor& q, const Tensor& k, const Tensor& v);

@@ -152,6 +152,60 @@ Tensor max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const 
   return gx;
 }
 
+bool fused_layer_norm_available(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  if (!x.defined() || x.dim() < 1 || !x.device().is_cuda()) return false;
+  for (const Tensor* p : {&weight, &bias})
+    if (p->defined() && (p->dtype() != x.dtype() || p->device() != x.device() || p->shape() != Shape{x.shape().back()}))
+      return false;
+  bool supported = false;
+  on_device(x.device(), [&](Backend& b) { supported = b.fused_layer_norm_supported(x.dtype(), x.shape().back()); });
+  return supported;
+}
+
+namespace {
+TensorView view_or_none(const Tensor& t) { return t.defined() ? t.view() : TensorView{}; }
+}  // namespace
+
+std::vector<Tensor> layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
+  check(fused_layer_norm_available(x, weight, bias), "layer_norm_forward: no fused kernel for {}", describe(x));
+  const Tensor cx = contiguous(x);
+  const Tensor cw = weight.defined() ? contiguous(weight) : Tensor();
+  const Tensor cb = bias.defined() ? contiguous(bias) : Tensor();
+  Shape stats_shape = x.shape();
+  stats_shape.back() = 1;
+  Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
+  Tensor mean = Tensor::empty(stats_shape, DType::f32, x.device());
+  Tensor rstd = Tensor::empty(stats_shape, DType::f32, x.device());
+  if (x.numel() > 0)
+    on_device(x.device(), [&](Backend& b) {
+      b.layer_norm_forward(out.view(), mean.view(), rstd.view(), cx.view(), view_or_none(cw), view_or_none(cb), eps);
+    });
+  return {out, mean, rstd};
+}
+
+std::vector<Tensor> layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
+                                        const Tensor& mean, const Tensor& rstd, bool want_weight, bool want_bias) {
+  check(fused_layer_norm_available(x, weight, Tensor()), "layer_norm_backward: no fused kernel for {}", describe(x));
+  check<ShapeError>(grad_out.shape() == x.shape(), "layer_norm backward: gradient {} does not match input {}",
+                    describe(grad_out), describe(x));
+  const int64_t d = x.shape().back();
+  const Tensor g = contiguous(to(grad_out, x.dtype())), cx = contiguous(x);
+  const Tensor cw = weight.defined() ? contiguous(weight) : Tensor();
+  Tensor gx = Tensor::empty(x.shape(), x.dtype(), x.device());
+  Tensor gw = want_weight ? Tensor::empty({d}, DType::f32, x.device()) : Tensor();
+  Tensor gb = want_bias ? Tensor::empty({d}, DType::f32, x.device()) : Tensor();
+  if (x.numel() == 0) {
+    for (Tensor* t : {&gw, &gb})
+      if (t->defined()) fill_(*t, 0.0);
+    return {gx, gw, gb};
+  }
+  on_device(x.device(), [&](Backend& b) {
+    b.layer_norm_backward(gx.view(), view_or_none(gw), view_or_none(gb), g.view(), cx.view(), view_or_none(cw),
+                          mean.view(), rstd.view());
+  });
+  return {gx, gw, gb};
+}
+
 bool fused_attention_available(const Tensor& q, const Tensor& k, const Tensor& v) {
   if (q.dim() != 4 || k.shape() != q.shape() || v.shape() != q.shape() || k.dtype() != q.dtype() ||
       v.dtype() != q.dtype() || k.device() != q.device() || v.device() != q.device())

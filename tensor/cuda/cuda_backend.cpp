@@ -8,7 +8,9 @@
 #include <fmt/format.h>
 
 #include "tensor/cuda/attention.h"
+#include "tensor/cuda/caching_allocator.h"
 #include "tensor/cuda/check.h"
+#include "tensor/cuda/layer_norm.h"
 #include "tensor/cuda/conv_cudnn.h"
 #include "tensor/cuda/gemm.h"
 #include "tensor/cuda/kernels.h"
@@ -241,6 +243,50 @@ class CudaBackend final : public Backend {
                                grad_out.shape[3], p);
   }
 
+  bool fused_layer_norm_supported(DType dtype, int64_t d) const override {
+    return cuda::fused_layer_norm_supported(dtype, d);
+  }
+
+  void layer_norm_forward(const TensorView& out, const TensorView& mean, const TensorView& rstd,
+                          const TensorView& x, const TensorView& weight, const TensorView& bias,
+                          double eps) override {
+    const LayerNormArgs a = layer_norm_args(x, weight, bias, mean, rstd, eps);
+    check_same_dtype("layer_norm", "forward", x, out);
+    check<ShapeError>(out.numel() == x.numel(), "CUDA layer_norm: output {} does not match input {}", shape_of(out),
+                      shape_of(x));
+    check_contiguous("layer_norm", out);
+    launch_layer_norm_forward(current_launch(), a, out.data);
+  }
+
+  void layer_norm_backward(const TensorView& grad_x, const TensorView& grad_weight, const TensorView& grad_bias,
+                           const TensorView& grad_out, const TensorView& x, const TensorView& weight,
+                           const TensorView& mean, const TensorView& rstd) override {
+    const LayerNormArgs a = layer_norm_args(x, weight, TensorView{}, mean, rstd, 0.0);
+    for (const TensorView* t : {&grad_x, &grad_out}) {
+      check_same_dtype("layer_norm", "backward", x, *t);
+      check<ShapeError>(t->numel() == x.numel(), "CUDA layer_norm backward: {} does not match input {}",
+                        shape_of(*t), shape_of(x));
+      check_contiguous("layer_norm backward", *t);
+    }
+    for (const TensorView* t : {&grad_weight, &grad_bias})
+      check<ShapeError>(!t->data || (t->dtype == DType::f32 && t->numel() == a.d && t->is_contiguous()),
+                        "CUDA layer_norm backward: parameter gradients must be contiguous f32 [{}]", a.d);
+    const Launch l = current_launch();
+    // Per-warp partial column sums, then one column reduction each.
+    const int64_t partials = layer_norm_backward_partials(l, a.rows);
+    CachingAllocator& allocator = caching_allocator(l.device);
+    const size_t bytes = static_cast<size_t>(partials * a.d) * sizeof(float);
+    struct Scratch {
+      CachingAllocator& allocator;
+      void* ptr;
+      ~Scratch() { allocator.free(ptr); }
+    } pw{allocator, allocator.allocate(bytes, l.stream)}, pb{allocator, allocator.allocate(bytes, l.stream)};
+    launch_layer_norm_backward(l, a, grad_out.data, grad_x.data, static_cast<float*>(pw.ptr),
+                               static_cast<float*>(pb.ptr));
+    if (grad_weight.data) launch_reduce(l, ReduceOp::sum, DType::f32, pw.ptr, grad_weight.data, 1, partials, a.d);
+    if (grad_bias.data) launch_reduce(l, ReduceOp::sum, DType::f32, pb.ptr, grad_bias.data, 1, partials, a.d);
+  }
+
   bool fused_attention_supported(DType dtype, int64_t head_dim) const override {
     return cuda::fused_attention_supported(dtype, head_dim);
   }
@@ -274,6 +320,36 @@ class CudaBackend final : public Backend {
   static void check_same_shape(const char* op, const TensorView& a, const TensorView& b) {
     check<ShapeError>(Shape(a.shape, a.shape + a.ndim) == Shape(b.shape, b.shape + b.ndim),
                       "CUDA {}: shapes {} and {} differ", op, shape_of(a), shape_of(b));
+  }
+
+  static LayerNormArgs layer_norm_args(const TensorView& x, const TensorView& weight, const TensorView& bias,
+                                       const TensorView& mean, const TensorView& rstd, double eps) {
+    check<ShapeError>(x.ndim >= 1, "CUDA layer_norm: input must have a dimension");
+    const int64_t d = x.shape[x.ndim - 1];
+    check<DTypeError>(cuda::fused_layer_norm_supported(x.dtype, d),
+                      "CUDA layer_norm: fused kernels take f32/f16/bf16 rows of at most {} elements, got {} {}",
+                      kMaxFusedLayerNorm, dtype_name(x.dtype), shape_of(x));
+    check_contiguous("layer_norm", x);
+    for (const TensorView* p : {&weight, &bias}) {
+      if (!p->data) continue;
+      check_same_dtype("layer_norm", "parameter", x, *p);
+      check<ShapeError>(p->numel() == d && p->is_contiguous(), "CUDA layer_norm: parameter {} does not fit input {}",
+                        shape_of(*p), shape_of(x));
+    }
+    LayerNormArgs a;
+    a.dtype = x.dtype;
+    a.d = static_cast<int>(d);
+    a.rows = d ? x.numel() / d : 0;
+    for (const TensorView* t : {&mean, &rstd})
+      check<ShapeError>(t->dtype == DType::f32 && t->numel() == a.rows && t->is_contiguous(),
+                        "CUDA layer_norm: mean and rstd must be contiguous f32 with one value per row");
+    a.x = x.data;
+    a.weight = weight.data;
+    a.bias = bias.data;
+    a.mean = static_cast<float*>(mean.data);
+    a.rstd = static_cast<float*>(rstd.data);
+    a.eps = static_cast<float>(eps);
+    return a;
   }
 
   static AttentionArgs attention_args(const TensorView& out, const TensorView& lse, const TensorView& q,

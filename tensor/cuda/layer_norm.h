@@ -1,0 +1,31 @@
+#pragma once
+// Internal: the fused layer norm kernels (tensor/cuda/layer_norm.cu).
+#include "tensor/cuda/kernels.h"
+
+namespace mpt::cuda {
+
+// Rows of up to this many elements stay in registers (32 per lane).
+constexpr int64_t kMaxFusedLayerNorm = 1024;
+
+// x: contiguous [rows, d]; weight, bias: [d] of x's dtype, or null.
+struct LayerNormArgs {
+  DType dtype;
+  int64_t rows = 0;
+  int d = 0;
+  const void* x = nullptr;
+  const void* weight = nullptr;
+  const void* bias = nullptr;
+  float* mean = nullptr;  // f32 [rows]: written forward, read backward
+  float* rstd = nullptr;  // f32 [rows]
+  float eps = 1e-5f;
+};
+
+bool fused_layer_norm_supported(DType dtype, int64_t d);
+void launch_layer_norm_forward(const Launch& l, const LayerNormArgs& a, void* y);
+// Rows of the partial sums the backward kernel writes for `rows` rows.
+int64_t layer_norm_backward_partials(const Launch& l, int64_t rows);
+// partial_w, partial_b: f32 [layer_norm_backward_partials(rows), d].
+void launch_layer_norm_backward(const Launch& l, const LayerNormArgs& a, const void* dy, void* dx, float* partial_w,
+                                float* partial_b);
+
+}  // namespace mpt::cuda
