@@ -77,6 +77,26 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_
   const Device dev = logits.device();
   check<DeviceError>(target.device() == dev, "cross_entropy: logits {} and target {} are on different devices",
                      describe(logits), describe(target));
+  if (prim::fused_cross_entropy_available(logits)) {
+    const std::vector<Tensor> r = prim::cross_entropy_forward(logits, target, ignore_index);
+    const Tensor& nll = r[0];
+    const Tensor lse = r[1], valid = r[2];
+    const Tensor count = reduction == Reduction::mean ? prim::sum(valid) : Tensor();
+    Tensor out = reduction == Reduction::none  ? nll
+                 : reduction == Reduction::sum ? prim::sum(nll)
+                                               : prim::div(prim::sum(nll), count);
+    if (needs_grad({logits}))
+      record("cross_entropy", out, {logits}, [logits, target, lse, valid, count, reduction](const Grads& g) {
+        if (!g[0].defined()) return Grads(1);
+        const Tensor g0 = prim::to(g[0], DType::f32);
+        // d loss_i / d logits_i = (softmax_i - onehot_i) * row_scale_i.
+        const Tensor row_scale = reduction == Reduction::none  ? prim::mul(valid, g0)
+                                 : reduction == Reduction::sum ? prim::mul(valid, g0)
+                                                               : prim::mul(valid, prim::div(g0, count));
+        return Grads{prim::cross_entropy_backward(logits, target, lse, row_scale)};
+      });
+    return out;
+  }
   const DType ct = compute_dtype(logits);
   const Tensor t32 = prim::unsqueeze(prim::to(target, ct), 1);  // class ids are exact in f32 up to 2^24
   const Tensor onehot = prim::binary(BinaryOp::eq, arange(0, static_cast<double>(classes), 1, ct, dev), t32);

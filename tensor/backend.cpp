@@ -73,6 +73,14 @@ void Backend::layer_norm_backward(const TensorView&, const TensorView&, const Te
                                   const TensorView&, const TensorView&, const TensorView&, const TensorView&) {
   not_available("fused layer_norm backward");
 }
+void Backend::cross_entropy_forward(const TensorView&, const TensorView&, const TensorView&, const TensorView&,
+                                    const TensorView&, int64_t) {
+  not_available("fused cross_entropy");
+}
+void Backend::cross_entropy_backward(const TensorView&, const TensorView&, const TensorView&, const TensorView&,
+                                     const TensorView&) {
+  not_available("fused cross_entropy backward");
+}
 void Backend::attention_forward(const TensorView&, const TensorView&, const TensorView&, const TensorView&,
                                 const TensorView&, bool, double) {
   not_available("fused attention");

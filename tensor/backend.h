@@ -118,6 +118,16 @@ class Backend {
                                    const TensorView& grad_bias, const TensorView& grad_out, const TensorView& x,
                                    const TensorView& weight, const TensorView& mean, const TensorView& rstd);
 
+  // Fused cross-entropy of logits [N, C] (contiguous) against i64 targets
+  // [N] (in range or ignore_index; the caller checks). loss, lse, valid: f32
+  // [N]; loss and valid are 0 where the target is ignored.
+  virtual bool fused_cross_entropy_supported(DType dtype) const { return false; }
+  virtual void cross_entropy_forward(const TensorView& loss, const TensorView& lse, const TensorView& valid,
+                                     const TensorView& logits, const TensorView& target, int64_t ignore_index);
+  // grad (logits' dtype) = (softmax(logits) - onehot(target)) * row_scale (f32 [N]).
+  virtual void cross_entropy_backward(const TensorView& grad, const TensorView& logits, const TensorView& target,
+                                      const TensorView& lse, const TensorView& row_scale);
+
   // Fused attention softmax(q k^T * scale [+ causal mask]) v, with q, k, v
   // and out contiguous [B, H, T, D] of one dtype. Where a backend has it
   // (fused_attention_supported), autograd uses it instead of the composed

@@ -110,6 +110,14 @@ std::vector<Tensor> layer_norm_forward(const Tensor& x, const Tensor& weight, co
 std::vector<Tensor> layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
                                         const Tensor& mean, const Tensor& rstd, bool want_weight, bool want_bias);
 
+// Fused cross-entropy where the device's backend has it for the logits'
+// dtype: logits [N, C], target i64 [N] (indices checked by the caller).
+bool fused_cross_entropy_available(const Tensor& logits);
+// {loss, lse, valid}, each f32 [N]; loss and valid are 0 for ignored rows.
+std::vector<Tensor> cross_entropy_forward(const Tensor& logits, const Tensor& target, int64_t ignore_index);
+// (softmax(logits) - onehot(target)) * row_scale, in the logits' dtype.
+Tensor cross_entropy_backward(const Tensor& logits, const Tensor& target, const Tensor& lse, const Tensor& row_scale);
+
 // Fused attention on q, k, v [B, H, T, D] of one shape, dtype and device,
 // where the device's backend has it for this dtype and head size.
 bool fused_attention_available(const Tensor& q, const Tensor& k, const Tensor& v);

@@ -206,6 +206,38 @@ std::vector<Tensor> layer_norm_backward(const Tensor& grad_out, const Tensor& x,
   return {gx, gw, gb};
 }
 
+bool fused_cross_entropy_available(const Tensor& logits) {
+  if (!logits.defined() || logits.dim() != 2 || !logits.device().is_cuda()) return false;
+  bool supported = false;
+  on_device(logits.device(), [&](Backend& b) { supported = b.fused_cross_entropy_supported(logits.dtype()); });
+  return supported;
+}
+
+std::vector<Tensor> cross_entropy_forward(const Tensor& logits, const Tensor& target, int64_t ignore_index) {
+  check(fused_cross_entropy_available(logits), "cross_entropy_forward: no fused kernel for {}", describe(logits));
+  const Tensor cl = contiguous(logits), t = contiguous(to(target, DType::i64));
+  const int64_t n = logits.shape()[0];
+  Tensor loss = Tensor::empty({n}, DType::f32, logits.device());
+  Tensor lse = Tensor::empty({n}, DType::f32, logits.device());
+  Tensor valid = Tensor::empty({n}, DType::f32, logits.device());
+  if (n > 0)
+    on_device(logits.device(), [&](Backend& b) {
+      b.cross_entropy_forward(loss.view(), lse.view(), valid.view(), cl.view(), t.view(), ignore_index);
+    });
+  return {loss, lse, valid};
+}
+
+Tensor cross_entropy_backward(const Tensor& logits, const Tensor& target, const Tensor& lse, const Tensor& row_scale) {
+  const Tensor cl = contiguous(logits), t = contiguous(to(target, DType::i64));
+  const Tensor rs = contiguous(to(row_scale, DType::f32));
+  Tensor grad = Tensor::empty(logits.shape(), logits.dtype(), logits.device());
+  if (grad.numel() > 0)
+    on_device(logits.device(), [&](Backend& b) {
+      b.cross_entropy_backward(grad.view(), cl.view(), t.view(), lse.view(), reshape(rs, {-1}).view());
+    });
+  return grad;
+}
+
 bool fused_attention_available(const Tensor& q, const Tensor& k, const Tensor& v) {
   if (q.dim() != 4 || k.shape() != q.shape() || v.shape() != q.shape() || k.dtype() != q.dtype() ||
       v.dtype() != q.dtype() || k.device() != q.device() || v.device() != q.device())

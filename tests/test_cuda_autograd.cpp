@@ -112,18 +112,33 @@ TEST(CudaAutograd, CrossEntropyMatchesTheCpu) {
   Generator gen(seed);
   const Tensor target_cpu = from_vector(std::vector<int64_t>{3, 0, 64, 17, -100, 5, 5, 1}, {8}, DType::i64);
   const Tensor target_gpu = prim::to(target_cpu, Device("cuda:0"));
-  for (DType dt : {DType::f32, DType::f16}) {
-    SCOPED_TRACE(::testing::Message() << "seed " << seed << " " << dtype_name(dt));
-    Tensor lc = randn({8, 65}, dt, kCPU, &gen);
-    Tensor lg = prim::to(lc, Device("cuda:0"));
-    lc.set_requires_grad(true);
-    lg.set_requires_grad(true);
-    const Tensor a = cross_entropy(lc, target_cpu), b = cross_entropy(lg, target_gpu);
-    EXPECT_NEAR(a.item(), b.item(), 1e-5 * std::abs(a.item()) + 1e-6);
-    backward(a);
-    backward(b);
-    EXPECT_LE(rel_error(host_f64(lg.grad()), host_f64(lc.grad())), dt == DType::f32 ? 1e-5 : 2e-3);
-  }
+  for (DType dt : {DType::f32, DType::f16, DType::bf16})
+    for (Reduction r : {Reduction::mean, Reduction::sum, Reduction::none}) {
+      SCOPED_TRACE(::testing::Message() << "seed " << seed << " " << dtype_name(dt) << " reduction "
+                                        << static_cast<int>(r));
+      Tensor lc = randn({8, 65}, dt, kCPU, &gen);
+      Tensor lg = prim::to(lc, Device("cuda:0"));
+      lc.set_requires_grad(true);
+      lg.set_requires_grad(true);
+      const Tensor a = cross_entropy(lc, target_cpu, -100, r), b = cross_entropy(lg, target_gpu, -100, r);
+      ASSERT_EQ(a.shape(), b.shape());
+      EXPECT_LE(rel_error(host_f64(b), host_f64(a)), 1e-5);
+      const Tensor w = rand(a.shape(), a.dtype(), kCPU, &gen);  // weights for reduction none
+      backward(sum(mul(a, w)));
+      backward(sum(mul(b, prim::to(w, Device("cuda:0")))));
+      EXPECT_LE(rel_error(host_f64(lg.grad()), host_f64(lc.grad())), dt == DType::f32 ? 1e-5 : 1e-2);
+    }
+  // Many classes: a row spans several passes of a warp.
+  Tensor lc = randn({33, 1000}, DType::f32, kCPU, &gen).set_requires_grad(true);
+  Tensor lg = prim::to(lc, Device("cuda:0")).set_requires_grad(true);
+  std::vector<int64_t> ids(33);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>((i * 997) % 1000);
+  const Tensor tc = from_vector(ids, {33}, DType::i64);
+  const Tensor a = cross_entropy(lc, tc), b = cross_entropy(lg, prim::to(tc, Device("cuda:0")));
+  EXPECT_NEAR(a.item(), b.item(), 1e-5 * std::abs(a.item()));
+  backward(a);
+  backward(b);
+  EXPECT_LE(rel_error(host_f64(lg.grad()), host_f64(lc.grad())), 1e-5);
 }
 
 // The fused f16/bf16 attention kernels against the composed math in f32 on

@@ -10,6 +10,7 @@
 #include "tensor/cuda/attention.h"
 #include "tensor/cuda/caching_allocator.h"
 #include "tensor/cuda/check.h"
+#include "tensor/cuda/cross_entropy.h"
 #include "tensor/cuda/layer_norm.h"
 #include "tensor/cuda/conv_cudnn.h"
 #include "tensor/cuda/gemm.h"
@@ -287,6 +288,31 @@ class CudaBackend final : public Backend {
     if (grad_bias.data) launch_reduce(l, ReduceOp::sum, DType::f32, pb.ptr, grad_bias.data, 1, partials, a.d);
   }
 
+  bool fused_cross_entropy_supported(DType dtype) const override { return cuda::fused_cross_entropy_supported(dtype); }
+
+  void cross_entropy_forward(const TensorView& loss, const TensorView& lse, const TensorView& valid,
+                             const TensorView& logits, const TensorView& target, int64_t ignore_index) override {
+    const CrossEntropyArgs a = cross_entropy_args(logits, target, lse, ignore_index);
+    for (const TensorView* t : {&loss, &valid})
+      check<ShapeError>(t->dtype == DType::f32 && t->numel() == a.rows && t->is_contiguous(),
+                        "CUDA cross_entropy: loss and valid must be contiguous f32 [{}]", a.rows);
+    launch_cross_entropy_forward(current_launch(), logits.dtype, a, static_cast<float*>(loss.data),
+                                 static_cast<float*>(valid.data));
+  }
+
+  void cross_entropy_backward(const TensorView& grad, const TensorView& logits, const TensorView& target,
+                              const TensorView& lse, const TensorView& row_scale) override {
+    const CrossEntropyArgs a = cross_entropy_args(logits, target, lse, 0);
+    check_same_dtype("cross_entropy", "backward", logits, grad);
+    check<ShapeError>(grad.numel() == logits.numel() && grad.is_contiguous(),
+                      "CUDA cross_entropy backward: gradient {} does not match logits {}", shape_of(grad),
+                      shape_of(logits));
+    check<ShapeError>(row_scale.dtype == DType::f32 && row_scale.numel() == a.rows && row_scale.is_contiguous(),
+                      "CUDA cross_entropy backward: row scale must be contiguous f32 [{}]", a.rows);
+    launch_cross_entropy_backward(current_launch(), logits.dtype, a, static_cast<const float*>(row_scale.data),
+                                  grad.data);
+  }
+
   bool fused_attention_supported(DType dtype, int64_t head_dim) const override {
     return cuda::fused_attention_supported(dtype, head_dim);
   }
@@ -349,6 +375,27 @@ class CudaBackend final : public Backend {
     a.mean = static_cast<float*>(mean.data);
     a.rstd = static_cast<float*>(rstd.data);
     a.eps = static_cast<float>(eps);
+    return a;
+  }
+
+  static CrossEntropyArgs cross_entropy_args(const TensorView& logits, const TensorView& target,
+                                             const TensorView& lse, int64_t ignore_index) {
+    check<DTypeError>(cuda::fused_cross_entropy_supported(logits.dtype),
+                      "CUDA cross_entropy: logits must be f32, f16 or bf16, got {}", dtype_name(logits.dtype));
+    check<DTypeError>(target.dtype == DType::i64, "CUDA cross_entropy: targets must be i64, got {}",
+                      dtype_name(target.dtype));
+    check<ShapeError>(logits.ndim == 2 && target.numel() == logits.shape[0] && lse.numel() == logits.shape[0] &&
+                          lse.dtype == DType::f32,
+                      "CUDA cross_entropy: logits {}, targets {} and lse {} do not fit together", shape_of(logits),
+                      shape_of(target), shape_of(lse));
+    for (const TensorView* t : {&logits, &target, &lse}) check_contiguous("cross_entropy", *t);
+    CrossEntropyArgs a;
+    a.rows = logits.shape[0];
+    a.classes = logits.shape[1];
+    a.logits = logits.data;
+    a.target = static_cast<const int64_t*>(target.data);
+    a.lse = static_cast<float*>(lse.data);
+    a.ignore_index = ignore_index;
     return a;
   }
 
