@@ -23,6 +23,11 @@
 // sync (reading found_inf and the scale together) with an optimizer that
 // decides on the host, none with one that reads found_inf on the device
 // (ScalableOptimizer::skips_on_device). Tracing syncs more.
+//
+// Collapse warnings (an overflow at a scale below 1, or at min_scale) need
+// the host to see found_inf: they come with a host-side optimizer, or with a
+// device-side one while tracing. Naming the first non-finite gradient costs
+// a sync per gradient, paid only then.
 #include <cstdint>
 #include <functional>
 #include <map>
