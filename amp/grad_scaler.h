@@ -75,6 +75,11 @@ ScaleRule scale_rule_from(const GradScalerOptions& options);
 class GradScaler {
  public:
   explicit GradScaler(GradScalerOptions options = {});
+  // A copy would share the device state tensors with the original.
+  GradScaler(const GradScaler&) = delete;
+  GradScaler& operator=(const GradScaler&) = delete;
+  GradScaler(GradScaler&&) = default;
+  GradScaler& operator=(GradScaler&&) = default;
 
   // loss * scale (differentiable). The first call places the scaler's state
   // on the loss's device. `samples` counts towards growth when growth_unit is
