@@ -7,7 +7,7 @@ namespace mpt::amp {
 namespace {
 
 // Op names as the autograd ops pass them to the autocast hook.
-constexpr std::array<std::pair<std::string_view, CastPolicy>, 21> kPolicies{{
+constexpr std::array<std::pair<std::string_view, CastPolicy>, 20> kPolicies{{
     // Tensor-core ops: 16-bit inputs, f32 accumulation inside the GEMM.
     {"matmul", CastPolicy::lower_precision},
     {"bmm", CastPolicy::lower_precision},
@@ -31,7 +31,6 @@ constexpr std::array<std::pair<std::string_view, CastPolicy>, 21> kPolicies{{
     {"mul", CastPolicy::promote},
     {"div", CastPolicy::promote},
     {"cat", CastPolicy::promote},
-    {"stack", CastPolicy::promote},
 }};
 
 }  // namespace

@@ -23,6 +23,11 @@
 // sync (reading found_inf and the scale together) with an optimizer that
 // decides on the host, none with one that reads found_inf on the device
 // (ScalableOptimizer::skips_on_device). Tracing syncs more.
+//
+// Collapse warnings (an overflow at a scale below 1, or at min_scale) need
+// the host to see found_inf: they come with a host-side optimizer, or with a
+// device-side one while tracing. Naming the first non-finite gradient costs
+// a sync per gradient, paid only then.
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -70,6 +75,11 @@ ScaleRule scale_rule_from(const GradScalerOptions& options);
 class GradScaler {
  public:
   explicit GradScaler(GradScalerOptions options = {});
+  // A copy would share the device state tensors with the original.
+  GradScaler(const GradScaler&) = delete;
+  GradScaler& operator=(const GradScaler&) = delete;
+  GradScaler(GradScaler&&) = default;
+  GradScaler& operator=(GradScaler&&) = default;
 
   // loss * scale (differentiable). The first call places the scaler's state
   // on the loss's device. `samples` counts towards growth when growth_unit is

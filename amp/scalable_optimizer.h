@@ -20,7 +20,9 @@ class ScalableOptimizer {
 
   // True when step_skipping_if decides on the device (a fused kernel that
   // reads found_inf itself and leaves the parameters alone when it is set):
-  // then a scaler step needs no host sync at all.
+  // then a scaler step needs no host sync at all. GradScaler calls
+  // step_skipping_if only then; otherwise it reads found_inf (with the scale,
+  // in one sync) and calls step() itself.
   virtual bool skips_on_device() const { return false; }
   // Updates unless found_inf (f32 [1], nonzero: skip) says otherwise. The
   // default reads found_inf on the host (one sync) and calls step().

@@ -59,6 +59,9 @@ TEST(Autocast, OutputDtypesPerOpCategory) {
     // promote to the widest input
     EXPECT_EQ(add(x16, x).dtype(), DType::f32);
     EXPECT_EQ(mul(x, x16).dtype(), DType::f32);
+    EXPECT_EQ(sub(x16, x).dtype(), DType::f32);
+    EXPECT_EQ(div(x, x16).dtype(), DType::f32);
+    EXPECT_EQ(pow(x16, x).dtype(), DType::f32);
     EXPECT_EQ(cat({x16, x}, 0).dtype(), DType::f32);
     EXPECT_EQ(add(x16, x16).dtype(), DType::f16);
     // untouched

@@ -139,6 +139,31 @@ TEST(CudaAmp, F16OverflowOnTheGpuIsSkipped) {
   EXPECT_EQ(scaler.get_scale(), std::ldexp(1.0, 39));
 }
 
+TEST(CudaAmp, OneScalerServesTwoGpus) {
+  MPT_SKIP_WITHOUT_CUDA();
+  if (cuda_device_count() < 2) GTEST_SKIP() << "skipped: needs two CUDA devices";
+  const Device gpu1{DeviceType::cuda, 1};
+  const double inf = std::numeric_limits<double>::infinity();
+  for (int bad_device : {0, 1}) {
+    struct TwoGpus : amp::ScalableOptimizer {
+      std::vector<Tensor> params;
+      int64_t steps = 0;
+      std::vector<Tensor> scalable_parameters() const override { return params; }
+      void step() override { ++steps; }
+    } opt;
+    opt.params = {zeros({3}, DType::f32, kGPU).set_requires_grad(true),
+                  zeros({3}, DType::f32, gpu1).set_requires_grad(true)};
+    amp::GradScaler scaler;
+    const Tensor x0 = full({3}, bad_device == 0 ? inf : 1.0, DType::f32, kGPU);
+    const Tensor x1 = full({3}, bad_device == 1 ? inf : 1.0, DType::f32, gpu1);
+    backward(scaler.scale(add(sum(mul(opt.params[0], x0)), to(sum(mul(opt.params[1], x1)), kGPU))));
+    scaler.step(opt);
+    scaler.update();
+    EXPECT_EQ(opt.steps, 0) << bad_device;
+    EXPECT_EQ(scaler.get_scale(), 32768.0);
+  }
+}
+
 std::unique_ptr<nn::Sequential> make_mlp(uint64_t seed) {
   Generator gen(seed);
   auto net = std::make_unique<nn::Sequential>();

@@ -71,6 +71,7 @@ void write_rows(const std::string& path, const std::vector<amp::ScalerTraceRow>&
     writer.write(rows[i]);
     if (i % 1024 == 0 || i + 1 == rows.size()) bar.update(static_cast<int64_t>(i + 1));
   }
+  bar.finish();
 }
 
 }  // namespace
@@ -151,11 +152,18 @@ int main(int argc, char** argv) {
       mlp.autocast_dtype = dtype_from_name(dtype);
       amp::GradScalerOptions base = sweep_flags.options(amp::scale_policy_from_name(policy));
       base.growth_unit = amp::growth_unit_from_name(unit);
-      tools::ProgressBar bar("sweep", static_cast<int64_t>(intervals.size()));
-      bar.update(0);
+      // Progress counts training steps over all runs.
+      tools::ProgressBar bar("sweep", static_cast<int64_t>(intervals.size()) * mlp.steps);
+      size_t runs_done = 0;
       const auto runs = amp::sweep_growth_interval(
-          base, intervals, [&](amp::GradScaler& scaler) { return tools::train_synthetic_mlp(mlp, scaler); },
-          [&](size_t done, size_t) { bar.update(static_cast<int64_t>(done)); });
+          base, intervals,
+          [&](amp::GradScaler& scaler) {
+            return tools::train_synthetic_mlp(mlp, scaler, [&](int64_t step) {
+              bar.update(static_cast<int64_t>(runs_done) * mlp.steps + step);
+            });
+          },
+          [&](size_t done, size_t) { runs_done = done; });
+      bar.finish();
       nlohmann::json results = nlohmann::json::array();
       std::vector<tools::ScaleSeries> series;
       std::printf("%16s %8s %8s %12s %14s\n", "growth_interval", "steps", "skipped", "final_loss", "most_time_at");

@@ -13,8 +13,12 @@ class ProgressBar {
  public:
   ProgressBar(std::string label, int64_t total)
       : label_(std::move(label)), total_(total), enabled_(isatty(STDERR_FILENO) && total > 0) {}
-  ~ProgressBar() {
+  ~ProgressBar() { finish(); }
+
+  // Ends the bar's line (before printing anything else).
+  void finish() {
     if (enabled_ && drawn_ >= 0) std::fputc('\n', stderr);
+    enabled_ = false;
   }
 
   void update(int64_t done) {

@@ -10,7 +10,8 @@
 
 namespace mpt::tools {
 
-double train_synthetic_mlp(const SyntheticMlpConfig& c, amp::GradScaler& scaler) {
+double train_synthetic_mlp(const SyntheticMlpConfig& c, amp::GradScaler& scaler,
+                           const std::function<void(int64_t)>& on_step) {
   Generator init(c.seed);
   nn::Sequential net;
   net.push_back(std::make_shared<nn::Linear>(c.in_features, c.hidden, true, &init));
@@ -39,6 +40,7 @@ double train_synthetic_mlp(const SyntheticMlpConfig& c, amp::GradScaler& scaler)
     scaler.step(opt);
     scaler.update();
     if (step >= c.steps - tail) tail_loss += loss.item();
+    if (on_step) on_step(step + 1);
   }
   return tail_loss / static_cast<double>(tail);
 }

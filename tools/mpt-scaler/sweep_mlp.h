@@ -4,6 +4,7 @@
 // with autocast and the given scaler. Same seed, same data and init in every
 // run, so runs differ only in the scaler.
 #include <cstdint>
+#include <functional>
 
 #include "amp/grad_scaler.h"
 #include "tensor/device.h"
@@ -24,6 +25,8 @@ struct SyntheticMlpConfig {
 };
 
 // Trains and returns the mean loss over the last 10% of steps (f32).
-double train_synthetic_mlp(const SyntheticMlpConfig& config, amp::GradScaler& scaler);
+// on_step (if set) is called after each step with the steps done.
+double train_synthetic_mlp(const SyntheticMlpConfig& config, amp::GradScaler& scaler,
+                           const std::function<void(int64_t)>& on_step = {});
 
 }  // namespace mpt::tools
