@@ -3,7 +3,7 @@
 // CUDA events: warm-up steps, then the median of the timed ones. Prints one
 // JSON line per run in torch_bench.py's form, plus peak GPU memory.
 #include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -86,8 +86,6 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-double round_to(double x, double unit) { return std::round(x / unit) * unit; }
-
 struct Options {
   std::string workload = "mlp_small";
   std::string mode = "single";
@@ -131,21 +129,16 @@ int run_single(const Options& o) {
   const double med = median(times);
   const int64_t batch = w.x.shape()[0];
   const MemoryStats mem = memory_stats(device);
-  nlohmann::ordered_json line = {
-      {"workload", o.workload},
-      {"mode", "single"},
-      {"gpus", 1},
-      {"precision", o.precision},
-      {"batch", batch},
-      {"step_ms_median", round_to(med, 1e-4)},
-      {"step_ms_min", round_to(*std::min_element(times.begin(), times.end()), 1e-4)},
-      {"step_ms_max", round_to(*std::max_element(times.begin(), times.end()), 1e-4)},
-      {"samples_per_s", round_to(batch / med * 1e3, 0.1)},
-      {"loss", loss.item()},
-      {"peak_mem_mb", round_to(mem.peak_allocated_bytes / 1048576.0, 0.1)},
-      {"impl", "mptrain"},
-  };
-  std::cout << line.dump() << std::endl;
+  // Written by hand so the figures keep their rounding (a JSON library
+  // prints a double's full expansion).
+  std::cout << fmt::format(
+                   "{{\"workload\": \"{}\", \"mode\": \"single\", \"gpus\": 1, \"precision\": \"{}\", "
+                   "\"batch\": {}, \"step_ms_median\": {:.4f}, \"step_ms_min\": {:.4f}, \"step_ms_max\": {:.4f}, "
+                   "\"samples_per_s\": {:.1f}, \"loss\": {}, \"peak_mem_mb\": {:.1f}, \"impl\": \"mptrain\"}}",
+                   o.workload, o.precision, batch, med, *std::min_element(times.begin(), times.end()),
+                   *std::max_element(times.begin(), times.end()), batch / med * 1e3, loss.item(),
+                   mem.peak_allocated_bytes / 1048576.0)
+            << std::endl;
   return 0;
 }
 
