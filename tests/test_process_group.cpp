@@ -1,6 +1,7 @@
 // The Gloo process group, with ranks as threads of one process over a real
 // TcpStore and real TCP connections. Expected values come from the written
 // rule of each collective, computed here from every rank's inputs.
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <thread>
@@ -143,10 +144,39 @@ TEST(GlooProcessGroup, APeerThatNeverJoinsTimesOut) {
   using Clock = std::chrono::steady_clock;
   std::string message;
   double took = 0;
+  std::atomic<bool> done{false};
   with_ranks(
       2,
       [&](ProcessGroup& g) {
-        if (g.rank() == 1) return;  // connected, but never calls the collective
+        if (g.rank() == 1) {  // connected, alive, but never calls the collective
+          while (!done) std::this_thread::sleep_for(milliseconds(5));
+          return;
+        }
+        const auto start = Clock::now();
+        try {
+          g.allreduce(ones({8}))->wait();
+        } catch (const TimeoutError& e) {
+          message = e.what();
+        }
+        took = std::chrono::duration<double>(Clock::now() - start).count();
+        done = true;
+      },
+      milliseconds(800));
+  EXPECT_NE(message.find("allreduce(sum)"), std::string::npos) << message;
+  EXPECT_NE(message.find("rank 0 of 2"), std::string::npos) << message;
+  EXPECT_NE(message.find("timeout 800 ms"), std::string::npos) << message;
+  EXPECT_GE(took, 0.7);
+  EXPECT_LT(took, 6.0);
+}
+
+TEST(GlooProcessGroup, APeerThatLeavesIsAnErrorNotAHang) {
+  using Clock = std::chrono::steady_clock;
+  std::string message;
+  double took = 0;
+  with_ranks(
+      2,
+      [&](ProcessGroup& g) {
+        if (g.rank() == 1) return;  // its group closes its connections
         const auto start = Clock::now();
         try {
           g.allreduce(ones({8}))->wait();
@@ -155,10 +185,8 @@ TEST(GlooProcessGroup, APeerThatNeverJoinsTimesOut) {
         }
         took = std::chrono::duration<double>(Clock::now() - start).count();
       },
-      milliseconds(800));
+      milliseconds(3000));
   EXPECT_NE(message.find("allreduce(sum)"), std::string::npos) << message;
-  EXPECT_NE(message.find("rank 0 of 2"), std::string::npos) << message;
-  EXPECT_NE(message.find("timeout 800 ms"), std::string::npos) << message;
   EXPECT_LT(took, 6.0);
 }
 
