@@ -7,7 +7,8 @@
 //             find_unused_parameters) a normal step that leaves it alone
 //   die       rank 1 exits with status 7 after rendezvous while rank 0
 //             is busy for a minute (mpt-run must stop it)
-// Exit status 0 means every check passed; messages say what failed.
+// A second argument "cuda" runs plain/accum/compress on GPU LOCAL_RANK over
+// NCCL. Exit status 0 means every check passed; messages say what failed.
 #include <unistd.h>
 
 #include <cmath>
@@ -84,7 +85,8 @@ double max_rel_error(nn::Module& a, nn::Module& b) {
   return worst;
 }
 
-int train_and_compare(ProcessGroup& pg, int window, std::optional<DType> compression, double tolerance) {
+int train_and_compare(ProcessGroup& pg, int window, std::optional<DType> compression, double tolerance,
+                      const Device& device) {
   const int rank = pg.rank(), world = pg.size(), steps = 4, skip_step = 2;
   const int rows_per_step = window * world * kRowsPerRank;
   Generator data_gen(1234);
@@ -96,6 +98,7 @@ int train_and_compare(ProcessGroup& pg, int window, std::optional<DType> compres
     NoGradGuard no_grad;
     for (auto& p : model->parameters()) prim::fill_(p, 0.5);
   }
+  model->to(device);
   DdpOptions options;
   options.first_bucket_bytes = 256;  // several buckets even for this small model
   options.bucket_bytes = 1024;
@@ -105,13 +108,14 @@ int train_and_compare(ProcessGroup& pg, int window, std::optional<DType> compres
   optim::SGD opt(model->parameters(), {.lr = 0.05, .momentum = 0.9});
 
   auto reference = testing::make_mlp(7);
+  reference->to(device);
   optim::SGD ref_opt(reference->parameters(), {.lr = 0.05, .momentum = 0.9});
 
   for (int s = 0; s < steps; ++s) {
     for (int j = 0; j < window; ++j) {
       const int64_t first = s * rows_per_step + (j * world + rank) * kRowsPerRank;
-      const Tensor x = prim::slice(X, 0, first, first + kRowsPerRank);
-      const Tensor y = prim::slice(Y, 0, first, first + kRowsPerRank);
+      const Tensor x = prim::to(prim::slice(X, 0, first, first + kRowsPerRank), device);
+      const Tensor y = prim::to(prim::slice(Y, 0, first, first + kRowsPerRank), device);
       auto step = [&] { backward(mul(mse_loss(ddp(x), y), kScale / window)); };
       if (j + 1 < window) {
         auto guard = ddp.no_sync();
@@ -125,15 +129,15 @@ int train_and_compare(ProcessGroup& pg, int window, std::optional<DType> compres
         step();
       }
     }
-    Tensor found_inf = from_vector(std::vector<float>{float(unscale(*model))}, {1});
+    Tensor found_inf = from_vector(std::vector<float>{float(unscale(*model))}, {1}, device);
     // Rank 1 pretends to have overflowed on one step: every rank must skip it.
     if (s == skip_step && rank == 1) prim::fill_(found_inf, 1.0);
     ddp.allreduce_found_inf(found_inf);
     if (found_inf.item() == 0) opt.step();
     opt.zero_grad();
 
-    const Tensor xs = prim::slice(X, 0, s * rows_per_step, (s + 1) * rows_per_step);
-    const Tensor ys = prim::slice(Y, 0, s * rows_per_step, (s + 1) * rows_per_step);
+    const Tensor xs = prim::to(prim::slice(X, 0, s * rows_per_step, (s + 1) * rows_per_step), device);
+    const Tensor ys = prim::to(prim::slice(Y, 0, s * rows_per_step, (s + 1) * rows_per_step), device);
     backward(mul(mse_loss(reference->forward(xs), ys), kScale));
     unscale(*reference);
     if (s != skip_step) ref_opt.step();
@@ -189,18 +193,24 @@ int unused_parameters(ProcessGroup& pg) {
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "plain";
+  const bool on_gpu = argc > 2 && std::string(argv[2]) == "cuda";
   try {
     auto rv = rendezvous("env://", std::chrono::seconds(30));
     ProcessGroupOptions pg_options;
-    pg_options.timeout = mode == "die" ? std::chrono::seconds(60) : std::chrono::seconds(30);
-    auto pg = new_process_group(rv.store, rv.config.rank, rv.config.world_size, DeviceType::cpu, pg_options);
+    pg_options.timeout = std::chrono::seconds(30);
+    // One GPU per local rank (NCCL), or the CPU (Gloo).
+    const Device device = on_gpu ? Device(DeviceType::cuda, rv.config.local_rank) : kCPU;
+    auto pg = new_process_group(rv.store, rv.config.rank, rv.config.world_size, device.type, pg_options, device.index);
     fmt::print("rank {} of {} ready, pid {}\n", pg->rank(), pg->size(), ::getpid());
     std::fflush(stdout);
-    if (mode == "plain") return train_and_compare(*pg, 1, std::nullopt, 1e-6);
-    if (mode == "accum") return train_and_compare(*pg, 3, std::nullopt, 1e-6);
-    if (mode == "compress") return train_and_compare(*pg, 2, DType::bf16, 2e-2);
+    // GPU GEMMs may sum in another order for another batch size.
+    const double tolerance = on_gpu ? 1e-5 : 1e-6;
+    if (mode == "plain") return train_and_compare(*pg, 1, std::nullopt, tolerance, device);
+    if (mode == "accum") return train_and_compare(*pg, 3, std::nullopt, tolerance, device);
+    if (mode == "compress") return train_and_compare(*pg, 2, DType::bf16, 2e-2, device);
     if (mode == "unused") return unused_parameters(*pg);
     if (mode == "die") {
+      pg->barrier()->wait();  // both ranks are up and connected
       if (pg->rank() == 1) {
         fmt::print(stderr, "rank 1 exits on purpose\n");
         std::fflush(stderr);
