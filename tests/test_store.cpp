@@ -236,3 +236,20 @@ TEST(Rendezvous, TwoProcessesClaimingOneRankIsAnError) {
   const std::string msg = message_of<DistributedError>([&] { join_world(master, 1, 2); });
   EXPECT_NE(msg.find("claim rank 1"), std::string::npos) << msg;
 }
+
+TEST(Rendezvous, FileUrlMeetsInASharedFolder) {
+  const std::string dir = temp_folder("rendezvous");
+  const int world = 2;
+  std::vector<int> seen(world, -1);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < world; ++r)
+    ranks.emplace_back([&, r] {
+      auto rv = rendezvous("file://" + dir, milliseconds(5000),
+                           env_of({{"RANK", std::to_string(r)}, {"WORLD_SIZE", std::to_string(world)}}));
+      seen[r] = rv.config.rank;
+    });
+  for (auto& t : ranks) t.join();
+  EXPECT_EQ(seen, (std::vector<int>{0, 1}));
+  EXPECT_THROW(rendezvous("tcp://x", milliseconds(100), env_of({})), ValueError);
+  std::filesystem::remove_all(dir);
+}
