@@ -66,3 +66,16 @@ TEST(Launcher, TheProcessCountIsRequired) {
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("--nproc_per_node"), std::string::npos) << r.output;
 }
+
+TEST(Launcher, TwoNodesOnOneHostFormOneWorld) {
+  // Two launchers, as on two machines: --nnodes 2, one process each.
+  const int port = mpt::testing::free_port();
+  auto node = [&](int node_rank) {
+    return fmt::format("('{}' --nnodes 2 --node_rank {} --nproc_per_node 1 --master_port {} '{}' plain; echo node{}=$?)",
+                       mpt::testing::mpt_run_path(), node_rank, port, mpt::testing::ddp_worker_path(), node_rank);
+  };
+  const JobResult r = mpt::testing::run_shell(fmt::format("sh -c \"{} & {}; wait\"", node(0), node(1)));
+  EXPECT_NE(r.output.find("node0=0"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("node1=0"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("[rank 1] rank 1 of 2 ready"), std::string::npos) << r.output;
+}

@@ -10,37 +10,15 @@
 #include "parallel/distributed_error.h"
 #include "parallel/process_group.h"
 #include "parallel/tcp_store.h"
+#include "parallel/thread_ranks.h"
 #include "test_util.h"
 
 using namespace mpt;
 using namespace mpt::dist;
 using std::chrono::milliseconds;
+using mpt::testing::with_ranks;
 
 namespace {
-
-// Runs body(group) on `world` ranks, each in its own thread.
-void with_ranks(int world, const std::function<void(ProcessGroup&)>& body, Millis timeout = milliseconds(10000)) {
-  auto master = std::make_shared<TcpStore>("127.0.0.1", 0, true, timeout);
-  std::vector<std::exception_ptr> errors(world);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        std::shared_ptr<Store> store = r == 0 ? std::static_pointer_cast<Store>(master)
-                                              : std::make_shared<TcpStore>("127.0.0.1", master->port(), false, timeout);
-        ProcessGroupOptions options;
-        options.timeout = timeout;
-        options.hostname = "127.0.0.1";
-        auto group = new_process_group(store, r, world, DeviceType::cpu, options);
-        body(*group);
-      } catch (...) {
-        errors[r] = std::current_exception();
-      }
-    });
-  for (auto& t : threads) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
-}
 
 // Rank r's input: element i is (r + 1) * (i - 2) / 4, exact in every float type.
 std::vector<double> input_of(int rank, int n) {

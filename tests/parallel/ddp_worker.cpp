@@ -23,6 +23,7 @@
 #include "models/sgd.h"
 #include "parallel/distributed_data_parallel.h"
 #include "parallel/rendezvous.h"
+#include "parallel/counting_group.h"
 #include "parallel/tiny_models.h"
 #include "tensor/ops.h"
 
@@ -30,28 +31,6 @@ using namespace mpt;
 using namespace mpt::dist;
 
 namespace {
-
-// Forwards to a real group and counts the all-reduces, so the test can see
-// that no_sync() really communicates nothing.
-class CountingGroup : public ProcessGroup {
- public:
-  explicit CountingGroup(ProcessGroup& inner) : ProcessGroup(inner.rank(), inner.size()), inner_(inner) {}
-  std::string backend_name() const override { return inner_.backend_name(); }
-  WorkPtr allreduce(const Tensor& t, dist::ReduceOp op) override {
-    ++allreduces;
-    return inner_.allreduce(t, op);
-  }
-  WorkPtr broadcast(const Tensor& t, int root) override { return inner_.broadcast(t, root); }
-  WorkPtr allgather(const std::vector<Tensor>& o, const Tensor& i) override { return inner_.allgather(o, i); }
-  WorkPtr reduce_scatter(const Tensor& o, const Tensor& i, dist::ReduceOp op) override {
-    return inner_.reduce_scatter(o, i, op);
-  }
-  WorkPtr barrier() override { return inner_.barrier(); }
-  int allreduces = 0;
-
- private:
-  ProcessGroup& inner_;
-};
 
 constexpr int kRowsPerRank = 4;
 constexpr double kScale = 1024.0;  // the loss scale
@@ -103,7 +82,7 @@ int train_and_compare(ProcessGroup& pg, int window, std::optional<DType> compres
   options.first_bucket_bytes = 256;  // several buckets even for this small model
   options.bucket_bytes = 1024;
   options.compression = compression;
-  auto counting = std::make_shared<CountingGroup>(pg);
+  auto counting = std::make_shared<testing::CountingGroup>(pg);
   DistributedDataParallel ddp(model, counting, options);
   optim::SGD opt(model->parameters(), {.lr = 0.05, .momentum = 0.9});
 
