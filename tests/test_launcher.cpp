@@ -3,6 +3,7 @@
 // quickly, named, with no process left behind.
 #include <signal.h>
 
+#include <fstream>
 #include <regex>
 #include <string>
 
@@ -78,4 +79,23 @@ TEST(Launcher, TwoNodesOnOneHostFormOneWorld) {
   EXPECT_NE(r.output.find("node0=0"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("node1=0"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("[rank 1] rank 1 of 2 ready"), std::string::npos) << r.output;
+}
+
+TEST(Launcher, StoppingTheLauncherStopsEveryRank) {
+  const std::string log = fmt::format("/tmp/mpt-run-stop-{}.log", ::getpid());
+  const JobResult r = mpt::testing::run_shell(fmt::format(
+      "'{}' --nproc_per_node 2 --master_port {} --kill_timeout 2 '{}' sleep >{} 2>&1 & pid=$!; "
+      "sleep 2; kill -TERM $pid; wait $pid; echo status=$?",
+      mpt::testing::mpt_run_path(), mpt::testing::free_port(), mpt::testing::ddp_worker_path(), log));
+  EXPECT_NE(r.output.find("status=143"), std::string::npos) << r.output;
+  EXPECT_LT(r.seconds, 15.0);
+  std::ifstream in(log);
+  const std::string out((std::istreambuf_iterator<char>(in)), {});
+  std::remove(log.c_str());
+  EXPECT_NE(out.find("mpt-run received signal 15"), std::string::npos) << out;
+  const std::regex ready(R"(rank (\d) of 2 ready, pid (\d+))");
+  int seen = 0;
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), ready); it != std::sregex_iterator(); ++it, ++seen)
+    EXPECT_NE(::kill(std::stoi((*it)[2]), 0), 0) << "rank " << (*it)[1] << " outlived the launcher";
+  EXPECT_EQ(seen, 2) << out;
 }

@@ -7,6 +7,7 @@
 //             find_unused_parameters) a normal step that leaves it alone
 //   die       rank 1 exits with status 7 after rendezvous while rank 0
 //             is busy for a minute (mpt-run must stop it)
+//   sleep     both ranks busy for a minute (for stopping mpt-run itself)
 // A second argument "cuda" runs plain/accum/compress on GPU LOCAL_RANK over
 // NCCL. Exit status 0 means every check passed; messages say what failed.
 #include <unistd.h>
@@ -196,6 +197,11 @@ int main(int argc, char** argv) {
         ::_exit(7);
       }
       ::sleep(60);  // a long step: mpt-run must stop this rank, not wait for it
+      return 0;
+    }
+    if (mode == "sleep") {  // both ranks busy until stopped from outside
+      pg->barrier()->wait();
+      ::sleep(60);
       return 0;
     }
     fmt::print(stderr, "unknown mode '{}'\n", mode);
