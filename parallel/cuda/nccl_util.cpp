@@ -29,13 +29,22 @@ ncclRedOp_t red_op(ReduceOp op) {
   return ncclSum;
 }
 
+namespace {
+
+// NCCL_VERSION_CODE is major * 10000 + minor * 100 + patch.
+std::string version_text(int code) { return fmt::format("{}.{}.{}", code / 10000, code / 100 % 100, code % 100); }
+
+}  // namespace
+
 void check_version() {
   int loaded = 0;
   MPT_NCCL_CHECK(ncclGetVersion(&loaded));
-  check<DistributedError>(loaded == NCCL_VERSION_CODE,
-                          "NCCL: mptrain was compiled against nccl.h version {} but the loaded libnccl is version {}; "
-                          "make LD_LIBRARY_PATH point at the matching libnccl.so, or rebuild",
-                          NCCL_VERSION_CODE, loaded);
+  // Patch releases keep the ABI; a different minor version may change the
+  // layout of ncclConfig_t, which would corrupt memory rather than fail.
+  check<DistributedError>(loaded / 100 == NCCL_VERSION_CODE / 100,
+                          "NCCL: mptrain was compiled against nccl.h {} but the loaded libnccl is {}; make "
+                          "LD_LIBRARY_PATH point at a matching libnccl.so, or rebuild against this one",
+                          version_text(NCCL_VERSION_CODE), version_text(loaded));
 }
 
 void wait_for(const std::vector<ncclComm_t>& comms, Millis timeout, const std::string& what) {

@@ -15,8 +15,9 @@ namespace mpt::dist::nccl {
 
 ncclDataType_t data_type(DType dtype);
 ncclRedOp_t red_op(ReduceOp op);
-// DistributedError unless the loaded libnccl is the version nccl.h described
-// at compile time (mixing them corrupts memory instead of failing cleanly).
+// DistributedError unless the loaded libnccl has the major and minor
+// version nccl.h described at compile time (mixing them corrupts memory
+// instead of failing cleanly).
 void check_version();
 // Polls ncclCommGetAsyncError on every comm until none is in progress, or
 // aborts them and throws TimeoutError (DistributedError on an async error).
