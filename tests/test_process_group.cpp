@@ -7,9 +7,11 @@
 #include <thread>
 
 #include "parallel/bucket.h"
+#include "parallel/device_routed_group.h"
 #include "parallel/distributed_error.h"
 #include "parallel/process_group.h"
 #include "parallel/tcp_store.h"
+#include "parallel/free_port.h"
 #include "parallel/thread_ranks.h"
 #include "test_util.h"
 
@@ -177,4 +179,35 @@ TEST(Buckets, FollowTheOrderAndCloseAtTheirCap) {
   const std::vector<std::vector<size_t>> expected = {{5, 4}, {3, 2, 1}, {0}};
   EXPECT_EQ(b, expected);
   EXPECT_THROW(assign_buckets(order, bytes, 0, 1), ValueError);
+}
+
+TEST(DeviceRoutedGroup, CpuTensorsGoToGlooAndMissingBackendsSaySo) {
+  const int port = mpt::testing::free_port();
+  std::vector<std::thread> ranks;
+  std::vector<std::exception_ptr> errors(2);
+  for (int r = 0; r < 2; ++r)
+    ranks.emplace_back([&, r] {
+      try {
+        ProcessGroupOptions options;
+        options.timeout = milliseconds(10000);
+        auto d = init_process_group("env://", options, [&, r](const std::string& name) -> std::optional<std::string> {
+          if (name == "RANK") return std::to_string(r);
+          if (name == "WORLD_SIZE") return "2";
+          if (name == "MASTER_ADDR") return "127.0.0.1";
+          if (name == "MASTER_PORT") return std::to_string(port);
+          return std::nullopt;
+        });
+        Tensor t = full({3}, r + 1.0);
+        d.group->allreduce(t, dist::ReduceOp::sum)->wait();
+        EXPECT_EQ(t.to_vector<double>(), (std::vector<double>{3, 3, 3}));
+        d.group->barrier()->wait();
+        if (!mpt::testing::has_cuda()) EXPECT_THROW(d.group->backend_for(Device("cuda:0")), Error);
+        d.group->barrier()->wait();  // rank 0's store stays until both are done
+      } catch (...) {
+        errors[r] = std::current_exception();
+      }
+    });
+  for (auto& t : ranks) t.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
 }

@@ -23,7 +23,7 @@
 #include "autograd/ops.h"
 #include "models/sgd.h"
 #include "parallel/distributed_data_parallel.h"
-#include "parallel/rendezvous.h"
+#include "parallel/device_routed_group.h"
 #include "parallel/counting_group.h"
 #include "parallel/tiny_models.h"
 #include "tensor/ops.h"
@@ -175,12 +175,13 @@ int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "plain";
   const bool on_gpu = argc > 2 && std::string(argv[2]) == "cuda";
   try {
-    auto rv = rendezvous("env://", std::chrono::seconds(30));
     ProcessGroupOptions pg_options;
     pg_options.timeout = std::chrono::seconds(30);
-    // One GPU per local rank (NCCL), or the CPU (Gloo).
-    const Device device = on_gpu ? Device(DeviceType::cuda, rv.config.local_rank) : kCPU;
-    auto pg = new_process_group(rv.store, rv.config.rank, rv.config.world_size, device.type, pg_options, device.index);
+    auto dist = init_process_group("env://", pg_options);
+    // One GPU per local rank (NCCL), or the CPU (Gloo): the group routes by
+    // the tensors' device.
+    const Device device = on_gpu ? Device(DeviceType::cuda, dist.config.local_rank) : kCPU;
+    auto pg = dist.group;
     fmt::print("rank {} of {} ready, pid {}\n", pg->rank(), pg->size(), ::getpid());
     std::fflush(stdout);
     // GPU GEMMs may sum in another order for another batch size.
