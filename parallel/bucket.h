@@ -1,0 +1,30 @@
+#pragma once
+// How DDP groups gradients for communication: parameters in the order their
+// gradients are expected to become ready, packed into buckets of about
+// first_cap bytes (the first: communication starts early) then cap bytes
+// (later ones: fewer, larger messages). A bucket closes once it reaches its
+// cap, so every bucket holds at least one parameter.
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "parallel/process_group.h"
+#include "tensor/tensor.h"
+
+namespace mpt::dist {
+
+// Parameter indices per bucket. `order` lists parameter indices, `bytes[i]`
+// is parameter i's gradient size.
+std::vector<std::vector<size_t>> assign_buckets(const std::vector<size_t>& order, const std::vector<size_t>& bytes,
+                                                size_t first_cap, size_t cap);
+
+// One bucket's flat buffer and where each of its gradients sits in it.
+struct Bucket {
+  std::vector<size_t> params;    // parameter indices, in bucket order
+  std::vector<int64_t> offsets;  // element offset of each in `flat`
+  Tensor flat;                   // the communication buffer (transit dtype)
+  size_t pending = 0;            // gradients not yet ready this iteration
+  WorkPtr work;                  // the running all-reduce, once launched
+};
+
+}  // namespace mpt::dist

@@ -1,0 +1,213 @@
+// The NCCL backend: one non-blocking communicator per group and a
+// communication stream of its own, so DDP's bucket all-reduces overlap the
+// backward kernels on the compute stream. Each collective waits (on the
+// GPU) for the work queued so far on the caller's current stream, runs on
+// the communication stream, and records an event that Work::wait() polls
+// together with ncclCommGetAsyncError: a dead peer or a stuck collective
+// ends in an error within the timeout, never in a hang.
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+#include "parallel/cuda/nccl_util.h"
+#include "parallel/distributed_error.h"
+#include "parallel/nccl_process_group.h"
+#include "tensor/cuda/check.h"
+#include "tensor/cuda/runtime.h"
+#include "tensor/device_guard.h"
+
+namespace mpt::dist {
+
+namespace {
+
+class NcclWork : public Work {
+ public:
+  NcclWork(int device, ncclComm_t comm, Millis timeout, std::string what, std::vector<Tensor> keep_alive)
+      : device_(device), comm_(comm), timeout_(timeout), what_(std::move(what)), keep_alive_(std::move(keep_alive)) {
+    DeviceGuard guard(Device(DeviceType::cuda, device_));
+    MPT_CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
+  }
+  ~NcclWork() override { cudaEventDestroy(done_); }
+
+  cudaEvent_t event() const { return done_; }
+
+  bool is_completed() override {
+    std::lock_guard lock(mutex_);
+    return completed_ || cudaEventQuery(done_) == cudaSuccess;
+  }
+
+  void wait() override {
+    std::lock_guard lock(mutex_);
+    if (completed_) return;
+    const auto start = std::chrono::steady_clock::now();
+    for (;;) {
+      const cudaError_t q = cudaEventQuery(done_);
+      if (q == cudaSuccess) break;
+      if (q != cudaErrorNotReady) MPT_CUDA_CHECK(q);
+      ncclResult_t state = ncclSuccess;
+      MPT_NCCL_CHECK(ncclCommGetAsyncError(comm_, &state));
+      if (state != ncclSuccess && state != ncclInProgress) {
+        ncclCommAbort(comm_);
+        throw DistributedError(fmt::format("NCCL {}: {} (a peer failed or the network broke); communicator aborted",
+                                           what_, ncclGetErrorString(state)));
+      }
+      const auto waited = std::chrono::duration_cast<Millis>(std::chrono::steady_clock::now() - start);
+      if (waited >= timeout_) {
+        ncclCommAbort(comm_);
+        throw TimeoutError(fmt::format("NCCL {}: not finished after {} ms (timeout {} ms); communicator aborted",
+                                       what_, waited.count(), timeout_.count()));
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+    // Later kernels on the caller's stream see the result.
+    MPT_CUDA_CHECK(cudaStreamWaitEvent(cuda::current_cuda_stream(device_), done_, 0));
+    completed_ = true;
+    keep_alive_.clear();
+  }
+
+ private:
+  int device_;
+  ncclComm_t comm_;
+  Millis timeout_;
+  std::string what_;
+  std::vector<Tensor> keep_alive_;  // the memory stays ours until the GPU is done with it
+  cudaEvent_t done_ = nullptr;
+  std::mutex mutex_;
+  bool completed_ = false;
+};
+
+class NcclProcessGroup : public ProcessGroup {
+ public:
+  NcclProcessGroup(const std::shared_ptr<Store>& store, int rank, int size, int device,
+                   const ProcessGroupOptions& options)
+      : ProcessGroup(rank, size), device_(device), timeout_(options.timeout) {
+    nccl::check_version();
+    check_device_available(Device(DeviceType::cuda, device));
+    DeviceGuard guard(Device(DeviceType::cuda, device_));
+    const int64_t index = store->add(fmt::format("mpt/nccl/groups_of_rank/{}", rank), 1);
+    const std::string key = fmt::format("mpt/nccl/{}/unique_id", index);
+    ncclUniqueId id;
+    if (rank == 0) {
+      MPT_NCCL_CHECK(ncclGetUniqueId(&id));
+      store->set(key, Bytes(id.internal, id.internal + sizeof id.internal));
+    } else {
+      const Bytes b = store->get(key);
+      check<DistributedError>(b.size() == sizeof id.internal, "NCCL: the unique id in {} has {} bytes, expected {}",
+                              store->describe(), b.size(), sizeof id.internal);
+      std::memcpy(id.internal, b.data(), b.size());
+    }
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;  // every wait below is ours, and bounded
+    MPT_NCCL_CHECK(ncclCommInitRankConfig(&comm_, size, id, rank, &config));
+    nccl::wait_for({comm_}, timeout_, fmt::format("communicator setup (rank {} of {}, cuda:{})", rank, size, device));
+    MPT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    MPT_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+  }
+
+  ~NcclProcessGroup() override {
+    if (comm_) ncclCommDestroy(comm_);
+    if (ready_) cudaEventDestroy(ready_);
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+
+  std::string backend_name() const override { return "nccl"; }
+
+  WorkPtr allreduce(const Tensor& t, ReduceOp op) override {
+    check_tensor("allreduce", t);
+    return launch(fmt::format("allreduce({}) of {}", reduce_op_name(op), describe(t)), {t}, [&](cudaStream_t s) {
+      MPT_NCCL_CHECK(ncclAllReduce(t.data_ptr(), t.data_ptr(), t.numel(), nccl::data_type(t.dtype()), nccl::red_op(op),
+                                   comm_, s));
+    });
+  }
+
+  WorkPtr broadcast(const Tensor& t, int root) override {
+    check_tensor("broadcast", t);
+    check<ValueError>(root >= 0 && root < size(), "broadcast: root {} outside 0..{}", root, size() - 1);
+    return launch(fmt::format("broadcast of {} from rank {}", describe(t), root), {t}, [&](cudaStream_t s) {
+      MPT_NCCL_CHECK(ncclBroadcast(t.data_ptr(), t.data_ptr(), t.numel(), nccl::data_type(t.dtype()), root, comm_, s));
+    });
+  }
+
+  WorkPtr allgather(const std::vector<Tensor>& outputs, const Tensor& input) override {
+    check_tensor("allgather", input);
+    check<ValueError>(static_cast<int>(outputs.size()) == size(), "allgather: {} outputs for a group of {} ranks",
+                      outputs.size(), size());
+    for (const auto& o : outputs) {
+      check_tensor("allgather", o);
+      check<ShapeError>(o.shape() == input.shape() && o.dtype() == input.dtype(),
+                        "allgather: output {} does not match input {}", describe(o), describe(input));
+    }
+    Tensor gathered = Tensor::empty({input.numel() * size()}, input.dtype(), input.device());
+    std::vector<Tensor> keep = outputs;
+    keep.push_back(input);
+    keep.push_back(gathered);
+    return launch(fmt::format("allgather of {}", describe(input)), keep, [&](cudaStream_t s) {
+      MPT_NCCL_CHECK(ncclAllGather(input.data_ptr(), gathered.data_ptr(), input.numel(),
+                                   nccl::data_type(input.dtype()), comm_, s));
+      const size_t n = input.nbytes();
+      for (int r = 0; r < size(); ++r)
+        MPT_CUDA_CHECK(cudaMemcpyAsync(outputs[r].data_ptr(), static_cast<char*>(gathered.data_ptr()) + n * r, n,
+                                       cudaMemcpyDeviceToDevice, s));
+    });
+  }
+
+  WorkPtr reduce_scatter(const Tensor& output, const Tensor& input, ReduceOp op) override {
+    check_tensor("reduce_scatter", input);
+    check_tensor("reduce_scatter", output);
+    check<ShapeError>(input.numel() == output.numel() * size() && input.dtype() == output.dtype(),
+                      "reduce_scatter: input {} must be {} chunks shaped like output {}", describe(input), size(),
+                      describe(output));
+    return launch(fmt::format("reduce_scatter({}) of {}", reduce_op_name(op), describe(input)), {input, output},
+                  [&](cudaStream_t s) {
+                    MPT_NCCL_CHECK(ncclReduceScatter(input.data_ptr(), output.data_ptr(), output.numel(),
+                                                     nccl::data_type(input.dtype()), nccl::red_op(op), comm_, s));
+                  });
+  }
+
+  WorkPtr barrier() override {
+    Tensor one = Tensor::empty({1}, DType::f32, Device(DeviceType::cuda, device_));
+    return launch("barrier", {one}, [&](cudaStream_t s) {
+      MPT_NCCL_CHECK(ncclAllReduce(one.data_ptr(), one.data_ptr(), 1, ncclFloat32, ncclSum, comm_, s));
+    });
+  }
+
+ private:
+  void check_tensor(const char* op, const Tensor& t) const {
+    check_collective_tensor(op, t, DeviceType::cuda);
+    check<DeviceError>(t.device().index == device_, "{}: {} is on {}, but this rank's NCCL group drives cuda:{}", op,
+                       describe(t), t.device().str(), device_);
+  }
+
+  template <typename F>
+  WorkPtr launch(std::string what, std::vector<Tensor> keep_alive, F&& enqueue) {
+    std::lock_guard lock(mutex_);  // one enqueue at a time keeps every rank's order
+    DeviceGuard guard(Device(DeviceType::cuda, device_));
+    what = fmt::format("{} on rank {} of {}", what, rank(), size());
+    MPT_CUDA_CHECK(cudaEventRecord(ready_, cuda::current_cuda_stream(device_)));
+    MPT_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
+    auto work = std::make_shared<NcclWork>(device_, comm_, timeout_, what, std::move(keep_alive));
+    enqueue(stream_);
+    nccl::wait_for({comm_}, timeout_, what);  // a non-blocking comm may still be enqueuing
+    MPT_CUDA_CHECK(cudaEventRecord(work->event(), stream_));
+    return work;
+  }
+
+  int device_;
+  Millis timeout_;
+  ncclComm_t comm_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t ready_ = nullptr;
+  std::mutex mutex_;
+};
+
+}  // namespace
+
+std::shared_ptr<ProcessGroup> new_nccl_process_group(const std::shared_ptr<Store>& store, int rank, int size,
+                                                     int device, const ProcessGroupOptions& options) {
+  return std::make_shared<NcclProcessGroup>(store, rank, size, device, options);
+}
+
+}  // namespace mpt::dist

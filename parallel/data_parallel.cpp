@@ -1,0 +1,138 @@
+#include "parallel/data_parallel.h"
+
+#include <exception>
+#include <thread>
+
+#include "autograd/engine.h"
+#include "autograd/grad_mode.h"
+#include "tensor/device_guard.h"
+#include "tensor/ops.h"
+
+namespace mpt::dist {
+
+namespace {
+
+std::vector<Tensor> values_of(const OrderedDict<Tensor>& dict) {
+  std::vector<Tensor> out;
+  for (const auto& [name, t] : dict) out.push_back(t);
+  return out;
+}
+
+// The per-thread state a worker must share with its caller.
+struct CallerState {
+  bool grad_enabled = mpt::grad_enabled();
+  void apply() const { set_grad_enabled(grad_enabled); }
+};
+
+}  // namespace
+
+DataParallel::DataParallel(std::shared_ptr<nn::Module> module, const ModuleFactory& make_replica,
+                           std::vector<Device> devices)
+    : devices_(std::move(devices)) {
+  check<ValueError>(module != nullptr, "DataParallel: null module");
+  check<ValueError>(!devices_.empty(), "DataParallel: no devices given");
+  for (size_t i = 0; i < devices_.size(); ++i) {
+    check<DeviceError>(devices_[i].type == devices_[0].type, "DataParallel: devices mix {} and {}",
+                       devices_[0].str(), devices_[i].str());
+    for (size_t j = 0; j < i; ++j)
+      check<DeviceError>(devices_[i] != devices_[j], "DataParallel: device {} is listed twice", devices_[i].str());
+    check_device_available(devices_[i]);
+  }
+  for (const auto& [name, p] : module->named_parameters())
+    check<DeviceError>(p.device() == devices_[0],
+                       "DataParallel: parameter '{}' of the {} is on {}, but the module must live on devices[0] = "
+                       "{}; call module->to(\"{}\") (before creating the optimizer) and wrap it again",
+                       name, module->type_name(), p.device().str(), devices_[0].str(), devices_[0].str());
+
+  replicas_.push_back(std::move(module));
+  for (size_t i = 1; i < devices_.size(); ++i) {
+    auto replica = make_replica();
+    check<ValueError>(replica != nullptr, "DataParallel: the replica factory returned null for {}",
+                      devices_[i].str());
+    replica->to(devices_[i]);
+    replica->load_state_dict(replicas_[0]->state_dict());  // checks that the architectures agree
+    replica->train(replicas_[0]->is_training());
+    replicas_.push_back(std::move(replica));
+  }
+  for (auto& r : replicas_) {
+    params_.push_back(values_of(r->named_parameters()));
+    buffers_.push_back(values_of(r->named_buffers()));
+  }
+  comm_ = new_local_communicator(devices_);
+}
+
+void DataParallel::broadcast_parameters() {
+  NoGradGuard no_grad;
+  for (size_t k = 0; k < params_[0].size(); ++k) {
+    std::vector<Tensor> per_device;
+    for (auto& p : params_) per_device.push_back(p[k]);
+    comm_->broadcast(per_device, 0);
+  }
+  for (size_t k = 0; k < buffers_[0].size(); ++k) {
+    std::vector<Tensor> per_device;
+    for (auto& b : buffers_) per_device.push_back(b[k]);
+    comm_->broadcast(per_device, 0);
+  }
+}
+
+double DataParallel::forward_backward(const Tensor& input, const Tensor& target, const LossFn& loss) {
+  const size_t n = devices_.size();
+  check<ShapeError>(input.dim() >= 1 && target.dim() >= 1 && input.size(0) == target.size(0),
+                    "DataParallel::forward_backward: input {} and target {} need the same batch size in dim 0",
+                    describe(input), describe(target));
+  const int64_t batch = input.size(0);
+  check<ShapeError>(batch >= static_cast<int64_t>(n),
+                    "DataParallel::forward_backward: batch of {} rows cannot feed {} devices", batch, n);
+  broadcast_parameters();
+  for (size_t i = 1; i < n; ++i)
+    for (auto& p : params_[i]) p.set_grad(Tensor());  // replicas hold only this step's gradients
+
+  const CallerState caller;
+  std::vector<double> losses(n, 0.0);
+  std::vector<std::exception_ptr> errors(n);
+  std::vector<std::thread> workers;
+  int64_t start = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t rows = batch / static_cast<int64_t>(n) + (static_cast<int64_t>(i) < batch % static_cast<int64_t>(n));
+    const int64_t begin = start;
+    start += rows;
+    workers.emplace_back([&, i, begin, rows] {
+      try {
+        caller.apply();
+        DeviceGuard on_device(devices_[i]);
+        const Tensor x = prim::to(prim::slice(input, 0, begin, begin + rows), devices_[i]);
+        const Tensor y = prim::to(prim::slice(target, 0, begin, begin + rows), devices_[i]);
+        const Tensor l = loss(replicas_[i]->forward(x), y);
+        check<ShapeError>(l.numel() == 1, "DataParallel: the loss on {} is {}, not a scalar", devices_[i].str(),
+                          describe(l));
+        // d(batch mean)/d(device mean) = rows / batch.
+        const double weight = static_cast<double>(rows) / static_cast<double>(batch);
+        losses[i] = l.item() * weight;
+        if (grad_enabled()) backward(l, full(l.shape(), weight, l.dtype(), devices_[i]));
+      } catch (...) {
+        errors[i] = std::current_exception();
+      }
+    });
+  }
+  for (auto& w : workers) w.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+
+  NoGradGuard no_grad;
+  for (size_t k = 0; k < params_[0].size(); ++k) {
+    std::vector<Tensor> grads;
+    bool any = false;
+    for (auto& p : params_) any |= p[k].grad().defined();
+    if (!any) continue;
+    for (auto& p : params_) {
+      if (!p[k].grad().defined()) p[k].set_grad(zeros(p[k].shape(), p[k].dtype(), p[k].device()));
+      grads.push_back(p[k].grad());
+    }
+    comm_->allreduce_sum(grads);
+  }
+  double total = 0;
+  for (double l : losses) total += l;
+  return total;
+}
+
+}  // namespace mpt::dist

@@ -1,0 +1,341 @@
+#include "parallel/distributed_data_parallel.h"
+
+#include <algorithm>
+#include <cstring>
+#include <unordered_set>
+
+#include <fmt/ranges.h>
+
+#include "autograd/grad_mode.h"
+#include "autograd/node.h"
+#include "parallel/distributed_error.h"
+#include "tensor/ops.h"
+
+namespace mpt::dist {
+
+// The per-iteration bookkeeping behind the hooks. It runs on the thread
+// that calls backward(); the all-reduces run on the group's thread.
+struct DistributedDataParallel::Reducer {
+  std::shared_ptr<ProcessGroup> group;
+  DdpOptions options;
+  std::vector<Tensor> params;
+  std::vector<std::string> names;
+  std::vector<Bucket> buckets;
+  std::vector<size_t> bucket_of;  // per parameter
+
+  bool sync = true;               // false inside no_sync()
+  bool expecting = false;         // a synchronised forward ran; its backward will reduce
+  bool started = false;           // a hook of this iteration fired
+  std::vector<bool> ready;
+  std::vector<size_t> unused;     // found at forward (find_unused_parameters)
+  size_t next_to_launch = 0;
+  bool rebuilt = false;
+  std::vector<size_t> ready_order;  // recorded until the rebuild
+  bool order_complete = false;
+
+  void build(const std::vector<size_t>& order);
+  void prepare();
+  void find_unused(const Tensor& output);
+  void on_gradient_ready(size_t index);
+  void mark_ready(size_t index);
+  void launch(Bucket& bucket);
+  void finalize();
+  std::string not_ready_names() const;
+};
+
+namespace {
+
+std::string describe_parameters(const std::vector<std::string>& names, const std::vector<Tensor>& params) {
+  std::string out;
+  for (size_t i = 0; i < params.size(); ++i)
+    out += fmt::format("{} {} {}\n", names[i], shape_str(params[i].shape()), dtype_name(params[i].dtype()));
+  return out;
+}
+
+std::vector<std::string> lines_of(const std::string& s) {
+  std::vector<std::string> lines;
+  size_t start = 0, nl;
+  while ((nl = s.find('\n', start)) != std::string::npos) {
+    lines.push_back(s.substr(start, nl - start));
+    start = nl + 1;
+  }
+  return lines;
+}
+
+// Every rank must hold the same parameters: compare with rank 0's list and
+// fail on every rank (a rank that went on alone would hang in its first
+// all-reduce).
+void check_same_parameters(ProcessGroup& group, const std::vector<std::string>& names,
+                           const std::vector<Tensor>& params, const Device& device) {
+  const std::string mine = describe_parameters(names, params);
+  Tensor length = prim::to(scalar_tensor(static_cast<double>(mine.size()), DType::i64), device);
+  length = prim::reshape(length, {1});
+  group.broadcast(length, 0)->wait();
+  const auto n = static_cast<int64_t>(length.item());
+  std::vector<uint8_t> bytes(static_cast<size_t>(n));
+  if (group.rank() == 0) std::memcpy(bytes.data(), mine.data(), mine.size());
+  Tensor text = prim::to(from_vector(std::vector<int64_t>(bytes.begin(), bytes.end()), {n}, DType::u8), device);
+  group.broadcast(text, 0)->wait();
+  const auto received = text.to_vector<int64_t>();
+  const std::string theirs(received.begin(), received.end());
+
+  std::string problem;
+  if (theirs != mine) {
+    const auto a = lines_of(theirs), b = lines_of(mine);
+    for (size_t i = 0; i < std::max(a.size(), b.size()); ++i) {
+      const std::string ra = i < a.size() ? a[i] : "(none)";
+      const std::string rb = i < b.size() ? b[i] : "(none)";
+      if (ra != rb) {
+        problem = fmt::format("parameter {} differs: rank 0 has '{}', rank {} has '{}'", i, ra, group.rank(), rb);
+        break;
+      }
+    }
+  }
+  Tensor flag = prim::to(from_vector(std::vector<float>{problem.empty() ? 0.f : 1.f}, {1}), device);
+  group.allreduce(flag, ReduceOp::max)->wait();
+  check<ValueError>(problem.empty(), "DistributedDataParallel: ranks hold different models: {}", problem);
+  check<ValueError>(flag.item() == 0,
+                    "DistributedDataParallel: ranks hold different models: some rank's parameters differ from "
+                    "rank 0's (rank {} matches; the differing rank's error names the parameter)",
+                    group.rank());
+}
+
+}  // namespace
+
+void DistributedDataParallel::Reducer::build(const std::vector<size_t>& order) {
+  std::vector<size_t> bytes;
+  for (const auto& p : params) bytes.push_back(p.nbytes());
+  const auto assignment = assign_buckets(order, bytes, options.first_bucket_bytes, options.bucket_bytes);
+  const DType transit = options.compression.value_or(params.front().dtype());
+  buckets.clear();
+  bucket_of.assign(params.size(), 0);
+  for (const auto& members : assignment) {
+    Bucket b;
+    int64_t total = 0;
+    for (size_t index : members) {
+      b.params.push_back(index);
+      b.offsets.push_back(total);
+      total += params[index].numel();
+      bucket_of[index] = buckets.size();
+    }
+    b.flat = zeros({total}, transit, params.front().device());
+    buckets.push_back(std::move(b));
+  }
+}
+
+std::string DistributedDataParallel::Reducer::not_ready_names() const {
+  std::vector<std::string> missing;
+  for (size_t i = 0; i < params.size(); ++i)
+    if (!ready[i]) missing.push_back(names[i]);
+  return fmt::format("{}", missing);
+}
+
+void DistributedDataParallel::Reducer::prepare() {
+  if (started) {
+    // The previous backward left buckets waiting for gradients that never
+    // came; the other ranks may be stuck on them too.
+    const std::string missing = not_ready_names();
+    started = false;
+    expecting = false;
+    throw ValueError(fmt::format(
+        "DistributedDataParallel (rank {}): the previous backward did not finish reducing gradients: parameters {} "
+        "received no gradient. If they are unused on purpose, pass find_unused_parameters = true; otherwise make "
+        "the loss depend on them (and give every forward a backward)",
+        group->rank(), missing));
+  }
+  expecting = sync;
+  if (!sync) return;
+  if (!rebuilt && order_complete) {
+    // Rank 0's observed order decides, so every rank builds the same buckets.
+    std::vector<int64_t> order(params.size());
+    for (size_t i = 0; i < params.size(); ++i) order[i] = static_cast<int64_t>(ready_order[i]);
+    Tensor t = prim::to(from_vector(order, {static_cast<int64_t>(order.size())}, DType::i64), params[0].device());
+    group->broadcast(t, 0)->wait();
+    const auto agreed = t.to_vector<int64_t>();
+    build(std::vector<size_t>(agreed.begin(), agreed.end()));
+    rebuilt = true;
+  }
+  ready.assign(params.size(), false);
+  for (auto& b : buckets) {
+    b.pending = b.params.size();
+    b.work.reset();
+  }
+  next_to_launch = 0;
+  unused.clear();
+  if (!rebuilt) ready_order.clear();
+}
+
+void DistributedDataParallel::Reducer::find_unused(const Tensor& output) {
+  if (!expecting || !options.find_unused_parameters) return;
+  std::unordered_set<const Node*> reachable;
+  std::vector<std::shared_ptr<Node>> stack;
+  if (output.defined() && output.grad_fn()) stack.push_back(output.grad_fn());
+  while (!stack.empty()) {
+    auto node = std::move(stack.back());
+    stack.pop_back();
+    if (!reachable.insert(node.get()).second) continue;
+    for (const auto& e : node->next_edges())
+      if (e.node) stack.push_back(e.node);
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    auto acc = params[i].autograd_meta().grad_accumulator.lock();
+    if (!acc || !reachable.count(acc.get())) unused.push_back(i);
+  }
+}
+
+void DistributedDataParallel::Reducer::on_gradient_ready(size_t index) {
+  if (!expecting) return;  // inside no_sync(), or a backward DDP did not prepare
+  if (!started) {
+    started = true;
+    for (size_t i : unused) mark_ready(i);
+  }
+  mark_ready(index);
+}
+
+void DistributedDataParallel::Reducer::mark_ready(size_t index) {
+  check<ValueError>(!ready[index],
+                    "DistributedDataParallel (rank {}): parameter '{}' got a second gradient in one iteration (a "
+                    "second backward through the same forward?); call forward again before each backward",
+                    group->rank(), names[index]);
+  ready[index] = true;
+  if (!rebuilt) ready_order.push_back(index);
+  Bucket& bucket = buckets[bucket_of[index]];
+  if (--bucket.pending > 0) return;
+  // Launch in bucket order, so every rank issues the same sequence.
+  while (next_to_launch < buckets.size() && buckets[next_to_launch].pending == 0) launch(buckets[next_to_launch++]);
+  if (next_to_launch == buckets.size()) finalize();
+}
+
+void DistributedDataParallel::Reducer::launch(Bucket& bucket) {
+  NoGradGuard no_grad;
+  // Divide before the all-reduce: the sum of averages cannot overflow a
+  // 16-bit transit type where the plain sum might.
+  const double scale = 1.0 / group->size();
+  for (size_t k = 0; k < bucket.params.size(); ++k) {
+    const Tensor& p = params[bucket.params[k]];
+    Tensor slot = prim::view(prim::slice(bucket.flat, 0, bucket.offsets[k], bucket.offsets[k] + p.numel()), p.shape());
+    const Tensor g = p.grad();
+    if (g.defined()) prim::copy_(slot, prim::mul_scalar(g, scale));
+    else prim::fill_(slot, 0.0);
+  }
+  bucket.work = group->allreduce(bucket.flat, ReduceOp::sum);
+}
+
+void DistributedDataParallel::Reducer::finalize() {
+  NoGradGuard no_grad;
+  started = false;
+  expecting = false;
+  if (!rebuilt) order_complete = ready_order.size() == params.size();
+  for (auto& b : buckets) b.work->wait();
+
+  // With unused parameters allowed, a gradient that no rank produced stays
+  // undefined (so the optimizer skips it), as if the parameter were frozen.
+  std::vector<float> used_anywhere(params.size(), 1.f);
+  if (options.find_unused_parameters) {
+    std::vector<float> used(params.size());
+    for (size_t i = 0; i < params.size(); ++i) used[i] = params[i].grad().defined() ? 1.f : 0.f;
+    Tensor t = prim::to(from_vector(used, {static_cast<int64_t>(used.size())}), params[0].device());
+    group->allreduce(t, ReduceOp::max)->wait();
+    used_anywhere = t.to_vector<float>();
+  }
+  for (auto& b : buckets)
+    for (size_t k = 0; k < b.params.size(); ++k) {
+      const size_t i = b.params[k];
+      Tensor& p = params[i];
+      Tensor slot = prim::view(prim::slice(b.flat, 0, b.offsets[k], b.offsets[k] + p.numel()), p.shape());
+      Tensor g = p.grad();
+      if (g.defined()) prim::copy_(g, slot);
+      else if (used_anywhere[i] != 0) p.set_grad(prim::to(prim::clone(slot), p.dtype()));
+    }
+}
+
+DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> module,
+                                                 std::shared_ptr<ProcessGroup> group, DdpOptions options)
+    : module_(std::move(module)), group_(std::move(group)), reducer_(std::make_shared<Reducer>()) {
+  check<ValueError>(module_ != nullptr && group_ != nullptr, "DistributedDataParallel: null module or group");
+  if (options.compression)
+    check<DTypeError>(*options.compression == DType::f16 || *options.compression == DType::bf16,
+                      "DistributedDataParallel: compression must be f16 or bf16, got {}",
+                      dtype_name(*options.compression));
+  Reducer& r = *reducer_;
+  r.group = group_;
+  r.options = options;
+  for (auto& [name, p] : module_->named_parameters()) {
+    r.names.push_back(name);
+    r.params.push_back(p);
+  }
+  check<ValueError>(!r.params.empty(), "DistributedDataParallel: {} has no parameters", module_->type_name());
+  const Tensor& first = r.params.front();
+  for (size_t i = 0; i < r.params.size(); ++i) {
+    check<DeviceError>(r.params[i].device() == first.device(),
+                       "DistributedDataParallel: parameter '{}' is on {} but '{}' is on {}; one device per process",
+                       r.names[i], r.params[i].device().str(), r.names[0], first.device().str());
+    check<DTypeError>(r.params[i].dtype() == first.dtype() && is_floating(first.dtype()),
+                      "DistributedDataParallel: parameter '{}' is {}, '{}' is {}; all must share one float dtype",
+                      r.names[i], dtype_name(r.params[i].dtype()), r.names[0], dtype_name(first.dtype()));
+    check<ValueError>(r.params[i].is_contiguous(), "DistributedDataParallel: parameter '{}' is not contiguous",
+                      r.names[i]);
+  }
+
+  check_same_parameters(*group_, r.names, r.params, first.device());
+  std::vector<WorkPtr> works;
+  for (auto& p : r.params) works.push_back(group_->broadcast(p, 0));
+  if (options.broadcast_buffers)
+    for (auto& [name, b] : module_->named_buffers())
+      if (b.is_contiguous() && b.device() == first.device()) works.push_back(group_->broadcast(b, 0));
+  for (auto& w : works) w->wait();
+
+  std::vector<size_t> reverse(r.params.size());
+  for (size_t i = 0; i < reverse.size(); ++i) reverse[i] = reverse.size() - 1 - i;
+  r.build(reverse);
+  r.ready.assign(r.params.size(), false);
+
+  std::weak_ptr<Reducer> weak = reducer_;
+  for (size_t i = 0; i < r.params.size(); ++i)
+    r.params[i].autograd_meta().post_accumulate_hooks.push_back([weak, i](const Tensor&) {
+      if (auto reducer = weak.lock()) reducer->on_gradient_ready(i);
+    });
+}
+
+DistributedDataParallel::~DistributedDataParallel() = default;
+
+void DistributedDataParallel::before_forward() {
+  if (grad_enabled()) reducer_->prepare();
+}
+
+void DistributedDataParallel::after_forward(const Tensor& output) { reducer_->find_unused(output); }
+
+Tensor DistributedDataParallel::forward(const Tensor& x) {
+  before_forward();
+  Tensor out = module_->forward(x);
+  after_forward(out);
+  return out;
+}
+
+DistributedDataParallel::NoSyncGuard::NoSyncGuard(DistributedDataParallel& ddp)
+    : ddp_(ddp), previous_(ddp.reducer_->sync) {
+  ddp_.reducer_->sync = false;
+}
+
+DistributedDataParallel::NoSyncGuard::~NoSyncGuard() { ddp_.reducer_->sync = previous_; }
+
+std::vector<std::vector<size_t>> DistributedDataParallel::bucket_assignment() const {
+  std::vector<std::vector<size_t>> out;
+  for (const auto& b : reducer_->buckets) out.push_back(b.params);
+  return out;
+}
+
+bool DistributedDataParallel::buckets_rebuilt() const { return reducer_->rebuilt; }
+
+void DistributedDataParallel::allreduce_found_inf(const Tensor& found_inf) {
+  dist::allreduce_found_inf(*group_, found_inf);
+}
+
+void allreduce_found_inf(ProcessGroup& group, const Tensor& found_inf) {
+  check<ShapeError>(found_inf.defined() && found_inf.numel() == 1,
+                    "allreduce_found_inf: expected a one-element tensor, got {}",
+                    found_inf.defined() ? describe(found_inf) : "undefined");
+  group.allreduce(found_inf, ReduceOp::max)->wait();
+}
+
+}  // namespace mpt::dist

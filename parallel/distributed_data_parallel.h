@@ -1,0 +1,96 @@
+#pragma once
+// DistributedDataParallel: one replica of the model per process, gradients
+// averaged over the ranks during backward.
+//
+// At construction rank 0's parameters and buffers are broadcast, after
+// checking that every rank has the same parameter names and shapes. Each
+// parameter gets a post-accumulate hook (autograd calls it once the
+// parameter's gradient of this backward is complete); when every gradient
+// of a bucket is ready the bucket is all-reduced on the process group's
+// communication thread (or stream) while backward goes on. The last hook of
+// the backward waits for the buckets and writes the averaged gradients back,
+// so when backward() returns the gradients are synchronised.
+//
+// Buckets start in reverse registration order (the order backward usually
+// produces gradients) and are rebuilt once, before the second synchronised
+// iteration, in the order rank 0 observed them becoming ready.
+//
+// Gradient accumulation: inside no_sync(), backward only accumulates
+// locally; the first synchronised backward after it all-reduces the sums.
+// With a loss scaler, unscale once per accumulation window, after that
+// synchronised backward, and agree on overflow with allreduce_found_inf().
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "models/module.h"
+#include "parallel/bucket.h"
+#include "parallel/process_group.h"
+
+namespace mpt::dist {
+
+struct DdpOptions {
+  size_t first_bucket_bytes = size_t(1) << 20;  // 1 MiB
+  size_t bucket_bytes = size_t(25) << 20;       // 25 MiB
+  // Find, at each forward, the parameters the output does not depend on and
+  // count them as ready (their gradient contributes zero). Without it, such
+  // a parameter makes the next forward() fail, naming it.
+  bool find_unused_parameters = false;
+  // Gradients travel as f16 or bf16 (halving traffic) and come back to f32.
+  std::optional<DType> compression;
+  bool broadcast_buffers = true;  // at construction, with the parameters
+};
+
+class DistributedDataParallel {
+ public:
+  DistributedDataParallel(std::shared_ptr<nn::Module> module, std::shared_ptr<ProcessGroup> group,
+                          DdpOptions options = {});
+  ~DistributedDataParallel();
+  DistributedDataParallel(const DistributedDataParallel&) = delete;
+  DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
+
+  // Runs the module and prepares the reducer for the backward of its output.
+  Tensor forward(const Tensor& x);
+  Tensor operator()(const Tensor& x) { return forward(x); }
+
+  // For modules with another signature: call before their forward (and
+  // pass its output to after_forward() when find_unused_parameters is on).
+  void before_forward();
+  void after_forward(const Tensor& output);
+
+  class NoSyncGuard {
+   public:
+    explicit NoSyncGuard(DistributedDataParallel& ddp);
+    ~NoSyncGuard();
+    NoSyncGuard(const NoSyncGuard&) = delete;
+    NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+
+   private:
+    DistributedDataParallel& ddp_;
+    bool previous_;
+  };
+  // While the guard lives, forward/backward pairs accumulate locally.
+  [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(*this); }
+
+  // found_inf (one element, any float dtype) becomes the maximum over the
+  // ranks, so every rank skips or takes the same optimizer step.
+  void allreduce_found_inf(const Tensor& found_inf);
+
+  nn::Module& module() { return *module_; }
+  ProcessGroup& group() { return *group_; }
+  // Parameter indices per bucket (in nn::Module::parameters() order).
+  std::vector<std::vector<size_t>> bucket_assignment() const;
+  bool buckets_rebuilt() const;
+
+ private:
+  struct Reducer;
+  std::shared_ptr<nn::Module> module_;
+  std::shared_ptr<ProcessGroup> group_;
+  std::shared_ptr<Reducer> reducer_;  // the hooks hold it weakly
+};
+
+// The same for code that has a process group but no DDP object.
+void allreduce_found_inf(ProcessGroup& group, const Tensor& found_inf);
+
+}  // namespace mpt::dist

@@ -1,0 +1,96 @@
+#include "parallel/file_store.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
+#include "parallel/distributed_error.h"
+
+namespace mpt::dist {
+
+namespace fs = std::filesystem;
+
+FileStore::FileStore(std::string folder, Millis timeout) : Store(timeout), folder_(std::move(folder)) {
+  mpt::check<ValueError>(!folder_.empty(), "FileStore: empty folder path");
+  std::error_code ec;
+  fs::create_directories(folder_, ec);
+  mpt::check<IOError>(!ec && fs::is_directory(folder_), "FileStore: cannot create or use folder '{}': {}", folder_,
+                 ec.message());
+}
+
+// Keys may hold '/', so the file name is the key in hex.
+std::string FileStore::path_of(const std::string& key) const {
+  std::string name = "k";
+  for (unsigned char c : key) name += fmt::format("{:02x}", c);
+  return folder_ + "/" + name;
+}
+
+namespace {
+
+void write_atomically(const std::string& path, const Bytes& value) {
+  const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out.write(value.data(), static_cast<std::streamsize>(value.size()));
+    mpt::check<IOError>(static_cast<bool>(out), "FileStore: cannot write '{}'", tmp);
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  mpt::check<IOError>(!ec, "FileStore: cannot rename '{}' to '{}': {}", tmp, path, ec.message());
+}
+
+Bytes read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  mpt::check<IOError>(static_cast<bool>(in), "FileStore: cannot read '{}'", path);
+  return Bytes(std::istreambuf_iterator<char>(in), {});
+}
+
+}  // namespace
+
+void FileStore::set(const std::string& key, const Bytes& value) { write_atomically(path_of(key), value); }
+
+Bytes FileStore::get(const std::string& key) {
+  wait({key});
+  return read_file(path_of(key));
+}
+
+int64_t FileStore::add(const std::string& key, int64_t delta) {
+  // Read-modify-write under an exclusive lock on one lock file, which every
+  // rank sharing the folder takes.
+  const std::string lock_path = folder_ + "/.lock";
+  const int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  mpt::check<IOError>(fd >= 0, "FileStore: cannot open '{}': {}", lock_path, std::strerror(errno));
+  ::flock(fd, LOCK_EX);
+  int64_t value = 0;
+  try {
+    const std::string path = path_of(key);
+    if (fs::exists(path)) {
+      const Bytes b = read_file(path);
+      if (b.size() == sizeof value) std::memcpy(&value, b.data(), sizeof value);
+    }
+    value += delta;
+    Bytes out(sizeof value);
+    std::memcpy(out.data(), &value, sizeof value);
+    write_atomically(path, out);
+  } catch (...) {
+    ::flock(fd, LOCK_UN);
+    ::close(fd);
+    throw;
+  }
+  ::flock(fd, LOCK_UN);
+  ::close(fd);
+  return value;
+}
+
+bool FileStore::check(const std::vector<std::string>& keys) {
+  for (const auto& k : keys)
+    if (!fs::exists(path_of(k))) return false;
+  return true;
+}
+
+}  // namespace mpt::dist

@@ -1,0 +1,285 @@
+#include "parallel/gloo_process_group.h"
+
+#ifdef MPT_WITH_GLOO
+
+#include <unistd.h>
+
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "parallel/distributed_error.h"
+#include "parallel/tcp_store.h"
+#include "parallel/work_queue.h"
+#include "tensor/ops.h"
+
+namespace mpt::dist {
+
+namespace {
+
+// Gloo's rendezvous talks to our store under a per-group prefix, so several
+// groups (and the arrival marks) share one store.
+class GlooStoreAdapter : public gloo::rendezvous::Store {
+ public:
+  GlooStoreAdapter(dist::Store& store, std::string prefix) : store_(store), prefix_(std::move(prefix)) {}
+  void set(const std::string& key, const std::vector<char>& data) override { store_.set(prefix_ + key, data); }
+  std::vector<char> get(const std::string& key) override { return store_.get(prefix_ + key); }
+  void wait(const std::vector<std::string>& keys) override { wait(keys, store_.timeout()); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+    std::vector<std::string> full;
+    for (const auto& k : keys) full.push_back(prefix_ + k);
+    store_.wait(full, timeout.count() > 0 ? timeout : store_.timeout());
+  }
+
+ private:
+  dist::Store& store_;
+  std::string prefix_;
+};
+
+// Element-wise reductions, computed in f32 for the 16-bit types.
+template <typename T>
+void reduce_sum(void* out, const void* a, const void* b, size_t n) {
+  auto* o = static_cast<T*>(out);
+  auto* x = static_cast<const T*>(a);
+  auto* y = static_cast<const T*>(b);
+  for (size_t i = 0; i < n; ++i) {
+    if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>)
+      o[i] = T(float(x[i]) + float(y[i]));
+    else
+      o[i] = static_cast<T>(x[i] + y[i]);
+  }
+}
+
+template <typename T>
+void reduce_max(void* out, const void* a, const void* b, size_t n) {
+  auto* o = static_cast<T*>(out);
+  auto* x = static_cast<const T*>(a);
+  auto* y = static_cast<const T*>(b);
+  for (size_t i = 0; i < n; ++i) {
+    if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
+      const float fx = float(x[i]), fy = float(y[i]);
+      // NaN wins, so an overflow seen on any rank is seen by all.
+      o[i] = (std::isnan(fx) || fx > fy) ? x[i] : y[i];
+    } else if constexpr (std::is_floating_point_v<T>) {
+      o[i] = (std::isnan(x[i]) || x[i] > y[i]) ? x[i] : y[i];
+    } else {
+      o[i] = std::max(x[i], y[i]);
+    }
+  }
+}
+
+// Calls f with a value of the C++ element type of `dtype`.
+template <typename F>
+void with_element_type(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::f32: return f(float{});
+    case DType::f64: return f(double{});
+    case DType::f16: return f(Half{});
+    case DType::bf16: return f(BFloat16{});
+    case DType::i32: return f(int32_t{});
+    case DType::i64: return f(int64_t{});
+    case DType::u8: return f(uint8_t{});
+  }
+}
+
+std::string local_hostname(const dist::Store& store, const ProcessGroupOptions& options) {
+  if (!options.hostname.empty()) return options.hostname;
+  // A master on loopback means a single-host job: stay on loopback too, which
+  // works even where this host's name does not resolve.
+  if (auto* tcp = dynamic_cast<const TcpStore*>(&store)) {
+    const std::string& h = tcp->host();
+    if (h == "localhost" || h == "::1" || h.rfind("127.", 0) == 0) return "127.0.0.1";
+  }
+  char name[256] = {};
+  ::gethostname(name, sizeof name - 1);
+  return name;
+}
+
+class GlooProcessGroup : public ProcessGroup {
+ public:
+  GlooProcessGroup(const std::shared_ptr<dist::Store>& store, int rank, int size, const ProcessGroupOptions& options)
+      : ProcessGroup(rank, size), store_(store), timeout_(options.timeout) {
+    gloo::transport::tcp::attr attr;
+    std::string interface = options.interface;
+    if (interface.empty() && options.hostname.empty())
+      if (const char* env = std::getenv("GLOO_SOCKET_IFNAME")) interface = env;
+    if (!interface.empty()) attr.iface = interface;
+    else attr.hostname = local_hostname(*store, options);
+    // The n-th group this rank creates meets the n-th group of the others.
+    const int64_t index = store->add(fmt::format("mpt/gloo/groups_of_rank/{}", rank), 1);
+    const std::string prefix = fmt::format("mpt/gloo/{}/", index);
+    try {
+      auto device = gloo::transport::tcp::CreateDevice(attr);
+      auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
+      context->setTimeout(timeout_);
+      GlooStoreAdapter adapter(*store, prefix);
+      context->connectFullMesh(adapter, device);
+      context_ = std::move(context);
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw DistributedError(fmt::format(
+          "Gloo process group (rank {} of {}, host '{}', interface '{}', store {}): connecting to the other ranks "
+          "failed within {} ms: {}",
+          rank, size, attr.hostname, attr.iface, store->describe(), timeout_.count(), e.what()));
+    }
+  }
+
+  std::string backend_name() const override { return "gloo"; }
+
+  WorkPtr allreduce(const Tensor& tensor, ReduceOp op) override {
+    check_collective_tensor("allreduce", tensor, DeviceType::cpu);
+    check<DTypeError>(op != ReduceOp::avg || is_floating(tensor.dtype()),
+                      "allreduce(avg): {} is not a floating tensor; average floats, or sum integers", describe(tensor));
+    return queue_.enqueue([this, tensor, op] {
+      guarded(fmt::format("allreduce({}) of {}", reduce_op_name(op), describe(tensor)), [&] {
+        if (size() > 1) {
+          with_element_type(tensor.dtype(), [&](auto zero) {
+            using T = decltype(zero);
+            gloo::AllreduceOptions opts(context_);
+            opts.setOutput(static_cast<T*>(tensor.data_ptr()), static_cast<size_t>(tensor.numel()));
+            opts.setReduceFunction(op == ReduceOp::max ? &reduce_max<T> : &reduce_sum<T>);
+            opts.setTag(next_tag());
+            opts.setTimeout(timeout_);
+            gloo::allreduce(opts);
+          });
+        }
+        if (op == ReduceOp::avg) prim::unary_(UnaryOp::affine, tensor, tensor, 1.0 / size(), 0.0);
+      });
+    });
+  }
+
+  WorkPtr broadcast(const Tensor& tensor, int root) override {
+    check_collective_tensor("broadcast", tensor, DeviceType::cpu);
+    check<ValueError>(root >= 0 && root < size(), "broadcast: root {} outside 0..{}", root, size() - 1);
+    return queue_.enqueue([this, tensor, root] {
+      guarded(fmt::format("broadcast of {} from rank {}", describe(tensor), root), [&] {
+        if (size() == 1) return;
+        gloo::BroadcastOptions opts(context_);
+        auto* bytes = static_cast<uint8_t*>(tensor.data_ptr());
+        if (rank() == root) opts.setInput(bytes, tensor.nbytes());
+        opts.setOutput(bytes, tensor.nbytes());
+        opts.setRoot(root);
+        opts.setTag(next_tag());
+        opts.setTimeout(timeout_);
+        gloo::broadcast(opts);
+      });
+    });
+  }
+
+  WorkPtr allgather(const std::vector<Tensor>& outputs, const Tensor& input) override {
+    check_collective_tensor("allgather", input, DeviceType::cpu);
+    check<ValueError>(static_cast<int>(outputs.size()) == size(), "allgather: {} outputs for a group of {} ranks",
+                      outputs.size(), size());
+    for (const auto& out : outputs) {
+      check_collective_tensor("allgather", out, DeviceType::cpu);
+      check<ShapeError>(out.shape() == input.shape() && out.dtype() == input.dtype(),
+                        "allgather: output {} does not match input {}", describe(out), describe(input));
+    }
+    return queue_.enqueue([this, outputs, input] {
+      guarded(fmt::format("allgather of {}", describe(input)), [&] {
+        const size_t n = input.nbytes();
+        std::vector<uint8_t> gathered(n * static_cast<size_t>(size()));
+        if (size() == 1) {
+          std::memcpy(gathered.data(), input.data_ptr(), n);
+        } else {
+          gloo::AllgatherOptions opts(context_);
+          opts.setInput(static_cast<uint8_t*>(input.data_ptr()), n);
+          opts.setOutput(gathered.data(), gathered.size());
+          opts.setTag(next_tag());
+          opts.setTimeout(timeout_);
+          gloo::allgather(opts);
+        }
+        for (int r = 0; r < size(); ++r) std::memcpy(outputs[r].data_ptr(), gathered.data() + n * r, n);
+      });
+    });
+  }
+
+  WorkPtr reduce_scatter(const Tensor& output, const Tensor& input, ReduceOp op) override {
+    check_collective_tensor("reduce_scatter", input, DeviceType::cpu);
+    check_collective_tensor("reduce_scatter", output, DeviceType::cpu);
+    check<ShapeError>(input.dim() >= 1 && input.size(0) == output.size(0) * size() && output.dtype() == input.dtype() &&
+                          input.numel() == output.numel() * size(),
+                      "reduce_scatter: input {} must be {} chunks shaped like output {}", describe(input), size(),
+                      describe(output));
+    // Gloo has no general reduce-scatter over arbitrary types: reduce the
+    // whole input, keep this rank's chunk. Same result, more traffic.
+    Tensor scratch = prim::clone(input);
+    WorkPtr reduced = allreduce(scratch, op);
+    return queue_.enqueue([this, output, scratch, reduced] {
+      reduced->wait();
+      const size_t n = output.nbytes();
+      std::memcpy(output.data_ptr(), static_cast<const uint8_t*>(scratch.data_ptr()) + n * rank(), n);
+    });
+  }
+
+  WorkPtr barrier() override {
+    return queue_.enqueue([this] {
+      guarded("barrier", [&] {
+        if (size() == 1) return;
+        gloo::BarrierOptions opts(context_);
+        opts.setTag(next_tag());
+        opts.setTimeout(timeout_);
+        gloo::barrier(opts);
+      });
+    });
+  }
+
+ private:
+  // Runs on the communication thread only: tags follow call order.
+  uint32_t next_tag() { return tag_++; }
+
+  // Turns Gloo's exceptions into ours, with the collective, rank and timeout.
+  template <typename F>
+  void guarded(const std::string& what, F&& f) {
+    try {
+      f();
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      const std::string msg = e.what();
+      const std::string text = fmt::format("Gloo {} on rank {} of {} (timeout {} ms): {}", what, rank(), size(),
+                                           timeout_.count(), msg);
+      if (msg.find("imed out") != std::string::npos) throw TimeoutError(text);
+      throw DistributedError(text);
+    }
+  }
+
+  std::shared_ptr<dist::Store> store_;
+  Millis timeout_;
+  std::shared_ptr<gloo::Context> context_;
+  uint32_t tag_ = 0;
+  WorkQueue queue_;  // last: its thread stops before the context goes
+};
+
+}  // namespace
+
+std::shared_ptr<ProcessGroup> new_gloo_process_group(const std::shared_ptr<Store>& store, int rank, int size,
+                                                     const ProcessGroupOptions& options) {
+  return std::make_shared<GlooProcessGroup>(store, rank, size, options);
+}
+
+}  // namespace mpt::dist
+
+#else  // no Gloo in this build
+
+namespace mpt::dist {
+
+std::shared_ptr<ProcessGroup> new_gloo_process_group(const std::shared_ptr<Store>& store, int rank, int size,
+                                                     const ProcessGroupOptions&) {
+  throw NotAvailableError(fmt::format(
+      "new_gloo_process_group (rank {} of {}, store {}): this build of mptrain has no Gloo; install libgloo-dev "
+      "and reconfigure (MPT_WITH_GLOO=ON)",
+      rank, size, store ? store->describe() : "none"));
+}
+
+}  // namespace mpt::dist
+
+#endif

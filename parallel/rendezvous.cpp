@@ -1,0 +1,140 @@
+#include "parallel/rendezvous.h"
+
+#include <charconv>
+#include <cstdlib>
+
+#include <fmt/ranges.h>
+
+#include "parallel/distributed_error.h"
+#include "parallel/file_store.h"
+#include "parallel/tcp_store.h"
+
+namespace mpt::dist {
+
+std::optional<std::string> process_env(const std::string& name) {
+  const char* v = std::getenv(name.c_str());
+  if (v == nullptr) return std::nullopt;
+  return std::string(v);
+}
+
+namespace {
+
+struct Found {
+  std::string name;
+  std::string value;
+};
+
+// The first of `names` that is set.
+std::optional<Found> first_set(const EnvLookup& env, std::initializer_list<const char*> names) {
+  for (const char* n : names)
+    if (auto v = env(n)) return Found{n, *v};
+  return std::nullopt;
+}
+
+int parse_int(const Found& f) {
+  // Slurm writes per-node counts as "2(x3)": the leading number is ours.
+  int value = 0;
+  const char* begin = f.value.data();
+  const char* end = begin + f.value.size();
+  auto [ptr, ec] = std::from_chars(begin, end, value);
+  const bool slurm_repeat = f.name.rfind("SLURM_", 0) == 0 && ptr != begin && *ptr == '(';
+  check<ValueError>(ec == std::errc() && ptr != begin && (ptr == end || slurm_repeat),
+                    "rendezvous: {}='{}' is not an integer", f.name, f.value);
+  return value;
+}
+
+}  // namespace
+
+RendezvousConfig config_from_env(const EnvLookup& env, bool need_master) {
+  RendezvousConfig c;
+  const auto rank = first_set(env, {"RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"});
+  check<ValueError>(rank.has_value(),
+                    "rendezvous: RANK is not set (nor OMPI_COMM_WORLD_RANK from mpirun, nor SLURM_PROCID from "
+                    "srun); start the job with mpt-run, torchrun, mpirun or srun, or export RANK");
+  const auto world = first_set(env, {"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS"});
+  check<ValueError>(world.has_value(),
+                    "rendezvous: WORLD_SIZE is not set (nor OMPI_COMM_WORLD_SIZE from mpirun, nor SLURM_NTASKS "
+                    "from srun); export WORLD_SIZE, the total number of processes");
+  c.launcher = rank->name == "RANK" ? "torchrun" : rank->name.rfind("OMPI_", 0) == 0 ? "Open MPI" : "Slurm";
+  c.rank = parse_int(*rank);
+  c.world_size = parse_int(*world);
+  check<ValueError>(c.world_size >= 1, "rendezvous: {}={} must be at least 1", world->name, c.world_size);
+  check<ValueError>(c.rank >= 0 && c.rank < c.world_size, "rendezvous: {}={} is outside 0..{} ({}={})",
+                    rank->name, c.rank, c.world_size - 1, world->name, c.world_size);
+
+  const auto local_rank = first_set(env, {"LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"});
+  const auto local_size =
+      first_set(env, {"LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE"});
+  c.local_rank = local_rank ? parse_int(*local_rank) : c.rank;
+  c.local_world_size = local_size ? parse_int(*local_size) : c.world_size;
+  check<ValueError>(c.local_world_size >= 1 && c.local_rank >= 0 && c.local_rank < c.local_world_size,
+                    "rendezvous: local rank {} is outside 0..{} (from {} and {})", c.local_rank,
+                    c.local_world_size - 1, local_rank ? local_rank->name : "RANK",
+                    local_size ? local_size->name : "WORLD_SIZE");
+
+  if (need_master) {
+    const auto addr = env("MASTER_ADDR");
+    check<ValueError>(addr.has_value() && !addr->empty(),
+                      "rendezvous env://: MASTER_ADDR is not set (the host of rank 0, e.g. 127.0.0.1 on one "
+                      "machine; under Slurm, the first host of $SLURM_JOB_NODELIST)");
+    const auto port = env("MASTER_PORT");
+    check<ValueError>(port.has_value() && !port->empty(),
+                      "rendezvous env://: MASTER_PORT is not set (a free TCP port on rank 0's host, e.g. 29500)");
+    c.master_addr = *addr;
+    c.master_port = parse_int({"MASTER_PORT", *port});
+    check<ValueError>(c.master_port > 0 && c.master_port <= 65535, "rendezvous: MASTER_PORT={} is outside 1..65535",
+                      c.master_port);
+  }
+  return c;
+}
+
+void join_world(Store& store, int rank, int world_size) {
+  const int64_t claims = store.add(fmt::format("mpt/rank_claims/{}", rank), 1);
+  check<DistributedError>(claims == 1,
+                          "rendezvous at {}: {} processes claim rank {}; every process needs its own RANK",
+                          store.describe(), claims, rank);
+  store.set(fmt::format("mpt/arrived/{}", rank), std::to_string(world_size));
+
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<int> arrived;
+  for (int r = 0; r < world_size; ++r) {
+    const std::string key = fmt::format("mpt/arrived/{}", r);
+    const auto waited = std::chrono::duration_cast<Millis>(std::chrono::steady_clock::now() - start);
+    try {
+      store.wait({key}, std::max(Millis(1), store.timeout() - waited));
+    } catch (const TimeoutError&) {
+      std::vector<int> missing;
+      for (int q = r; q < world_size; ++q) {
+        if (store.check({fmt::format("mpt/arrived/{}", q)})) arrived.push_back(q);
+        else missing.push_back(q);
+      }
+      const auto total = std::chrono::duration_cast<Millis>(std::chrono::steady_clock::now() - start);
+      throw TimeoutError(fmt::format(
+          "rendezvous at {}: rank {} waited {} ms (timeout {} ms) for {} ranks; arrived: {}; missing: {}",
+          store.describe(), rank, total.count(), store.timeout().count(), world_size, arrived, missing));
+    }
+    const std::string their_size = store.get_string(key);
+    check<DistributedError>(their_size == std::to_string(world_size),
+                            "rendezvous at {}: world sizes disagree: rank {} says WORLD_SIZE={}, rank {} (this "
+                            "one) says {}",
+                            store.describe(), r, their_size, rank, world_size);
+    arrived.push_back(r);
+  }
+}
+
+Rendezvous rendezvous(const std::string& url, Millis timeout, const EnvLookup& env) {
+  Rendezvous rv;
+  if (url == "env://") {
+    rv.config = config_from_env(env, true);
+    rv.store = std::make_shared<TcpStore>(rv.config.master_addr, rv.config.master_port, rv.config.rank == 0, timeout);
+  } else if (url.rfind("file://", 0) == 0) {
+    rv.config = config_from_env(env, false);
+    rv.store = std::make_shared<FileStore>(url.substr(7), timeout);
+  } else {
+    throw ValueError(fmt::format("rendezvous: unknown init method '{}' (expected env:// or file:///path)", url));
+  }
+  join_world(*rv.store, rv.config.rank, rv.config.world_size);
+  return rv;
+}
+
+}  // namespace mpt::dist

@@ -1,0 +1,59 @@
+#pragma once
+// Rendezvous: how the ranks of a job learn who they are and find each
+// other. `env://` reads what torchrun (and mpt-run) export, falling back to
+// what Open MPI's mpirun and Slurm's srun set:
+//
+//   rank              RANK              OMPI_COMM_WORLD_RANK        SLURM_PROCID
+//   world size        WORLD_SIZE        OMPI_COMM_WORLD_SIZE        SLURM_NTASKS
+//   local rank        LOCAL_RANK        OMPI_COMM_WORLD_LOCAL_RANK  SLURM_LOCALID
+//   local world size  LOCAL_WORLD_SIZE  OMPI_COMM_WORLD_LOCAL_SIZE  SLURM_NTASKS_PER_NODE
+//   master            MASTER_ADDR, MASTER_PORT (always needed for env://)
+//
+// Rank 0 hosts a TcpStore at MASTER_ADDR:MASTER_PORT. `file:///shared/dir`
+// uses a FileStore there instead (rank and world size still from the
+// environment). Without a local rank, the process is taken to be alone on
+// its node's devices: LOCAL_RANK = RANK, LOCAL_WORLD_SIZE = WORLD_SIZE.
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "parallel/store.h"
+
+namespace mpt::dist {
+
+struct RendezvousConfig {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  int local_world_size = 1;
+  std::string master_addr;
+  int master_port = 0;
+  std::string launcher;  // "torchrun", "Open MPI" or "Slurm": which variables named the rank
+};
+
+// Looks a variable up; the process environment by default, a map in tests.
+using EnvLookup = std::function<std::optional<std::string>(const std::string& name)>;
+std::optional<std::string> process_env(const std::string& name);
+
+// Reads and checks the variables; ValueError names the first one missing or
+// malformed. need_master: MASTER_ADDR/MASTER_PORT are required (env://).
+RendezvousConfig config_from_env(const EnvLookup& env = process_env, bool need_master = true);
+
+struct Rendezvous {
+  RendezvousConfig config;
+  std::shared_ptr<Store> store;
+};
+
+// Connects to (or, on rank 0, hosts) the store named by `url` and waits
+// until every rank has arrived. Every wait is bounded by `timeout`.
+Rendezvous rendezvous(const std::string& url = "env://", Millis timeout = kDefaultTimeout,
+                      const EnvLookup& env = process_env);
+
+// The arrival check on an existing store: marks this rank as arrived, then
+// waits for all `world_size` ranks. DistributedError when two processes
+// claim one rank or the ranks disagree about the world size; TimeoutError
+// listing the ranks that arrived and those still missing.
+void join_world(Store& store, int rank, int world_size);
+
+}  // namespace mpt::dist

@@ -1,0 +1,145 @@
+#include "parallel/socket_util.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <thread>
+
+#include "parallel/distributed_error.h"
+
+namespace mpt::dist {
+
+int listen_tcp(int port, int* bound_port) {
+  check<ValueError>(port >= 0 && port <= 65535, "TcpStore: port {} is outside 0..65535", port);
+  const int fd = ::socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const bool v6 = fd >= 0;
+  const int sock = v6 ? fd : ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  check<DistributedError>(sock >= 0, "TcpStore: socket() failed: {}", std::strerror(errno));
+  int on = 1, off = 0;
+  // SO_REUSEADDR lets a restarted job reuse a port whose old connections
+  // linger in TIME_WAIT; a port with a live listener still fails below.
+  ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
+  int rc;
+  if (v6) {
+    ::setsockopt(sock, IPPROTO_IPV6, IPV6_V6ONLY, &off, sizeof off);
+    sockaddr_in6 addr{};
+    addr.sin6_family = AF_INET6;
+    addr.sin6_addr = in6addr_any;
+    addr.sin6_port = htons(static_cast<uint16_t>(port));
+    rc = ::bind(sock, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  } else {
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_ANY);
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    rc = ::bind(sock, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  }
+  if (rc != 0) {
+    const int err = errno;
+    ::close(sock);
+    if (err == EADDRINUSE)
+      throw DistributedError(fmt::format(
+          "TcpStore: port {} is already in use on this host (another job, or a stale process of an earlier "
+          "one?); choose another MASTER_PORT",
+          port));
+    throw DistributedError(fmt::format("TcpStore: cannot bind port {}: {}", port, std::strerror(err)));
+  }
+  if (::listen(sock, 128) != 0) {
+    const int err = errno;
+    ::close(sock);
+    throw DistributedError(fmt::format("TcpStore: listen on port {} failed: {}", port, std::strerror(err)));
+  }
+  sockaddr_storage got{};
+  socklen_t len = sizeof got;
+  ::getsockname(sock, reinterpret_cast<sockaddr*>(&got), &len);
+  *bound_port = got.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&got)->sin6_port)
+                                          : ntohs(reinterpret_cast<sockaddr_in*>(&got)->sin_port);
+  return sock;
+}
+
+int connect_tcp(const std::string& host, int port, Millis timeout) {
+  using clock = std::chrono::steady_clock;
+  const auto start = clock::now();
+  std::string last_error = "no attempt made";
+  auto pause = Millis(10);
+  for (;;) {
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* found = nullptr;
+    const std::string service = std::to_string(port);
+    const int gai = ::getaddrinfo(host.c_str(), service.c_str(), &hints, &found);
+    if (gai != 0) {
+      last_error = fmt::format("cannot resolve '{}': {}", host, ::gai_strerror(gai));
+    } else {
+      for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+        const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+        if (fd < 0) continue;
+        if (::connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
+          ::freeaddrinfo(found);
+          int on = 1;
+          ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof on);
+          return fd;
+        }
+        last_error = std::strerror(errno);
+        ::close(fd);
+      }
+      ::freeaddrinfo(found);
+    }
+    const auto waited = std::chrono::duration_cast<Millis>(clock::now() - start);
+    if (waited >= timeout)
+      throw TimeoutError(fmt::format(
+          "TcpStore: could not reach the master at {}:{} after waiting {} ms (timeout {} ms); last error: {}. "
+          "Is rank 0 running, and do MASTER_ADDR and MASTER_PORT point at it?",
+          host, port, waited.count(), timeout.count(), last_error));
+    std::this_thread::sleep_for(std::min(pause, timeout - waited));
+    pause = std::min(pause * 2, Millis(200));
+  }
+}
+
+void set_io_timeout(int fd, Millis timeout) {
+  timeval tv{};
+  tv.tv_sec = static_cast<time_t>(timeout.count() / 1000);
+  tv.tv_usec = static_cast<suseconds_t>((timeout.count() % 1000) * 1000);
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+}
+
+void send_all(int fd, const void* data, size_t n, const std::string& what) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t k = ::send(fd, p, n, MSG_NOSIGNAL);
+    if (k < 0 && errno == EINTR) continue;
+    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+      throw TimeoutError(fmt::format("{}: send timed out", what));
+    check<DistributedError>(k > 0, "{}: send failed: {}", what, std::strerror(errno));
+    p += k;
+    n -= static_cast<size_t>(k);
+  }
+}
+
+void recv_all(int fd, void* data, size_t n, const std::string& what) {
+  char* p = static_cast<char*>(data);
+  while (n > 0) {
+    const ssize_t k = ::recv(fd, p, n, 0);
+    if (k < 0 && errno == EINTR) continue;
+    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+      throw TimeoutError(fmt::format("{}: no answer within the timeout", what));
+    check<DistributedError>(k != 0, "{}: the other side closed the connection", what);
+    check<DistributedError>(k > 0, "{}: recv failed: {}", what, std::strerror(errno));
+    p += k;
+    n -= static_cast<size_t>(k);
+  }
+}
+
+void close_fd(int fd) {
+  if (fd >= 0) ::close(fd);
+}
+
+}  // namespace mpt::dist

@@ -1,0 +1,25 @@
+#pragma once
+// Thin, checked wrappers over POSIX TCP sockets for the store. Every call
+// that can block is bounded by a timeout; every failure is an mpt::Error
+// naming the address and port.
+#include <cstddef>
+#include <string>
+
+#include "parallel/store.h"
+
+namespace mpt::dist {
+
+// Listens on all interfaces at `port` (0: any free port). Returns the socket;
+// *bound_port receives the actual port. DistributedError if the port is busy.
+int listen_tcp(int port, int* bound_port);
+// Connects to host:port, retrying refused or unreachable attempts until
+// `timeout`; TimeoutError names host, port, the time waited and the last error.
+int connect_tcp(const std::string& host, int port, Millis timeout);
+// Bounds every later send/recv on `fd` by `timeout`.
+void set_io_timeout(int fd, Millis timeout);
+// Whole-buffer I/O; DistributedError (or TimeoutError) with `what` in the message.
+void send_all(int fd, const void* data, size_t n, const std::string& what);
+void recv_all(int fd, void* data, size_t n, const std::string& what);
+void close_fd(int fd);
+
+}  // namespace mpt::dist

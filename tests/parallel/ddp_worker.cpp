@@ -1,0 +1,214 @@
+// One rank of the DDP tests, started by mpt-run. Modes:
+//   plain     DDP steps with a loss scale equal one process training on the
+//             concatenated batch (checked here, relative 1e-6)
+//   accum     the same with k-step no_sync() accumulation windows
+//   compress  bf16 gradients in transit (looser tolerance)
+//   unused    a parameter without gradient: an error naming it, or (with
+//             find_unused_parameters) a normal step that leaves it alone
+//   die       rank 1 exits with status 7 after rendezvous while rank 0
+//             is busy for a minute (mpt-run must stop it)
+//   sleep     both ranks busy for a minute (for stopping mpt-run itself)
+// A second argument "cuda" runs plain/accum/compress on GPU LOCAL_RANK over
+// NCCL. Exit status 0 means every check passed; messages say what failed.
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "autograd/engine.h"
+#include "autograd/grad_mode.h"
+#include "autograd/ops.h"
+#include "models/sgd.h"
+#include "parallel/distributed_data_parallel.h"
+#include "parallel/device_routed_group.h"
+#include "parallel/counting_group.h"
+#include "parallel/tiny_models.h"
+#include "tensor/ops.h"
+
+using namespace mpt;
+using namespace mpt::dist;
+
+namespace {
+
+constexpr int kRowsPerRank = 4;
+constexpr double kScale = 1024.0;  // the loss scale
+
+// Divides the gradients by the scale; 1 when any is not finite.
+double unscale(nn::Module& m) {
+  NoGradGuard no_grad;
+  double found_inf = 0;
+  for (auto& p : m.parameters()) {
+    Tensor g = p.grad();
+    if (!g.defined()) continue;
+    prim::unary_(UnaryOp::affine, g, g, 1.0 / kScale, 0.0);
+    for (double v : g.to_vector<double>())
+      if (!std::isfinite(v)) found_inf = 1;
+  }
+  return found_inf;
+}
+
+double max_rel_error(nn::Module& a, nn::Module& b) {
+  double worst = 0;
+  auto pa = a.parameters(), pb = b.parameters();
+  for (size_t i = 0; i < pa.size(); ++i) {
+    auto x = pa[i].to_vector<double>(), y = pb[i].to_vector<double>();
+    double num = 0, den = 0;
+    for (size_t k = 0; k < x.size(); ++k) {
+      num += (x[k] - y[k]) * (x[k] - y[k]);
+      den += y[k] * y[k];
+    }
+    worst = std::max(worst, std::sqrt(num / std::max(den, 1e-30)));
+  }
+  return worst;
+}
+
+int train_and_compare(ProcessGroup& pg, int window, std::optional<DType> compression, double tolerance,
+                      const Device& device) {
+  const int rank = pg.rank(), world = pg.size(), steps = 4, skip_step = 2;
+  const int rows_per_step = window * world * kRowsPerRank;
+  Generator data_gen(1234);
+  const Tensor X = randn({steps * rows_per_step, 6}, DType::f32, kCPU, &data_gen);
+  const Tensor Y = randn({steps * rows_per_step, 3}, DType::f32, kCPU, &data_gen);
+
+  auto model = testing::make_mlp(7);
+  if (rank != 0) {  // the broadcast at construction must undo this
+    NoGradGuard no_grad;
+    for (auto& p : model->parameters()) prim::fill_(p, 0.5);
+  }
+  model->to(device);
+  DdpOptions options;
+  options.first_bucket_bytes = 256;  // several buckets even for this small model
+  options.bucket_bytes = 1024;
+  options.compression = compression;
+  auto counting = std::make_shared<testing::CountingGroup>(pg);
+  DistributedDataParallel ddp(model, counting, options);
+  optim::SGD opt(model->parameters(), {.lr = 0.05, .momentum = 0.9});
+
+  auto reference = testing::make_mlp(7);
+  reference->to(device);
+  optim::SGD ref_opt(reference->parameters(), {.lr = 0.05, .momentum = 0.9});
+
+  for (int s = 0; s < steps; ++s) {
+    for (int j = 0; j < window; ++j) {
+      const int64_t first = s * rows_per_step + (j * world + rank) * kRowsPerRank;
+      const Tensor x = prim::to(prim::slice(X, 0, first, first + kRowsPerRank), device);
+      const Tensor y = prim::to(prim::slice(Y, 0, first, first + kRowsPerRank), device);
+      auto step = [&] { backward(mul(mse_loss(ddp(x), y), kScale / window)); };
+      if (j + 1 < window) {
+        auto guard = ddp.no_sync();
+        const int before = counting->allreduces;
+        step();
+        if (counting->allreduces != before) {
+          fmt::print(stderr, "rank {}: a backward inside no_sync() communicated\n", rank);
+          return 1;
+        }
+      } else {
+        step();
+      }
+    }
+    Tensor found_inf = from_vector(std::vector<float>{float(unscale(*model))}, {1}, device);
+    // Rank 1 pretends to have overflowed on one step: every rank must skip it.
+    if (s == skip_step && rank == 1) prim::fill_(found_inf, 1.0);
+    ddp.allreduce_found_inf(found_inf);
+    if (found_inf.item() == 0) opt.step();
+    opt.zero_grad();
+
+    const Tensor xs = prim::to(prim::slice(X, 0, s * rows_per_step, (s + 1) * rows_per_step), device);
+    const Tensor ys = prim::to(prim::slice(Y, 0, s * rows_per_step, (s + 1) * rows_per_step), device);
+    backward(mul(mse_loss(reference->forward(xs), ys), kScale));
+    unscale(*reference);
+    if (s != skip_step) ref_opt.step();
+    ref_opt.zero_grad();
+  }
+  const double err = max_rel_error(*model, *reference);
+  fmt::print("rank {}: {} buckets (rebuilt: {}), max relative parameter error {:.3g} (tolerance {:.1g})\n", rank,
+             ddp.bucket_assignment().size(), ddp.buckets_rebuilt(), err, tolerance);
+  if (!(err <= tolerance) || !ddp.buckets_rebuilt() || ddp.bucket_assignment().size() < 2) {
+    fmt::print(stderr, "rank {}: FAILED\n", rank);
+    return 1;
+  }
+  return 0;
+}
+
+int unused_parameters(ProcessGroup& pg) {
+  auto shared = std::shared_ptr<ProcessGroup>(&pg, [](ProcessGroup*) {});
+  const Tensor x = randn({4, 6}), y = randn({4, 3});
+  {  // without detection: the next forward names the parameters
+    auto model = std::make_shared<testing::WithSpareHead>(3);
+    DistributedDataParallel ddp(model, shared);
+    backward(mse_loss(ddp(x), y));
+    try {
+      ddp(x);
+      fmt::print(stderr, "rank {}: expected an error about unused parameters\n", pg.rank());
+      return 1;
+    } catch (const ValueError& e) {
+      const std::string msg = e.what();
+      if (msg.find("spare.weight") == std::string::npos || msg.find("find_unused_parameters") == std::string::npos) {
+        fmt::print(stderr, "rank {}: unhelpful message: {}\n", pg.rank(), msg);
+        return 1;
+      }
+      fmt::print("rank {}: unused parameters reported: {}\n", pg.rank(), msg.substr(0, 120));
+    }
+  }
+  {  // with detection: a normal step; the spare head keeps no gradient
+    auto model = std::make_shared<testing::WithSpareHead>(3);
+    DistributedDataParallel ddp(model, shared, {.find_unused_parameters = true});
+    for (int i = 0; i < 2; ++i) {
+      model->zero_grad();
+      backward(mse_loss(ddp(x), y));
+    }
+    if (model->spare->weight.grad().defined() || !model->used->weight.grad().defined()) {
+      fmt::print(stderr, "rank {}: find_unused_parameters gave the wrong gradients\n", pg.rank());
+      return 1;
+    }
+    fmt::print("rank {}: find_unused_parameters ok\n", pg.rank());
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "plain";
+  const bool on_gpu = argc > 2 && std::string(argv[2]) == "cuda";
+  try {
+    ProcessGroupOptions pg_options;
+    pg_options.timeout = std::chrono::seconds(30);
+    auto dist = init_process_group("env://", pg_options);
+    // One GPU per local rank (NCCL), or the CPU (Gloo): the group routes by
+    // the tensors' device.
+    const Device device = on_gpu ? Device(DeviceType::cuda, dist.config.local_rank) : kCPU;
+    auto pg = dist.group;
+    fmt::print("rank {} of {} ready, pid {}\n", pg->rank(), pg->size(), ::getpid());
+    std::fflush(stdout);
+    // GPU GEMMs may sum in another order for another batch size.
+    const double tolerance = on_gpu ? 1e-5 : 1e-6;
+    if (mode == "plain") return train_and_compare(*pg, 1, std::nullopt, tolerance, device);
+    if (mode == "accum") return train_and_compare(*pg, 3, std::nullopt, tolerance, device);
+    if (mode == "compress") return train_and_compare(*pg, 2, DType::bf16, 2e-2, device);
+    if (mode == "unused") return unused_parameters(*pg);
+    if (mode == "die") {
+      pg->barrier()->wait();  // both ranks are up and connected
+      if (pg->rank() == 1) {
+        fmt::print(stderr, "rank 1 exits on purpose\n");
+        std::fflush(stderr);
+        ::_exit(7);
+      }
+      ::sleep(60);  // a long step: mpt-run must stop this rank, not wait for it
+      return 0;
+    }
+    if (mode == "sleep") {  // both ranks busy until stopped from outside
+      pg->barrier()->wait();
+      ::sleep(60);
+      return 0;
+    }
+    fmt::print(stderr, "unknown mode '{}'\n", mode);
+    return 2;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "error: {}\n", e.what());
+    return 3;
+  }
+}

@@ -1,0 +1,59 @@
+#pragma once
+// Runs mpt-run on the ddp_worker test program and collects what it printed.
+// Both binaries are found beside the test binary (the build tree may have
+// been copied elsewhere, e.g. to a GPU machine); the configured paths are
+// the fallback.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "parallel/free_port.h"
+
+namespace mpt::testing {
+
+inline std::string build_file(const std::string& relative_to_tests, const char* configured) {
+  std::error_code ec;
+  const auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    const auto candidate = self.parent_path() / relative_to_tests;
+    if (std::filesystem::exists(candidate)) return candidate.lexically_normal().string();
+  }
+  return configured;
+}
+
+inline std::string mpt_run_path() { return build_file("../tools/mpt-run/mpt-run", MPT_RUN_PATH); }
+inline std::string ddp_worker_path() { return build_file("ddp_worker", DDP_WORKER_PATH); }
+
+struct JobResult {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr
+  double seconds = 0;
+};
+
+inline JobResult run_shell(const std::string& cmd) {
+  const auto start = std::chrono::steady_clock::now();
+  JobResult r;
+  FILE* pipe = ::popen((cmd + " 2>&1").c_str(), "r");
+  if (pipe == nullptr) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) r.output.append(buf, n);
+  const int status = ::pclose(pipe);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return r;
+}
+
+// `nproc` ranks of ddp_worker in `mode` (see tests/parallel/ddp_worker.cpp).
+inline JobResult run_job(const std::string& mode, int nproc = 2) {
+  return run_shell(fmt::format("'{}' --nproc_per_node {} --master_port {} --kill_timeout 2 '{}' {}", mpt_run_path(),
+                               nproc, free_port(), ddp_worker_path(), mode));
+}
+
+}  // namespace mpt::testing

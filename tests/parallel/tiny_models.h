@@ -1,0 +1,36 @@
+#pragma once
+// Small models for the data-parallel tests: seeded, so two processes (or a
+// process and its reference) build identical ones.
+#include <memory>
+
+#include "models/layers.h"
+#include "models/sequential.h"
+#include "tensor/random.h"
+
+namespace mpt::testing {
+
+inline std::shared_ptr<nn::Sequential> make_mlp(uint64_t seed) {
+  Generator gen(seed);
+  auto m = std::make_shared<nn::Sequential>();
+  m->push_back(std::make_shared<nn::Linear>(6, 24, true, &gen));
+  m->push_back(std::make_shared<nn::ReLU>());
+  m->push_back(std::make_shared<nn::Linear>(24, 16, true, &gen));
+  m->push_back(std::make_shared<nn::ReLU>());
+  m->push_back(std::make_shared<nn::Linear>(16, 3, true, &gen));
+  return m;
+}
+
+// Two heads, of which forward uses only the first: `spare` never gets a
+// gradient.
+class WithSpareHead : public nn::Module {
+ public:
+  explicit WithSpareHead(uint64_t seed) : Module("WithSpareHead") {
+    Generator gen(seed);
+    used = register_module("used", std::make_shared<nn::Linear>(6, 3, true, &gen));
+    spare = register_module("spare", std::make_shared<nn::Linear>(6, 3, true, &gen));
+  }
+  Tensor forward(const Tensor& x) override { return used->forward(x); }
+  std::shared_ptr<nn::Linear> used, spare;
+};
+
+}  // namespace mpt::testing

@@ -1,0 +1,89 @@
+// DataParallel over virtual CPU devices: the same training as one device on
+// the whole batch (the gradient of the batch mean is the row-weighted sum
+// of the per-device means), and clear errors for a misplaced module.
+#include "autograd/engine.h"
+#include "autograd/ops.h"
+#include "models/sgd.h"
+#include "parallel/data_parallel.h"
+#include "parallel/tiny_models.h"
+#include "test_util.h"
+
+using namespace mpt;
+using namespace mpt::dist;
+
+namespace {
+
+std::vector<double> flat_parameters(nn::Module& m) {
+  std::vector<double> out;
+  for (auto& p : m.parameters())
+    for (double v : p.to_vector<double>()) out.push_back(v);
+  return out;
+}
+
+void train_and_compare(const std::vector<Device>& devices, int64_t batch) {
+  const uint64_t seed = mpt::testing::fresh_seed();
+  SCOPED_TRACE(seed);
+  Generator data(seed);
+  const int steps = 3;
+  const Tensor X = randn({steps * batch, 6}, DType::f32, kCPU, &data);
+  const Tensor Y = randn({steps * batch, 3}, DType::f32, kCPU, &data);
+  auto loss = [](const Tensor& out, const Tensor& y) { return mse_loss(out, y); };
+
+  auto model = mpt::testing::make_mlp(seed);
+  model->to(devices[0]);
+  DataParallel dp(model, [&] { return mpt::testing::make_mlp(seed + 1); }, devices);
+  optim::SGD opt(model->parameters(), {.lr = 0.1, .momentum = 0.9});
+
+  auto reference = mpt::testing::make_mlp(seed);
+  optim::SGD ref_opt(reference->parameters(), {.lr = 0.1, .momentum = 0.9});
+
+  for (int s = 0; s < steps; ++s) {
+    const Tensor x = prim::slice(X, 0, s * batch, (s + 1) * batch);
+    const Tensor y = prim::slice(Y, 0, s * batch, (s + 1) * batch);
+    opt.zero_grad();
+    const double l = dp.forward_backward(x, y, loss);
+    opt.step();
+
+    ref_opt.zero_grad();
+    const Tensor ref_loss = mse_loss(reference->forward(x), y);
+    backward(ref_loss);
+    ref_opt.step();
+    EXPECT_NEAR(l, ref_loss.item(), 1e-5 * std::abs(ref_loss.item()));
+  }
+  EXPECT_LE(mpt::testing::rel_error(flat_parameters(*model), flat_parameters(*reference)), 1e-6);
+  for (auto& p : model->parameters()) EXPECT_EQ(p.device(), devices[0]);
+}
+
+}  // namespace
+
+TEST(DataParallel, TwoVirtualCpuDevicesTrainLikeOne) { train_and_compare({Device("cpu:0"), Device("cpu:1")}, 8); }
+
+TEST(DataParallel, UnevenSplitOverThreeDevicesTrainsLikeOne) {
+  train_and_compare({Device("cpu:0"), Device("cpu:1"), Device("cpu:2")}, 7);
+}
+
+TEST(DataParallel, AModuleOnTheWrongDeviceIsAClearError) {
+  auto model = mpt::testing::make_mlp(1);  // still on cpu:0
+  try {
+    DataParallel dp(model, [] { return mpt::testing::make_mlp(2); }, {Device("cpu:1"), Device("cpu:2")});
+    FAIL() << "expected a DeviceError";
+  } catch (const DeviceError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("is on cpu"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("devices[0] = cpu:1"), std::string::npos) << msg;
+  }
+}
+
+TEST(DataParallel, ReplicasMustMatchTheModule) {
+  auto model = mpt::testing::make_mlp(1);
+  EXPECT_THROW(DataParallel(model, [] { return std::make_shared<mpt::testing::WithSpareHead>(1); },
+                            {Device("cpu:0"), Device("cpu:1")}),
+               Error);
+}
+
+TEST(DataParallel, CudaDevicesWithoutCudaSaySo) {
+  if (mpt::testing::has_cuda()) GTEST_SKIP() << "this machine has CUDA";
+  auto model = mpt::testing::make_mlp(1);
+  EXPECT_THROW(DataParallel(model, [] { return mpt::testing::make_mlp(1); }, {Device("cuda:0"), Device("cuda:1")}),
+               Error);
+}

@@ -1,0 +1,115 @@
+// DistributedDataParallel with ranks as threads (Gloo over loopback): the
+// construction-time checks, averaging against an explicit all-reduce of
+// locally computed gradients, and communication starting during backward.
+#include "autograd/engine.h"
+#include "autograd/grad_mode.h"
+#include "autograd/ops.h"
+#include "parallel/counting_group.h"
+#include "parallel/distributed_data_parallel.h"
+#include "parallel/thread_ranks.h"
+#include "parallel/tiny_models.h"
+#include "test_util.h"
+
+using namespace mpt;
+using namespace mpt::dist;
+using mpt::testing::with_ranks;
+
+namespace {
+
+std::shared_ptr<ProcessGroup> borrowed(ProcessGroup& g) {
+  return std::shared_ptr<ProcessGroup>(&g, [](ProcessGroup*) {});
+}
+
+}  // namespace
+
+TEST(Ddp, DifferentModelsAreAnErrorNamingTheFirstDifference) {
+  std::vector<std::string> messages(2);
+  with_ranks(2, [&](ProcessGroup& g) {
+    std::shared_ptr<nn::Module> model;
+    if (g.rank() == 0) model = mpt::testing::make_mlp(1);
+    else model = std::make_shared<mpt::testing::WithSpareHead>(1);
+    try {
+      DistributedDataParallel ddp(model, borrowed(g));
+    } catch (const ValueError& e) {
+      messages[g.rank()] = e.what();
+    }
+  });
+  EXPECT_NE(messages[1].find("parameter 0 differs: rank 0 has '0.weight [24, 6] f32', rank 1 has 'used.weight [3, 6] "
+                             "f32'"),
+            std::string::npos)
+      << messages[1];
+  EXPECT_NE(messages[0].find("differ from rank 0's"), std::string::npos) << messages[0];
+}
+
+TEST(Ddp, ConstructionCopiesRankZerosParameters) {
+  with_ranks(2, [&](ProcessGroup& g) {
+    auto model = mpt::testing::make_mlp(5);
+    if (g.rank() == 1) {
+      NoGradGuard no_grad;
+      for (auto& p : model->parameters()) prim::fill_(p, -3.0);
+    }
+    DistributedDataParallel ddp(model, borrowed(g));
+    auto fresh = mpt::testing::make_mlp(5);  // what rank 0 holds
+    auto got = model->parameters(), want = fresh->parameters();
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i].to_vector<float>(), want[i].to_vector<float>());
+  });
+}
+
+TEST(Ddp, GradientsAreTheAverageOfTheRanksGradients) {
+  const uint64_t seed = mpt::testing::fresh_seed();
+  SCOPED_TRACE(seed);
+  with_ranks(2, [&](ProcessGroup& g) {
+    Generator gen(seed + g.rank());  // each rank its own data
+    const Tensor x = randn({5, 6}, DType::f32, kCPU, &gen), y = randn({5, 3}, DType::f32, kCPU, &gen);
+
+    // The rule, stated directly: each rank's local gradient, averaged by an
+    // explicit all-reduce.
+    auto alone = mpt::testing::make_mlp(seed);
+    backward(mse_loss(alone->forward(x), y));
+    std::vector<Tensor> expected;
+    for (auto& p : alone->parameters()) {
+      expected.push_back(p.grad());
+      g.allreduce(expected.back(), dist::ReduceOp::avg)->wait();
+    }
+
+    auto model = mpt::testing::make_mlp(seed);
+    DistributedDataParallel ddp(model, borrowed(g), {.first_bucket_bytes = 200, .bucket_bytes = 600});
+    for (int step = 0; step < 2; ++step) {  // the second runs on rebuilt buckets
+      model->zero_grad();
+      backward(mse_loss(ddp(x), y));
+      auto params = model->parameters();
+      for (size_t i = 0; i < params.size(); ++i)
+        EXPECT_LE(mpt::testing::rel_error(params[i].grad().to_vector<double>(), expected[i].to_vector<double>()), 1e-6)
+            << "parameter " << i << " step " << step;
+    }
+    EXPECT_TRUE(ddp.buckets_rebuilt());
+  });
+}
+
+TEST(Ddp, AllReducesStartWhileBackwardIsStillRunning) {
+  with_ranks(2, [&](ProcessGroup& g) {
+    auto counting = std::make_shared<mpt::testing::CountingGroup>(g);
+    auto model = mpt::testing::make_mlp(3);
+    // The first registered parameter gets its gradient last: a hook placed
+    // before DDP's sees how many buckets were already on their way.
+    int launched_before_last_gradient = -1;
+    model->parameters()[0].autograd_meta().post_accumulate_hooks.push_back(
+        [&](const Tensor&) { launched_before_last_gradient = counting->allreduces; });
+    DistributedDataParallel ddp(model, counting, {.first_bucket_bytes = 200, .bucket_bytes = 600});
+    const int buckets = static_cast<int>(ddp.bucket_assignment().size());
+    ASSERT_GE(buckets, 3);
+    const int before = counting->allreduces;
+    backward(mse_loss(ddp(randn({4, 6})), randn({4, 3})));
+    EXPECT_EQ(counting->allreduces - before, buckets);
+    EXPECT_GE(launched_before_last_gradient - before, buckets - 1);
+  });
+}
+
+TEST(Ddp, FoundInfIsTheMaximumOverRanks) {
+  with_ranks(3, [&](ProcessGroup& g) {
+    Tensor found_inf = full({1}, g.rank() == 2 ? 1.0 : 0.0);
+    allreduce_found_inf(g, found_inf);
+    EXPECT_EQ(found_inf.item(), 1.0);
+    EXPECT_THROW(allreduce_found_inf(g, zeros({2})), ShapeError);
+  });
+}

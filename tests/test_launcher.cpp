@@ -1,0 +1,101 @@
+// mpt-run end to end: two ranks on Gloo train with DDP and match one
+// process on the concatenated batch; a failing rank brings the job down
+// quickly, named, with no process left behind.
+#include <signal.h>
+
+#include <fstream>
+#include <regex>
+#include <string>
+
+#include "parallel/launch.h"
+#include "test_util.h"
+
+using mpt::testing::JobResult;
+using mpt::testing::run_job;
+
+TEST(Launcher, DdpPlainStepsMatchOneProcess) {
+  const JobResult r = run_job("plain");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("[rank 0] rank 0: "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("[rank 1] rank 1: "), std::string::npos) << r.output;
+}
+
+TEST(Launcher, DdpNoSyncAccumulationMatchesOneProcess) {
+  const JobResult r = run_job("accum");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+}
+
+TEST(Launcher, DdpWithBf16CompressionStaysClose) {
+  const JobResult r = run_job("compress");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+}
+
+TEST(Launcher, DdpUnusedParametersAreReportedOrDetected) {
+  const JobResult r = run_job("unused");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+}
+
+TEST(Launcher, ThreeRanksAlsoMatch) {
+  const JobResult r = run_job("plain", 3);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+}
+
+TEST(Launcher, AFailingRankStopsTheJobNamingIt) {
+  const JobResult r = run_job("die");
+  EXPECT_EQ(r.exit_code, 7) << r.output;
+  EXPECT_NE(r.output.find("rank 1 (pid"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("exit status 7"), std::string::npos) << r.output;
+  // Rank 0 would sleep for a minute: mpt-run stopped it (grace 2 s).
+  EXPECT_LT(r.seconds, 20.0) << r.output;
+  // ... and it is gone, not orphaned.
+  std::smatch m;
+  const std::regex rank0_pid(R"(\[rank 0\] rank 0 of 2 ready, pid (\d+))");
+  ASSERT_TRUE(std::regex_search(r.output, m, rank0_pid)) << r.output;
+  EXPECT_NE(::kill(std::stoi(m[1]), 0), 0) << "rank 0 (pid " << m[1] << ") is still alive";
+}
+
+TEST(Launcher, AMissingProgramIsAClearFailure) {
+  const JobResult r = mpt::testing::run_shell(fmt::format("'{}' --nproc_per_node 1 --master_port {} /nonexistent/program",
+                                                          mpt::testing::mpt_run_path(), mpt::testing::free_port()));
+  EXPECT_EQ(r.exit_code, 127) << r.output;
+  EXPECT_NE(r.output.find("cannot run '/nonexistent/program'"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("rank 0 (pid"), std::string::npos) << r.output;
+}
+
+TEST(Launcher, TheProcessCountIsRequired) {
+  const JobResult r = mpt::testing::run_shell(fmt::format("'{}' /bin/true", mpt::testing::mpt_run_path()));
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("--nproc_per_node"), std::string::npos) << r.output;
+}
+
+TEST(Launcher, TwoNodesOnOneHostFormOneWorld) {
+  // Two launchers, as on two machines: --nnodes 2, one process each.
+  const int port = mpt::testing::free_port();
+  auto node = [&](int node_rank) {
+    return fmt::format("('{}' --nnodes 2 --node_rank {} --nproc_per_node 1 --master_port {} '{}' plain; echo node{}=$?)",
+                       mpt::testing::mpt_run_path(), node_rank, port, mpt::testing::ddp_worker_path(), node_rank);
+  };
+  const JobResult r = mpt::testing::run_shell(fmt::format("sh -c \"{} & {}; wait\"", node(0), node(1)));
+  EXPECT_NE(r.output.find("node0=0"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("node1=0"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("[rank 1] rank 1 of 2 ready"), std::string::npos) << r.output;
+}
+
+TEST(Launcher, StoppingTheLauncherStopsEveryRank) {
+  const std::string log = fmt::format("/tmp/mpt-run-stop-{}.log", ::getpid());
+  const JobResult r = mpt::testing::run_shell(fmt::format(
+      "'{}' --nproc_per_node 2 --master_port {} --kill_timeout 2 '{}' sleep >{} 2>&1 & pid=$!; "
+      "sleep 2; kill -TERM $pid; wait $pid; echo status=$?",
+      mpt::testing::mpt_run_path(), mpt::testing::free_port(), mpt::testing::ddp_worker_path(), log));
+  EXPECT_NE(r.output.find("status=143"), std::string::npos) << r.output;
+  EXPECT_LT(r.seconds, 15.0);
+  std::ifstream in(log);
+  const std::string out((std::istreambuf_iterator<char>(in)), {});
+  std::remove(log.c_str());
+  EXPECT_NE(out.find("mpt-run received signal 15"), std::string::npos) << out;
+  const std::regex ready(R"(rank (\d) of 2 ready, pid (\d+))");
+  int seen = 0;
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), ready); it != std::sregex_iterator(); ++it, ++seen)
+    EXPECT_NE(::kill(std::stoi((*it)[2]), 0), 0) << "rank " << (*it)[1] << " outlived the launcher";
+  EXPECT_EQ(seen, 2) << out;
+}

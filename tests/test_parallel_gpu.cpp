@@ -1,0 +1,181 @@
+// The GPU side of data parallelism, on a machine with at least two GPUs
+// (skipped elsewhere): NCCL collectives against their written rules, DDP
+// over NCCL through mpt-run against one process, DataParallel over two
+// GPUs against one, and a bounded failure when a peer never joins.
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include "autograd/engine.h"
+#include "autograd/ops.h"
+#include "models/sgd.h"
+#include "parallel/data_parallel.h"
+#include "parallel/distributed_error.h"
+#include "parallel/launch.h"
+#include "parallel/process_group.h"
+#include "parallel/tcp_store.h"
+#include "parallel/tiny_models.h"
+#include "test_util.h"
+
+using namespace mpt;
+using namespace mpt::dist;
+using std::chrono::milliseconds;
+
+#define SKIP_WITHOUT_TWO_GPUS()                                  \
+  MPT_SKIP_WITHOUT_CUDA();                                       \
+  if (cuda_device_count() < 2) GTEST_SKIP() << "skipped: fewer than 2 GPUs"
+
+namespace {
+
+// One thread per GPU, each a rank of an NCCL group.
+void with_gpu_ranks(int world, const std::function<void(ProcessGroup&, const Device&)>& body,
+                    Millis timeout = milliseconds(60000)) {
+  auto master = std::make_shared<TcpStore>("127.0.0.1", 0, true, timeout);
+  std::vector<std::exception_ptr> errors(world);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        std::shared_ptr<Store> store = r == 0 ? std::static_pointer_cast<Store>(master)
+                                              : std::make_shared<TcpStore>("127.0.0.1", master->port(), false, timeout);
+        ProcessGroupOptions options;
+        options.timeout = timeout;
+        auto group = new_process_group(store, r, world, DeviceType::cuda, options, r);
+        body(*group, Device(DeviceType::cuda, r));
+      } catch (...) {
+        errors[r] = std::current_exception();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+std::vector<double> input_of(int rank, int n) {
+  std::vector<double> v(n);
+  for (int i = 0; i < n; ++i) v[i] = (rank + 1) * (i - 2) / 4.0;
+  return v;
+}
+
+}  // namespace
+
+TEST(NcclProcessGroup, CollectivesFollowTheirRules) {
+  SKIP_WITHOUT_TWO_GPUS();
+  const int world = 2, n = 9;
+  with_gpu_ranks(world, [&](ProcessGroup& g, const Device& dev) {
+    EXPECT_EQ(g.backend_name(), "nccl");
+    for (DType dtype : {DType::f32, DType::bf16}) {
+      for (dist::ReduceOp op : {dist::ReduceOp::sum, dist::ReduceOp::avg, dist::ReduceOp::max}) {
+        std::vector<double> expected(n, op == dist::ReduceOp::max ? -1e300 : 0.0);
+        for (int r = 0; r < world; ++r)
+          for (int i = 0; i < n; ++i)
+            expected[i] = op == dist::ReduceOp::max ? std::max(expected[i], input_of(r, n)[i])
+                                                    : expected[i] + input_of(r, n)[i];
+        if (op == dist::ReduceOp::avg)
+          for (auto& e : expected) e /= world;
+        Tensor t = from_vector(input_of(g.rank(), n), {n}, dtype, dev);
+        g.allreduce(t, op)->wait();
+        EXPECT_LE(mpt::testing::max_abs_diff(t.to_vector<double>(), expected), 1e-2)
+            << dtype_name(dtype) << " " << reduce_op_name(op);
+      }
+    }
+    Tensor b = from_vector(input_of(g.rank(), 5), {5}, DType::f32, dev);
+    g.broadcast(b, 1)->wait();
+    EXPECT_EQ(b.to_vector<double>(), input_of(1, 5));
+
+    std::vector<Tensor> outs = {zeros({4}, DType::f32, dev), zeros({4}, DType::f32, dev)};
+    g.allgather(outs, from_vector(input_of(g.rank(), 4), {4}, DType::f32, dev))->wait();
+    for (int r = 0; r < world; ++r) EXPECT_EQ(outs[r].to_vector<double>(), input_of(r, 4));
+
+    Tensor in = from_vector(input_of(g.rank(), 4), {2, 2}, DType::f32, dev);
+    Tensor out = zeros({1, 2}, DType::f32, dev);
+    g.reduce_scatter(out, in)->wait();
+    std::vector<double> expected(2, 0.0);
+    for (int r = 0; r < world; ++r)
+      for (int j = 0; j < 2; ++j) expected[j] += input_of(r, 4)[g.rank() * 2 + j];
+    EXPECT_EQ(out.to_vector<double>(), expected);
+    g.barrier()->wait();
+  });
+}
+
+TEST(NcclProcessGroup, APeerThatNeverCallsTimesOut) {
+  SKIP_WITHOUT_TWO_GPUS();
+  std::string message;
+  std::atomic<bool> done{false};
+  const auto start = std::chrono::steady_clock::now();
+  with_gpu_ranks(
+      2,
+      [&](ProcessGroup& g, const Device& dev) {
+        if (g.rank() == 1) {
+          while (!done) std::this_thread::sleep_for(milliseconds(5));
+          return;
+        }
+        try {
+          g.allreduce(ones({8}, DType::f32, dev))->wait();
+        } catch (const TimeoutError& e) {
+          message = e.what();
+        }
+        done = true;
+      },
+      milliseconds(3000));
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_NE(message.find("allreduce(sum)"), std::string::npos) << message;
+  EXPECT_NE(message.find("timeout 3000 ms"), std::string::npos) << message;
+  EXPECT_LT(took, 30.0);
+}
+
+TEST(NcclDdp, TwoGpusMatchOneProcess) {
+  SKIP_WITHOUT_TWO_GPUS();
+  for (const char* mode : {"plain cuda", "accum cuda", "compress cuda"}) {
+    const auto r = mpt::testing::run_job(mode);
+    EXPECT_EQ(r.exit_code, 0) << mode << "\n" << r.output;
+    std::cout << r.output;  // the measured errors, for the report
+  }
+}
+
+TEST(DataParallelGpu, TwoGpusTrainLikeOne) {
+  SKIP_WITHOUT_TWO_GPUS();
+  const uint64_t seed = mpt::testing::fresh_seed();
+  SCOPED_TRACE(seed);
+  const Device d0("cuda:0"), d1("cuda:1");
+  Generator data(seed);
+  const int64_t batch = 16;
+  const Tensor X = randn({3 * batch, 6}, DType::f32, kCPU, &data);
+  const Tensor Y = randn({3 * batch, 3}, DType::f32, kCPU, &data);
+  auto loss = [](const Tensor& out, const Tensor& y) { return mse_loss(out, y); };
+
+  auto model = mpt::testing::make_mlp(seed);
+  model->to(d0);
+  DataParallel dp(model, [&] { return mpt::testing::make_mlp(seed + 1); }, {d0, d1});
+  optim::SGD opt(model->parameters(), {.lr = 0.1, .momentum = 0.9});
+  auto reference = mpt::testing::make_mlp(seed);
+  reference->to(d0);
+  optim::SGD ref_opt(reference->parameters(), {.lr = 0.1, .momentum = 0.9});
+  for (int s = 0; s < 3; ++s) {
+    const Tensor x = prim::slice(X, 0, s * batch, (s + 1) * batch);
+    const Tensor y = prim::slice(Y, 0, s * batch, (s + 1) * batch);
+    opt.zero_grad();
+    dp.forward_backward(x, y, loss);
+    opt.step();
+    ref_opt.zero_grad();
+    backward(mse_loss(reference->forward(prim::to(x, d0)), prim::to(y, d0)));
+    ref_opt.step();
+  }
+  std::vector<double> a, b;
+  for (auto& p : model->parameters())
+    for (double v : p.to_vector<double>()) a.push_back(v);
+  for (auto& p : reference->parameters())
+    for (double v : p.to_vector<double>()) b.push_back(v);
+  EXPECT_LE(mpt::testing::rel_error(a, b), 1e-5);
+}
+
+TEST(DataParallelGpu, AModuleLeftOnTheCpuIsAClearError) {
+  MPT_SKIP_WITHOUT_CUDA();
+  auto model = mpt::testing::make_mlp(1);
+  try {
+    DataParallel dp(model, [] { return mpt::testing::make_mlp(1); }, {Device("cuda:0")});
+    FAIL() << "expected a DeviceError";
+  } catch (const DeviceError& e) {
+    EXPECT_NE(std::string(e.what()).find("must live on devices[0] = cuda:0"), std::string::npos) << e.what();
+  }
+}

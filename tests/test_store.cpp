@@ -1,0 +1,255 @@
+// The rendezvous stores and env:// rendezvous: values, counters, and every
+// failure the launcher's users meet (missing variable, busy port,
+// unreachable master, ranks that never come, disagreeing world sizes),
+// each within its timeout and with its message.
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <map>
+#include <thread>
+
+#include "parallel/distributed_error.h"
+#include "parallel/file_store.h"
+#include "parallel/free_port.h"
+#include "parallel/rendezvous.h"
+#include "parallel/tcp_store.h"
+#include "test_util.h"
+
+using namespace mpt;
+using namespace mpt::dist;
+using std::chrono::milliseconds;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+EnvLookup env_of(std::map<std::string, std::string> vars) {
+  return [vars](const std::string& name) -> std::optional<std::string> {
+    auto it = vars.find(name);
+    if (it == vars.end()) return std::nullopt;
+    return it->second;
+  };
+}
+
+// Runs f and returns the message of the E it throws (fails if it throws none).
+template <typename E, typename F>
+std::string message_of(F&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected an exception";
+  return "";
+}
+
+std::string temp_folder(const std::string& name) {
+  auto dir = std::filesystem::temp_directory_path() /
+             fmt::format("mpt-{}-{}-{}", name, ::getpid(), mpt::testing::fresh_seed() % 1000000);
+  std::filesystem::remove_all(dir);
+  return dir.string();
+}
+
+// The same contract for both stores.
+void exercise_store(Store& a, Store& b) {
+  a.set("x", std::string("hello"));
+  EXPECT_EQ(b.get_string("x"), "hello");
+  EXPECT_TRUE(b.check({"x"}));
+  EXPECT_FALSE(b.check({"x", "y"}));
+  EXPECT_EQ(a.add("n", 3), 3);
+  EXPECT_EQ(b.add("n", -1), 2);
+  // A get waits for a set made later by another client.
+  std::thread late([&] {
+    std::this_thread::sleep_for(milliseconds(50));
+    a.set("later", std::string("v"));
+  });
+  EXPECT_EQ(b.get_string("later"), "v");
+  late.join();
+  // Binary values survive.
+  Bytes bin = {0, 1, '\xff', 0};
+  a.set("bin", bin);
+  EXPECT_EQ(b.get("bin"), bin);
+}
+
+}  // namespace
+
+TEST(TcpStore, SetGetAddAcrossClients) {
+  TcpStore master("127.0.0.1", 0, true, milliseconds(5000));
+  TcpStore client("127.0.0.1", master.port(), false, milliseconds(5000));
+  exercise_store(master, client);
+}
+
+TEST(FileStore, SetGetAddAcrossClients) {
+  const std::string dir = temp_folder("filestore");
+  FileStore a(dir, milliseconds(5000)), b(dir, milliseconds(5000));
+  exercise_store(a, b);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(TcpStore, GetOfAMissingKeyTimesOutNamingIt) {
+  TcpStore master("127.0.0.1", 0, true, milliseconds(300));
+  const auto start = Clock::now();
+  const std::string msg = message_of<TimeoutError>([&] { master.get("never-set"); });
+  EXPECT_NE(msg.find("never-set"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("300 ms"), std::string::npos) << msg;
+  EXPECT_LT(seconds_since(start), 3.0);
+}
+
+TEST(TcpStore, BusyPortIsAClearError) {
+  TcpStore first("127.0.0.1", 0, true, milliseconds(2000));
+  const auto start = Clock::now();
+  const std::string msg = message_of<DistributedError>([&] { TcpStore second("127.0.0.1", first.port(), true); });
+  EXPECT_NE(msg.find(std::to_string(first.port())), std::string::npos) << msg;
+  EXPECT_NE(msg.find("already in use"), std::string::npos) << msg;
+  EXPECT_LT(seconds_since(start), 2.0);
+}
+
+TEST(TcpStore, UnreachableMasterTimesOutWithAddressPortAndWait) {
+  const int port = mpt::testing::free_port();  // nobody listens there
+  const auto start = Clock::now();
+  const std::string msg =
+      message_of<TimeoutError>([&] { TcpStore client("127.0.0.1", port, false, milliseconds(700)); });
+  const double took = seconds_since(start);
+  EXPECT_NE(msg.find(fmt::format("127.0.0.1:{}", port)), std::string::npos) << msg;
+  EXPECT_NE(msg.find("timeout 700 ms"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("waiting"), std::string::npos) << msg;
+  EXPECT_GE(took, 0.6);
+  EXPECT_LT(took, 4.0);
+}
+
+TEST(Rendezvous, ReadsTorchrunVariables) {
+  auto c = config_from_env(env_of({{"RANK", "3"},
+                                   {"WORLD_SIZE", "8"},
+                                   {"LOCAL_RANK", "1"},
+                                   {"LOCAL_WORLD_SIZE", "2"},
+                                   {"MASTER_ADDR", "node0"},
+                                   {"MASTER_PORT", "29500"}}));
+  EXPECT_EQ(c.rank, 3);
+  EXPECT_EQ(c.world_size, 8);
+  EXPECT_EQ(c.local_rank, 1);
+  EXPECT_EQ(c.local_world_size, 2);
+  EXPECT_EQ(c.master_addr, "node0");
+  EXPECT_EQ(c.master_port, 29500);
+  EXPECT_EQ(c.launcher, "torchrun");
+}
+
+TEST(Rendezvous, ReadsOpenMpiAndSlurmVariables) {
+  auto mpi = config_from_env(env_of({{"OMPI_COMM_WORLD_RANK", "5"},
+                                     {"OMPI_COMM_WORLD_SIZE", "6"},
+                                     {"OMPI_COMM_WORLD_LOCAL_RANK", "2"},
+                                     {"OMPI_COMM_WORLD_LOCAL_SIZE", "3"},
+                                     {"MASTER_ADDR", "a"},
+                                     {"MASTER_PORT", "1234"}}));
+  EXPECT_EQ(mpi.launcher, "Open MPI");
+  EXPECT_EQ(mpi.rank, 5);
+  EXPECT_EQ(mpi.world_size, 6);
+  EXPECT_EQ(mpi.local_rank, 2);
+  EXPECT_EQ(mpi.local_world_size, 3);
+
+  auto slurm = config_from_env(env_of({{"SLURM_PROCID", "4"},
+                                       {"SLURM_NTASKS", "8"},
+                                       {"SLURM_LOCALID", "0"},
+                                       {"SLURM_NTASKS_PER_NODE", "4(x2)"},
+                                       {"MASTER_ADDR", "a"},
+                                       {"MASTER_PORT", "1234"}}));
+  EXPECT_EQ(slurm.launcher, "Slurm");
+  EXPECT_EQ(slurm.rank, 4);
+  EXPECT_EQ(slurm.world_size, 8);
+  EXPECT_EQ(slurm.local_world_size, 4);
+}
+
+TEST(Rendezvous, MissingOrBadVariablesAreNamed) {
+  const std::map<std::string, std::string> full = {
+      {"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29500"}};
+  for (const char* name : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}) {
+    auto vars = full;
+    vars.erase(name);
+    const std::string msg = message_of<ValueError>([&] { config_from_env(env_of(vars)); });
+    EXPECT_NE(msg.find(fmt::format("{} is not set", name)), std::string::npos) << msg;
+  }
+  auto bad = full;
+  bad["WORLD_SIZE"] = "two";
+  EXPECT_NE(message_of<ValueError>([&] { config_from_env(env_of(bad)); }).find("WORLD_SIZE='two'"),
+            std::string::npos);
+  bad = full;
+  bad["RANK"] = "2";
+  EXPECT_NE(message_of<ValueError>([&] { config_from_env(env_of(bad)); }).find("RANK=2 is outside 0..1"),
+            std::string::npos);
+}
+
+TEST(Rendezvous, AllRanksMeetOverEnv) {
+  const int port = mpt::testing::free_port();
+  const int world = 3;
+  std::vector<std::thread> ranks;
+  std::vector<int> seen(world, -1);
+  for (int r = 0; r < world; ++r)
+    ranks.emplace_back([&, r] {
+      auto rv = rendezvous("env://", milliseconds(5000),
+                           env_of({{"RANK", std::to_string(r)},
+                                   {"WORLD_SIZE", std::to_string(world)},
+                                   {"MASTER_ADDR", "127.0.0.1"},
+                                   {"MASTER_PORT", std::to_string(port)}}));
+      seen[r] = rv.config.rank;
+      rv.store->set(fmt::format("done/{}", r), std::string("1"));
+      // Rank 0 hosts the store: it stays until every rank is through.
+      if (r == 0) rv.store->wait({"done/0", "done/1", "done/2"});
+    });
+  for (auto& t : ranks) t.join();
+  EXPECT_EQ(seen, (std::vector<int>{0, 1, 2}));
+}
+
+TEST(Rendezvous, MissingRanksAreListedWithinTheTimeout) {
+  TcpStore master("127.0.0.1", 0, true, milliseconds(600));
+  TcpStore other("127.0.0.1", master.port(), false, milliseconds(600));
+  std::string msg2;
+  std::thread rank2([&] { msg2 = message_of<TimeoutError>([&] { join_world(other, 2, 4); }); });
+  const auto start = Clock::now();
+  const std::string msg = message_of<TimeoutError>([&] { join_world(master, 0, 4); });
+  rank2.join();
+  EXPECT_NE(msg.find("arrived: [0, 2]"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("missing: [1, 3]"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("timeout 600 ms"), std::string::npos) << msg;
+  EXPECT_NE(msg2.find("rank 2 waited"), std::string::npos) << msg2;
+  EXPECT_LT(seconds_since(start), 4.0);
+}
+
+TEST(Rendezvous, DisagreeingWorldSizesAreAnError) {
+  const std::string dir = temp_folder("worldsize");
+  FileStore a(dir, milliseconds(3000)), b(dir, milliseconds(3000));
+  std::string msg0, msg1;
+  std::thread r1([&] { msg1 = message_of<DistributedError>([&] { join_world(b, 1, 3); }); });
+  msg0 = message_of<DistributedError>([&] { join_world(a, 0, 2); });
+  r1.join();
+  EXPECT_NE(msg0.find("world sizes disagree"), std::string::npos) << msg0;
+  EXPECT_NE(msg0.find("rank 1 says WORLD_SIZE=3"), std::string::npos) << msg0;
+  EXPECT_NE(msg1.find("rank 0 says WORLD_SIZE=2"), std::string::npos) << msg1;
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Rendezvous, TwoProcessesClaimingOneRankIsAnError) {
+  TcpStore master("127.0.0.1", 0, true, milliseconds(2000));
+  master.add("mpt/rank_claims/1", 1);  // someone already took rank 1
+  const std::string msg = message_of<DistributedError>([&] { join_world(master, 1, 2); });
+  EXPECT_NE(msg.find("claim rank 1"), std::string::npos) << msg;
+}
+
+TEST(Rendezvous, FileUrlMeetsInASharedFolder) {
+  const std::string dir = temp_folder("rendezvous");
+  const int world = 2;
+  std::vector<int> seen(world, -1);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < world; ++r)
+    ranks.emplace_back([&, r] {
+      auto rv = rendezvous("file://" + dir, milliseconds(5000),
+                           env_of({{"RANK", std::to_string(r)}, {"WORLD_SIZE", std::to_string(world)}}));
+      seen[r] = rv.config.rank;
+    });
+  for (auto& t : ranks) t.join();
+  EXPECT_EQ(seen, (std::vector<int>{0, 1}));
+  EXPECT_THROW(rendezvous("tcp://x", milliseconds(100), env_of({})), ValueError);
+  std::filesystem::remove_all(dir);
+}

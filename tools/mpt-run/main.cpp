@@ -1,0 +1,66 @@
+// mpt-run: starts one process per local device with the torchrun variables
+// set (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
+// MASTER_PORT), prefixes their output with the rank, and stops every rank
+// as soon as one fails, naming it and its exit status.
+//
+//   mpt-run --nproc_per_node 2 ./train --epochs 3
+//   mpt-run --nproc_per_node 8 --nnodes 2 --node_rank 1 --master_addr node0 ./train
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include "supervisor.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"Start a distributed job: one process per local device, torchrun's variables set"};
+  int nproc = 0, nnodes = 1, node_rank = 0, master_port = 29500;
+  std::string master_addr = "127.0.0.1";
+  double kill_grace = 5.0;
+  std::vector<std::string> command;
+  // The count is explicit: CUDA_VISIBLE_DEVICES alone never decides it.
+  app.add_option("--nproc_per_node", nproc, "processes on this node (usually one per GPU)")
+      ->required()
+      ->check(CLI::Range(1, 1024));
+  app.add_option("--nnodes", nnodes, "number of nodes")->check(CLI::Range(1, 100000));
+  app.add_option("--node_rank", node_rank, "this node's index, 0..nnodes-1")->check(CLI::NonNegativeNumber);
+  app.add_option("--master_addr", master_addr, "host of rank 0 (its store)");
+  app.add_option("--master_port", master_port, "port of rank 0's store")->check(CLI::Range(1, 65535));
+  app.add_option("--kill_timeout", kill_grace, "seconds a rank gets to exit after SIGTERM before SIGKILL")
+      ->check(CLI::NonNegativeNumber);
+  app.prefix_command();  // everything from the program on belongs to it
+  app.footer("After the options: the program to run and its arguments.");
+  CLI11_PARSE(app, argc, argv);
+  command = app.remaining();
+  if (command.empty()) {
+    fmt::print(stderr, "mpt-run: no program given\n{}", app.help());
+    return 2;
+  }
+  if (node_rank >= nnodes) {
+    fmt::print(stderr, "mpt-run: --node_rank {} must be below --nnodes {}\n", node_rank, nnodes);
+    return 2;
+  }
+
+  std::vector<mpt::run::RankSpec> ranks;
+  for (int local = 0; local < nproc; ++local) {
+    mpt::run::RankSpec spec;
+    spec.rank = node_rank * nproc + local;
+    spec.env = {{"RANK", std::to_string(spec.rank)},
+                {"WORLD_SIZE", std::to_string(nnodes * nproc)},
+                {"LOCAL_RANK", std::to_string(local)},
+                {"LOCAL_WORLD_SIZE", std::to_string(nproc)},
+                {"GROUP_RANK", std::to_string(node_rank)},
+                {"MASTER_ADDR", master_addr},
+                {"MASTER_PORT", std::to_string(master_port)}};
+    ranks.push_back(std::move(spec));
+  }
+  try {
+    const auto outcome = mpt::run::supervise(command, ranks, kill_grace);
+    if (!outcome.failure.empty()) {
+      fmt::print(stderr, "mpt-run: {}; stopped the other ranks\n", outcome.failure);
+      return outcome.exit_code;
+    }
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "{}\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,210 @@
+#include "supervisor.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <optional>
+
+#include <fmt/format.h>
+
+namespace mpt::run {
+
+namespace {
+
+volatile std::sig_atomic_t g_stop_signal = 0;
+void on_stop_signal(int sig) { g_stop_signal = sig; }
+
+// One of a rank's output streams, re-emitted line by line with a prefix.
+struct Stream {
+  int fd = -1;
+  FILE* sink = nullptr;
+  std::string partial;
+
+  void emit(const std::string& prefix, const std::string& line) {
+    fmt::print(sink, "{}{}\n", prefix, line);
+    std::fflush(sink);
+  }
+  // Reads what is there; returns false at end of stream.
+  bool drain(const std::string& prefix) {
+    char buf[4096];
+    for (;;) {
+      const ssize_t n = ::read(fd, buf, sizeof buf);
+      if (n > 0) {
+        partial.append(buf, static_cast<size_t>(n));
+        size_t nl;
+        while ((nl = partial.find('\n')) != std::string::npos) {
+          emit(prefix, partial.substr(0, nl));
+          partial.erase(0, nl + 1);
+        }
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
+      if (!partial.empty()) emit(prefix, partial);
+      partial.clear();
+      ::close(fd);
+      fd = -1;
+      return false;
+    }
+  }
+};
+
+struct Child {
+  int rank = 0;
+  pid_t pid = -1;
+  bool running = true;
+  int status = 0;
+  Stream out, err;
+  std::string prefix;
+};
+
+std::string describe_status(int status) {
+  if (WIFEXITED(status)) return fmt::format("exit status {}", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return fmt::format("signal {} ({})", WTERMSIG(status), ::strsignal(WTERMSIG(status)));
+  return fmt::format("status {}", status);
+}
+
+bool failed(int status) { return !WIFEXITED(status) || WEXITSTATUS(status) != 0; }
+
+int exit_code_for(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status) != 0 ? WEXITSTATUS(status) : 1;
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 1;
+}
+
+void start(Child& c, const std::vector<std::string>& command, const RankSpec& spec, pid_t launcher) {
+  int out_pipe[2], err_pipe[2];
+  if (::pipe2(out_pipe, O_CLOEXEC) != 0 || ::pipe2(err_pipe, O_CLOEXEC) != 0)
+    throw std::runtime_error(fmt::format("mpt-run: pipe() failed: {}", std::strerror(errno)));
+  const pid_t pid = ::fork();
+  if (pid < 0) throw std::runtime_error(fmt::format("mpt-run: fork() failed: {}", std::strerror(errno)));
+  if (pid == 0) {
+    // The rank leads its own process group, so stopping it stops whatever it
+    // started too; and it dies with the launcher, so none is orphaned.
+    ::setpgid(0, 0);
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != launcher) ::_exit(125);  // the launcher died before prctl
+    ::dup2(out_pipe[1], STDOUT_FILENO);
+    ::dup2(err_pipe[1], STDERR_FILENO);
+    ::signal(SIGINT, SIG_DFL);
+    ::signal(SIGTERM, SIG_DFL);
+    for (const auto& [k, v] : spec.env) ::setenv(k.c_str(), v.c_str(), 1);
+    std::vector<char*> argv;
+    for (const auto& a : command) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    ::execvp(argv[0], argv.data());
+    std::fprintf(stderr, "mpt-run: cannot run '%s': %s\n", argv[0], std::strerror(errno));
+    ::_exit(127);
+  }
+  ::setpgid(pid, pid);  // also here: no race with the first kill()
+  ::close(out_pipe[1]);
+  ::close(err_pipe[1]);
+  c.rank = spec.rank;
+  c.pid = pid;
+  c.prefix = fmt::format("[rank {}] ", spec.rank);
+  c.out = Stream{out_pipe[0], stdout, {}};
+  c.err = Stream{err_pipe[0], stderr, {}};
+  ::fcntl(c.out.fd, F_SETFL, O_NONBLOCK);
+  ::fcntl(c.err.fd, F_SETFL, O_NONBLOCK);
+}
+
+void signal_all(std::vector<Child>& children, int sig) {
+  for (auto& c : children)
+    if (c.running) ::kill(-c.pid, sig);
+}
+
+}  // namespace
+
+Outcome supervise(const std::vector<std::string>& command, const std::vector<RankSpec>& ranks, double kill_grace_s) {
+  using Clock = std::chrono::steady_clock;
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  ::sigaction(SIGINT, &sa, nullptr);
+  ::sigaction(SIGTERM, &sa, nullptr);
+  ::sigaction(SIGHUP, &sa, nullptr);
+
+  std::vector<Child> children(ranks.size());
+  const pid_t self = ::getpid();
+  for (size_t i = 0; i < ranks.size(); ++i) start(children[i], command, ranks[i], self);
+
+  Outcome outcome;
+  std::optional<Clock::time_point> kill_deadline;  // set once we start stopping the ranks
+  bool killed = false;
+  auto begin_stop = [&] {
+    if (kill_deadline) return;
+    signal_all(children, SIGTERM);
+    kill_deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(kill_grace_s));
+  };
+
+  for (;;) {
+    // Output first, so a failing rank's last words come before our verdict.
+    std::vector<pollfd> fds;
+    std::vector<Stream*> streams;
+    std::vector<const std::string*> prefixes;
+    for (auto& c : children)
+      for (Stream* s : {&c.out, &c.err})
+        if (s->fd >= 0) {
+          fds.push_back({s->fd, POLLIN, 0});
+          streams.push_back(s);
+          prefixes.push_back(&c.prefix);
+        }
+    if (!fds.empty()) ::poll(fds.data(), fds.size(), 50);
+    else ::usleep(20000);
+    for (size_t i = 0; i < fds.size(); ++i)
+      if (fds[i].revents) streams[i]->drain(*prefixes[i]);
+
+    for (auto& c : children) {
+      if (!c.running) continue;
+      int status = 0;
+      if (::waitpid(c.pid, &status, WNOHANG) != c.pid) continue;
+      c.running = false;
+      c.status = status;
+      if (failed(status) && outcome.failure.empty() && !kill_deadline) {
+        outcome.failure = fmt::format("rank {} (pid {}) failed with {}", c.rank, c.pid, describe_status(status));
+        outcome.exit_code = exit_code_for(status);
+        begin_stop();
+      }
+    }
+    if (g_stop_signal && !kill_deadline) {
+      outcome.failure = fmt::format("mpt-run received signal {} ({})", int(g_stop_signal), ::strsignal(g_stop_signal));
+      outcome.exit_code = 128 + g_stop_signal;
+      begin_stop();
+    }
+    if (kill_deadline && !killed && Clock::now() >= *kill_deadline) {
+      signal_all(children, SIGKILL);
+      killed = true;
+    }
+    bool any_running = false, any_open = false;
+    for (auto& c : children) {
+      any_running |= c.running;
+      any_open |= c.out.fd >= 0 || c.err.fd >= 0;
+    }
+    if (!any_running) {
+      // A rank's own children may hold its pipes open: give them up once
+      // the ranks are gone and what was written has been read.
+      if (any_open)
+        for (auto& c : children) {
+          if (c.out.fd >= 0) c.out.drain(c.prefix);
+          if (c.err.fd >= 0) c.err.drain(c.prefix);
+          ::kill(-c.pid, SIGKILL);
+          for (Stream* s : {&c.out, &c.err})
+            if (s->fd >= 0) {
+              ::close(s->fd);
+              s->fd = -1;
+            }
+        }
+      break;
+    }
+  }
+  return outcome;
+}
+
+}  // namespace mpt::run

@@ -1,0 +1,26 @@
+#pragma once
+// Runs one process per local rank and watches them: each line they print
+// comes out prefixed with its rank, and the first rank that fails brings
+// the others down (SIGTERM to each rank's process group, SIGKILL after a
+// grace period), so no rank is left waiting on a dead peer.
+#include <map>
+#include <string>
+#include <vector>
+
+namespace mpt::run {
+
+struct RankSpec {
+  int rank = 0;  // global rank, for the prefix and messages
+  std::map<std::string, std::string> env;  // added to the launcher's environment
+};
+
+struct Outcome {
+  int exit_code = 0;         // what mpt-run should exit with
+  std::string failure;       // empty when every rank succeeded
+};
+
+// Starts `command` once per spec and supervises until all have exited.
+// kill_grace_s: how long a rank may take to exit after SIGTERM.
+Outcome supervise(const std::vector<std::string>& command, const std::vector<RankSpec>& ranks, double kill_grace_s);
+
+}  // namespace mpt::run
