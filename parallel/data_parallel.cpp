@@ -3,6 +3,7 @@
 #include <exception>
 #include <thread>
 
+#include "amp/autocast.h"
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
 #include "tensor/device_guard.h"
@@ -21,7 +22,7 @@ std::vector<Tensor> values_of(const OrderedDict<Tensor>& dict) {
 // The per-thread state a worker must share with its caller.
 struct CallerState {
   bool grad_enabled = mpt::grad_enabled();
-  void apply() const { set_grad_enabled(grad_enabled); }
+  amp::AutocastSettings autocast = amp::current_autocast_settings();
 };
 
 }  // namespace
@@ -75,7 +76,8 @@ void DataParallel::broadcast_parameters() {
   }
 }
 
-double DataParallel::forward_backward(const Tensor& input, const Tensor& target, const LossFn& loss) {
+double DataParallel::forward_backward(const Tensor& input, const Tensor& target, const LossFn& loss,
+                                      amp::GradScaler* scaler) {
   const size_t n = devices_.size();
   check<ShapeError>(input.dim() >= 1 && target.dim() >= 1 && input.size(0) == target.size(0),
                     "DataParallel::forward_backward: input {} and target {} need the same batch size in dim 0",
@@ -88,6 +90,13 @@ double DataParallel::forward_backward(const Tensor& input, const Tensor& target,
     for (auto& p : params_[i]) p.set_grad(Tensor());  // replicas hold only this step's gradients
 
   const CallerState caller;
+  // One scale() call for the batch (the scaler counts it once and places
+  // its state); the devices then read the same scale.
+  Tensor scale;
+  if (scaler && scaler->is_enabled()) {
+    scaler->scale(full({}, 1.0, DType::f32, devices_[0]));
+    scale = scaler->scale_tensor();
+  }
   std::vector<double> losses(n, 0.0);
   std::vector<std::exception_ptr> errors(n);
   std::vector<std::thread> workers;
@@ -98,7 +107,8 @@ double DataParallel::forward_backward(const Tensor& input, const Tensor& target,
     start += rows;
     workers.emplace_back([&, i, begin, rows] {
       try {
-        caller.apply();
+        set_grad_enabled(caller.grad_enabled);
+        amp::AutocastSettingsGuard autocast(caller.autocast);
         DeviceGuard on_device(devices_[i]);
         const Tensor x = prim::to(prim::slice(input, 0, begin, begin + rows), devices_[i]);
         const Tensor y = prim::to(prim::slice(target, 0, begin, begin + rows), devices_[i]);
@@ -108,7 +118,11 @@ double DataParallel::forward_backward(const Tensor& input, const Tensor& target,
         // d(batch mean)/d(device mean) = rows / batch.
         const double weight = static_cast<double>(rows) / static_cast<double>(batch);
         losses[i] = l.item() * weight;
-        if (grad_enabled()) backward(l, full(l.shape(), weight, l.dtype(), devices_[i]));
+        if (grad_enabled()) {
+          Tensor seed = full(l.shape(), weight, l.dtype(), devices_[i]);
+          if (scale.defined()) seed = prim::mul(seed, prim::reshape(prim::to(prim::to(scale, devices_[i]), l.dtype()), {}));
+          backward(l, seed);
+        }
       } catch (...) {
         errors[i] = std::current_exception();
       }

@@ -16,6 +16,7 @@
 #include <memory>
 #include <vector>
 
+#include "amp/grad_scaler.h"
 #include "models/module.h"
 #include "parallel/local_communicator.h"
 
@@ -34,8 +35,12 @@ class DataParallel {
   // Splits input and target along dim 0 over the devices (sizes differ by at
   // most one row), runs forward, loss and backward per device, and adds the
   // gradient of the whole batch's mean loss to the module's parameters, as
-  // one device would. Returns that loss.
-  double forward_backward(const Tensor& input, const Tensor& target, const LossFn& loss);
+  // one device would. Returns that loss. With a scaler, the gradients are
+  // those of the scaled loss (one scale() for the whole batch; each device
+  // multiplies by the same scale), ready for scaler.step(optimizer).
+  // Grad mode and autocast settings carry into the device threads.
+  double forward_backward(const Tensor& input, const Tensor& target, const LossFn& loss,
+                          amp::GradScaler* scaler = nullptr);
 
   // Copies the module's parameters and buffers to the replicas. Done at the
   // start of every forward_backward (after the optimizer's step).

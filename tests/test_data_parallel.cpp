@@ -1,6 +1,8 @@
 // DataParallel over virtual CPU devices: the same training as one device on
 // the whole batch (the gradient of the batch mean is the row-weighted sum
 // of the per-device means), and clear errors for a misplaced module.
+#include "amp/autocast.h"
+#include "amp/grad_scaler.h"
 #include "autograd/engine.h"
 #include "autograd/ops.h"
 #include "models/sgd.h"
@@ -57,6 +59,53 @@ void train_and_compare(const std::vector<Device>& devices, int64_t batch) {
 }  // namespace
 
 TEST(DataParallel, TwoVirtualCpuDevicesTrainLikeOne) { train_and_compare({Device("cpu:0"), Device("cpu:1")}, 8); }
+
+// f16 autocast (carried into the device threads) and one loss scaler for
+// all devices train as one device with its own scaler does.
+TEST(DataParallel, AutocastAndOneScalerTrainLikeOneDevice) {
+  const uint64_t seed = mpt::testing::fresh_seed();
+  SCOPED_TRACE(seed);
+  Generator data(seed);
+  const int steps = 5;
+  const int64_t batch = 8;
+  const Tensor X = randn({steps * batch, 6}, DType::f32, kCPU, &data);
+  const Tensor Y = randn({steps * batch, 3}, DType::f32, kCPU, &data);
+  auto loss = [](const Tensor& out, const Tensor& y) { return mse_loss(out, y); };
+  amp::GradScalerOptions so;
+  so.init_scale = 1024;
+  so.growth_interval = 2;
+
+  const std::vector<Device> devices{Device("cpu:0"), Device("cpu:1")};
+  auto model = mpt::testing::make_mlp(seed);
+  DataParallel dp(model, [&] { return mpt::testing::make_mlp(seed + 1); }, devices);
+  optim::SGD opt(model->parameters(), {.lr = 0.1});
+  amp::GradScaler scaler(so);
+
+  auto reference = mpt::testing::make_mlp(seed);
+  optim::SGD ref_opt(reference->parameters(), {.lr = 0.1});
+  amp::GradScaler ref_scaler(so);
+
+  for (int s = 0; s < steps; ++s) {
+    const Tensor x = prim::slice(X, 0, s * batch, (s + 1) * batch);
+    const Tensor y = prim::slice(Y, 0, s * batch, (s + 1) * batch);
+    {
+      amp::AutocastGuard autocast(DeviceType::cpu, DType::f16);
+      opt.zero_grad();
+      dp.forward_backward(x, y, loss, &scaler);
+      ref_opt.zero_grad();
+      backward(ref_scaler.scale(mse_loss(reference->forward(x), y)));
+    }
+    // The gradients are those of the f16 forward, scaled.
+    for (auto& p : model->parameters()) ASSERT_EQ(p.grad().dtype(), DType::f32);
+    scaler.step(opt);
+    scaler.update();
+    ref_scaler.step(ref_opt);
+    ref_scaler.update();
+  }
+  EXPECT_EQ(scaler.get_scale(), ref_scaler.get_scale());
+  EXPECT_EQ(scaler.get_scale(), 1024.0 * 4);  // grew twice in 5 clean steps
+  EXPECT_LE(mpt::testing::rel_error(flat_parameters(*model), flat_parameters(*reference)), 1e-3);
+}
 
 TEST(DataParallel, UnevenSplitOverThreeDevicesTrainsLikeOne) {
   train_and_compare({Device("cpu:0"), Device("cpu:1"), Device("cpu:2")}, 7);
