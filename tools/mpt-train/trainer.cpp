@@ -114,6 +114,7 @@ Evaluation evaluate(const Workload& w, const Device& device, int64_t max_batches
 TrainResult run_training(const TrainConfig& config) {
   TrainConfig c = config;
   if (c.batch_size == 0) c.batch_size = c.model == "gpt" ? 64 : 128;
+  if (c.model == "gpt" && c.data == "fashion-mnist") c.data = "fortunes";  // the text default
   check(c.batch_size >= 1 && c.accumulation >= 1 && c.epochs >= 1 && c.max_steps >= 0,
         "mpt-train: --batch-size {}, --accumulation {} and --epochs {} must be positive, --steps {} not negative",
         c.batch_size, c.accumulation, c.epochs, c.max_steps);

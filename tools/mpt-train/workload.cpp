@@ -43,7 +43,8 @@ Workload make_workload(const TrainConfig& c, Generator& gen) {
     return w;
   }
   check(c.model == "gpt", "mpt-train: unknown --model '{}' (mlp, cnn, gpt)", c.model);
-  const std::string path = (c.data == "fortunes" || c.data == "fashion-mnist") ? data::kDefaultTextCorpus : c.data;
+  check(c.data != "fashion-mnist", "mpt-train: --model gpt trains on text: --data fortunes or a text file");
+  const std::string path = c.data == "fortunes" ? data::kDefaultTextCorpus : c.data;
   const data::CharDataset text(path, c.context);
   // The last tenth of the text is held out for evaluation.
   const int64_t held_out = std::max<int64_t>(1, text.size() / 10);
