@@ -45,7 +45,7 @@ int main(int argc, char** argv) {
   app.add_option("--parallel", c.parallel, "none, dp, ddp; auto: ddp when started by mpt-run")
       ->check(CLI::IsMember({"auto", "none", "dp", "ddp"}));
   app.add_option("--workers", c.workers, "Data-loading threads (0: load in the training thread)");
-  app.add_option("--eval-batches", c.eval_batches, "Batches of 500 evaluated per epoch (0: the whole test set)");
+  app.add_option("--eval-batches", c.eval_batches, "Batches evaluated per epoch (0: the whole test set or held-out text)");
 
   app.add_option("--checkpoint", c.checkpoint, "Checkpoint file (safetensors), written at the end");
   app.add_option("--checkpoint-every", c.checkpoint_every, "Also write it every N steps");

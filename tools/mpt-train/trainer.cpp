@@ -87,17 +87,19 @@ struct Evaluation {
   double loss = 0, accuracy = 0;
 };
 
-Evaluation evaluate(const Workload& w, const Device& device, int64_t max_batches) {
+Evaluation evaluate(const Workload& w, const Device& device, int64_t batch_size, int64_t max_batches) {
   NoGradGuard no_grad;
   w.model->eval();
-  constexpr int64_t kBatch = 500;
-  const int64_t n = w.eval_set->size();
+  // Text windows overlap; evaluating every context-th one covers the
+  // held-out text once.
+  std::vector<int64_t> samples;
+  for (int64_t i = 0; i < w.eval_set->size(); i += w.eval_stride) samples.push_back(i);
   double loss_sum = 0;
   int64_t correct = 0, predictions = 0, batches = 0;
-  for (int64_t first = 0; first < n && (max_batches == 0 || batches < max_batches); first += kBatch, ++batches) {
-    std::vector<int64_t> idx;
-    for (int64_t i = first; i < std::min(n, first + kBatch); ++i) idx.push_back(i);
-    const data::Batch b = w.eval_set->get_batch(idx);
+  for (size_t first = 0; first < samples.size() && (max_batches == 0 || batches < max_batches);
+       first += static_cast<size_t>(batch_size), ++batches) {
+    const size_t last = std::min(samples.size(), first + static_cast<size_t>(batch_size));
+    const data::Batch b = w.eval_set->get_batch(std::vector<int64_t>(samples.begin() + first, samples.begin() + last));
     const Tensor target = prim::to(b.target, device);
     const Tensor out = w.forward(prim::to(b.input, device));
     const int64_t count = w.predictions(b);
@@ -231,7 +233,7 @@ TrainResult run_training(const TrainConfig& config) {
       if (c.checkpoint_every > 0 && step % c.checkpoint_every == 0) save();
     }
     const double epoch_seconds = seconds_since(epoch_started);
-    const Evaluation eval = evaluate(w, device, c.eval_batches);
+    const Evaluation eval = evaluate(w, device, w.sequences ? c.batch_size : 500, c.eval_batches);
     result.eval_loss = eval.loss;
     result.eval_accuracy = eval.accuracy;
     nlohmann::ordered_json summary = {{"event", "epoch"},

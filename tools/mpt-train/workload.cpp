@@ -58,6 +58,7 @@ Workload make_workload(const TrainConfig& c, Generator& gen) {
   o.n_heads = c.gpt_heads;
   w.model = std::make_shared<nn::GPT>(o, &gen);
   w.sequences = true;
+  w.eval_stride = c.context;
   w.description = fmt::format("gpt ({} layers, {} heads, d {}, context {}, vocab {}) on '{}' ({} windows)",
                               o.n_layers, o.n_heads, o.d_model, o.context, o.vocab_size, path, text.size());
   return w;

@@ -23,6 +23,7 @@ struct Workload {
   Tensor forward(const Tensor& input) const;
   bool sequences = false;      // gpt: outputs [B, T, V]
   bool flatten_input = false;  // mlp: [N, 1, 28, 28] -> [N, 784]
+  int64_t eval_stride = 1;     // evaluate every eval_stride-th sample
 };
 
 // Builds the model (weights drawn from `gen`) and loads the data sets.
