@@ -9,6 +9,7 @@
 #include "models/checkpoint.h"
 #include "models/lr_schedule.h"
 #include "models/sgd.h"
+#include "tools/mpt-train/precision_step.h"
 #include "tools/mpt-train/progress.h"
 #include "tools/mpt-train/workload.h"
 
@@ -32,41 +33,15 @@ std::string pick_parallel_mode(const std::string& mode) {
   return world && std::atoi(world) > 1 ? "ddp" : "none";
 }
 
-// The one place where mixed precision plugs in. In fp32 a step is plain
-// backward() and optimizer.step(). With fp16/bf16, forward() runs under the
-// amp layer's autocast guard, backward() scales the loss first, and step()
-// becomes the GradScaler's unscale / inf-check / step / update; its state
-// goes into the checkpoint's extra tensors.
-class PrecisionStep {
- public:
-  PrecisionStep(const TrainConfig& c, optim::Optimizer& optimizer) : optimizer_(optimizer) {
-    check(c.precision == "fp32" || c.precision == "fp16" || c.precision == "bf16",
-          "mpt-train: unknown --precision '{}' (fp16, bf16, fp32)", c.precision);
-    check<NotAvailableError>(c.precision == "fp32",
-                             "mpt-train: --precision {} needs the amp layer (autocast and GradScaler), which this "
-                             "build does not have yet; use --precision fp32",
-                             c.precision);
-  }
-  template <typename F>
-  Tensor forward(F&& f) {
-    return f();
-  }
-  void backward(const Tensor& loss) { mpt::backward(loss); }
-  // Whether the step was taken (a loss scaler skips steps with inf/NaN gradients).
-  bool step() {
-    optimizer_.step();
-    return true;
-  }
-  double scale() const { return 1.0; }
-  OrderedDict<Tensor> state_dict() const { return {}; }
-  void load_state_dict(const OrderedDict<Tensor>& state) {
-    check(state.empty(), "mpt-train: the checkpoint holds loss-scaler state ({} tensors) but this run is fp32",
-          state.size());
-  }
-
- private:
-  optim::Optimizer& optimizer_;
-};
+// Under ddp each process trains on its own shard (RANK of WORLD_SIZE, as
+// mpt-run sets them); otherwise one shuffled order of the whole set.
+std::shared_ptr<data::Sampler> make_sampler(const std::string& parallel, int64_t size, uint64_t seed) {
+  if (parallel != "ddp") return std::make_shared<data::SequentialOrRandomSampler>(size, true, seed);
+  const char* rank = std::getenv("RANK");
+  const char* world = std::getenv("WORLD_SIZE");
+  check(rank && world, "mpt-train: --parallel ddp needs RANK and WORLD_SIZE in the environment (start it with mpt-run)");
+  return std::make_shared<data::DistributedSampler>(size, std::atoi(world), std::atoi(rank), true, seed);
+}
 
 std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c, const std::vector<Tensor>& params) {
   if (c.optimizer == "adamw")
@@ -139,7 +114,7 @@ TrainResult run_training(const TrainConfig& config) {
   std::unique_ptr<optim::Optimizer> optimizer = make_optimizer(c, w.model->parameters());
   PrecisionStep precision(c, *optimizer);
 
-  auto sampler = std::make_shared<data::SequentialOrRandomSampler>(w.train_set->size(), true, c.seed);
+  auto sampler = make_sampler(parallel, w.train_set->size(), c.seed);
   data::DataLoader loader(w.train_set, sampler,
                           {.batch_size = c.batch_size, .num_workers = c.workers, .prefetch = 4});
   const int64_t batches = loader.batches_per_epoch();
