@@ -114,6 +114,36 @@ TEST_F(MptTrain, StoppedAndResumedRunEndsBitIdentical) {
   EXPECT_EQ(tensors_of(file("part.safetensors")), tensors_of(file("whole.safetensors")));
 }
 
+// A real interruption: SIGTERM arrives at some step k; the run finishes that
+// step, checkpoints and exits with 130. Resumed up to step k + 3, it equals
+// a run that went to k + 3 without a break (both planned for 2000 steps).
+TEST_F(MptTrain, SignalledRunCheckpointsAndResumesBitIdentical) {
+  const std::string common = "--batch-size 16 --steps 2000 --eval-batches 1 --seed 3 --log-every 1";
+  // A script file spares one layer of shell quoting.
+  std::ofstream(file("interrupt.sh")) << fmt::format(
+      "'{}' --device cpu --progress none {} --metrics '{}' --checkpoint '{}' &\n"
+      "pid=$!\n"
+      "for i in $(seq 1200); do grep -q '\"step\"' '{}' 2>/dev/null && break; sleep 0.05; done\n"
+      "kill -TERM $pid\n"
+      "wait $pid\n"
+      "echo $? >'{}'\n",
+      MPT_TRAIN_PATH, common, file("m.jsonl"), file("cut.safetensors"), file("m.jsonl"), file("rc"));
+  ASSERT_EQ(std::system(fmt::format("bash '{}'", file("interrupt.sh")).c_str()), 0);
+  EXPECT_EQ(slurp(file("rc")), "130\n");
+  const int64_t k = ckpt::read_checkpoint(file("cut.safetensors")).step;
+  ASSERT_GE(k, 1);
+  ASSERT_LT(k, 2000);
+
+  ASSERT_EQ(run(fmt::format("{} --stop-after {} --resume '{}' --checkpoint '{}'", common, k + 3,
+                            file("cut.safetensors"), file("cut.safetensors"))),
+            0)
+      << stderr_;
+  ASSERT_EQ(run(fmt::format("{} --stop-after {} --checkpoint '{}'", common, k + 3, file("whole.safetensors"))), 0)
+      << stderr_;
+  EXPECT_EQ(ckpt::read_checkpoint(file("cut.safetensors")).step, k + 3);
+  EXPECT_EQ(tensors_of(file("cut.safetensors")), tensors_of(file("whole.safetensors")));
+}
+
 TEST_F(MptTrain, BadCheckpointsAreRefusedWithTheReason) {
   const std::string ck = file("c.safetensors");
   ASSERT_EQ(run(fmt::format("--batch-size 16 --steps 2 --eval-batches 1 --checkpoint '{}'", ck)), 0) << stderr_;

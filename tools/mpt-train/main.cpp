@@ -57,7 +57,7 @@ int main(int argc, char** argv) {
 
   CLI11_PARSE(app, argc, argv);
   try {
-    mpt::train::run_training(c);
+    if (mpt::train::run_training(c).interrupted) return 130;  // as a shell reports death by SIGINT
   } catch (const mpt::Error& e) {
     const std::string message = e.what();
     fmt::print(stderr, "{}{}\n", message.starts_with("mpt-train:") ? "" : "mpt-train: ", message);

@@ -1,6 +1,8 @@
 #include "tools/mpt-train/trainer.h"
 
+#include <atomic>
 #include <chrono>
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 
@@ -17,6 +19,29 @@ namespace mpt::train {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// Set by SIGINT/SIGTERM: the run finishes its current step, writes its
+// checkpoint and stops, so --resume continues it exactly.
+std::atomic<bool> stop_requested{false};
+extern "C" void request_stop(int) { stop_requested = true; }
+
+// Installs the handlers for the run's duration.
+class StopOnSignal {
+ public:
+  StopOnSignal() {
+    stop_requested = false;
+    previous_int_ = std::signal(SIGINT, request_stop);
+    previous_term_ = std::signal(SIGTERM, request_stop);
+  }
+  ~StopOnSignal() {
+    std::signal(SIGINT, previous_int_);
+    std::signal(SIGTERM, previous_term_);
+  }
+
+ private:
+  void (*previous_int_)(int);
+  void (*previous_term_)(int);
+};
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 Device pick_device(const std::string& spec) {
@@ -163,14 +188,15 @@ TrainResult run_training(const TrainConfig& config) {
   const int64_t last_step = c.stop_after > 0 ? std::min(total_steps, c.stop_after) : total_steps;
   TrainResult result;
   int64_t skipped = 0;
-  for (int64_t epoch = position.epoch; epoch < c.epochs && step < last_step; ++epoch) {
+  StopOnSignal stop_on_signal;
+  for (int64_t epoch = position.epoch; epoch < c.epochs && step < last_step && !stop_requested; ++epoch) {
     loader.start_epoch(epoch, epoch == position.epoch ? position.batch : 0);
     progress.start_epoch(epoch, c.epochs, steps_per_epoch);
     const auto epoch_started = Clock::now();
     auto window_started = Clock::now();
     double loss_sum = 0;
     int64_t correct = 0, predictions = 0, samples = 0, window_samples = 0;
-    while (step < last_step) {
+    while (step < last_step && !stop_requested) {
       const int64_t group = std::min(c.accumulation, batches - loader.position().batch);
       if (group <= 0) break;
       schedule.apply(*optimizer, step);
@@ -207,6 +233,7 @@ TrainResult run_training(const TrainConfig& config) {
       }
       if (c.checkpoint_every > 0 && step % c.checkpoint_every == 0) save();
     }
+    if (stop_requested) break;
     const double epoch_seconds = seconds_since(epoch_started);
     const Evaluation eval = evaluate(w, device, w.sequences ? c.batch_size : 500, c.eval_batches);
     result.eval_loss = eval.loss;
@@ -227,10 +254,16 @@ TrainResult run_training(const TrainConfig& config) {
   save();
   result.steps = step;
   result.seconds = seconds_since(started);
-  progress.record({{"event", "end"}, {"steps", step}, {"eval_loss", result.eval_loss},
-                   {"eval_accuracy", result.eval_accuracy}, {"seconds", result.seconds}});
-  progress.message(fmt::format("mpt-train: done: {} steps in {:.1f} s, test loss {:.4f}, test accuracy {:.2f}%",
-                               step, result.seconds, result.eval_loss, 100 * result.eval_accuracy));
+  result.interrupted = stop_requested;
+  progress.record({{"event", result.interrupted ? "interrupted" : "end"}, {"steps", step},
+                   {"eval_loss", result.eval_loss}, {"eval_accuracy", result.eval_accuracy},
+                   {"seconds", result.seconds}});
+  if (result.interrupted)
+    progress.message(fmt::format("mpt-train: interrupted after step {}{}", step,
+                                 c.checkpoint.empty() ? "" : fmt::format("; --resume '{}' continues", c.checkpoint)));
+  else
+    progress.message(fmt::format("mpt-train: done: {} steps in {:.1f} s, test loss {:.4f}, test accuracy {:.2f}%",
+                                 step, result.seconds, result.eval_loss, 100 * result.eval_accuracy));
   return result;
 }
 

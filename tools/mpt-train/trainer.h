@@ -13,6 +13,7 @@ struct TrainResult {
   int64_t steps = 0;
   double eval_loss = 0, eval_accuracy = 0;
   double seconds = 0;
+  bool interrupted = false;  // stopped by SIGINT/SIGTERM after a whole step
 };
 
 // Throws mpt::Error for anything the configuration or the data get wrong.
