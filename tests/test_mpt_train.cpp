@@ -162,8 +162,10 @@ TEST_F(MptTrain, BadCheckpointsAreRefusedWithTheReason) {
   EXPECT_NE(stderr_.find(bad), std::string::npos) << stderr_;
   EXPECT_NE(stderr_.find("bytes"), std::string::npos) << stderr_;
 
-  EXPECT_EQ(run(fmt::format("--model cnn --steps 4 --resume '{}'", ck)), 1);
+  EXPECT_EQ(run(fmt::format("--model cnn --batch-size 16 --steps 4 --resume '{}'", ck)), 1);
   EXPECT_NE(stderr_.find("'mlp'"), std::string::npos) << stderr_;
+  EXPECT_EQ(run(fmt::format("--batch-size 32 --steps 4 --resume '{}'", ck)), 1);
+  EXPECT_NE(stderr_.find("run.batch_size '16'"), std::string::npos) << stderr_;
 
   EXPECT_EQ(run("--precision fp16 --steps 1"), 1);
   EXPECT_NE(stderr_.find("amp"), std::string::npos) << stderr_;

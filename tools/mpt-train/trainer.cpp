@@ -68,6 +68,15 @@ std::shared_ptr<data::Sampler> make_sampler(const std::string& parallel, int64_t
   return std::make_shared<data::DistributedSampler>(size, std::atoi(world), std::atoi(rank), true, seed);
 }
 
+// What a resumed run must share with the one that wrote the checkpoint.
+io::Metadata run_identity(const TrainConfig& c) {
+  return {{"run.model", c.model},
+          {"run.data", c.data},
+          {"run.batch_size", std::to_string(c.batch_size)},
+          {"run.accumulation", std::to_string(c.accumulation)},
+          {"run.seed", std::to_string(c.seed)}};
+}
+
 std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c, const std::vector<Tensor>& params) {
   if (c.optimizer == "adamw")
     return std::make_unique<optim::AdamW>(params, optim::AdamWOptions{.lr = c.lr, .weight_decay = c.weight_decay});
@@ -152,7 +161,8 @@ TrainResult run_training(const TrainConfig& config) {
   data::DataPosition position;
   if (!c.resume.empty()) {
     const ckpt::Checkpoint saved = ckpt::read_checkpoint(c.resume);
-    for (const auto& [key, expected] : {std::pair{"run.model", c.model}, std::pair{"run.data", c.data}}) {
+    // The data position counts batches of one size in one seeded order.
+    for (const auto& [key, expected] : run_identity(c)) {
       auto it = saved.info.find(key);
       check(it == saved.info.end() || it->second == expected,
             "mpt-train: --resume '{}' was written for {} '{}', but this run has '{}'", c.resume, key,
@@ -170,7 +180,8 @@ TrainResult run_training(const TrainConfig& config) {
     if (c.checkpoint.empty()) return;
     ckpt::Checkpoint snapshot = ckpt::capture(*w.model, *optimizer, step, current, gen);
     snapshot.extra = precision.state_dict();
-    snapshot.info = {{"run.model", c.model}, {"run.data", c.data}, {"run.precision", c.precision}};
+    snapshot.info = run_identity(c);
+    snapshot.info["run.precision"] = c.precision;
     const std::filesystem::path dir = std::filesystem::path(c.checkpoint).parent_path();
     if (!dir.empty()) std::filesystem::create_directories(dir);
     ckpt::save_checkpoint(c.checkpoint, snapshot);
@@ -206,9 +217,8 @@ TrainResult run_training(const TrainConfig& config) {
         const data::Batch b = *loader.next();
         const Tensor target = prim::to(b.target, device);
         const Tensor input = prim::to(b.input, device);
-        Tensor out, loss;
-        out = precision.forward([&] { return w.forward(input); });
-        loss = w.loss(out, target);
+        const Tensor out = precision.forward([&] { return w.forward(input); });
+        const Tensor loss = w.loss(out, target);
         // Micro-batch gradients add up; averaging them makes the step the
         // mean over the whole group, as one big batch would give.
         precision.backward(group > 1 ? loss * (1.0 / static_cast<double>(group)) : loss);
