@@ -34,8 +34,11 @@ CharDataset::CharDataset(std::string text, int64_t context, const std::string& n
       id[c] = static_cast<uint8_t>(vocab_.size());
       vocab_.push_back(static_cast<char>(c));
     }
-  tokens_.reserve(text.size());
-  for (unsigned char c : text) tokens_.push_back(id[c]);
+  auto tokens = std::make_shared<std::vector<uint8_t>>();
+  tokens->reserve(text.size());
+  for (unsigned char c : text) tokens->push_back(id[c]);
+  tokens_ = std::move(tokens);
+  count_ = static_cast<int64_t>(tokens_->size()) - context;
 }
 
 Batch CharDataset::get_batch(const std::vector<int64_t>& indices) const {
@@ -47,11 +50,20 @@ Batch CharDataset::get_batch(const std::vector<int64_t>& indices) const {
     const int64_t s = indices[i];
     check(s >= 0 && s < size(), "CharDataset::get_batch: index {} out of range [0, {})", s, size());
     for (int64_t t = 0; t < context_; ++t) {
-      x[i * context_ + t] = tokens_[s + t];
-      y[i * context_ + t] = tokens_[s + t + 1];
+      x[i * context_ + t] = (*tokens_)[first_ + s + t];
+      y[i * context_ + t] = (*tokens_)[first_ + s + t + 1];
     }
   }
   return {input, target};
+}
+
+CharDataset CharDataset::subset(int64_t first, int64_t count) const {
+  check(first >= 0 && count >= 1 && first + count <= count_,
+        "CharDataset::subset: windows [{}, {}) outside [0, {})", first, first + count, count_);
+  CharDataset out = *this;
+  out.first_ = first_ + first;
+  out.count_ = count;
+  return out;
 }
 
 std::string CharDataset::decode(const std::vector<int64_t>& tokens) const {

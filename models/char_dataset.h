@@ -3,6 +3,7 @@
 // the file's distinct bytes (sorted), and sample i is the window of
 // `context` tokens starting at byte i with, as targets, the same window
 // shifted by one.
+#include <memory>
 #include <string>
 
 #include "models/dataset.h"
@@ -18,7 +19,7 @@ class CharDataset : public Dataset {
   // Text already in memory (name is used in messages).
   CharDataset(std::string text, int64_t context, const std::string& name);
 
-  int64_t size() const override { return static_cast<int64_t>(tokens_.size()) - context_; }
+  int64_t size() const override { return count_; }
   // input, target: i64 [N, context].
   Batch get_batch(const std::vector<int64_t>& indices) const override;
 
@@ -27,10 +28,15 @@ class CharDataset : public Dataset {
   const std::string& vocabulary() const { return vocab_; }  // token id -> byte
   std::string decode(const std::vector<int64_t>& tokens) const;
 
+  // The windows starting in [first, first + count), same vocabulary and
+  // text (shared, not copied): e.g. a held-out tail for validation.
+  CharDataset subset(int64_t first, int64_t count) const;
+
  private:
   int64_t context_;
   std::string vocab_;
-  std::vector<uint8_t> tokens_;  // each byte of the text as its token id
+  std::shared_ptr<const std::vector<uint8_t>> tokens_;  // each byte of the text as its token id
+  int64_t first_ = 0, count_ = 0;                      // the windows this set serves
 };
 
 }  // namespace mpt::data

@@ -232,7 +232,8 @@ TensorFile load_safetensors(const std::string& path) {
       throw fault(fmt::format("data_offsets {} must be [begin, end]", off.dump()));
     const uint64_t begin = off[0].get<uint64_t>(), end = off[1].get<uint64_t>();
     if (begin > end || end > data.size())
-      throw fault(fmt::format("data_offsets [{}, {}] outside the {} data bytes", begin, end, data.size()));
+      throw fault(fmt::format("data_offsets [{}, {}] outside the {} data bytes the file holds{}", begin, end,
+                              data.size(), end > data.size() ? " (truncated?)" : ""));
     if (end - begin != count * dtype_size(*dtype))
       throw fault(fmt::format("{} {} needs {} bytes, data_offsets [{}, {}] hold {}", dt.get<std::string>(),
                               e["shape"].dump(), count * dtype_size(*dtype), begin, end, end - begin));

@@ -18,10 +18,16 @@ for d in "$build"/tools/*/; do
   mkdir -p "$stage/tools/$name"
   cp -a "$d/$name" "$stage/tools/$name/"
 done
-# Not installed on the GPU machine: Gloo (and what it pulls in).
+# Not installed on the GPU machine: Gloo and the libraries it pulls in
+# (hiredis, ibverbs, netlink); the C and C++ runtimes are there.
 for lib in /usr/lib/libgloo.so* /usr/lib/x86_64-linux-gnu/libgloo.so*; do
   [[ -e $lib ]] && cp -aL "$lib" "$stage/"
 done
+if [[ -e $stage/libgloo.so.0 ]]; then
+  ldd "$stage/libgloo.so.0" | awk '/hiredis|ibverbs|libnl/ {print $3}' | while read -r dep; do
+    cp -aL "$dep" "$stage/"
+  done
+fi
 # The PyTorch reference benchmark, which lives beside the checkout.
 [[ -d ../shared/reference ]] && cp -a ../shared/reference "$stage/reference"
 du -sh "$stage"

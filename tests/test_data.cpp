@@ -185,6 +185,13 @@ TEST(CharDataset, WindowsAndShiftedTargets) {
   EXPECT_EQ(ds.decode({x.begin() + 4, x.end()}), "worl");
   EXPECT_EQ(ds.decode({y.begin() + 4, y.end()}), "orld");
   EXPECT_THROW(ds.get_batch({7}), ValueError);
+
+  const CharDataset tail = ds.subset(5, 2);  // windows "world"[0..4) and [1..5)
+  EXPECT_EQ(tail.size(), 2);
+  EXPECT_EQ(tail.vocabulary(), ds.vocabulary());
+  const auto tx = tail.get_batch({1}).input.to_vector<int64_t>();
+  EXPECT_EQ(tail.decode(tx), "worl");
+  EXPECT_THROW(ds.subset(5, 3), ValueError);
   EXPECT_THROW(CharDataset("abc", 3, "short"), IOError);
 }
 

@@ -9,6 +9,7 @@
 #include <nccl.h>
 
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <thread>
 
@@ -144,14 +145,18 @@ class NcclProcessGroup : public ProcessGroup {
     std::vector<Tensor> keep = outputs;
     keep.push_back(input);
     keep.push_back(gathered);
-    return launch(fmt::format("allgather of {}", describe(input)), keep, [&](cudaStream_t s) {
-      MPT_NCCL_CHECK(ncclAllGather(input.data_ptr(), gathered.data_ptr(), input.numel(),
-                                   nccl::data_type(input.dtype()), comm_, s));
-      const size_t n = input.nbytes();
-      for (int r = 0; r < size(); ++r)
-        MPT_CUDA_CHECK(cudaMemcpyAsync(outputs[r].data_ptr(), static_cast<char*>(gathered.data_ptr()) + n * r, n,
-                                       cudaMemcpyDeviceToDevice, s));
-    });
+    return launch(
+        fmt::format("allgather of {}", describe(input)), keep,
+        [&](cudaStream_t s) {
+          MPT_NCCL_CHECK(ncclAllGather(input.data_ptr(), gathered.data_ptr(), input.numel(),
+                                       nccl::data_type(input.dtype()), comm_, s));
+        },
+        [&](cudaStream_t s) {
+          const size_t n = input.nbytes();
+          for (int r = 0; r < size(); ++r)
+            MPT_CUDA_CHECK(cudaMemcpyAsync(outputs[r].data_ptr(), static_cast<char*>(gathered.data_ptr()) + n * r,
+                                           n, cudaMemcpyDeviceToDevice, s));
+        });
   }
 
   WorkPtr reduce_scatter(const Tensor& output, const Tensor& input, ReduceOp op) override {
@@ -181,8 +186,12 @@ class NcclProcessGroup : public ProcessGroup {
                        describe(t), t.device().str(), device_);
   }
 
+  // `then` queues work that reads the collective's result: it may only be
+  // queued once the (non-blocking) communicator has finished enqueuing the
+  // collective itself, or it would run first.
   template <typename F>
-  WorkPtr launch(std::string what, std::vector<Tensor> keep_alive, F&& enqueue) {
+  WorkPtr launch(std::string what, std::vector<Tensor> keep_alive, F&& enqueue,
+                 const std::function<void(cudaStream_t)>& then = nullptr) {
     std::lock_guard lock(mutex_);  // one enqueue at a time keeps every rank's order
     DeviceGuard guard(Device(DeviceType::cuda, device_));
     what = fmt::format("{} on rank {} of {}", what, rank(), size());
@@ -191,6 +200,7 @@ class NcclProcessGroup : public ProcessGroup {
     auto work = std::make_shared<NcclWork>(device_, comm_, timeout_, what, std::move(keep_alive));
     enqueue(stream_);
     nccl::wait_for({comm_}, timeout_, what);  // a non-blocking comm may still be enqueuing
+    if (then) then(stream_);
     MPT_CUDA_CHECK(cudaEventRecord(work->event(), stream_));
     return work;
   }

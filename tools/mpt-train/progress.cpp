@@ -1,0 +1,85 @@
+#include "tools/mpt-train/progress.h"
+
+#include <unistd.h>
+
+#include "tensor/error.h"
+
+namespace mpt::train {
+
+Progress::Progress(const std::string& style, int64_t log_every, const std::string& metrics_path)
+    : log_every_(std::max<int64_t>(1, log_every)) {
+  if (style == "auto")
+    style_ = ::isatty(STDOUT_FILENO) ? Style::bar : Style::lines;
+  else if (style == "bar")
+    style_ = Style::bar;
+  else if (style == "lines")
+    style_ = Style::lines;
+  else if (style == "none")
+    style_ = Style::none;
+  else
+    throw ValueError(fmt::format("mpt-train: unknown --progress '{}' (auto, bar, lines, none)", style));
+  if (!metrics_path.empty()) {
+    metrics_.open(metrics_path, std::ios::app);
+    check<IOError>(metrics_.good(), "mpt-train: cannot open the metrics file '{}'", metrics_path);
+  }
+}
+
+void Progress::start_epoch(int64_t epoch, int64_t epochs, int64_t steps_in_epoch) {
+  epoch_ = epoch;
+  epochs_ = epochs;
+  steps_in_epoch_ = steps_in_epoch;
+}
+
+void Progress::step(int64_t global_step, int64_t step_in_epoch, double loss, double lr, double samples_per_s) {
+  const bool periodic = global_step % log_every_ == 0;
+  if (periodic) record({{"event", "step"}, {"step", global_step}, {"epoch", epoch_}, {"loss", loss}, {"lr", lr},
+                        {"samples_per_s", samples_per_s}});
+  if (style_ == Style::lines && periodic) {
+    fmt::print("epoch {}/{} step {} ({}/{}): loss {:.4f} lr {:.3g} {:.0f} samples/s\n", epoch_ + 1, epochs_,
+               global_step, step_in_epoch, steps_in_epoch_, loss, lr, samples_per_s);
+    std::fflush(stdout);
+  }
+  if (style_ == Style::bar) {
+    // Redraw at most ten times a second: a terminal is slower than a small model.
+    const auto now = std::chrono::steady_clock::now();
+    if (step_in_epoch != steps_in_epoch_ && now - last_draw_ < std::chrono::milliseconds(100)) return;
+    last_draw_ = now;
+    constexpr int kWidth = 30;
+    const int filled = steps_in_epoch_ > 0 ? static_cast<int>(kWidth * step_in_epoch / steps_in_epoch_) : kWidth;
+    fmt::print("\repoch {}/{} [{}{}] {}/{} loss {:.4f} {:.0f} samples/s ", epoch_ + 1, epochs_,
+               std::string(filled, '#'), std::string(kWidth - filled, '.'), step_in_epoch, steps_in_epoch_, loss,
+               samples_per_s);
+    std::fflush(stdout);
+    bar_open_ = true;
+  }
+}
+
+void Progress::finish_bar() {
+  if (bar_open_) fmt::print("\n");
+  bar_open_ = false;
+}
+
+void Progress::end_epoch(const nlohmann::ordered_json& summary) {
+  finish_bar();
+  record(summary);
+  if (style_ == Style::none) return;
+  std::string line = fmt::format("epoch {}/{} done:", epoch_ + 1, epochs_);
+  for (const auto& [k, v] : summary.items())
+    if (k != "event" && k != "epoch") line += fmt::format(" {} {}", k, v.is_number_float() ? fmt::format("{:.4g}", v.get<double>()) : v.dump());
+  fmt::print("{}\n", line);
+  std::fflush(stdout);
+}
+
+void Progress::message(const std::string& text) {
+  finish_bar();
+  if (style_ != Style::none) fmt::print("{}\n", text);
+  std::fflush(stdout);
+}
+
+void Progress::record(const nlohmann::ordered_json& entry) {
+  if (!metrics_.is_open()) return;
+  metrics_ << entry.dump() << "\n";
+  metrics_.flush();
+}
+
+}  // namespace mpt::train

@@ -1,0 +1,38 @@
+#pragma once
+// What a run shows while it trains: a progress bar redrawn in place on a
+// terminal, plain lines every few steps elsewhere (logs, CI), an
+// end-of-epoch summary, and machine-readable metrics as JSON lines.
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace mpt::train {
+
+class Progress {
+ public:
+  enum class Style { bar, lines, none };
+  // style "auto": a bar when stdout is a terminal, else lines.
+  Progress(const std::string& style, int64_t log_every, const std::string& metrics_path);
+
+  void start_epoch(int64_t epoch, int64_t epochs, int64_t steps_in_epoch);
+  // After each optimizer step.
+  void step(int64_t global_step, int64_t step_in_epoch, double loss, double lr, double samples_per_s);
+  void end_epoch(const nlohmann::ordered_json& summary);  // also printed as one line
+  void message(const std::string& text);
+  // One JSON object per line in the metrics file (when there is one).
+  void record(const nlohmann::ordered_json& entry);
+
+ private:
+  void finish_bar();
+  Style style_;
+  int64_t log_every_;
+  int64_t epoch_ = 0, epochs_ = 0, steps_in_epoch_ = 0;
+  bool bar_open_ = false;
+  std::chrono::steady_clock::time_point last_draw_{};
+  std::ofstream metrics_;
+};
+
+}  // namespace mpt::train

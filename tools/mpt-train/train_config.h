@@ -1,0 +1,50 @@
+#pragma once
+// Everything a training run is told, as mpt-train's options set it.
+#include <cstdint>
+#include <string>
+
+namespace mpt::train {
+
+struct TrainConfig {
+  // What to train on what.
+  std::string model = "mlp";            // mlp, cnn, gpt
+  std::string data = "fashion-mnist";   // fashion-mnist, or a text file for gpt ("fortunes": the default corpus)
+  int64_t context = 256;                // gpt: sequence length (and rows of the position table)
+  int64_t gpt_layers = 6, gpt_heads = 6, gpt_d_model = 384;
+
+  // Numerics.
+  std::string precision = "fp32";       // fp16, bf16 (autocast + loss scaler) or fp32
+  std::string scaler = "dynamic";       // scaler policy, with its parameters below
+  double init_scale = 65536.0, growth_factor = 2.0, backoff_factor = 0.5;
+  int64_t growth_interval = 2000;
+
+  // Optimisation.
+  int64_t batch_size = 0;               // 0: the model's default (mlp, cnn 128; gpt 64)
+  int64_t accumulation = 1;             // micro-batches per optimizer step
+  std::string optimizer = "adamw";      // adamw, sgd
+  double lr = 1e-3, weight_decay = 0.0, momentum = 0.9;
+  std::string schedule = "cosine";      // constant, cosine (with linear warm-up)
+  int64_t warmup_steps = 100;
+  double min_lr_ratio = 0.0;            // cosine: floor as a fraction of lr
+  int64_t epochs = 2;
+  int64_t max_steps = 0;                // stop after this many optimizer steps (0: run all epochs)
+  int64_t stop_after = 0;               // end the run after this many steps as if interrupted
+                                        // (the schedule still plans for all of them; 0: off)
+  uint64_t seed = 0;
+
+  // Where and how.
+  std::string device = "auto";          // auto (a GPU if there is one, else the CPU), cpu, cuda, cuda:N
+  std::string parallel = "auto";        // none, dp, ddp; auto: ddp under mpt-run, else none
+  int workers = 1;                      // data-loading threads
+  int64_t eval_batches = 0;             // 0: the whole test set each epoch
+
+  // Output.
+  std::string checkpoint;               // path; empty: no checkpoints
+  int64_t checkpoint_every = 0;         // steps between checkpoints (0: only at the end)
+  std::string resume;                   // checkpoint to continue from
+  std::string metrics;                  // JSON-lines file
+  std::string progress = "auto";        // auto (bar on a terminal, lines otherwise), bar, lines, none
+  int64_t log_every = 100;              // steps between plain progress lines
+};
+
+}  // namespace mpt::train

@@ -1,0 +1,280 @@
+#include "tools/mpt-train/trainer.h"
+
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
+
+#include "autograd/ops.h"
+#include "models/adamw.h"
+#include "models/checkpoint.h"
+#include "models/lr_schedule.h"
+#include "models/sgd.h"
+#include "tools/mpt-train/precision_step.h"
+#include "tools/mpt-train/progress.h"
+#include "tools/mpt-train/workload.h"
+
+namespace mpt::train {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Set by SIGINT/SIGTERM: the run finishes its current step, writes its
+// checkpoint and stops, so --resume continues it exactly.
+std::atomic<bool> stop_requested{false};
+extern "C" void request_stop(int) { stop_requested = true; }
+
+// Installs the handlers for the run's duration.
+class StopOnSignal {
+ public:
+  StopOnSignal() {
+    stop_requested = false;
+    previous_int_ = std::signal(SIGINT, request_stop);
+    previous_term_ = std::signal(SIGTERM, request_stop);
+  }
+  ~StopOnSignal() {
+    std::signal(SIGINT, previous_int_);
+    std::signal(SIGTERM, previous_term_);
+  }
+
+ private:
+  void (*previous_int_)(int);
+  void (*previous_term_)(int);
+};
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+Device pick_device(const std::string& spec) {
+  if (spec == "auto") return cuda_device_count() > 0 ? Device("cuda:0") : kCPU;
+  Device d(spec);
+  check_device_available(d);
+  return d;
+}
+
+// mpt-run tells its workers their place through the environment.
+std::string pick_parallel_mode(const std::string& mode) {
+  if (mode != "auto") return mode;
+  const char* world = std::getenv("WORLD_SIZE");
+  return world && std::atoi(world) > 1 ? "ddp" : "none";
+}
+
+// Under ddp each process trains on its own shard (RANK of WORLD_SIZE, as
+// mpt-run sets them); otherwise one shuffled order of the whole set.
+std::shared_ptr<data::Sampler> make_sampler(const std::string& parallel, int64_t size, uint64_t seed) {
+  if (parallel != "ddp") return std::make_shared<data::SequentialOrRandomSampler>(size, true, seed);
+  const char* rank = std::getenv("RANK");
+  const char* world = std::getenv("WORLD_SIZE");
+  check(rank && world, "mpt-train: --parallel ddp needs RANK and WORLD_SIZE in the environment (start it with mpt-run)");
+  return std::make_shared<data::DistributedSampler>(size, std::atoi(world), std::atoi(rank), true, seed);
+}
+
+// What a resumed run must share with the one that wrote the checkpoint.
+io::Metadata run_identity(const TrainConfig& c) {
+  return {{"run.model", c.model},
+          {"run.data", c.data},
+          {"run.batch_size", std::to_string(c.batch_size)},
+          {"run.accumulation", std::to_string(c.accumulation)},
+          {"run.seed", std::to_string(c.seed)}};
+}
+
+std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c, const std::vector<Tensor>& params) {
+  if (c.optimizer == "adamw")
+    return std::make_unique<optim::AdamW>(params, optim::AdamWOptions{.lr = c.lr, .weight_decay = c.weight_decay});
+  check(c.optimizer == "sgd", "mpt-train: unknown --optimizer '{}' (adamw, sgd)", c.optimizer);
+  return std::make_unique<optim::SGD>(
+      params, optim::SGDOptions{.lr = c.lr, .momentum = c.momentum, .weight_decay = c.weight_decay});
+}
+
+optim::LrSchedule make_schedule(const TrainConfig& c, int64_t total_steps) {
+  if (c.schedule == "constant") return optim::LrSchedule::constant(c.lr);
+  check(c.schedule == "cosine", "mpt-train: unknown --schedule '{}' (constant, cosine)", c.schedule);
+  const int64_t warmup = std::min(c.warmup_steps, std::max<int64_t>(total_steps - 1, 0));
+  return optim::LrSchedule::cosine(c.lr, warmup, std::max<int64_t>(total_steps, warmup + 1), c.lr * c.min_lr_ratio);
+}
+
+struct Evaluation {
+  double loss = 0, accuracy = 0;
+};
+
+Evaluation evaluate(const Workload& w, const Device& device, int64_t batch_size, int64_t max_batches) {
+  NoGradGuard no_grad;
+  w.model->eval();
+  // Text windows overlap; evaluating every context-th one covers the
+  // held-out text once.
+  std::vector<int64_t> samples;
+  for (int64_t i = 0; i < w.eval_set->size(); i += w.eval_stride) samples.push_back(i);
+  double loss_sum = 0;
+  int64_t correct = 0, predictions = 0, batches = 0;
+  for (size_t first = 0; first < samples.size() && (max_batches == 0 || batches < max_batches);
+       first += static_cast<size_t>(batch_size), ++batches) {
+    const size_t last = std::min(samples.size(), first + static_cast<size_t>(batch_size));
+    const data::Batch b = w.eval_set->get_batch(std::vector<int64_t>(samples.begin() + first, samples.begin() + last));
+    const Tensor target = prim::to(b.target, device);
+    const Tensor out = w.forward(prim::to(b.input, device));
+    const int64_t count = w.predictions(b);
+    loss_sum += w.loss(out, target).item() * static_cast<double>(count);
+    correct += w.correct(out, target);
+    predictions += count;
+  }
+  w.model->train();
+  return {loss_sum / static_cast<double>(predictions), static_cast<double>(correct) / static_cast<double>(predictions)};
+}
+
+}  // namespace
+
+TrainResult run_training(const TrainConfig& config) {
+  TrainConfig c = config;
+  if (c.batch_size == 0) c.batch_size = c.model == "gpt" ? 64 : 128;
+  if (c.model == "gpt" && c.data == "fashion-mnist") c.data = "fortunes";  // the text default
+  check(c.batch_size >= 1 && c.accumulation >= 1 && c.epochs >= 1 && c.max_steps >= 0,
+        "mpt-train: --batch-size {}, --accumulation {} and --epochs {} must be positive, --steps {} not negative",
+        c.batch_size, c.accumulation, c.epochs, c.max_steps);
+  const std::string parallel = pick_parallel_mode(c.parallel);
+  check(parallel == "none" || parallel == "dp" || parallel == "ddp",
+        "mpt-train: unknown --parallel '{}' (none, dp, ddp)", parallel);
+  // Data parallelism plugs in here: dp wraps the model in the parallel
+  // layer's DataParallel, ddp joins the process group and wraps it in DDP
+  // (with a DistributedSampler for the data).
+  check<NotAvailableError>(parallel == "none",
+                           "mpt-train: --parallel {} needs the parallel layer, which this build does not have yet",
+                           parallel);
+
+  const auto started = Clock::now();
+  Progress progress(c.progress, c.log_every, c.metrics);
+  const Device device = pick_device(c.device);
+  Generator gen(c.seed);
+  Workload w = make_workload(c, gen);
+  w.model->to(device);
+  std::unique_ptr<optim::Optimizer> optimizer = make_optimizer(c, w.model->parameters());
+  PrecisionStep precision(c, *optimizer);
+
+  auto sampler = make_sampler(parallel, w.train_set->size(), c.seed);
+  data::DataLoader loader(w.train_set, sampler,
+                          {.batch_size = c.batch_size, .num_workers = c.workers, .prefetch = 4});
+  const int64_t batches = loader.batches_per_epoch();
+  const int64_t steps_per_epoch = (batches + c.accumulation - 1) / c.accumulation;
+  const int64_t total_steps = c.max_steps > 0 ? std::min(c.max_steps, c.epochs * steps_per_epoch)
+                                              : c.epochs * steps_per_epoch;
+  const optim::LrSchedule schedule = make_schedule(c, total_steps);
+
+  int64_t step = 0;
+  data::DataPosition position;
+  if (!c.resume.empty()) {
+    const ckpt::Checkpoint saved = ckpt::read_checkpoint(c.resume);
+    // The data position counts batches of one size in one seeded order.
+    for (const auto& [key, expected] : run_identity(c)) {
+      auto it = saved.info.find(key);
+      check(it == saved.info.end() || it->second == expected,
+            "mpt-train: --resume '{}' was written for {} '{}', but this run has '{}'", c.resume, key,
+            it == saved.info.end() ? "" : it->second, expected);
+    }
+    ckpt::restore(saved, *w.model, *optimizer, gen, c.resume);
+    precision.load_state_dict(saved.extra);
+    step = saved.step;
+    position = saved.position;
+    progress.message(fmt::format("resumed from '{}' at step {} (epoch {}, batch {})", c.resume, step,
+                                 position.epoch + 1, position.batch));
+  }
+  data::DataPosition current = position;  // of the next batch to train on
+  auto save = [&] {
+    if (c.checkpoint.empty()) return;
+    ckpt::Checkpoint snapshot = ckpt::capture(*w.model, *optimizer, step, current, gen);
+    snapshot.extra = precision.state_dict();
+    snapshot.info = run_identity(c);
+    snapshot.info["run.precision"] = c.precision;
+    const std::filesystem::path dir = std::filesystem::path(c.checkpoint).parent_path();
+    if (!dir.empty()) std::filesystem::create_directories(dir);
+    ckpt::save_checkpoint(c.checkpoint, snapshot);
+  };
+
+  progress.message(fmt::format("mpt-train: {} on {}, {}, batch {} x {}, {} lr {:g} ({}), {} steps", w.description,
+                               device.str(), c.precision, c.batch_size, c.accumulation, c.optimizer, c.lr,
+                               c.schedule, total_steps));
+  progress.record({{"event", "start"}, {"model", c.model}, {"data", c.data}, {"device", device.str()},
+                   {"precision", c.precision}, {"batch_size", c.batch_size}, {"accumulation", c.accumulation},
+                   {"optimizer", c.optimizer}, {"lr", c.lr}, {"total_steps", total_steps}, {"seed", c.seed}});
+
+  // Where this invocation ends: the whole run, or an early stop that a
+  // later --resume continues.
+  const int64_t last_step = c.stop_after > 0 ? std::min(total_steps, c.stop_after) : total_steps;
+  TrainResult result;
+  int64_t skipped = 0;
+  StopOnSignal stop_on_signal;
+  for (int64_t epoch = position.epoch; epoch < c.epochs && step < last_step && !stop_requested; ++epoch) {
+    loader.start_epoch(epoch, epoch == position.epoch ? position.batch : 0);
+    progress.start_epoch(epoch, c.epochs, steps_per_epoch);
+    const auto epoch_started = Clock::now();
+    auto window_started = Clock::now();
+    double loss_sum = 0;
+    int64_t correct = 0, predictions = 0, samples = 0, window_samples = 0;
+    while (step < last_step && !stop_requested) {
+      const int64_t group = std::min(c.accumulation, batches - loader.position().batch);
+      if (group <= 0) break;
+      schedule.apply(*optimizer, step);
+      optimizer->zero_grad();
+      double step_loss = 0;
+      for (int64_t micro = 0; micro < group; ++micro) {
+        const data::Batch b = *loader.next();
+        const Tensor target = prim::to(b.target, device);
+        const Tensor input = prim::to(b.input, device);
+        const Tensor out = precision.forward([&] { return w.forward(input); });
+        const Tensor loss = w.loss(out, target);
+        // Micro-batch gradients add up; averaging them makes the step the
+        // mean over the whole group, as one big batch would give.
+        precision.backward(group > 1 ? loss * (1.0 / static_cast<double>(group)) : loss);
+        const double value = loss.item();
+        step_loss += value / static_cast<double>(group);
+        const int64_t count = w.predictions(b);
+        loss_sum += value * static_cast<double>(count);
+        correct += w.correct(out, target);
+        predictions += count;
+        samples += b.size();
+        window_samples += b.size();
+      }
+      if (!precision.step()) ++skipped;
+      ++step;
+      current = loader.position();
+      const double rate = window_samples / std::max(seconds_since(window_started), 1e-9);
+      progress.step(step, (loader.position().batch + c.accumulation - 1) / c.accumulation, step_loss,
+                    optimizer->lr(), rate);
+      if (step % c.log_every == 0) {
+        window_started = Clock::now();
+        window_samples = 0;
+      }
+      if (c.checkpoint_every > 0 && step % c.checkpoint_every == 0) save();
+    }
+    if (stop_requested) break;
+    const double epoch_seconds = seconds_since(epoch_started);
+    const Evaluation eval = evaluate(w, device, w.sequences ? c.batch_size : 500, c.eval_batches);
+    result.eval_loss = eval.loss;
+    result.eval_accuracy = eval.accuracy;
+    nlohmann::ordered_json summary = {{"event", "epoch"},
+                              {"epoch", epoch + 1},
+                              {"step", step},
+                              {"train_loss", predictions ? loss_sum / predictions : 0.0},
+                              {"train_accuracy", predictions ? static_cast<double>(correct) / predictions : 0.0},
+                              {"eval_loss", eval.loss},
+                              {"eval_accuracy", eval.accuracy},
+                              {"samples_per_s", samples / std::max(epoch_seconds, 1e-9)},
+                              {"seconds", epoch_seconds},
+                              {"scale", precision.scale()},
+                              {"skipped_steps", skipped}};
+    progress.end_epoch(summary);
+  }
+  save();
+  result.steps = step;
+  result.seconds = seconds_since(started);
+  result.interrupted = stop_requested;
+  progress.record({{"event", result.interrupted ? "interrupted" : "end"}, {"steps", step},
+                   {"eval_loss", result.eval_loss}, {"eval_accuracy", result.eval_accuracy},
+                   {"seconds", result.seconds}});
+  if (result.interrupted)
+    progress.message(fmt::format("mpt-train: interrupted after step {}{}", step,
+                                 c.checkpoint.empty() ? "" : fmt::format("; --resume '{}' continues", c.checkpoint)));
+  else
+    progress.message(fmt::format("mpt-train: done: {} steps in {:.1f} s, test loss {:.4f}, test accuracy {:.2f}%",
+                                 step, result.seconds, result.eval_loss, 100 * result.eval_accuracy));
+  return result;
+}
+
+}  // namespace mpt::train
