@@ -1,4 +1,9 @@
 #pragma once
+#include <memory>
+#include <optional>
+
+#include "amp/autocast.h"
+#include "amp/grad_scaler.h"
 #include "autograd/ops.h"
 #include "models/optimizer.h"
 #include "tools/mpt-train/train_config.h"
@@ -6,39 +11,87 @@
 namespace mpt::train {
 
 // The one place where mixed precision plugs in. In fp32 a step is plain
-// backward() and optimizer.step(). With fp16/bf16, forward() runs under the
-// amp layer's autocast guard, backward() scales the loss first, and step()
-// becomes the GradScaler's unscale / inf-check / step / update; its state
-// goes into the checkpoint's extra tensors.
+// backward() and optimizer.step(). With fp16/bf16, forward() runs under
+// autocast for the model's device type, and with fp16 backward() scales the
+// loss and step() is the GradScaler's unscale / inf-check / step / update
+// (bf16 has f32's range and needs no scaling). The scaler's state travels in
+// the checkpoint's extra tensors.
 class PrecisionStep {
  public:
-  PrecisionStep(const TrainConfig& c, optim::Optimizer& optimizer) : optimizer_(optimizer) {
+  PrecisionStep(const TrainConfig& c, optim::Optimizer& optimizer, const Device& device)
+      : optimizer_(optimizer), device_type_(device.type) {
     check(c.precision == "fp32" || c.precision == "fp16" || c.precision == "bf16",
           "mpt-train: unknown --precision '{}' (fp16, bf16, fp32)", c.precision);
-    check<NotAvailableError>(c.precision == "fp32",
-                             "mpt-train: --precision {} needs the amp layer (autocast and GradScaler), which this "
-                             "build does not have yet; use --precision fp32",
-                             c.precision);
+    autocast_ = c.precision != "fp32";
+    dtype_ = c.precision == "bf16" ? DType::bf16 : DType::f16;
+    if (c.precision == "fp16") {
+      amp::GradScalerOptions o;
+      o.policy = amp::scale_policy_from_name(c.scaler == "dynamic" ? "torch" : c.scaler);
+      o.init_scale = c.init_scale;
+      o.growth_factor = c.growth_factor;
+      o.backoff_factor = c.backoff_factor;
+      o.growth_interval = c.growth_interval;
+      scaler_.emplace(o);
+    }
   }
+
   template <typename F>
   Tensor forward(F&& f) {
+    amp::AutocastGuard guard(device_type_, dtype_, autocast_);
     return f();
   }
-  void backward(const Tensor& loss) { mpt::backward(loss); }
-  // Whether the step was taken (a loss scaler skips steps with inf/NaN gradients).
+  void backward(const Tensor& loss) { mpt::backward(scaler_ ? scaler_->scale(loss) : loss); }
+  // Whether the step was taken (the loss scaler skips steps with inf/NaN gradients).
   bool step() {
-    optimizer_.step();
-    return true;
+    if (!scaler_) {
+      optimizer_.step();
+      return true;
+    }
+    const int64_t before = optimizer_step_count();
+    scaler_->step(optimizer_);
+    scaler_->update();
+    return optimizer_step_count() > before;
   }
-  double scale() const { return 1.0; }
-  OrderedDict<Tensor> state_dict() const { return {}; }
+  amp::GradScaler* scaler() { return scaler_ ? &*scaler_ : nullptr; }
+  double scale() const { return scaler_ ? scaler_->get_scale() : 1.0; }
+
+  // The scaler's state as 0-d f64 tensors, named as GradScaler::state_dict names it.
+  OrderedDict<Tensor> state_dict() const {
+    OrderedDict<Tensor> out;
+    if (scaler_)
+      for (const auto& [key, value] : scaler_->state_dict()) out.insert("scaler." + key, scalar_tensor(value, DType::f64));
+    return out;
+  }
+  // Checks before changing anything (GradScaler::load_state_dict does too).
   void load_state_dict(const OrderedDict<Tensor>& state) {
-    check(state.empty(), "mpt-train: the checkpoint holds loss-scaler state ({} tensors) but this run is fp32",
-          state.size());
+    if (!scaler_) {
+      check(state.empty(), "mpt-train: the checkpoint holds loss-scaler state ({} tensors) but this run is {}",
+            state.size(), autocast_ ? "bf16" : "fp32");
+      return;
+    }
+    std::map<std::string, double> values;
+    for (const auto& [key, t] : state) {
+      check(key.rfind("scaler.", 0) == 0 && t.defined() && t.numel() == 1,
+            "mpt-train: unexpected loss-scaler entry '{}' in the checkpoint", key);
+      values[key.substr(7)] = t.item();
+    }
+    check(!values.empty(), "mpt-train: the checkpoint has no loss-scaler state, but this run is fp16");
+    scaler_->load_state_dict(values);
   }
 
  private:
+  // Steps the optimizer has applied (a skipped step leaves it unchanged).
+  int64_t optimizer_step_count() const {
+    int64_t total = 0;
+    for (size_t i = 0; i < optimizer_.num_params(); ++i) total += optimizer_.state(i).step;
+    return total;
+  }
+
   optim::Optimizer& optimizer_;
+  DeviceType device_type_;
+  bool autocast_ = false;
+  DType dtype_ = DType::f16;
+  std::optional<amp::GradScaler> scaler_;
 };
 
 }  // namespace mpt::train

@@ -13,7 +13,8 @@ struct TrainConfig {
   int64_t gpt_layers = 6, gpt_heads = 6, gpt_d_model = 384;
 
   // Numerics.
-  std::string precision = "fp32";       // fp16, bf16 (autocast + loss scaler) or fp32
+  std::string precision = "auto";       // fp16 (autocast + loss scaler), bf16 (autocast), fp32;
+                                        // auto: fp16 on a GPU, bf16 on the CPU (no f16 arithmetic there)
   std::string scaler = "dynamic";       // scaler policy, with its parameters below
   double init_scale = 65536.0, growth_factor = 2.0, backoff_factor = 0.5;
   int64_t growth_interval = 2000;

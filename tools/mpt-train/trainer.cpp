@@ -5,12 +5,15 @@
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 
 #include "autograd/ops.h"
 #include "models/adamw.h"
 #include "models/checkpoint.h"
 #include "models/lr_schedule.h"
 #include "models/sgd.h"
+#include "parallel/device_routed_group.h"
+#include "parallel/distributed_data_parallel.h"
 #include "tools/mpt-train/precision_step.h"
 #include "tools/mpt-train/progress.h"
 #include "tools/mpt-train/workload.h"
@@ -44,8 +47,9 @@ class StopOnSignal {
 };
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-Device pick_device(const std::string& spec) {
-  if (spec == "auto") return cuda_device_count() > 0 ? Device("cuda:0") : kCPU;
+// Under ddp, "auto" gives each process the GPU of its LOCAL_RANK.
+Device pick_device(const std::string& spec, int local_rank) {
+  if (spec == "auto") return cuda_device_count() > 0 ? Device(DeviceType::cuda, local_rank) : kCPU;
   Device d(spec);
   check_device_available(d);
   return d;
@@ -132,21 +136,35 @@ TrainResult run_training(const TrainConfig& config) {
   const std::string parallel = pick_parallel_mode(c.parallel);
   check(parallel == "none" || parallel == "dp" || parallel == "ddp",
         "mpt-train: unknown --parallel '{}' (none, dp, ddp)", parallel);
-  // Data parallelism plugs in here: dp wraps the model in the parallel
-  // layer's DataParallel, ddp joins the process group and wraps it in DDP
-  // (with a DistributedSampler for the data).
-  check<NotAvailableError>(parallel == "none",
-                           "mpt-train: --parallel {} needs the parallel layer, which this build does not have yet",
-                           parallel);
+  check<NotAvailableError>(parallel != "dp",
+                           "mpt-train: --parallel dp is not wired into mpt-train yet; use ddp under mpt-run "
+                           "(mpt-run --nproc_per_node N mpt-train ...) or the DataParallel class from the library");
 
+  // ddp: join the other ranks (rendezvous from mpt-run's variables); only
+  // rank 0 reports and writes checkpoints.
+  std::optional<dist::Distributed> world;
+  if (parallel == "ddp") world = dist::init_process_group("env://");
+  const bool lead = !world || world->config.rank == 0;
+  if (!lead) {
+    c.progress = "none";
+    c.metrics.clear();
+  }
   const auto started = Clock::now();
   Progress progress(c.progress, c.log_every, c.metrics);
-  const Device device = pick_device(c.device);
+  const Device device = pick_device(c.device, world ? world->config.local_rank : 0);
+  if (c.precision == "auto") c.precision = device.is_cuda() ? "fp16" : "bf16";
   Generator gen(c.seed);
   Workload w = make_workload(c, gen);
   w.model->to(device);
   std::unique_ptr<optim::Optimizer> optimizer = make_optimizer(c, w.model->parameters());
-  PrecisionStep precision(c, *optimizer);
+  PrecisionStep precision(c, *optimizer, device);
+  std::unique_ptr<dist::DistributedDataParallel> ddp;
+  if (world) {
+    ddp = std::make_unique<dist::DistributedDataParallel>(w.model, world->group);
+    // Every rank skips or takes the same step.
+    if (amp::GradScaler* scaler = precision.scaler())
+      scaler->set_found_inf_reducer([&ddp](Tensor& found_inf) { ddp->allreduce_found_inf(found_inf); });
+  }
 
   auto sampler = make_sampler(parallel, w.train_set->size(), c.seed);
   data::DataLoader loader(w.train_set, sampler,
@@ -168,8 +186,8 @@ TrainResult run_training(const TrainConfig& config) {
             "mpt-train: --resume '{}' was written for {} '{}', but this run has '{}'", c.resume, key,
             it == saved.info.end() ? "" : it->second, expected);
     }
+    precision.load_state_dict(saved.extra);  // all or nothing, before the model is touched
     ckpt::restore(saved, *w.model, *optimizer, gen, c.resume);
-    precision.load_state_dict(saved.extra);
     step = saved.step;
     position = saved.position;
     progress.message(fmt::format("resumed from '{}' at step {} (epoch {}, batch {})", c.resume, step,
@@ -177,7 +195,7 @@ TrainResult run_training(const TrainConfig& config) {
   }
   data::DataPosition current = position;  // of the next batch to train on
   auto save = [&] {
-    if (c.checkpoint.empty()) return;
+    if (c.checkpoint.empty() || !lead) return;
     ckpt::Checkpoint snapshot = ckpt::capture(*w.model, *optimizer, step, current, gen);
     snapshot.extra = precision.state_dict();
     snapshot.info = run_identity(c);
@@ -217,6 +235,10 @@ TrainResult run_training(const TrainConfig& config) {
         const data::Batch b = *loader.next();
         const Tensor target = prim::to(b.target, device);
         const Tensor input = prim::to(b.input, device);
+        // Under ddp, only the last micro-batch of a step all-reduces.
+        std::optional<dist::DistributedDataParallel::NoSyncGuard> local_only;
+        if (ddp && micro + 1 < group) local_only.emplace(*ddp);
+        if (ddp) ddp->before_forward();
         const Tensor out = precision.forward([&] { return w.forward(input); });
         const Tensor loss = w.loss(out, target);
         // Micro-batch gradients add up; averaging them makes the step the
