@@ -30,4 +30,10 @@ if [[ -e $stage/libgloo.so.0 ]]; then
 fi
 # The PyTorch reference benchmark, which lives beside the checkout.
 [[ -d ../shared/reference ]] && cp -a ../shared/reference "$stage/reference"
+# The data sets of Debian's dataset-fashion-mnist and fortunes-min, which
+# the GPU machine lacks.
+if [[ ${MPT_STAGE_DATA:-0} == 1 ]]; then
+  mkdir -p "$stage/data"
+  cp /usr/share/datasets/fashion-mnist/*.gz /usr/share/games/fortunes/fortunes "$stage/data/"
+fi
 du -sh "$stage"

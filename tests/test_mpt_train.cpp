@@ -12,10 +12,17 @@
 
 #include "models/checkpoint.h"
 #include "models/fashion_mnist.h"
+#include "tests/test_util.h"
 
 #ifndef MPT_TRAIN_PATH
 #error "MPT_TRAIN_PATH must name the mpt-train binary"
 #endif
+
+namespace {
+// Beside the test binary first: the build folder may have been copied.
+std::string mpt_train() { return mpt::testing::build_file("../tools/mpt-train/mpt-train", MPT_TRAIN_PATH); }
+}  // namespace
+
 
 namespace mpt {
 namespace {
@@ -37,7 +44,7 @@ class MptTrain : public ::testing::Test {
 
   // Runs mpt-train with `args`; returns its exit status, keeps its output.
   int run(const std::string& args) {
-    const std::string cmd = fmt::format("'{}' --device cpu --progress lines {} >'{}' 2>'{}'", MPT_TRAIN_PATH, args,
+    const std::string cmd = fmt::format("'{}' --device cpu --progress lines {} >'{}' 2>'{}'", mpt_train(), args,
                                         file("stdout"), file("stderr"));
     const int rc = std::system(cmd.c_str());
     stdout_ = slurp(file("stdout"));
@@ -127,7 +134,7 @@ TEST_F(MptTrain, SignalledRunCheckpointsAndResumesBitIdentical) {
       "kill -TERM $pid\n"
       "wait $pid\n"
       "echo $? >'{}'\n",
-      MPT_TRAIN_PATH, common, file("m.jsonl"), file("cut.safetensors"), file("m.jsonl"), file("rc"));
+      mpt_train(), common, file("m.jsonl"), file("cut.safetensors"), file("m.jsonl"), file("rc"));
   ASSERT_EQ(std::system(fmt::format("bash '{}'", file("interrupt.sh")).c_str()), 0);
   EXPECT_EQ(slurp(file("rc")), "130\n");
   const int64_t k = ckpt::read_checkpoint(file("cut.safetensors")).step;

@@ -4,12 +4,27 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
+#include <string>
 #include <random>
 #include <vector>
 
 #include "tensor/ops.h"
 
 namespace mpt::testing {
+
+// A file of the build tree, looked up beside the running test binary first
+// (the build folder may have been copied, e.g. to a GPU machine), else at
+// the path configured at build time.
+inline std::string build_file(const std::string& relative_to_tests, const char* configured) {
+  std::error_code ec;
+  const auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    const auto candidate = self.parent_path() / relative_to_tests;
+    if (std::filesystem::exists(candidate)) return candidate.lexically_normal().string();
+  }
+  return configured;
+}
 
 // A new seed every run, so each run checks fresh inputs; SCOPED_TRACE it.
 inline uint64_t fresh_seed() {

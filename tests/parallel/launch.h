@@ -14,18 +14,9 @@
 #include <fmt/format.h>
 
 #include "parallel/free_port.h"
+#include "tests/test_util.h"
 
 namespace mpt::testing {
-
-inline std::string build_file(const std::string& relative_to_tests, const char* configured) {
-  std::error_code ec;
-  const auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
-  if (!ec) {
-    const auto candidate = self.parent_path() / relative_to_tests;
-    if (std::filesystem::exists(candidate)) return candidate.lexically_normal().string();
-  }
-  return configured;
-}
 
 inline std::string mpt_run_path() { return build_file("../tools/mpt-run/mpt-run", MPT_RUN_PATH); }
 inline std::string ddp_worker_path() { return build_file("ddp_worker", DDP_WORKER_PATH); }

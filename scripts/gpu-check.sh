@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The GPU machine's whole check in one call, from a folder staged by
+# scripts/stage-gpu.sh: every test binary, the default mpt-train run, GPT-mini
+# in fp16 on one GPU and on every GPU (DDP through mpt-run), a checkpoint
+# loaded into PyTorch, and the benchmark against PyTorch. Logs go to $OUT.
+#   scripts/gpu-check.sh [build-stage]
+set -uo pipefail
+stage=${1:-build-stage}
+out=${OUT:-gpu-logs}
+mkdir -p "$out"
+export LD_LIBRARY_PATH="$PWD/$stage${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export NCCL_NVLS_ENABLE=0
+gpus=$(nvidia-smi -L | wc -l)
+# The data sets that Debian's packages provide on the development machine.
+if [[ -d $stage/data && ! -d /usr/share/datasets/fashion-mnist ]]; then
+  mkdir -p /usr/share/datasets/fashion-mnist /usr/share/games/fortunes
+  cp "$stage"/data/*.gz /usr/share/datasets/fashion-mnist/
+  cp "$stage"/data/fortunes /usr/share/games/fortunes/
+fi
+train="$stage/tools/mpt-train/mpt-train"
+run="$stage/tools/mpt-run/mpt-run"
+scripts/gpu-tests.sh "$stage"
+echo "== mpt-train, defaults"
+"$train" --progress lines --metrics "$out/default.jsonl" 2>&1 | tail -4
+echo "== mpt-train, GPT-mini fp16, 1 GPU"
+"$train" --model gpt --precision fp16 --steps 300 --eval-batches 20 --progress lines --log-every 50 \
+  --metrics "$out/gpt1.jsonl" 2>&1 | tail -9
+echo "== mpt-train, GPT-mini fp16, $gpus GPUs (DDP)"
+"$run" --nproc_per_node "$gpus" "$train" --model gpt --precision fp16 --steps 300 --eval-batches 20 \
+  --progress lines --log-every 50 --metrics "$out/gpt$gpus.jsonl" 2>&1 | grep 'rank 0' | tail -9
+echo "== checkpoints in PyTorch"
+"$train" --steps 3 --eval-batches 1 --progress none --checkpoint "$out/mlp.safetensors" >/dev/null
+"$train" --model gpt --steps 3 --eval-batches 1 --progress none --checkpoint "$out/gpt.safetensors" >/dev/null
+python3 scripts/check_torch_checkpoint.py mlp "$out/mlp.safetensors" gpt "$out/gpt.safetensors"
+echo "== benchmark"
+python3 scripts/bench_vs_torch.py --build "$stage" 2>&1 | tail -8
