@@ -1,6 +1,7 @@
 #include "models/data_loader.h"
 
 #include "tensor/error.h"
+#include "tensor/pinned.h"
 
 namespace mpt::data {
 
@@ -47,7 +48,13 @@ void DataLoader::start_epoch(int64_t epoch, int64_t first_batch) {
 Batch DataLoader::load(int64_t batch) const {
   const int64_t begin = batch * options_.batch_size;
   const int64_t end = std::min<int64_t>(begin + options_.batch_size, static_cast<int64_t>(order_.size()));
-  return dataset_->get_batch(std::vector<int64_t>(order_.begin() + begin, order_.begin() + end));
+  Batch b = dataset_->get_batch(std::vector<int64_t>(order_.begin() + begin, order_.begin() + end));
+  if (options_.pin_memory) {
+    // In the worker thread: the extra host copy stays off the training loop.
+    b.input = pin_memory(b.input);
+    b.target = pin_memory(b.target);
+  }
+  return b;
 }
 
 void DataLoader::worker_loop() {

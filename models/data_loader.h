@@ -26,6 +26,9 @@ struct DataLoaderOptions {
   bool drop_last = false;  // drop a last, smaller batch
   int num_workers = 2;     // 0: batches are assembled by the caller, on demand
   int prefetch = 4;        // batches ready or in progress ahead of the consumer
+  // Batches in page-locked host memory (tensor/pinned.h), so their copies
+  // to a GPU are asynchronous and overlap compute. Plain memory without a GPU.
+  bool pin_memory = false;
 };
 
 struct DataPosition {

@@ -13,6 +13,7 @@
 
 #include "models/char_dataset.h"
 #include "models/data_loader.h"
+#include "tensor/pinned.h"
 #include "models/fashion_mnist.h"
 #include "models/idx_file.h"
 #include "tests/test_util.h"
@@ -295,6 +296,24 @@ TEST(DataLoaderTest, BatchesFollowTheSamplerWhateverTheWorkerCount) {
   dropping.start_epoch(2);
   expected.pop_back();
   EXPECT_EQ(drain(dropping), expected);
+}
+
+// Pinned batches (page-locked where a GPU exists) hold the same values.
+TEST(DataLoaderTest, PinnedBatchesMatchPlainOnes) {
+  auto ds = std::make_shared<CountingDataset>(53);
+  auto sampler = std::make_shared<SequentialOrRandomSampler>(53, true, 4);
+  DataLoader plain(ds, sampler, {.batch_size = 8, .num_workers = 2});
+  DataLoader pinned(ds, sampler, {.batch_size = 8, .num_workers = 2, .pin_memory = true});
+  plain.start_epoch(0);
+  pinned.start_epoch(0);
+  while (auto a = plain.next()) {
+    const auto b = pinned.next();
+    ASSERT_TRUE(b.has_value());
+    EXPECT_EQ(b->input.to_vector<int64_t>(), a->input.to_vector<int64_t>());
+    EXPECT_EQ(b->target.to_vector<double>(), a->target.to_vector<double>());
+    EXPECT_EQ(is_pinned(b->input), cuda_device_count() > 0);
+  }
+  EXPECT_FALSE(pinned.next().has_value());
 }
 
 TEST(DataLoaderTest, PrefetchStaysBounded) {

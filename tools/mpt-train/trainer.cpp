@@ -168,7 +168,8 @@ TrainResult run_training(const TrainConfig& config) {
 
   auto sampler = make_sampler(parallel, w.train_set->size(), c.seed);
   data::DataLoader loader(w.train_set, sampler,
-                          {.batch_size = c.batch_size, .num_workers = c.workers, .prefetch = 4});
+                          {.batch_size = c.batch_size, .num_workers = c.workers, .prefetch = 4,
+                           .pin_memory = device.is_cuda()});
   const int64_t batches = loader.batches_per_epoch();
   const int64_t steps_per_epoch = (batches + c.accumulation - 1) / c.accumulation;
   const int64_t total_steps = c.max_steps > 0 ? std::min(c.max_steps, c.epochs * steps_per_epoch)
