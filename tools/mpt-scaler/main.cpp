@@ -19,7 +19,7 @@
 #include "tensor/error.h"
 #include "tools/mpt-scaler/plot.h"
 #include "tools/mpt-scaler/progress.h"
-#include "tools/mpt-scaler/sweep_mlp.h"
+#include "tools/mpt-scaler/sweep_training.h"
 
 using namespace mpt;
 
@@ -103,14 +103,16 @@ int main(int argc, char** argv) {
   ScalerFlags sweep_flags;
   sweep_flags.add_to(*sweep);
   std::vector<int64_t> intervals{50, 200, 1000};
-  tools::SyntheticMlpConfig mlp;
+  tools::SweepTrainingConfig training;
   std::string device = "cpu", dtype = "f16", policy = "torch", unit = "steps", sweep_out, sweep_plot;
   sweep->add_option("--intervals", intervals, "growth intervals to try")->delimiter(',')->capture_default_str();
-  sweep->add_option("--steps", mlp.steps)->capture_default_str();
-  sweep->add_option("--batch", mlp.batch)->capture_default_str();
-  sweep->add_option("--hidden", mlp.hidden)->capture_default_str();
-  sweep->add_option("--lr", mlp.lr)->capture_default_str();
-  sweep->add_option("--seed", mlp.seed)->capture_default_str();
+  sweep->add_option("--model", training.model, "mlp or cnn (Fashion-MNIST), gpt (fortunes text)")
+      ->check(CLI::IsMember({"mlp", "cnn", "gpt"}))
+      ->capture_default_str();
+  sweep->add_option("--steps", training.steps)->capture_default_str();
+  sweep->add_option("--batch", training.batch)->capture_default_str();
+  sweep->add_option("--lr", training.lr)->capture_default_str();
+  sweep->add_option("--seed", training.seed)->capture_default_str();
   sweep->add_option("--device", device, "cpu or cuda[:N]")->capture_default_str();
   sweep->add_option("--dtype", dtype, "autocast dtype: f16 or bf16")->capture_default_str();
   sweep->add_option("--policy", policy, "torch, hysteresis or static")->capture_default_str();
@@ -148,18 +150,18 @@ int main(int argc, char** argv) {
       }
       if (!replay_plot.empty()) tools::plot_scale_trajectories(replay_plot, series);
     } else if (*sweep) {
-      mlp.device = Device(device);
-      mlp.autocast_dtype = dtype_from_name(dtype);
+      training.device = Device(device);
+      training.autocast_dtype = dtype_from_name(dtype);
       amp::GradScalerOptions base = sweep_flags.options(amp::scale_policy_from_name(policy));
       base.growth_unit = amp::growth_unit_from_name(unit);
       // Progress counts training steps over all runs.
-      tools::ProgressBar bar("sweep", static_cast<int64_t>(intervals.size()) * mlp.steps);
+      tools::ProgressBar bar("sweep", static_cast<int64_t>(intervals.size()) * training.steps);
       size_t runs_done = 0;
       const auto runs = amp::sweep_growth_interval(
           base, intervals,
           [&](amp::GradScaler& scaler) {
-            return tools::train_synthetic_mlp(mlp, scaler, [&](int64_t step) {
-              bar.update(static_cast<int64_t>(runs_done) * mlp.steps + step);
+            return tools::train_for_sweep(training, scaler, [&](int64_t step) {
+              bar.update(static_cast<int64_t>(runs_done) * training.steps + step);
             });
           },
           [&](size_t done, size_t) { runs_done = done; });

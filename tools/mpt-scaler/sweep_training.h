@@ -1,0 +1,34 @@
+#pragma once
+// The training run a growth-interval sweep repeats: one of the reference
+// models on its real data (the MLP or CNN on Fashion-MNIST, GPT-mini on the
+// fortunes text), with autocast and the scaler under study. Same seed, same
+// initial weights and batch order in every run, so runs differ only in the
+// scaler.
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "amp/grad_scaler.h"
+#include "tensor/device.h"
+#include "tensor/dtype.h"
+
+namespace mpt::tools {
+
+struct SweepTrainingConfig {
+  std::string model = "mlp";  // mlp, cnn, gpt
+  int64_t steps = 500;
+  int64_t batch = 64;
+  double lr = 1e-3;
+  Device device = kCPU;
+  DType autocast_dtype = DType::f16;
+  uint64_t seed = 0;
+  // gpt: the reference GPT-mini on a GPU; on the CPU a 2-layer, d 128,
+  // context 64 version of it, so a sweep of several runs stays short.
+};
+
+// Trains and returns the mean loss over the last 10% of steps (f32).
+// on_step (if set) is called after each step with the steps done.
+double train_for_sweep(const SweepTrainingConfig& config, amp::GradScaler& scaler,
+                       const std::function<void(int64_t)>& on_step = {});
+
+}  // namespace mpt::tools
