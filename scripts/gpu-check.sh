@@ -28,6 +28,11 @@ echo "== mpt-train, GPT-mini fp16, 1 GPU"
 echo "== mpt-train, GPT-mini fp16, $gpus GPUs (DDP)"
 "$run" --nproc_per_node "$gpus" "$train" --model gpt --precision fp16 --steps 300 --eval-batches 20 \
   --progress lines --log-every 50 --metrics "$out/gpt$gpus.jsonl" 2>&1 | grep 'rank 0' | tail -9
+echo "== mpt-train, defaults, --parallel dp over $gpus GPUs"
+"$train" --parallel dp --progress lines --metrics "$out/default-dp.jsonl" 2>&1 | tail -2
+echo "== mpt-scaler sweep, GPT-mini on the GPU"
+"$stage/tools/mpt-scaler/mpt-scaler" sweep --model gpt --device cuda --intervals 20,100 --steps 200 --batch 64 \
+  --init-scale 1e9 2>&1 | tail -3
 echo "== checkpoints in PyTorch"
 "$train" --steps 3 --eval-batches 1 --progress none --checkpoint "$out/mlp.safetensors" >/dev/null
 "$train" --model gpt --steps 3 --eval-batches 1 --progress none --checkpoint "$out/gpt.safetensors" >/dev/null

@@ -198,6 +198,20 @@ TEST_F(MptTrain, MixedPrecisionRunResumesBitIdenticalWithItsScaler) {
   EXPECT_EQ(whole.extra.at("scaler.scale").item(), 1024.0 * 8);  // grew at steps 2, 4 and 6
 }
 
+// --parallel dp over two virtual CPU devices trains as one device does.
+TEST_F(MptTrain, DataParallelOverTwoCpuDevicesMatchesOneDevice) {
+  const std::string common = "--precision fp32 --batch-size 32 --accumulation 2 --steps 4 --eval-batches 1 --seed 2";
+  ASSERT_EQ(run(fmt::format("{} --parallel none --checkpoint '{}'", common, file("one.safetensors"))), 0) << stderr_;
+  ASSERT_EQ(run(fmt::format("{} --parallel dp --checkpoint '{}'", common, file("dp.safetensors"))), 0) << stderr_;
+  std::vector<double> one, dp;
+  for (const auto& [key, values] : tensors_of(file("one.safetensors")))
+    if (key.rfind("model:", 0) == 0) one.insert(one.end(), values.begin(), values.end());
+  for (const auto& [key, values] : tensors_of(file("dp.safetensors")))
+    if (key.rfind("model:", 0) == 0) dp.insert(dp.end(), values.begin(), values.end());
+  ASSERT_EQ(one.size(), dp.size());
+  EXPECT_LE(testing::rel_error(dp, one), 1e-5);  // summed in another order: equal up to rounding
+}
+
 TEST_F(MptTrain, GptTrainsOnText) {
   const std::string metrics = file("g.jsonl");
   ASSERT_EQ(run(fmt::format("--model gpt --gpt-layers 1 --gpt-heads 2 --gpt-d-model 32 --context 32 --batch-size 8 "

@@ -35,8 +35,9 @@ class PrecisionStep {
     }
   }
 
+  // Runs f (a forward pass) under autocast; returns what f returns.
   template <typename F>
-  Tensor forward(F&& f) {
+  auto forward(F&& f) {
     amp::AutocastGuard guard(device_type_, dtype_, autocast_);
     return f();
   }

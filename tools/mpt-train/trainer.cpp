@@ -12,6 +12,7 @@
 #include "models/checkpoint.h"
 #include "models/lr_schedule.h"
 #include "models/sgd.h"
+#include "parallel/data_parallel.h"
 #include "parallel/device_routed_group.h"
 #include "parallel/distributed_data_parallel.h"
 #include "tools/mpt-train/precision_step.h"
@@ -136,10 +137,6 @@ TrainResult run_training(const TrainConfig& config) {
   const std::string parallel = pick_parallel_mode(c.parallel);
   check(parallel == "none" || parallel == "dp" || parallel == "ddp",
         "mpt-train: unknown --parallel '{}' (none, dp, ddp)", parallel);
-  check<NotAvailableError>(parallel != "dp",
-                           "mpt-train: --parallel dp is not wired into mpt-train yet; use ddp under mpt-run "
-                           "(mpt-run --nproc_per_node N mpt-train ...) or the DataParallel class from the library");
-
   // ddp: join the other ranks (rendezvous from mpt-run's variables); only
   // rank 0 reports and writes checkpoints.
   std::optional<dist::Distributed> world;
@@ -158,6 +155,20 @@ TrainResult run_training(const TrainConfig& config) {
   w.model->to(device);
   std::unique_ptr<optim::Optimizer> optimizer = make_optimizer(c, w.model->parameters());
   PrecisionStep precision(c, *optimizer, device);
+  // dp: one process, a replica per device (every GPU; two virtual CPU
+  // devices on the CPU), gradients summed into the model on devices[0].
+  std::unique_ptr<dist::DataParallel> dp;
+  if (parallel == "dp") {
+    std::vector<Device> devices;
+    if (device.is_cuda()) {
+      check<DeviceError>(device.index == 0, "mpt-train: --parallel dp uses every GPU from cuda:0, not {}", device.str());
+      for (int i = 0; i < cuda_device_count(); ++i) devices.emplace_back(DeviceType::cuda, i);
+    } else {
+      devices = {Device("cpu:0"), Device("cpu:1")};
+    }
+    dp = std::make_unique<dist::DataParallel>(
+        w.model, [&c] { Generator g(c.seed); return make_workload(c, g).model; }, devices);
+  }
   std::unique_ptr<dist::DistributedDataParallel> ddp;
   if (world) {
     ddp = std::make_unique<dist::DistributedDataParallel>(w.model, world->group);
@@ -234,6 +245,29 @@ TrainResult run_training(const TrainConfig& config) {
       double step_loss = 0;
       for (int64_t micro = 0; micro < group; ++micro) {
         const data::Batch b = *loader.next();
+        const int64_t count = w.predictions(b);
+        if (dp) {
+          // Each device runs forward, loss and backward on its share; the
+          // loss function also counts its device's right predictions.
+          std::atomic<int64_t> right{0};
+          const double weight = 1.0 / static_cast<double>(group);
+          auto loss_fn = [&](const Tensor& out, const Tensor& y) {
+            right += w.correct(out, y);
+            const Tensor l = w.loss(out, y);
+            return group > 1 ? l * weight : l;
+          };
+          const Tensor x = w.flatten_input ? flatten(b.input, 1) : b.input;
+          const double value =
+              precision.forward([&] { return dp->forward_backward(x, b.target, loss_fn, precision.scaler()); }) /
+              weight;
+          step_loss += value * weight;
+          loss_sum += value * static_cast<double>(count);
+          correct += right;
+          predictions += count;
+          samples += b.size();
+          window_samples += b.size();
+          continue;
+        }
         const Tensor target = prim::to(b.target, device);
         const Tensor input = prim::to(b.input, device);
         // Under ddp, only the last micro-batch of a step all-reduces.
@@ -247,7 +281,6 @@ TrainResult run_training(const TrainConfig& config) {
         precision.backward(group > 1 ? loss * (1.0 / static_cast<double>(group)) : loss);
         const double value = loss.item();
         step_loss += value / static_cast<double>(group);
-        const int64_t count = w.predictions(b);
         loss_sum += value * static_cast<double>(count);
         correct += w.correct(out, target);
         predictions += count;
