@@ -1,6 +1,7 @@
 // One rank of the DDP tests, started by mpt-run. Modes:
-//   plain     DDP steps with a loss scale equal one process training on the
-//             concatenated batch (checked here, relative 1e-6)
+//   plain     DDP steps with the loss scaler (GradScaler; rank 1 overflows
+//             on one step, so every rank must skip it) equal one process
+//             training on the concatenated batch (checked here, relative 1e-6)
 //   accum     the same with k-step no_sync() accumulation windows
 //   compress  bf16 gradients in transit (looser tolerance)
 //   unused    a parameter without gradient: an error naming it, or (with
@@ -18,6 +19,7 @@
 
 #include <fmt/format.h>
 
+#include "amp/grad_scaler.h"
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
 #include "autograd/ops.h"
@@ -34,20 +36,18 @@ using namespace mpt::dist;
 namespace {
 
 constexpr int kRowsPerRank = 4;
-constexpr double kScale = 1024.0;  // the loss scale
+// A scaler that grows every 2 clean steps, so the scale moves during the run.
+amp::GradScalerOptions scaler_options() {
+  amp::GradScalerOptions o;
+  o.init_scale = 1024.0;
+  o.growth_interval = 2;
+  return o;
+}
 
-// Divides the gradients by the scale; 1 when any is not finite.
-double unscale(nn::Module& m) {
+// An overflow: one gradient becomes inf.
+void overflow(nn::Module& m) {
   NoGradGuard no_grad;
-  double found_inf = 0;
-  for (auto& p : m.parameters()) {
-    Tensor g = p.grad();
-    if (!g.defined()) continue;
-    prim::unary_(UnaryOp::affine, g, g, 1.0 / kScale, 0.0);
-    for (double v : g.to_vector<double>())
-      if (!std::isfinite(v)) found_inf = 1;
-  }
-  return found_inf;
+  prim::fill_(m.parameters().front().grad(), INFINITY);
 }
 
 double max_rel_error(nn::Module& a, nn::Module& b) {
@@ -86,17 +86,20 @@ int train_and_compare(ProcessGroup& pg, int window, std::optional<DType> compres
   auto counting = std::make_shared<testing::CountingGroup>(pg);
   DistributedDataParallel ddp(model, counting, options);
   optim::SGD opt(model->parameters(), {.lr = 0.05, .momentum = 0.9});
+  amp::GradScaler scaler(scaler_options());
+  scaler.set_found_inf_reducer([&ddp](Tensor& found_inf) { ddp.allreduce_found_inf(found_inf); });
 
   auto reference = testing::make_mlp(7);
   reference->to(device);
   optim::SGD ref_opt(reference->parameters(), {.lr = 0.05, .momentum = 0.9});
+  amp::GradScaler ref_scaler(scaler_options());
 
   for (int s = 0; s < steps; ++s) {
     for (int j = 0; j < window; ++j) {
       const int64_t first = s * rows_per_step + (j * world + rank) * kRowsPerRank;
       const Tensor x = prim::to(prim::slice(X, 0, first, first + kRowsPerRank), device);
       const Tensor y = prim::to(prim::slice(Y, 0, first, first + kRowsPerRank), device);
-      auto step = [&] { backward(mul(mse_loss(ddp(x), y), kScale / window)); };
+      auto step = [&] { backward(scaler.scale(mul(mse_loss(ddp(x), y), 1.0 / window))); };
       if (j + 1 < window) {
         auto guard = ddp.no_sync();
         const int before = counting->allreduces;
@@ -109,19 +112,25 @@ int train_and_compare(ProcessGroup& pg, int window, std::optional<DType> compres
         step();
       }
     }
-    Tensor found_inf = from_vector(std::vector<float>{float(unscale(*model))}, {1}, device);
-    // Rank 1 pretends to have overflowed on one step: every rank must skip it.
-    if (s == skip_step && rank == 1) prim::fill_(found_inf, 1.0);
-    ddp.allreduce_found_inf(found_inf);
-    if (found_inf.item() == 0) opt.step();
+    // Rank 1 overflows on one step: the scaler's found_inf, agreed over the
+    // ranks, makes every rank skip it.
+    if (s == skip_step && rank == 1) overflow(*model);
+    scaler.step(opt);
+    scaler.update();
     opt.zero_grad();
 
     const Tensor xs = prim::to(prim::slice(X, 0, s * rows_per_step, (s + 1) * rows_per_step), device);
     const Tensor ys = prim::to(prim::slice(Y, 0, s * rows_per_step, (s + 1) * rows_per_step), device);
-    backward(mul(mse_loss(reference->forward(xs), ys), kScale));
-    unscale(*reference);
-    if (s != skip_step) ref_opt.step();
+    backward(ref_scaler.scale(mse_loss(reference->forward(xs), ys)));
+    if (s == skip_step) overflow(*reference);
+    ref_scaler.step(ref_opt);
+    ref_scaler.update();
     ref_opt.zero_grad();
+  }
+  if (scaler.get_scale() != ref_scaler.get_scale()) {
+    fmt::print(stderr, "rank {}: loss scale {} differs from the single process's {}\n", rank, scaler.get_scale(),
+               ref_scaler.get_scale());
+    return 1;
   }
   const double err = max_rel_error(*model, *reference);
   fmt::print("rank {}: {} buckets (rebuilt: {}), max relative parameter error {:.3g} (tolerance {:.1g})\n", rank,
