@@ -1,6 +1,7 @@
 #pragma once
-#include <memory>
+#include <map>
 #include <optional>
+#include <string>
 
 #include "amp/autocast.h"
 #include "amp/grad_scaler.h"
