@@ -101,12 +101,9 @@ __global__ void update_scale_kernel(float* scale, int64_t* growth_tracker, int32
 
 void launch_unscale_and_check_inf(DType dtype, void* const* grads, const int64_t* sizes, size_t count,
                                   float* found_inf, const float* inv_scale, cudaStream_t stream) {
-  switch (dtype) {
-    case DType::f32: unscale_list<float>(grads, sizes, count, found_inf, inv_scale, stream); break;
-    case DType::f16: unscale_list<__half>(grads, sizes, count, found_inf, inv_scale, stream); break;
-    case DType::bf16: unscale_list<__nv_bfloat16>(grads, sizes, count, found_inf, inv_scale, stream); break;
-    default: break;  // the caller accepts only the three
-  }
+  mpt::cuda::dispatch_floating<false>(dtype, "unscale_and_check_inf", [&](auto tag) {
+    unscale_list<decltype(tag)>(grads, sizes, count, found_inf, inv_scale, stream);
+  });
 }
 
 void launch_update_scale(float* scale, int64_t* growth_tracker, int32_t* hysteresis_left, const float* found_inf,

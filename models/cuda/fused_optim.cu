@@ -3,12 +3,8 @@
 // CUDA graph): each launch carries up to kMaxTensors tensors and kMaxBlocks
 // chunks of kChunk elements; block b updates chunk block_chunk[b] of tensor
 // block_tensor[b]. Longer lists take several launches.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include "models/fused_optim.h"
-#include "tensor/cuda/check.h"
-#include "tensor/cuda/kernels.h"
+#include "tensor/cuda/kernel_utils.cuh"
 #include "tensor/cuda/runtime.h"
 
 namespace mpt::optim::fused {
@@ -28,47 +24,30 @@ struct TensorList {
 // The classic 4 KiB kernel parameter limit, so any driver takes it.
 static_assert(sizeof(TensorList<AdamWTensor>) + sizeof(AdamWScalars) <= 4000);
 
+// Element i of a type-erased operand, converted as Element<T> converts.
 template <typename T>
-struct Scalar;
-template <>
-struct Scalar<float> {
-  static __device__ __forceinline__ float load(const void* p, int64_t i) { return static_cast<const float*>(p)[i]; }
-  static __device__ __forceinline__ void store(void* p, int64_t i, float v) { static_cast<float*>(p)[i] = v; }
-};
-template <>
-struct Scalar<__half> {
-  static __device__ __forceinline__ float load(const void* p, int64_t i) {
-    return __half2float(static_cast<const __half*>(p)[i]);
-  }
-  static __device__ __forceinline__ void store(void* p, int64_t i, float v) {
-    static_cast<__half*>(p)[i] = __float2half_rn(v);
-  }
-};
-template <>
-struct Scalar<__nv_bfloat16> {
-  static __device__ __forceinline__ float load(const void* p, int64_t i) {
-    return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
-  }
-  static __device__ __forceinline__ void store(void* p, int64_t i, float v) {
-    static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
-  }
-};
+__device__ __forceinline__ float load(const void* p, int64_t i) {
+  return cuda::Element<T>::load(static_cast<const T*>(p)[i]);
+}
+template <typename T>
+__device__ __forceinline__ void store(void* p, int64_t i, float v) {
+  static_cast<T*>(p)[i] = cuda::Element<T>::store(v);
+}
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads) adamw_kernel(TensorList<AdamWTensor> list, AdamWScalars s) {
   const AdamWTensor& t = list.tensors[list.block_tensor[blockIdx.x]];
   const int64_t begin = static_cast<int64_t>(list.block_chunk[blockIdx.x]) * kChunk;
   const int64_t end = min(begin + kChunk, t.numel);
-  using E = Scalar<T>;
   for (int64_t i = begin + threadIdx.x; i < end; i += kThreads) {
-    const float g = E::load(t.grad, i);
-    const float m = s.beta1 * E::load(t.exp_avg, i) + (1.0f - s.beta1) * g;
-    const float v = s.beta2 * E::load(t.exp_avg_sq, i) + (1.0f - s.beta2) * g * g;
+    const float g = load<T>(t.grad, i);
+    const float m = s.beta1 * load<T>(t.exp_avg, i) + (1.0f - s.beta1) * g;
+    const float v = s.beta2 * load<T>(t.exp_avg_sq, i) + (1.0f - s.beta2) * g * g;
     const float denom = sqrtf(v) * t.inv_bc2_sqrt + s.eps;
-    const float p = E::load(t.param, i) * s.decay - t.step_size * m / denom;
-    E::store(t.exp_avg, i, m);
-    E::store(t.exp_avg_sq, i, v);
-    E::store(t.param, i, p);
+    const float p = load<T>(t.param, i) * s.decay - t.step_size * m / denom;
+    store<T>(t.exp_avg, i, m);
+    store<T>(t.exp_avg_sq, i, v);
+    store<T>(t.param, i, p);
   }
 }
 
@@ -77,16 +56,15 @@ __global__ void __launch_bounds__(kThreads) sgd_kernel(TensorList<SGDTensor> lis
   const SGDTensor& t = list.tensors[list.block_tensor[blockIdx.x]];
   const int64_t begin = static_cast<int64_t>(list.block_chunk[blockIdx.x]) * kChunk;
   const int64_t end = min(begin + kChunk, t.numel);
-  using E = Scalar<T>;
   for (int64_t i = begin + threadIdx.x; i < end; i += kThreads) {
-    const float p = E::load(t.param, i);
-    float d = E::load(t.grad, i) + s.weight_decay * p;
+    const float p = load<T>(t.param, i);
+    float d = load<T>(t.grad, i) + s.weight_decay * p;
     if (t.momentum_buffer) {
-      const float buf = t.first ? d : s.momentum * E::load(t.momentum_buffer, i) + (1.0f - s.dampening) * d;
-      E::store(t.momentum_buffer, i, buf);
+      const float buf = t.first ? d : s.momentum * load<T>(t.momentum_buffer, i) + (1.0f - s.dampening) * d;
+      store<T>(t.momentum_buffer, i, buf);
       d = s.nesterov ? d + s.momentum * buf : buf;
     }
-    E::store(t.param, i, p - s.lr * d);
+    store<T>(t.param, i, p - s.lr * d);
   }
 }
 
@@ -114,23 +92,13 @@ void for_each_list(const std::vector<Tensor>& tensors, Launch&& launch) {
   flush();
 }
 
-template <typename F>
-void dispatch(DType dtype, const char* op, F&& f) {
-  switch (dtype) {
-    case DType::f32: return f(float{});
-    case DType::f16: return f(__half{});
-    case DType::bf16: return f(__nv_bfloat16{});
-    default: cuda::throw_dtype_unsupported(op, dtype);
-  }
-}
-
 }  // namespace
 
 bool available() { return true; }
 
 void adamw(DType dtype, const std::vector<AdamWTensor>& tensors, const AdamWScalars& s) {
   const cudaStream_t stream = cuda::current_cuda_stream();
-  dispatch(dtype, "fused AdamW", [&](auto tag) {
+  cuda::dispatch_floating<false>(dtype, "fused AdamW", [&](auto tag) {
     using T = decltype(tag);
     for_each_list(tensors, [&](const TensorList<AdamWTensor>& list, int blocks) {
       adamw_kernel<T><<<blocks, kThreads, 0, stream>>>(list, s);
@@ -141,7 +109,7 @@ void adamw(DType dtype, const std::vector<AdamWTensor>& tensors, const AdamWScal
 
 void sgd(DType dtype, const std::vector<SGDTensor>& tensors, const SGDScalars& s) {
   const cudaStream_t stream = cuda::current_cuda_stream();
-  dispatch(dtype, "fused SGD", [&](auto tag) {
+  cuda::dispatch_floating<false>(dtype, "fused SGD", [&](auto tag) {
     using T = decltype(tag);
     for_each_list(tensors, [&](const TensorList<SGDTensor>& list, int blocks) {
       sgd_kernel<T><<<blocks, kThreads, 0, stream>>>(list, s);

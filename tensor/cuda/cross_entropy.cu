@@ -54,16 +54,6 @@ __global__ void cross_entropy_backward_kernel(T* __restrict__ grad, const T* __r
   }
 }
 
-template <typename F>
-void dispatch(DType dtype, const char* op, F&& f) {
-  switch (dtype) {
-    case DType::f32: return f(float{});
-    case DType::f16: return f(__half{});
-    case DType::bf16: return f(__nv_bfloat16{});
-    default: throw_dtype_unsupported(op, dtype);
-  }
-}
-
 }  // namespace
 
 bool fused_cross_entropy_supported(DType dtype) {
@@ -75,7 +65,7 @@ void launch_cross_entropy_forward(const Launch& l, DType dtype, const CrossEntro
   if (a.rows == 0) return;
   const int64_t want = (a.rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
   const unsigned blocks = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(want, 4 * l.sm_count)));
-  dispatch(dtype, "cross_entropy", [&](auto tag) {
+  dispatch_floating<false>(dtype, "cross_entropy", [&](auto tag) {
     using T = decltype(tag);
     cross_entropy_forward_kernel<T><<<blocks, kWarpsPerBlock * 32, 0, l.stream>>>(
         loss, a.lse, valid, static_cast<const T*>(a.logits), a.target, a.rows, a.classes, a.ignore_index);
@@ -86,7 +76,7 @@ void launch_cross_entropy_forward(const Launch& l, DType dtype, const CrossEntro
 void launch_cross_entropy_backward(const Launch& l, DType dtype, const CrossEntropyArgs& a, const float* row_scale,
                                    void* grad) {
   if (a.rows == 0) return;
-  dispatch(dtype, "cross_entropy backward", [&](auto tag) {
+  dispatch_floating<false>(dtype, "cross_entropy backward", [&](auto tag) {
     using T = decltype(tag);
     cross_entropy_backward_kernel<T><<<grid_for(l, a.rows * a.classes), kThreads, 0, l.stream>>>(
         static_cast<T*>(grad), static_cast<const T*>(a.logits), a.target, a.lse, row_scale, a.rows, a.classes);

@@ -196,23 +196,12 @@ void binary_typed(const Launch& l, BinaryOp op, const Strided<3>& s, int64_t n) 
 
 void launch_unary(const Launch& l, UnaryOp op, DType dtype, const Strided<2>& s, int64_t n, double alpha,
                   double beta) {
-  switch (dtype) {
-    case DType::f32: return unary_typed<float>(l, op, s, n, alpha, beta);
-    case DType::f64: return unary_typed<double>(l, op, s, n, alpha, beta);
-    case DType::f16: return unary_typed<__half>(l, op, s, n, alpha, beta);
-    case DType::bf16: return unary_typed<__nv_bfloat16>(l, op, s, n, alpha, beta);
-    default: throw_dtype_unsupported("unary", dtype);
-  }
+  dispatch_floating(dtype, "unary",
+                    [&](auto tag) { unary_typed<decltype(tag)>(l, op, s, n, alpha, beta); });
 }
 
 void launch_binary(const Launch& l, BinaryOp op, DType dtype, const Strided<3>& s, int64_t n) {
-  switch (dtype) {
-    case DType::f32: return binary_typed<float>(l, op, s, n);
-    case DType::f64: return binary_typed<double>(l, op, s, n);
-    case DType::f16: return binary_typed<__half>(l, op, s, n);
-    case DType::bf16: return binary_typed<__nv_bfloat16>(l, op, s, n);
-    default: throw_dtype_unsupported("binary", dtype);
-  }
+  dispatch_floating(dtype, "binary", [&](auto tag) { binary_typed<decltype(tag)>(l, op, s, n); });
 }
 
 }  // namespace mpt::cuda

@@ -53,6 +53,21 @@ struct Element<__nv_bfloat16> {
   static __device__ __forceinline__ __nv_bfloat16 store(float x) { return __float2bfloat16_rn(x); }
 };
 
+// Calls f(T{}) with the storage type T of a floating dtype (f64 only when
+// kWithF64); any other dtype is a DTypeError naming `op`.
+template <bool kWithF64 = true, typename F>
+void dispatch_floating(DType dtype, const char* op, F&& f) {
+  switch (dtype) {
+    case DType::f32: return f(float{});
+    case DType::f16: return f(__half{});
+    case DType::bf16: return f(__nv_bfloat16{});
+    case DType::f64:
+      if constexpr (kWithF64) return f(double{});
+      [[fallthrough]];
+    default: throw_dtype_unsupported(op, dtype);
+  }
+}
+
 // N elements moved as one aligned load or store (16 bytes at most).
 template <typename T, int N>
 struct alignas(sizeof(T) * N) Pack {

@@ -121,12 +121,7 @@ void dispatch(DType dtype, int d, const char* op, F&& f) {
     if (d <= 512) return f.template operator()<T, 16>();
     return f.template operator()<T, 32>();
   };
-  switch (dtype) {
-    case DType::f32: return by_cols(float{});
-    case DType::f16: return by_cols(__half{});
-    case DType::bf16: return by_cols(__nv_bfloat16{});
-    default: throw_dtype_unsupported(op, dtype);
-  }
+  dispatch_floating<false>(dtype, op, by_cols);
 }
 
 unsigned blocks_for(const Launch& l, int64_t rows) {

@@ -94,17 +94,6 @@ __global__ void max_pool_backward_kernel(T* __restrict__ grad_x, const T* __rest
   }
 }
 
-template <typename F>
-void dispatch_float(DType t, const char* op, F&& f) {
-  switch (t) {
-    case DType::f32: return f(float{});
-    case DType::f64: return f(double{});
-    case DType::f16: return f(__half{});
-    case DType::bf16: return f(__nv_bfloat16{});
-    default: throw_dtype_unsupported(op, t);
-  }
-}
-
 unsigned row_threads(int64_t d) { return static_cast<unsigned>(std::min<int64_t>(256, std::max<int64_t>(32, d))); }
 unsigned row_blocks(int64_t n) { return static_cast<unsigned>(std::min<int64_t>(n, 65535)); }
 
@@ -128,7 +117,7 @@ void launch_gather_rows(const Launch& l, void* out, const void* table, const int
 
 void launch_scatter_add_rows(const Launch& l, DType dtype, void* table, const int64_t* idx, const void* src, int64_t n,
                              int64_t d) {
-  dispatch_float(dtype, "index_add_rows", [&](auto tag) {
+  dispatch_floating(dtype, "index_add_rows", [&](auto tag) {
     using T = decltype(tag);
     scatter_add_rows_kernel<T><<<row_blocks(n), row_threads(d), 0, l.stream>>>(
         static_cast<T*>(table), idx, static_cast<const T*>(src), n, d);
@@ -139,7 +128,7 @@ void launch_scatter_add_rows(const Launch& l, DType dtype, void* table, const in
 void launch_max_pool2d_forward(const Launch& l, DType dtype, void* out, int64_t* indices, const void* x,
                                const int64_t* x_shape, int64_t ho, int64_t wo, const Pool2dParams& p) {
   const PoolGeometry g{x_shape[0] * x_shape[1], x_shape[2], x_shape[3], ho, wo, p};
-  dispatch_float(dtype, "max_pool2d", [&](auto tag) {
+  dispatch_floating(dtype, "max_pool2d", [&](auto tag) {
     using T = decltype(tag);
     max_pool_forward_kernel<T><<<grid_for(l, g.planes * ho * wo), kThreads, 0, l.stream>>>(
         static_cast<T*>(out), indices, static_cast<const T*>(x), g);
@@ -151,7 +140,7 @@ void launch_max_pool2d_backward(const Launch& l, DType dtype, void* grad_x, cons
                                 const int64_t* indices, const int64_t* x_shape, int64_t ho, int64_t wo,
                                 const Pool2dParams& p) {
   const PoolGeometry g{x_shape[0] * x_shape[1], x_shape[2], x_shape[3], ho, wo, p};
-  dispatch_float(dtype, "max_pool2d backward", [&](auto tag) {
+  dispatch_floating(dtype, "max_pool2d backward", [&](auto tag) {
     using T = decltype(tag);
     max_pool_backward_kernel<T><<<grid_for(l, g.planes * g.h * g.w), kThreads, 0, l.stream>>>(
         static_cast<T*>(grad_x), static_cast<const T*>(grad_out), indices, g);

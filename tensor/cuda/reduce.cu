@@ -258,13 +258,8 @@ void reduce_typed(const Launch& l, ReduceOp op, const void* in_ptr, void* out, i
 
 void launch_reduce(const Launch& l, ReduceOp op, DType in_dtype, const void* in, void* out, int64_t outer, int64_t k,
                    int64_t inner) {
-  switch (in_dtype) {
-    case DType::f32: return reduce_typed<float>(l, op, in, out, outer, k, inner);
-    case DType::f64: return reduce_typed<double>(l, op, in, out, outer, k, inner);
-    case DType::f16: return reduce_typed<__half>(l, op, in, out, outer, k, inner);
-    case DType::bf16: return reduce_typed<__nv_bfloat16>(l, op, in, out, outer, k, inner);
-    default: throw_dtype_unsupported(reduce_op_name(op), in_dtype);
-  }
+  dispatch_floating(in_dtype, reduce_op_name(op),
+                    [&](auto tag) { reduce_typed<decltype(tag)>(l, op, in, out, outer, k, inner); });
 }
 
 }  // namespace mpt::cuda
