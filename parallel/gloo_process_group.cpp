@@ -18,6 +18,7 @@
 #include "parallel/distributed_error.h"
 #include "parallel/tcp_store.h"
 #include "parallel/work_queue.h"
+#include "tensor/cpu/cpu_kernels.h"
 #include "tensor/ops.h"
 
 namespace mpt::dist {
@@ -75,20 +76,6 @@ void reduce_max(void* out, const void* a, const void* b, size_t n) {
   }
 }
 
-// Calls f with a value of the C++ element type of `dtype`.
-template <typename F>
-void with_element_type(DType dtype, F&& f) {
-  switch (dtype) {
-    case DType::f32: return f(float{});
-    case DType::f64: return f(double{});
-    case DType::f16: return f(Half{});
-    case DType::bf16: return f(BFloat16{});
-    case DType::i32: return f(int32_t{});
-    case DType::i64: return f(int64_t{});
-    case DType::u8: return f(uint8_t{});
-  }
-}
-
 std::string local_hostname(const dist::Store& store, const ProcessGroupOptions& options) {
   if (!options.hostname.empty()) return options.hostname;
   // A master on loopback means a single-host job: stay on loopback too, which
@@ -141,7 +128,7 @@ class GlooProcessGroup : public ProcessGroup {
     return queue_.enqueue([this, tensor, op] {
       guarded(fmt::format("allreduce({}) of {}", reduce_op_name(op), describe(tensor)), [&] {
         if (size() > 1) {
-          with_element_type(tensor.dtype(), [&](auto zero) {
+          cpu::dispatch_all(tensor.dtype(), [&](auto zero) {
             using T = decltype(zero);
             gloo::AllreduceOptions opts(context_);
             opts.setOutput(static_cast<T*>(tensor.data_ptr()), static_cast<size_t>(tensor.numel()));

@@ -20,6 +20,8 @@ namespace mpt {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::error_of;
+using testing::expect_contains;
 using Bytes = std::vector<uint8_t>;
 
 class CheckpointTest : public ::testing::Test {
@@ -40,20 +42,6 @@ Bytes read_bytes(const std::string& path) {
 }
 void write_bytes(const std::string& path, const Bytes& b) {
   std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(b.data()), b.size());
-}
-
-template <typename E, typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "no exception of the expected type";
-  return "";
-}
-void expect_contains(const std::string& s, const std::vector<std::string>& parts) {
-  for (const auto& p : parts) EXPECT_NE(s.find(p), std::string::npos) << "'" << p << "' not in: " << s;
 }
 
 std::vector<std::pair<std::string, std::vector<double>>> values_of(const OrderedDict<Tensor>& d) {

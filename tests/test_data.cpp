@@ -22,6 +22,7 @@ namespace mpt::data {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::expect_contains;
 
 class TempDir {
  public:
@@ -70,10 +71,6 @@ std::string idx_error(const std::string& path) {
   }
   ADD_FAILURE() << "read_idx('" << path << "') did not throw IOError";
   return "";
-}
-
-void expect_contains(const std::string& s, const std::vector<std::string>& parts) {
-  for (const auto& p : parts) EXPECT_NE(s.find(p), std::string::npos) << "'" << p << "' not in: " << s;
 }
 
 // ---- IDX -----------------------------------------------------------------------------------

@@ -16,6 +16,8 @@
 namespace mpt {
 namespace {
 
+using testing::error_of;
+using testing::expect_contains;
 using testing::host_f64;
 using testing::rel_error;
 using Vec = std::vector<double>;
@@ -30,21 +32,6 @@ class ModelsTest : public ::testing::Test {
   uint64_t seed_ = 0;
   Generator gen_;
 };
-
-template <typename E, typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "no exception of the expected type";
-  return "";
-}
-
-void expect_contains(const std::string& s, const std::vector<std::string>& fragments) {
-  for (const std::string& f : fragments) EXPECT_NE(s.find(f), std::string::npos) << "'" << f << "' not in: " << s;
-}
 
 // Bit-exact host copies of every parameter, by name.
 std::vector<std::pair<std::string, std::vector<float>>> snapshot(const nn::Module& m) {

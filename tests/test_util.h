@@ -32,6 +32,23 @@ inline uint64_t fresh_seed() {
   return (static_cast<uint64_t>(rd()) << 32) | rd();
 }
 
+// The message of the E that f throws (a test failure if it throws none).
+template <typename E, typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no exception of the expected type";
+  return "";
+}
+
+// Expects every part in s (an error message, usually).
+inline void expect_contains(const std::string& s, const std::vector<std::string>& parts) {
+  for (const auto& p : parts) EXPECT_NE(s.find(p), std::string::npos) << "'" << p << "' not in: " << s;
+}
+
 inline std::vector<double> host_f64(const Tensor& t) { return t.to_vector<double>(); }
 
 // ||a - b|| / ||b|| (0 when both are 0); NaN in either gives infinity.
