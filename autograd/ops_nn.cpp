@@ -9,6 +9,7 @@
 #include "autograd/function.h"
 #include "autograd/grad_utils.h"
 #include "autograd/ops.h"
+#include "tensor/index_check.h"
 
 namespace mpt {
 namespace {
@@ -26,18 +27,6 @@ Tensor softmax_wide(const Tensor& x32, int64_t dim) {
 Tensor log_softmax_wide(const Tensor& x32, int64_t dim) {
   const Tensor z = prim::sub(x32, prim::amax(x32, {dim}, true));
   return prim::sub(z, prim::unary(UnaryOp::log, prim::sum(prim::unary(UnaryOp::exp, z), {dim}, true)));
-}
-
-// Validates class indices (or embedding rows) against [0, n), except `ignore`.
-void check_indices(const char* op, const Tensor& idx, int64_t n, std::optional<int64_t> ignore = std::nullopt) {
-  check<DTypeError>(idx.dtype() == DType::i64 || idx.dtype() == DType::i32,
-                    "{}: indices must be i64 or i32, got {}", op, describe(idx));
-  if (idx.numel() == 0) return;
-  for (int64_t v : idx.to_vector<int64_t>()) {
-    if (ignore && v == *ignore) continue;
-    check(v >= 0 && v < n, "{}: index {} is out of range [0, {}){}", op, v, n,
-          ignore ? fmt::format(" (ignore_index is {})", *ignore) : std::string());
-  }
 }
 
 }  // namespace
@@ -73,7 +62,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_
                     "cross_entropy: expects logits [N, C] and target [N], got {} and {}", describe(logits),
                     describe(target));
   const int64_t classes = logits.shape()[1];
-  check_indices("cross_entropy", target, classes, ignore_index);
+  check_index_range("cross_entropy", target, classes, ignore_index);
   const Device dev = logits.device();
   check<DeviceError>(target.device() == dev, "cross_entropy: logits {} and target {} are on different devices",
                      describe(logits), describe(target));
@@ -192,7 +181,7 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
 
 Tensor embedding(const Tensor& weight, const Tensor& indices) {
   check<ShapeError>(weight.dim() == 2, "embedding: weight must be [num, dim], got {}", describe(weight));
-  check_indices("embedding", indices, weight.shape()[0]);
+  check_index_range("embedding", indices, weight.shape()[0]);
   Tensor out = prim::index_select_rows(weight, indices);
   if (needs_grad({weight}))
     record("embedding", out, {weight}, [weight, indices](const Grads& g) {

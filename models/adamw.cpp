@@ -41,20 +41,34 @@ void AdamW::update_group(const Group& group, std::vector<ParamUpdate>& batch) {
   };
 
   if (can_fuse(batch)) {
+    // Capturable mode: counts and the skip decision on the device.
+    const bool device_steps = capturable();
     std::vector<fused::AdamWTensor> tensors;
+    std::vector<float*> steps;
     for (const ParamUpdate& u : batch) {
-      const auto [bc1, bc2_sqrt] = bias_corrections(u);
       const OrderedDict<Tensor>& s = u.state->buffers;
-      tensors.push_back({u.param.data_ptr(), u.grad.data_ptr(), s.at("exp_avg").data_ptr(),
-                         s.at("exp_avg_sq").data_ptr(), u.param.numel(), static_cast<float>(group.lr / bc1),
-                         static_cast<float>(1.0 / bc2_sqrt)});
+      fused::AdamWTensor t{u.param.data_ptr(), u.grad.data_ptr(), s.at("exp_avg").data_ptr(),
+                           s.at("exp_avg_sq").data_ptr(), u.param.numel(), 0.0f, 0.0f};
+      if (device_steps) {
+        t.step = u.state->device_step.data<float>();
+        steps.push_back(u.state->device_step.data<float>());
+      } else {
+        const auto [bc1, bc2_sqrt] = bias_corrections(u);
+        t.step_size = static_cast<float>(group.lr / bc1);
+        t.inv_bc2_sqrt = static_cast<float>(1.0 / bc2_sqrt);
+      }
+      tensors.push_back(t);
     }
+    fused::AdamWScalars scalars{static_cast<float>(1.0 - group.lr * group.weight_decay), static_cast<float>(b1),
+                                static_cast<float>(b2), static_cast<float>(options_.eps)};
+    scalars.lr = static_cast<float>(group.lr);
+    if (found_inf().defined()) scalars.found_inf = found_inf().data<float>();
     DeviceGuard guard(batch.front().param.device());
-    fused::adamw(batch.front().param.dtype(), tensors,
-                 {static_cast<float>(1.0 - group.lr * group.weight_decay), static_cast<float>(b1),
-                  static_cast<float>(b2), static_cast<float>(options_.eps)});
+    fused::adamw(batch.front().param.dtype(), tensors, scalars);
+    if (device_steps) fused::advance_steps(steps, scalars.found_inf);
     return;
   }
+  check(!capturable(), "AdamW: capturable mode needs the fused kernel, but this group cannot use it");
 
   for (ParamUpdate& u : batch) {
     const Tensor& p = u.param;

@@ -28,6 +28,7 @@ class AdamW : public Optimizer {
  protected:
   void update_group(const Group& group, std::vector<ParamUpdate>& batch) override;
   std::vector<std::string> buffer_names() const override { return {"exp_avg", "exp_avg_sq"}; }
+  bool has_device_steps() const override { return true; }
 
  private:
   AdamWOptions options_;

@@ -10,6 +10,10 @@ void adamw(DType, const std::vector<AdamWTensor>&, const AdamWScalars&) {
   throw NotAvailableError("fused AdamW: this build of mptrain has no CUDA support");
 }
 
+void advance_steps(const std::vector<float*>&, const float*) {
+  throw NotAvailableError("fused AdamW: this build of mptrain has no CUDA support");
+}
+
 void sgd(DType, const std::vector<SGDTensor>&, const SGDScalars&) {
   throw NotAvailableError("fused SGD: this build of mptrain has no CUDA support");
 }

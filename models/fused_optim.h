@@ -22,15 +22,24 @@ struct AdamWTensor {
   int64_t numel;
   float step_size;     // lr / (1 - beta1^t)
   float inv_bc2_sqrt;  // 1 / sqrt(1 - beta2^t)
+  // Device-step mode: the parameter's update count so far (f32 [1] on the
+  // device); the kernel derives both corrections from it and `lr`, and the
+  // two fields above are unused.
+  const float* step = nullptr;
 };
 
 struct AdamWScalars {
   float decay;  // 1 - lr * weight_decay
   float beta1, beta2, eps;
+  float lr = 0;                       // device-step mode only
+  const float* found_inf = nullptr;   // when set and nonzero, nothing changes
 };
 
 // On the current device's current stream; dtype f32, f16 or bf16.
 void adamw(DType dtype, const std::vector<AdamWTensor>& tensors, const AdamWScalars& s);
+// Adds one to each step count (f32 [1] each), unless found_inf (when not
+// null) is nonzero: the step that adamw() just took or skipped on the device.
+void advance_steps(const std::vector<float*>& steps, const float* found_inf);
 
 struct SGDTensor {
   void* param;

@@ -123,11 +123,67 @@ void Optimizer::step() {
       // Mixed precision: 16-bit gradients update f32 master weights.
       if (g.dtype() != p.dtype()) g = prim::to(g, p.dtype());
       ParamState& state = states_[index];
-      ++state.step;
+      if (capturable_) {
+        g = prim::contiguous(g);
+        if (!state.device_step.defined())
+          state.device_step = full({1}, static_cast<double>(state.step), DType::f32, p.device());
+      } else {
+        ++state.step;
+      }
       batch.push_back(ParamUpdate{p, g, &state, index});
     }
     if (!batch.empty()) update_group(group, batch);
   }
+}
+
+void Optimizer::step_skipping_if(const Tensor& found_inf) {
+  if (!capturable_) {
+    ScalableOptimizer::step_skipping_if(found_inf);
+    return;
+  }
+  check<DeviceError>(found_inf.device() == all_params_.front().device() && found_inf.dtype() == DType::f32 &&
+                         found_inf.numel() == 1,
+                     "{}: step_skipping_if: found_inf must be f32 [1] on {}, got {}", name_,
+                     all_params_.front().device().str(), describe(found_inf));
+  found_inf_ = found_inf;
+  try {
+    step();
+  } catch (...) {
+    found_inf_ = Tensor();
+    throw;
+  }
+  found_inf_ = Tensor();
+}
+
+void Optimizer::set_capturable(bool capturable) {
+  if (capturable == capturable_) return;
+  if (capturable) {
+    check(has_device_steps(), "{}: capturable mode needs a rule with device-side step counts (AdamW has one)", name_);
+    check(fused_ && fused::available(), "{}: capturable mode needs the fused CUDA kernels (fusion is off or not built)",
+          name_);
+    const Device device = all_params_.front().device();
+    for (size_t i = 0; i < all_params_.size(); ++i) {
+      const Tensor& p = all_params_[i];
+      check<DeviceError>(p.device().is_cuda() && p.device() == device,
+                         "{}: capturable mode needs every parameter on one CUDA device; '{}' is {} (first: {})", name_,
+                         param_name(i), describe(p), device.str());
+      check<DTypeError>((p.dtype() == DType::f32 || p.dtype() == DType::f16 || p.dtype() == DType::bf16) &&
+                            p.is_contiguous(),
+                        "{}: capturable mode needs contiguous f32/f16/bf16 parameters; '{}' is {}", name_,
+                        param_name(i), describe(p));
+    }
+  } else {
+    for (ParamState& s : states_) {
+      if (s.device_step.defined()) s.step = static_cast<int64_t>(s.device_step.item());
+      s.device_step = Tensor();
+    }
+  }
+  capturable_ = capturable;
+}
+
+int64_t Optimizer::step_count(size_t index) const {
+  const ParamState& s = states_.at(index);
+  return s.device_step.defined() ? static_cast<int64_t>(s.device_step.item()) : s.step;
 }
 
 // ---- state dict -------------------------------------------------------------------------
@@ -140,8 +196,9 @@ StateDict Optimizer::state_dict() const {
   }
   for (size_t i = 0; i < states_.size(); ++i) {
     const ParamState& s = states_[i];
-    if (s.step == 0 && s.buffers.empty()) continue;
-    out.insert(fmt::format("state.{}.step", i), scalar_tensor(static_cast<double>(s.step), DType::i64));
+    const int64_t step = step_count(i);
+    if (step == 0 && s.buffers.empty()) continue;
+    out.insert(fmt::format("state.{}.step", i), scalar_tensor(static_cast<double>(step), DType::i64));
     for (const auto& [name, t] : s.buffers) out.insert(fmt::format("state.{}.{}", i, name), t);
   }
   return out;

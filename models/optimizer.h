@@ -40,8 +40,11 @@ struct ParamGroup {
 
 // What the optimizer remembers about one parameter.
 struct ParamState {
-  int64_t step = 0;               // updates applied to this parameter
+  int64_t step = 0;               // updates applied to this parameter (see device_step)
   OrderedDict<Tensor> buffers;    // rule-specific: exp_avg, momentum_buffer, ...
+  // Capturable mode: the count lives here (f32 [1] on the parameter's
+  // device) and `step` is only its value when the mode began.
+  Tensor device_step;
 };
 
 // One parameter taking part in this step.
@@ -77,6 +80,20 @@ class Optimizer : public amp::ScalableOptimizer {
   void set_lr(size_t g, double lr);   // one group
   size_t num_params() const { return states_.size(); }
   const ParamState& state(size_t index) const { return states_.at(index); }
+  // Updates parameter `index` has received (in capturable mode a read from
+  // the device, so one synchronization).
+  int64_t step_count(size_t index) const;
+
+  // Capturable mode (PyTorch's `capturable`): step counts live on the device
+  // and a loss scaler's skip decision is read there, so a step needs no host
+  // synchronization and can be recorded in a CUDA graph (CapturedStep).
+  // Needs a rule with a device-step kernel (AdamW), fusion on, and every
+  // parameter a contiguous f32/f16/bf16 tensor on one CUDA device; otherwise
+  // ValueError names what is missing. Turning it off brings the counts back.
+  void set_capturable(bool capturable);
+  bool capturable() const { return capturable_; }
+  bool skips_on_device() const override { return capturable_; }
+  void step_skipping_if(const Tensor& found_inf) override;
 
   // On CUDA, whole groups update in one multi-tensor kernel (on by
   // default); off, every device uses the raw-op rule (for comparisons).
@@ -102,6 +119,12 @@ class Optimizer : public amp::ScalableOptimizer {
   virtual void update_group(const Group& group, std::vector<ParamUpdate>& batch) = 0;
   // Names of the per-parameter buffers the rule keeps (for load checks).
   virtual std::vector<std::string> buffer_names() const = 0;
+  // Whether update_group() handles capturable mode: counts in
+  // ParamState::device_step (advanced by the rule, unless found_inf()), the
+  // step skipped on the device when found_inf() is set.
+  virtual bool has_device_steps() const { return false; }
+  // The scaler's overflow flag during step_skipping_if(), else undefined.
+  const Tensor& found_inf() const { return found_inf_; }
 
   // "blocks.0.attn.qkv.weight" when the module named it, else "param <i>".
   std::string param_name(size_t index) const;
@@ -115,6 +138,8 @@ class Optimizer : public amp::ScalableOptimizer {
   std::vector<Group> groups_;
   std::vector<ParamState> states_;   // one per parameter, by global index
   std::vector<Tensor> all_params_;   // by global index
+  bool capturable_ = false;
+  Tensor found_inf_;
   bool fused_ = true;
 };
 

@@ -6,6 +6,8 @@
 #include <fmt/format.h>
 
 #include "tensor/cuda/gemm.h"
+#include "tensor/cuda/graph.h"
+#include "tensor/cuda/index_check.h"
 #include "tensor/device.h"
 #include "tensor/device_memory.h"
 #include "tensor/error.h"
@@ -83,6 +85,17 @@ void memcpy_between(void* dst, const Device& dst_device, const void* src, const 
 namespace cuda {
 void set_allow_tf32(bool) {}
 bool allow_tf32() { return false; }
+
+// ---- tensor/cuda/graph.h: CapturedStep never makes one on the CPU ----------------
+struct Graph::State {};
+Graph::Graph(int device) { no_cuda(device); }
+Graph::~Graph() = default;
+void Graph::capture(const std::function<void()>&) { no_cuda(0); }
+void Graph::replay() { no_cuda(0); }
+
+void enqueue_index_check(const char*, const Tensor& indices, int64_t, std::optional<int64_t>) {
+  no_cuda(indices.device().index);
+}
 }  // namespace cuda
 
 }  // namespace mpt

@@ -98,6 +98,68 @@ TEST(CudaOptim, FusedAdamWMatchesTheCpu) {
   expect_gpu_matches_cpu(make, DType::f16, true, 5e-3);
 }
 
+TEST(CudaOptim, CapturableAdamWMatchesTheCpu) {
+  MPT_SKIP_WITHOUT_CUDA();
+  // Step counts on the device, bias corrections computed in the kernel.
+  const MakeOptimizer make = [](std::vector<Tensor> p) {
+    const bool on_gpu = p.front().device().is_cuda();  // the CPU side is the raw-op reference
+    auto opt = std::make_unique<optim::AdamW>(std::move(p), optim::AdamWOptions{1e-2, 0.9, 0.99, 1e-8, 0.1});
+    if (on_gpu) opt->set_capturable(true);
+    return opt;
+  };
+  expect_gpu_matches_cpu(make, DType::f32, true, 1e-5);
+  expect_gpu_matches_cpu(make, DType::bf16, true, 2e-2);
+}
+
+// A step the loss scaler skips on the device changes nothing, bit for bit:
+// parameters, moments and step counts; the next step is the one a run
+// without the skipped step would take.
+TEST(CudaOptim, CapturableAdamWSkipsOnTheDevice) {
+  MPT_SKIP_WITHOUT_CUDA();
+  const uint64_t seed = testing::fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  Generator gen(seed);
+  std::vector<Tensor> skipping, plain;
+  for (const Shape& s : awkward_shapes()) {
+    const Tensor p = randn(s, DType::f32, kCPU, &gen);
+    skipping.push_back(prim::to(p, kGPU).set_requires_grad(true));
+    plain.push_back(prim::to(p, kGPU).set_requires_grad(true));
+  }
+  const optim::AdamWOptions o{1e-2, 0.9, 0.99, 1e-8, 0.1};
+  optim::AdamW a(skipping, o), b(plain, o);
+  a.set_capturable(true);
+  EXPECT_TRUE(a.skips_on_device());
+  const Tensor no = zeros({1}, DType::f32, kGPU), yes = full({1}, 1.0, DType::f32, kGPU);
+  auto set_grads = [&](bool also_plain) {
+    for (size_t i = 0; i < skipping.size(); ++i) {
+      const Tensor g = randn(skipping[i].shape(), DType::f32, kCPU, &gen);
+      skipping[i].set_grad(prim::to(g, kGPU));
+      if (also_plain) plain[i].set_grad(prim::to(g, kGPU));
+    }
+  };
+  set_grads(true);
+  a.step_skipping_if(no);
+  b.step();
+  const optim::StateDict before = a.state_dict();
+  std::vector<std::vector<double>> params_before;
+  for (const Tensor& p : skipping) params_before.push_back(host_f64(p));
+  set_grads(false);  // gradients the skipped step must not use
+  a.step_skipping_if(yes);
+  for (size_t i = 0; i < skipping.size(); ++i) EXPECT_EQ(host_f64(skipping[i]), params_before[i]) << "parameter " << i;
+  const optim::StateDict after = a.state_dict();
+  for (const auto& [key, t] : before) EXPECT_EQ(host_f64(after.at(key)), host_f64(t)) << key;
+  EXPECT_EQ(a.step_count(0), 1);
+  set_grads(true);
+  a.step_skipping_if(no);
+  b.step();
+  for (size_t i = 0; i < skipping.size(); ++i)
+    EXPECT_LE(rel_error(host_f64(skipping[i]), host_f64(plain[i])), 1e-6) << "parameter " << i;
+  EXPECT_EQ(a.step_count(0), 2);
+  // Back to host counts: they carry the device's.
+  a.set_capturable(false);
+  EXPECT_EQ(a.state(0).step, 2);
+}
+
 TEST(CudaOptim, FusedSgdMatchesTheCpu) {
   MPT_SKIP_WITHOUT_CUDA();
   for (bool nesterov : {false, true}) {

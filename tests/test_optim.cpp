@@ -6,11 +6,14 @@
 #include <cmath>
 #include <numbers>
 
+#include "autograd/engine.h"
+#include "autograd/ops.h"
 #include "models/adamw.h"
 #include "models/clip_grad.h"
 #include "models/layers.h"
 #include "models/lr_schedule.h"
 #include "models/sgd.h"
+#include "tensor/graph.h"
 #include "tests/test_util.h"
 
 namespace mpt {
@@ -570,6 +573,47 @@ TEST(LrSchedule, ValidatesAndApplies) {
   s.apply(opt, 1);
   EXPECT_DOUBLE_EQ(opt.lr(0), 1.0);
   EXPECT_DOUBLE_EQ(opt.lr(1), 1.0);
+}
+
+// Capturable mode needs the fused CUDA kernels: on the CPU it is refused,
+// naming the reason, and the optimizer keeps working as before.
+TEST(Capturable, RefusedOnTheCpuWithTheReason) {
+  Generator gen(3);
+  std::vector<Tensor> params{randn({4, 3}, DType::f32, kCPU, &gen).set_requires_grad(true)};
+  optim::AdamW adamw(params, optim::AdamWOptions{});
+  const std::string msg = testing::error_of<Error>([&] { adamw.set_capturable(true); });
+  EXPECT_TRUE(msg.find("CUDA") != std::string::npos || msg.find("fused") != std::string::npos) << msg;
+  EXPECT_FALSE(adamw.capturable());
+  optim::SGD sgd(params, optim::SGDOptions{0.1});
+  testing::expect_contains(testing::error_of<ValueError>([&] { sgd.set_capturable(true); }),
+                           {"SGD", "capturable mode needs a rule with device-side step counts"});
+  params[0].set_grad(ones({4, 3}, DType::f32, kCPU));
+  adamw.step();
+  EXPECT_EQ(adamw.step_count(0), 1);
+}
+
+// On the CPU a CapturedStep runs every step eagerly and says so.
+TEST(CapturedStepCpu, RunsEagerlyAndSaysWhy) {
+  Generator gen(5);
+  Tensor w = randn({3}, DType::f32, kCPU, &gen).set_requires_grad(true);
+  optim::SGD sgd({w}, optim::SGDOptions{0.5});
+  const std::vector<double> start = w.to_vector<double>();
+  int calls = 0;
+  CapturedStep step(kCPU, [&](const std::vector<Tensor>& in) {
+    ++calls;
+    sgd.zero_grad();
+    backward(sum(mul(w, in[0])));
+    sgd.step();
+  });
+  const Tensor x = full({3}, 2.0, DType::f32, kCPU);
+  for (int i = 0; i < 5; ++i) step.run({x});
+  EXPECT_EQ(calls, 5);
+  EXPECT_FALSE(step.captured());
+  EXPECT_EQ(step.replays(), 0);
+  EXPECT_EQ(step.fallback_reason(), "CPU steps are not captured");
+  const std::vector<double> end = w.to_vector<double>();
+  for (size_t i = 0; i < end.size(); ++i) EXPECT_NEAR(end[i], start[i] - 5 * 0.5 * 2.0, 1e-5);
+  testing::expect_contains(testing::error_of<ValueError>([&] { CapturedStep(kCPU, {}); }), {"no step function"});
 }
 
 }  // namespace

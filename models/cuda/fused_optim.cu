@@ -36,15 +36,23 @@ __device__ __forceinline__ void store(void* p, int64_t i, float v) {
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads) adamw_kernel(TensorList<AdamWTensor> list, AdamWScalars s) {
+  if (s.found_inf && *s.found_inf != 0.0f) return;  // the loss scaler skips this step
   const AdamWTensor& t = list.tensors[list.block_tensor[blockIdx.x]];
+  float step_size = t.step_size, inv_bc2_sqrt = t.inv_bc2_sqrt;
+  if (t.step) {
+    // Bias corrections in double, as the host computes them, from this update's t.
+    const double step = *t.step + 1.0;
+    step_size = static_cast<float>(s.lr / (1.0 - pow(static_cast<double>(s.beta1), step)));
+    inv_bc2_sqrt = static_cast<float>(1.0 / sqrt(1.0 - pow(static_cast<double>(s.beta2), step)));
+  }
   const int64_t begin = static_cast<int64_t>(list.block_chunk[blockIdx.x]) * kChunk;
   const int64_t end = min(begin + kChunk, t.numel);
   for (int64_t i = begin + threadIdx.x; i < end; i += kThreads) {
     const float g = load<T>(t.grad, i);
     const float m = s.beta1 * load<T>(t.exp_avg, i) + (1.0f - s.beta1) * g;
     const float v = s.beta2 * load<T>(t.exp_avg_sq, i) + (1.0f - s.beta2) * g * g;
-    const float denom = sqrtf(v) * t.inv_bc2_sqrt + s.eps;
-    const float p = load<T>(t.param, i) * s.decay - t.step_size * m / denom;
+    const float denom = sqrtf(v) * inv_bc2_sqrt + s.eps;
+    const float p = load<T>(t.param, i) * s.decay - step_size * m / denom;
     store<T>(t.exp_avg, i, m);
     store<T>(t.exp_avg_sq, i, v);
     store<T>(t.param, i, p);
@@ -66,6 +74,17 @@ __global__ void __launch_bounds__(kThreads) sgd_kernel(TensorList<SGDTensor> lis
     }
     store<T>(t.param, i, p - s.lr * d);
   }
+}
+
+constexpr int kMaxSteps = 400;  // step counters per launch (3.2 KB of pointers)
+struct StepList {
+  float* steps[kMaxSteps];
+  int count;
+};
+
+__global__ void advance_steps_kernel(StepList list, const float* found_inf) {
+  if (found_inf && *found_inf != 0.0f) return;
+  for (int i = threadIdx.x; i < list.count; i += blockDim.x) *list.steps[i] += 1.0f;
 }
 
 // Packs `tensors` into as few lists as the limits allow and launches each.
@@ -105,6 +124,17 @@ void adamw(DType dtype, const std::vector<AdamWTensor>& tensors, const AdamWScal
       MPT_CUDA_CHECK_LAUNCH("adamw_kernel");
     });
   });
+}
+
+void advance_steps(const std::vector<float*>& steps, const float* found_inf) {
+  const cudaStream_t stream = cuda::current_cuda_stream();
+  for (size_t first = 0; first < steps.size(); first += kMaxSteps) {
+    StepList list{};
+    list.count = static_cast<int>(std::min<size_t>(kMaxSteps, steps.size() - first));
+    for (int i = 0; i < list.count; ++i) list.steps[i] = steps[first + i];
+    advance_steps_kernel<<<1, 128, 0, stream>>>(list, found_inf);
+    MPT_CUDA_CHECK_LAUNCH("advance_steps_kernel");
+  }
 }
 
 void sgd(DType dtype, const std::vector<SGDTensor>& tensors, const SGDScalars& s) {

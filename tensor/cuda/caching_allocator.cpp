@@ -46,12 +46,14 @@ void* CachingAllocator::allocate(size_t nbytes, cudaStream_t stream) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (nbytes > kMaxRequest) throw_out_of_memory(nbytes, nbytes);
   const size_t size = size_class(nbytes);
-  if (!parked_.empty()) collect_parked(/*wait=*/false);
+  const int pool = capture_pool_ && stream == capture_stream_ ? capture_pool_ : 0;
+  // Event queries are not allowed while a capture is open.
+  if (!parked_.empty() && !capture_pool_) collect_parked(/*wait=*/false);
 
-  Block* block = take_cached(size, stream);
+  Block* block = pool ? take_from_pool(pool, size) : take_cached(size, stream);
   if (!block) {
     void* ptr = device_malloc(size, nbytes);
-    block = new Block{ptr, size, stream, {}};
+    block = new Block{ptr, size, stream, {}, pool};
     stats_.num_device_mallocs += 1;
     stats_.reserved_bytes += size;
     stats_.peak_reserved_bytes = std::max(stats_.peak_reserved_bytes, stats_.reserved_bytes);
@@ -61,6 +63,15 @@ void* CachingAllocator::allocate(size_t nbytes, cudaStream_t stream) {
   stats_.allocated_bytes += size;
   stats_.peak_allocated_bytes = std::max(stats_.peak_allocated_bytes, stats_.allocated_bytes);
   return block->ptr;
+}
+
+CachingAllocator::Block* CachingAllocator::take_from_pool(int pool, size_t size) {
+  auto& blocks = pools_[pool][size];
+  if (blocks.empty()) return nullptr;
+  Block* block = blocks.back();
+  blocks.pop_back();
+  cached_bytes_ -= block->size;
+  return block;
 }
 
 CachingAllocator::Block* CachingAllocator::take_cached(size_t size, cudaStream_t stream) {
@@ -74,8 +85,18 @@ CachingAllocator::Block* CachingAllocator::take_cached(size_t size, cudaStream_t
 
 void* CachingAllocator::device_malloc(size_t size, size_t requested) {
   DeviceGuard guard(cuda_device(device_));
+  // cudaMalloc is not stream-ordered, so a capture forbids it unless this
+  // thread relaxes the rule; the graph never sees the call, only the address.
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  if (capture_pool_) MPT_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
   void* ptr = nullptr;
   cudaError_t status = cudaMalloc(&ptr, size);
+  if (capture_pool_) MPT_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+  // Emptying the cache synchronizes the device: impossible during a capture.
+  if (status == cudaErrorMemoryAllocation && capture_pool_) {
+    (void)cudaGetLastError();
+    throw_out_of_memory(requested, size);
+  }
   if (status == cudaErrorMemoryAllocation) {
     // The memory may be sitting in this cache in the wrong size classes or
     // on other streams: give it all back to the driver and try once more.
@@ -101,6 +122,11 @@ void CachingAllocator::free(void* ptr) noexcept {
   stats_.allocated_bytes -= block->size;
   cached_bytes_ += block->size;
 
+  if (block->pool && pools_.count(block->pool)) {
+    pools_[block->pool][block->size].push_back(block);
+    return;
+  }
+  block->pool = 0;
   try {
     if (block->extra_streams.empty()) {
       free_[FreeKey{block->stream, block->size}].push_back(block);
@@ -210,6 +236,33 @@ void CachingAllocator::throw_out_of_memory(size_t requested, size_t size) const 
       size != requested ? fmt::format(", rounded up to {} bytes", size) : std::string(),
       human_bytes(stats_.allocated_bytes), human_bytes(stats_.reserved_bytes), human_bytes(cached_bytes_),
       device_info));
+}
+
+int CachingAllocator::begin_capture(cudaStream_t stream) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  check(capture_pool_ == 0, "caching allocator: cuda:{} already has a graph capture in progress", device_);
+  capture_pool_ = next_pool_++;
+  capture_stream_ = stream;
+  pools_[capture_pool_];
+  return capture_pool_;
+}
+
+void CachingAllocator::end_capture() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  capture_pool_ = 0;
+  capture_stream_ = nullptr;
+}
+
+void CachingAllocator::release_pool(int id) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto it = pools_.find(id);
+  if (it == pools_.end()) return;
+  for (auto& [size, blocks] : it->second)
+    for (Block* block : blocks) {
+      block->pool = 0;
+      free_[FreeKey{block->stream, block->size}].push_back(block);
+    }
+  pools_.erase(it);
 }
 
 MemoryStats CachingAllocator::stats() const {

@@ -11,6 +11,11 @@
 // next kernel on that stream without any synchronization. A block that was
 // also used on other streams (record_stream) is parked after the free until
 // events recorded on those streams have completed.
+//
+// While a CUDA graph is captured on a stream, that stream's requests come
+// from a private pool of the graph (see begin_capture): the graph's kernels
+// keep using those addresses at every replay, so no other tensor may get
+// them while the graph lives.
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
@@ -39,6 +44,15 @@ class CachingAllocator {
   // device stream_device) is done.
   bool record_stream(void* ptr, int stream_device, cudaStream_t stream);
 
+  // From now on, requests on `stream` (being captured into a graph) come
+  // from a new private pool; returns its id. Blocks freed back into the pool
+  // serve later requests of the same capture (one stream: in order).
+  int begin_capture(cudaStream_t stream);
+  void end_capture();
+  // The graph of pool `id` is gone: its cached blocks return to the shared
+  // cache, and blocks still held by tensors go there when freed.
+  void release_pool(int id);
+
   MemoryStats stats() const;
   void reset_peak();
   // cudaFree for every cached block, after waiting for parked ones.
@@ -53,6 +67,7 @@ class CachingAllocator {
     cudaStream_t stream = nullptr;  // allocated on; reused only there
     // Other streams that used the block: (device, stream).
     std::vector<std::pair<int, cudaStream_t>> extra_streams;
+    int pool = 0;  // 0: the shared cache; else a graph's private pool
   };
   struct Parked {
     Block* block;
@@ -70,6 +85,7 @@ class CachingAllocator {
   };
 
   Block* take_cached(size_t size, cudaStream_t stream);
+  Block* take_from_pool(int pool, size_t size);
   void* device_malloc(size_t size, size_t requested);
   void collect_parked(bool wait);
   void release_cached_blocks();
@@ -80,6 +96,11 @@ class CachingAllocator {
   std::unordered_map<void*, Block*> active_;                          // handed out
   std::unordered_map<FreeKey, std::vector<Block*>, FreeKeyHash> free_;  // cached, ready to reuse
   std::vector<Parked> parked_;                                         // freed, waiting for other streams
+  // Private pools of live graphs: cached blocks by size class.
+  std::unordered_map<int, std::unordered_map<size_t, std::vector<Block*>>> pools_;
+  int next_pool_ = 1;
+  int capture_pool_ = 0;               // the pool of the capture in progress, if any
+  cudaStream_t capture_stream_ = nullptr;
   MemoryStats stats_;
   uint64_t cached_bytes_ = 0;  // free_ plus parked_
 };

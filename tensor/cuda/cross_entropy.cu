@@ -36,7 +36,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
       const bool counts = t != ignore_index;
       lse_out[row] = lse;
       valid[row] = counts ? 1.0f : 0.0f;
-      loss[row] = counts ? lse - E::load(x[t]) : 0.0f;
+      // A target outside [0, classes) was reported by the index check; its
+      // loss is NaN rather than a read outside the row.
+      loss[row] = !counts ? 0.0f : t >= 0 && t < classes ? lse - E::load(x[t]) : NAN;
     }
   }
 }

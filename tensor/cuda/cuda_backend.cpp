@@ -200,7 +200,7 @@ class CudaBackend final : public Backend {
     check_rows("index_select_rows", out, table, idx);
     check_same_dtype("gather", "index_select_rows", out, table);
     launch_gather_rows(current_launch(), out.data, table.data, static_cast<const int64_t*>(idx.data),
-                       dtype_size(table.dtype), idx.shape[0], table.shape[1]);
+                       dtype_size(table.dtype), table.shape[0], idx.shape[0], table.shape[1]);
   }
 
   void index_add_rows(const TensorView& table, const TensorView& idx, const TensorView& src) override {
@@ -208,7 +208,7 @@ class CudaBackend final : public Backend {
     check_float("scatter", "index_add_rows", table.dtype);
     check_same_dtype("scatter", "index_add_rows", table, src);
     launch_scatter_add_rows(current_launch(), table.dtype, table.data, static_cast<const int64_t*>(idx.data),
-                            src.data, idx.shape[0], table.shape[1]);
+                            src.data, table.shape[0], idx.shape[0], table.shape[1]);
   }
 
   void conv2d_forward(const TensorView& out, const TensorView& x, const TensorView& w,

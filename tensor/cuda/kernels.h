@@ -81,12 +81,15 @@ void launch_random(const Launch& l, void* out, DType dtype, int64_t n, uint64_t 
 void launch_reduce(const Launch& l, ReduceOp op, DType in_dtype, const void* in, void* out, int64_t outer,
                    int64_t k, int64_t inner);
 
-// Row gather out[i, :] = table[idx[i], :] of raw elements; [n, d] rows.
+// Row gather out[i, :] = table[idx[i], :] of raw elements; [n, d] rows of a
+// table of `rows` rows. An index outside it gives a zero row (the index
+// check reports it).
 void launch_gather_rows(const Launch& l, void* out, const void* table, const int64_t* idx, size_t element_size,
-                        int64_t n, int64_t d);
-// table[idx[i], :] += src[i, :] with atomics (f32, f64, f16, bf16).
-void launch_scatter_add_rows(const Launch& l, DType dtype, void* table, const int64_t* idx, const void* src, int64_t n,
-                             int64_t d);
+                        int64_t rows, int64_t n, int64_t d);
+// table[idx[i], :] += src[i, :] with atomics (f32, f64, f16, bf16); indices
+// outside the table's `rows` are left out.
+void launch_scatter_add_rows(const Launch& l, DType dtype, void* table, const int64_t* idx, const void* src,
+                             int64_t rows, int64_t n, int64_t d);
 
 // NCHW max pooling; x_shape is [N, C, H, W], the output [N, C, ho, wo].
 void launch_max_pool2d_forward(const Launch& l, DType dtype, void* out, int64_t* indices, const void* x,

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "tensor/cuda/check.h"
+#include "tensor/cuda/index_check.h"
 #include "tensor/cuda/event_pool.h"
 #include "tensor/cuda/host_allocator.h"
 #include "tensor/cuda/runtime.h"
@@ -90,6 +91,7 @@ void memcpy_between(void* dst, const Device& dst_device, const void* src, const 
     const cudaStream_t stream = cuda::current_cuda_stream(src_device.index);
     MPT_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToHost, stream));
     MPT_CUDA_CHECK(cudaStreamSynchronize(stream));
+    cuda::raise_index_check_failure(src_device.index);
     return;
   }
   if (src_device.index == dst_device.index) {

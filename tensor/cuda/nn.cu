@@ -8,10 +8,16 @@ namespace {
 // moved as raw elements of `T`, so any dtype of that size works.
 template <typename T>
 __global__ void gather_rows_kernel(T* __restrict__ out, const T* __restrict__ table, const int64_t* __restrict__ idx,
-                                   int64_t n, int64_t d) {
+                                   int64_t rows, int64_t n, int64_t d) {
   for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
-    const T* src = table + idx[i] * d;
+    const int64_t r = idx[i];
     T* dst = out + i * d;
+    // A bad index was reported by the index check; never read outside the table.
+    if (r < 0 || r >= rows) {
+      for (int64_t j = threadIdx.x; j < d; j += blockDim.x) dst[j] = T{};
+      continue;
+    }
+    const T* src = table + r * d;
     for (int64_t j = threadIdx.x; j < d; j += blockDim.x) dst[j] = src[j];
   }
 }
@@ -26,9 +32,11 @@ __device__ __forceinline__ void atomic_add(__nv_bfloat16* p, float v) { atomicAd
 // 16-bit and f32, the rounding) may differ from run to run.
 template <typename T>
 __global__ void scatter_add_rows_kernel(T* __restrict__ table, const int64_t* __restrict__ idx,
-                                        const T* __restrict__ src, int64_t n, int64_t d) {
+                                        const T* __restrict__ src, int64_t rows, int64_t n, int64_t d) {
   for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
-    T* dst = table + idx[i] * d;
+    const int64_t r = idx[i];
+    if (r < 0 || r >= rows) continue;  // reported by the index check; never write outside the table
+    T* dst = table + r * d;
     const T* s = src + i * d;
     for (int64_t j = threadIdx.x; j < d; j += blockDim.x) atomic_add(dst + j, Element<T>::load(s[j]));
   }
@@ -100,11 +108,11 @@ unsigned row_blocks(int64_t n) { return static_cast<unsigned>(std::min<int64_t>(
 }  // namespace
 
 void launch_gather_rows(const Launch& l, void* out, const void* table, const int64_t* idx, size_t element_size,
-                        int64_t n, int64_t d) {
+                        int64_t rows, int64_t n, int64_t d) {
   auto go = [&](auto tag) {
     using T = decltype(tag);
     gather_rows_kernel<T><<<row_blocks(n), row_threads(d), 0, l.stream>>>(
-        static_cast<T*>(out), static_cast<const T*>(table), idx, n, d);
+        static_cast<T*>(out), static_cast<const T*>(table), idx, rows, n, d);
   };
   switch (element_size) {
     case 1: go(uint8_t{}); break;
@@ -115,12 +123,12 @@ void launch_gather_rows(const Launch& l, void* out, const void* table, const int
   MPT_CUDA_CHECK_LAUNCH("gather_rows_kernel");
 }
 
-void launch_scatter_add_rows(const Launch& l, DType dtype, void* table, const int64_t* idx, const void* src, int64_t n,
-                             int64_t d) {
+void launch_scatter_add_rows(const Launch& l, DType dtype, void* table, const int64_t* idx, const void* src,
+                             int64_t rows, int64_t n, int64_t d) {
   dispatch_floating(dtype, "index_add_rows", [&](auto tag) {
     using T = decltype(tag);
     scatter_add_rows_kernel<T><<<row_blocks(n), row_threads(d), 0, l.stream>>>(
-        static_cast<T*>(table), idx, static_cast<const T*>(src), n, d);
+        static_cast<T*>(table), idx, static_cast<const T*>(src), rows, n, d);
   });
   MPT_CUDA_CHECK_LAUNCH("scatter_add_rows_kernel");
 }

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "tensor/cuda/check.h"
+#include "tensor/cuda/index_check.h"
 #include "tensor/device_guard.h"
 #include "tensor/error.h"
 #include "tensor/stream.h"
@@ -114,6 +115,7 @@ void Stream::synchronize() const {
   if (device_.is_cpu()) return;
   DeviceGuard guard(device_);  // the legacy default stream (nullptr) means "of the current device"
   MPT_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(handle_)));
+  cuda::raise_index_check_failure(device_.index);
 }
 
 Stream current_stream(const Device& device) {
@@ -132,6 +134,7 @@ void synchronize(const Device& device) {
   if (device.is_cpu()) return;
   DeviceGuard guard(checked_cuda(device));
   MPT_CUDA_CHECK(cudaDeviceSynchronize());
+  cuda::raise_index_check_failure(device.index);
 }
 
 // ---- events ---------------------------------------------------------------------
@@ -173,6 +176,7 @@ void Event::wait(const Stream& s) const {
 void Event::synchronize() const {
   if (!handle_) return;
   MPT_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(handle_)));
+  cuda::raise_index_check_failure(device_.index);
 }
 
 bool Event::query() const {

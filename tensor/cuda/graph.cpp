@@ -1,0 +1,82 @@
+#include "tensor/cuda/graph.h"
+
+#include <cuda_runtime.h>
+
+#include "tensor/cuda/caching_allocator.h"
+#include "tensor/cuda/check.h"
+#include "tensor/cuda/runtime.h"
+#include "tensor/device_guard.h"
+#include "tensor/error.h"
+#include "tensor/stream.h"
+
+namespace mpt::cuda {
+
+struct Graph::State {
+  int device;
+  cudaStream_t capture_stream = nullptr;  // capture cannot happen on the legacy default stream
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  int pool = 0;  // the allocator's private pool for the graph's tensors
+};
+
+Graph::Graph(int device) : state_(std::make_unique<State>()) {
+  state_->device = device;
+  DeviceGuard guard(cuda_device(device));
+  MPT_CUDA_CHECK(cudaStreamCreateWithFlags(&state_->capture_stream, cudaStreamNonBlocking));
+}
+
+Graph::~Graph() {
+  // Errors are ignored: a destructor cannot throw (and at exit the driver may be gone).
+  if (state_->exec) (void)cudaGraphExecDestroy(state_->exec);
+  if (state_->graph) (void)cudaGraphDestroy(state_->graph);
+  if (state_->pool) {
+    // Replays still queued may use the pool's memory: let them finish first.
+    (void)cudaStreamSynchronize(state_->capture_stream);
+    (void)cudaDeviceSynchronize();
+    caching_allocator(state_->device).release_pool(state_->pool);
+  }
+  (void)cudaStreamDestroy(state_->capture_stream);
+  (void)cudaGetLastError();
+}
+
+void Graph::capture(const std::function<void()>& work) {
+  State& s = *state_;
+  check(s.exec == nullptr, "cuda::Graph::capture: this graph already holds a capture");
+  const Device device = cuda_device(s.device);
+  DeviceGuard guard(device);
+  const Stream user = current_stream(device);
+  const Stream capturing(device, s.capture_stream);
+  {
+    // The graph's work comes after what the caller queued before it.
+    Event queued(device);
+    queued.record(user);
+    queued.wait(capturing);
+  }
+  CachingAllocator& allocator = caching_allocator(s.device);
+  s.pool = allocator.begin_capture(s.capture_stream);
+  MPT_CUDA_CHECK(cudaStreamBeginCapture(s.capture_stream, cudaStreamCaptureModeThreadLocal));
+  try {
+    StreamGuard on_capture_stream(capturing);
+    work();
+  } catch (...) {
+    cudaGraph_t abandoned = nullptr;
+    (void)cudaStreamEndCapture(s.capture_stream, &abandoned);
+    if (abandoned) (void)cudaGraphDestroy(abandoned);
+    (void)cudaGetLastError();
+    allocator.end_capture();
+    throw;
+  }
+  const cudaError_t ended = cudaStreamEndCapture(s.capture_stream, &s.graph);
+  allocator.end_capture();
+  MPT_CUDA_CHECK(ended);
+  MPT_CUDA_CHECK(cudaGraphInstantiate(&s.exec, s.graph, 0));
+}
+
+void Graph::replay() {
+  State& s = *state_;
+  check(s.exec != nullptr, "cuda::Graph::replay: nothing was captured");
+  DeviceGuard guard(cuda_device(s.device));
+  MPT_CUDA_CHECK(cudaGraphLaunch(s.exec, current_cuda_stream(s.device)));
+}
+
+}  // namespace mpt::cuda

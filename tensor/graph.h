@@ -1,0 +1,76 @@
+#pragma once
+// CapturedStep: a training step recorded once as a CUDA graph and replayed,
+// so a step of a small model costs one launch instead of hundreds of kernel
+// launches from the host.
+//
+// The step function must enqueue the same work every time its inputs have
+// the same shapes, and must not wait for the GPU inside (no item(), no
+// to_vector(), no host-side decisions on device values): the loss scaler
+// and the fused optimizers decide on the device, and index checks report at
+// the next synchronization. Inputs are fixed tensors the step reads: run()
+// copies each new batch into them before the replay. Tensors the step
+// creates (the loss, the gradients) live in the graph's own memory and are
+// overwritten by every replay.
+//
+// Fallbacks, so a step that cannot be captured still trains:
+//  - the first `eager_steps` runs for a set of input shapes are eager (they
+//    create optimizer state and pick cuBLAS/cuDNN algorithms);
+//  - new input shapes drop the graph and start over with them;
+//  - a step that fails to capture (it synchronizes, or uses something a
+//    graph cannot hold) runs eagerly from then on; fallback_reason() says
+//    why. The failed attempt enqueued nothing, but host-side state the step
+//    changed before the failure (counters, say) stays changed.
+//  - on the CPU every step is eager.
+// Hyper-parameters the step passes to kernels as values (a learning rate
+// from a schedule, say) are frozen into the graph: call reset() after
+// changing them.
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tensor/tensor.h"
+
+namespace mpt {
+
+namespace cuda {
+class Graph;
+}
+
+class CapturedStep {
+ public:
+  // step(inputs): one training step reading `inputs` (the fixed copies).
+  using StepFn = std::function<void(const std::vector<Tensor>& inputs)>;
+
+  CapturedStep(const Device& device, StepFn step, int eager_steps = 3);
+  ~CapturedStep();
+  CapturedStep(const CapturedStep&) = delete;
+  CapturedStep& operator=(const CapturedStep&) = delete;
+
+  // One step on `batch` (any devices; copied into the fixed inputs).
+  void run(const std::vector<Tensor>& batch = {});
+  // Drops the graph: the next runs are eager, then it is captured again.
+  void reset();
+
+  bool captured() const { return graph_ != nullptr; }
+  int64_t replays() const { return replays_; }
+  int64_t captures() const { return captures_; }
+  // Empty unless capturing failed (then every step runs eagerly).
+  const std::string& fallback_reason() const { return fallback_reason_; }
+
+ private:
+  bool same_layout(const std::vector<Tensor>& batch) const;
+
+  Device device_;
+  StepFn step_;
+  int eager_steps_;
+  std::vector<Tensor> inputs_;
+  int eager_runs_ = 0;  // since the inputs took their shapes
+  std::unique_ptr<cuda::Graph> graph_;
+  int64_t replays_ = 0;
+  int64_t captures_ = 0;
+  std::string fallback_reason_;
+};
+
+}  // namespace mpt

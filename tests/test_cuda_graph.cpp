@@ -1,0 +1,172 @@
+// CapturedStep on the GPU: a mixed-precision training step (autocast f16,
+// GradScaler, capturable AdamW) recorded as a CUDA graph and replayed gives
+// the same parameters, scale and step counts as the same steps run eagerly,
+// including steps the scaler skips on the device; new batch shapes capture
+// again; a step that synchronizes falls back to eager; replays allocate
+// nothing. Index checks on the GPU report at the next synchronization.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <memory>
+#include <random>
+
+#include "amp/autocast.h"
+#include "amp/grad_scaler.h"
+#include "autograd/engine.h"
+#include "autograd/ops.h"
+#include "models/adamw.h"
+#include "models/layers.h"
+#include "models/sequential.h"
+#include "tensor/graph.h"
+#include "tensor/memory.h"
+#include "tests/test_util.h"
+
+namespace mpt {
+namespace {
+
+using testing::host_f64;
+using testing::rel_error;
+
+const Device kGPU("cuda:0");
+
+// One training setup: model, capturable AdamW, a scaler whose scale moves
+// (2^24 overflows f16 gradients at first, so early steps are skipped and
+// the scale backs off; afterwards it grows every 3 clean steps).
+struct TrainingRun {
+  std::shared_ptr<nn::Sequential> model;
+  std::unique_ptr<optim::AdamW> opt;
+  amp::GradScaler scaler;
+  bool read_loss_inside = false;  // makes the step synchronize
+
+  explicit TrainingRun(uint64_t seed)
+      : scaler([] {
+          amp::GradScalerOptions o;
+          o.init_scale = 16777216.0;
+          o.growth_interval = 3;
+          return o;
+        }()) {
+    Generator gen(seed);
+    model = std::make_shared<nn::Sequential>();
+    model->push_back(std::make_shared<nn::Linear>(32, 64, true, &gen));
+    model->push_back(std::make_shared<nn::ReLU>());
+    model->push_back(std::make_shared<nn::Linear>(64, 10, true, &gen));
+    model->to(kGPU);
+    opt = std::make_unique<optim::AdamW>(model->parameters(), optim::AdamWOptions{1e-2, 0.9, 0.999, 1e-8, 1e-2});
+    opt->set_capturable(true);
+  }
+
+  void step(const std::vector<Tensor>& in) {
+    opt->zero_grad();
+    Tensor loss;
+    {
+      amp::AutocastGuard autocast(DeviceType::cuda, DType::f16);
+      loss = cross_entropy(model->forward(in[0]), in[1]);
+    }
+    if (read_loss_inside) (void)loss.item();
+    backward(scaler.scale(loss));
+    scaler.step(*opt);
+    scaler.update();
+  }
+};
+
+// x [rows, 32] and labels in [0, 10), on the host (run() copies them in).
+std::vector<Tensor> batch(std::mt19937_64& rng, int64_t rows) {
+  Generator gen(rng());
+  std::vector<int64_t> labels(static_cast<size_t>(rows));
+  for (int64_t& l : labels) l = static_cast<int64_t>(rng() % 10);
+  return {randn({rows, 32}, DType::f32, kCPU, &gen), from_vector(labels, {rows}, DType::i64)};
+}
+
+void expect_same_training(TrainingRun& a, TrainingRun& b) {
+  const auto pa = a.model->parameters(), pb = b.model->parameters();
+  ASSERT_EQ(pa.size(), pb.size());
+  for (size_t i = 0; i < pa.size(); ++i)
+    EXPECT_LE(rel_error(host_f64(pa[i]), host_f64(pb[i])), 1e-6) << "parameter " << i;
+  EXPECT_EQ(a.scaler.get_scale(), b.scaler.get_scale());
+  EXPECT_EQ(a.scaler.growth_tracker(), b.scaler.growth_tracker());
+  for (size_t i = 0; i < pa.size(); ++i) EXPECT_EQ(a.opt->step_count(i), b.opt->step_count(i)) << "parameter " << i;
+}
+
+TEST(CudaGraph, ReplayedStepsTrainLikeEagerOnes) {
+  MPT_SKIP_WITHOUT_CUDA();
+  const uint64_t seed = testing::fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  TrainingRun graphed(seed), eager(seed);
+  CapturedStep captured(kGPU, [&](const std::vector<Tensor>& in) { graphed.step(in); });
+  std::mt19937_64 rng(seed + 1);
+  uint64_t reserved_after_capture = 0;
+  for (int i = 0; i < 30; ++i) {
+    const std::vector<Tensor> in = batch(rng, 48);
+    captured.run(in);
+    eager.step({prim::to(in[0], kGPU), prim::to(in[1], kGPU)});
+    if (i == 4) reserved_after_capture = memory_stats(kGPU).reserved_bytes;
+  }
+  EXPECT_EQ(captured.captures(), 1);
+  EXPECT_EQ(captured.replays(), 27);  // 3 eager steps first
+  EXPECT_EQ(captured.fallback_reason(), "");
+  expect_same_training(graphed, eager);
+  // Some steps overflowed and were skipped inside the graph; the scale moved.
+  EXPECT_LT(graphed.opt->step_count(0), 30);
+  EXPECT_LT(graphed.scaler.get_scale(), 16777216.0);
+  // Replays take no new memory.
+  EXPECT_EQ(memory_stats(kGPU).reserved_bytes, reserved_after_capture);
+}
+
+TEST(CudaGraph, NewShapesCaptureAgain) {
+  MPT_SKIP_WITHOUT_CUDA();
+  const uint64_t seed = testing::fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  TrainingRun graphed(seed), eager(seed);
+  CapturedStep captured(kGPU, [&](const std::vector<Tensor>& in) { graphed.step(in); }, 2);
+  std::mt19937_64 rng(seed + 1);
+  for (int i = 0; i < 16; ++i) {
+    const std::vector<Tensor> in = batch(rng, i < 8 ? 16 : 24);
+    captured.run(in);
+    eager.step({prim::to(in[0], kGPU), prim::to(in[1], kGPU)});
+  }
+  EXPECT_EQ(captured.captures(), 2);
+  EXPECT_EQ(captured.replays(), 12);
+  expect_same_training(graphed, eager);
+}
+
+TEST(CudaGraph, StepThatSynchronizesFallsBackToEager) {
+  MPT_SKIP_WITHOUT_CUDA();
+  const uint64_t seed = testing::fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  TrainingRun graphed(seed), eager(seed);
+  graphed.read_loss_inside = eager.read_loss_inside = true;
+  CapturedStep captured(kGPU, [&](const std::vector<Tensor>& in) { graphed.step(in); }, 1);
+  std::mt19937_64 rng(seed + 1);
+  for (int i = 0; i < 6; ++i) {
+    const std::vector<Tensor> in = batch(rng, 16);
+    captured.run(in);
+    eager.step({prim::to(in[0], kGPU), prim::to(in[1], kGPU)});
+  }
+  EXPECT_FALSE(captured.captured());
+  EXPECT_EQ(captured.replays(), 0);
+  EXPECT_NE(captured.fallback_reason(), "");
+  expect_same_training(graphed, eager);
+}
+
+TEST(CudaIndexCheck, BadIndexIsReportedAtTheNextSynchronization) {
+  MPT_SKIP_WITHOUT_CUDA();
+  const Tensor table = randn({5, 4}, DType::f32, kGPU);
+  const Tensor bad = prim::to(from_vector(std::vector<int64_t>{0, 7, 2}, {3}, DType::i64), kGPU);
+  const Tensor rows = embedding(table, bad);  // no host wait here
+  testing::expect_contains(testing::error_of<ValueError>([&] { (void)rows.to_vector<float>(); }),
+                           {"embedding: index 7 is out of range [0, 5)", "cuda:0"});
+  // Reported once; the row it would have read is zeros, nothing outside the table.
+  const std::vector<float> got = rows.to_vector<float>();
+  for (int j = 4; j < 8; ++j) EXPECT_EQ(got[j], 0.0f);
+  const Tensor logits = randn({3, 10}, DType::f16, kGPU);
+  const Tensor target = prim::to(from_vector(std::vector<int64_t>{1, -100, 12}, {3}, DType::i64), kGPU);
+  const Tensor loss = cross_entropy(logits, target, -100);
+  testing::expect_contains(testing::error_of<ValueError>([&] { (void)loss.item(); }),
+                           {"cross_entropy: index 12 is out of range [0, 10)", "ignore_index is -100"});
+  // Good indices afterwards: no error left behind.
+  const Tensor good = prim::to(from_vector(std::vector<int64_t>{4, -100, 9}, {3}, DType::i64), kGPU);
+  EXPECT_TRUE(std::isfinite(cross_entropy(logits, good, -100).item()));
+}
+
+}  // namespace
+}  // namespace mpt
