@@ -11,6 +11,8 @@ Tensor sum_to(const Tensor& g, const Shape& shape) {
   return prim::reshape(prim::sum(g, dims, true), shape);
 }
 
-Tensor grad_for(const Tensor& g, const Tensor& input) { return prim::to(sum_to(g, input.shape()), input.dtype()); }
+Tensor grad_for(const Tensor& g, const TensorMeta& input) {
+  return prim::to(sum_to(g, input.shape), input.dtype);
+}
 
 }  // namespace mpt

@@ -4,10 +4,21 @@
 
 namespace mpt {
 
+// What a backward rule may need of an input besides its values. Rules that
+// need only this keep it instead of the tensor, so the input's memory is
+// freed as soon as the forward pass is done with it.
+struct TensorMeta {
+  Shape shape;
+  DType dtype;
+  Device device;
+  bool requires_grad;
+};
+inline TensorMeta meta_of(const Tensor& t) { return {t.shape(), t.dtype(), t.device(), t.requires_grad()}; }
+
 // Sums a broadcast gradient back down to `shape`.
 Tensor sum_to(const Tensor& g, const Shape& shape);
 // The gradient for `input` from a gradient of the (broadcast, promoted)
 // result: summed to input's shape and cast to input's dtype.
-Tensor grad_for(const Tensor& g, const Tensor& input);
+Tensor grad_for(const Tensor& g, const TensorMeta& input);
 
 }  // namespace mpt

@@ -13,7 +13,9 @@ Tensor add(const Tensor& a, const Tensor& b) {
   if (AutocastOp ac{"add", {&a, &b}}) return add(ac[0], ac[1]);
   Tensor out = prim::add(a, b);
   if (needs_grad({a, b}))
-    record("add", out, {a, b}, [a, b](const Grads& g) { return Grads{grad_for(g[0], a), grad_for(g[0], b)}; });
+    record("add", out, {a, b}, [a = meta_of(a), b = meta_of(b)](const Grads& g) {
+      return Grads{grad_for(g[0], a), grad_for(g[0], b)};
+    });
   return out;
 }
 
@@ -21,8 +23,9 @@ Tensor sub(const Tensor& a, const Tensor& b) {
   if (AutocastOp ac{"sub", {&a, &b}}) return sub(ac[0], ac[1]);
   Tensor out = prim::sub(a, b);
   if (needs_grad({a, b}))
-    record("sub", out, {a, b},
-           [a, b](const Grads& g) { return Grads{grad_for(g[0], a), grad_for(prim::neg(g[0]), b)}; });
+    record("sub", out, {a, b}, [a = meta_of(a), b = meta_of(b)](const Grads& g) {
+      return Grads{grad_for(g[0], a), grad_for(prim::neg(g[0]), b)};
+    });
   return out;
 }
 
@@ -31,8 +34,8 @@ Tensor mul(const Tensor& a, const Tensor& b) {
   Tensor out = prim::mul(a, b);
   if (needs_grad({a, b}))
     record("mul", out, {a, b}, [a, b](const Grads& g) {
-      return Grads{a.requires_grad() ? grad_for(prim::mul(g[0], b), a) : Tensor(),
-                   b.requires_grad() ? grad_for(prim::mul(g[0], a), b) : Tensor()};
+      return Grads{a.requires_grad() ? grad_for(prim::mul(g[0], b), meta_of(a)) : Tensor(),
+                   b.requires_grad() ? grad_for(prim::mul(g[0], a), meta_of(b)) : Tensor()};
     });
   return out;
 }
@@ -41,10 +44,11 @@ Tensor div(const Tensor& a, const Tensor& b) {
   if (AutocastOp ac{"div", {&a, &b}}) return div(ac[0], ac[1]);
   Tensor out = prim::div(a, b);
   if (needs_grad({a, b}))
-    record("div", out, {a, b}, [a, b, out](const Grads& g) {
+    record("div", out, {a, b}, [a = meta_of(a), b, out](const Grads& g) {
       const Tensor ga = prim::div(g[0], b);
       // d(a/b)/db = -(a/b)/b
-      return Grads{grad_for(ga, a), b.requires_grad() ? grad_for(prim::neg(prim::mul(ga, out)), b) : Tensor()};
+      return Grads{grad_for(ga, a),
+                   b.requires_grad() ? grad_for(prim::neg(prim::mul(ga, out)), meta_of(b)) : Tensor()};
     });
   return out;
 }
@@ -85,8 +89,8 @@ Tensor pow(const Tensor& x, const Tensor& e) {
       // d/dx x^e = e x^(e-1) = e * out / x;  d/de x^e = out * log(x)
       Tensor gx, ge;
       if (x.requires_grad())
-        gx = grad_for(prim::mul(g[0], prim::mul(e, binary(BinaryOp::pow, x, prim::add_scalar(e, -1.0)))), x);
-      if (e.requires_grad()) ge = grad_for(prim::mul(g[0], prim::mul(out, unary(UnaryOp::log, x))), e);
+        gx = grad_for(prim::mul(g[0], prim::mul(e, binary(BinaryOp::pow, x, prim::add_scalar(e, -1.0)))), meta_of(x));
+      if (e.requires_grad()) ge = grad_for(prim::mul(g[0], prim::mul(out, unary(UnaryOp::log, x))), meta_of(e));
       return Grads{gx, ge};
     });
   return out;
@@ -132,8 +136,13 @@ Tensor sigmoid(const Tensor& x) {
 
 Tensor relu(const Tensor& x) {
   Tensor out = unary(UnaryOp::relu, x);
-  if (needs_grad({x}))
-    record("relu", out, {x}, [x](const Grads& g) { return Grads{binary(BinaryOp::relu_backward, g[0], x)}; });
+  if (needs_grad({x})) {
+    // The output, not the input, is kept: out > 0 exactly where x > 0, and
+    // the next layer keeps the output anyway, so the input can be freed.
+    // (Detached: the node must not own its own output.)
+    const Tensor kept = detach(out);
+    record("relu", out, {x}, [kept](const Grads& g) { return Grads{binary(BinaryOp::relu_backward, g[0], kept)}; });
+  }
   return out;
 }
 

@@ -8,18 +8,18 @@ namespace mpt {
 namespace {
 
 // Shape of the reduced result with the reduced dimensions kept as 1.
-Shape kept_shape(const Tensor& x, const std::vector<int64_t>& dims) {
-  Shape s = x.shape();
+Shape kept_shape(const Shape& shape, const std::vector<int64_t>& dims) {
+  Shape s = shape;
   if (dims.empty()) return Shape(s.size(), 1);
-  for (int64_t d : dims) s[normalize_dim(d, x.dim(), "sum")] = 1;
+  for (int64_t d : dims) s[normalize_dim(d, static_cast<int64_t>(shape.size()), "sum")] = 1;
   return s;
 }
 
 // Gradient of a reduction: broadcast back over the reduced dimensions.
-Tensor spread(const Tensor& g, const Tensor& x, const std::vector<int64_t>& dims, double scale) {
-  Tensor k = prim::reshape(g, kept_shape(x, dims));
+Tensor spread(const Tensor& g, const Shape& x_shape, const std::vector<int64_t>& dims, double scale) {
+  Tensor k = prim::reshape(g, kept_shape(x_shape, dims));
   if (scale != 1.0) k = prim::mul_scalar(k, scale);
-  return prim::contiguous(prim::expand(k, x.shape()));
+  return prim::contiguous(prim::expand(k, x_shape));
 }
 
 }  // namespace
@@ -27,7 +27,7 @@ Tensor spread(const Tensor& g, const Tensor& x, const std::vector<int64_t>& dims
 Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
   if (AutocastOp ac{"sum", {&x}}) return sum(ac[0], dims, keepdim);
   Tensor out = prim::sum(x, dims, keepdim);
-  if (needs_grad({x})) record("sum", out, {x}, [x, dims](const Grads& g) { return Grads{spread(g[0], x, dims, 1.0)}; });
+  if (needs_grad({x})) record("sum", out, {x}, [shape = x.shape(), dims](const Grads& g) { return Grads{spread(g[0], shape, dims, 1.0)}; });
   return out;
 }
 
@@ -36,7 +36,9 @@ Tensor mean(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
   Tensor out = prim::mean(x, dims, keepdim);
   if (needs_grad({x})) {
     const double count = static_cast<double>(x.numel()) / static_cast<double>(std::max<int64_t>(out.numel(), 1));
-    record("mean", out, {x}, [x, dims, count](const Grads& g) { return Grads{spread(g[0], x, dims, 1.0 / count)}; });
+    record("mean", out, {x}, [shape = x.shape(), dims, count](const Grads& g) {
+      return Grads{spread(g[0], shape, dims, 1.0 / count)};
+    });
   }
   return out;
 }

@@ -14,13 +14,13 @@ Tensor detach(const Tensor& x) {
 
 Tensor reshape(const Tensor& x, Shape shape) {
   Tensor out = prim::reshape(x, std::move(shape));
-  if (needs_grad({x})) record("reshape", out, {x}, [x](const Grads& g) { return Grads{prim::reshape(g[0], x.shape())}; });
+  if (needs_grad({x})) record("reshape", out, {x}, [shape = x.shape()](const Grads& g) { return Grads{prim::reshape(g[0], shape)}; });
   return out;
 }
 
 Tensor view(const Tensor& x, Shape shape) {
   Tensor out = prim::view(x, std::move(shape));
-  if (needs_grad({x})) record("view", out, {x}, [x](const Grads& g) { return Grads{prim::reshape(g[0], x.shape())}; });
+  if (needs_grad({x})) record("view", out, {x}, [shape = x.shape()](const Grads& g) { return Grads{prim::reshape(g[0], shape)}; });
   return out;
 }
 
@@ -51,8 +51,8 @@ Tensor permute(const Tensor& x, const std::vector<int64_t>& dims) {
 Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t end, int64_t step) {
   Tensor out = prim::slice(x, dim, start, end, step);
   if (needs_grad({x}))
-    record("slice", out, {x}, [x, dim, start, end, step](const Grads& g) {
-      Tensor gx = zeros(x.shape(), g[0].dtype(), g[0].device());
+    record("slice", out, {x}, [shape = x.shape(), dim, start, end, step](const Grads& g) {
+      Tensor gx = zeros(shape, g[0].dtype(), g[0].device());
       prim::copy_(prim::slice(gx, dim, start, end, step), g[0]);
       return Grads{gx};
     });
@@ -61,19 +61,19 @@ Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t end, int64_t s
 
 Tensor unsqueeze(const Tensor& x, int64_t dim) {
   Tensor out = prim::unsqueeze(x, dim);
-  if (needs_grad({x})) record("unsqueeze", out, {x}, [x](const Grads& g) { return Grads{prim::reshape(g[0], x.shape())}; });
+  if (needs_grad({x})) record("unsqueeze", out, {x}, [shape = x.shape()](const Grads& g) { return Grads{prim::reshape(g[0], shape)}; });
   return out;
 }
 
 Tensor squeeze(const Tensor& x, int64_t dim) {
   Tensor out = prim::squeeze(x, dim);
-  if (needs_grad({x})) record("squeeze", out, {x}, [x](const Grads& g) { return Grads{prim::reshape(g[0], x.shape())}; });
+  if (needs_grad({x})) record("squeeze", out, {x}, [shape = x.shape()](const Grads& g) { return Grads{prim::reshape(g[0], shape)}; });
   return out;
 }
 
 Tensor expand(const Tensor& x, const Shape& shape) {
   Tensor out = prim::expand(x, shape);
-  if (needs_grad({x})) record("expand", out, {x}, [x](const Grads& g) { return Grads{sum_to(g[0], x.shape())}; });
+  if (needs_grad({x})) record("expand", out, {x}, [shape = x.shape()](const Grads& g) { return Grads{sum_to(g[0], shape)}; });
   return out;
 }
 
@@ -90,11 +90,13 @@ Tensor cat(const std::vector<Tensor>& xs, int64_t dim) {
     const int d = normalize_dim(dim, xs.at(0).dim(), "cat");
     std::vector<int64_t> sizes;
     for (const Tensor& x : xs) sizes.push_back(x.shape()[d]);
-    record("cat", out, xs, [sizes, d, xs](const Grads& g) {
+    std::vector<bool> wanted;
+    for (const Tensor& x : xs) wanted.push_back(x.requires_grad());
+    record("cat", out, xs, [sizes, d, wanted](const Grads& g) {
       Grads gs;
       int64_t start = 0;
       for (size_t i = 0; i < sizes.size(); ++i) {
-        gs.push_back(xs[i].requires_grad() ? prim::slice(g[0], d, start, start + sizes[i]) : Tensor());
+        gs.push_back(wanted[i] ? prim::slice(g[0], d, start, start + sizes[i]) : Tensor());
         start += sizes[i];
       }
       return gs;
@@ -109,8 +111,8 @@ std::vector<Tensor> split(const Tensor& x, int64_t size, int64_t dim) {
   std::vector<Tensor> outs;
   for (int64_t start = 0; start < x.shape()[d]; start += size) outs.push_back(prim::slice(x, d, start, start + size));
   if (needs_grad({x}))
-    record("split", outs, {x}, [x, d, size](const Grads& g) {
-      Tensor gx = zeros(x.shape(), x.dtype(), x.device());
+    record("split", outs, {x}, [x = meta_of(x), d, size](const Grads& g) {
+      Tensor gx = zeros(x.shape, x.dtype, x.device);
       for (size_t i = 0; i < g.size(); ++i) {
         if (!g[i].defined()) continue;
         const int64_t start = static_cast<int64_t>(i) * size;
@@ -124,14 +126,14 @@ std::vector<Tensor> split(const Tensor& x, int64_t size, int64_t dim) {
 Tensor to(const Tensor& x, DType dtype) {
   Tensor out = prim::to(x, dtype);
   if (needs_grad({x}) && dtype != x.dtype())
-    record("to_dtype", out, {x}, [x](const Grads& g) { return Grads{prim::to(g[0], x.dtype())}; });
+    record("to_dtype", out, {x}, [from = x.dtype()](const Grads& g) { return Grads{prim::to(g[0], from)}; });
   return out;
 }
 
 Tensor to(const Tensor& x, const Device& device) {
   Tensor out = prim::to(x, device);
   if (needs_grad({x}) && device != x.device())
-    record("to_device", out, {x}, [x](const Grads& g) { return Grads{prim::to(g[0], x.device())}; });
+    record("to_device", out, {x}, [from = x.device()](const Grads& g) { return Grads{prim::to(g[0], from)}; });
   return out;
 }
 

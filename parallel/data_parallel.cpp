@@ -1,11 +1,11 @@
 #include "parallel/data_parallel.h"
 
 #include <exception>
-#include <thread>
 
 #include "amp/autocast.h"
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
+#include "autograd/ops.h"
 #include "tensor/device_guard.h"
 #include "tensor/ops.h"
 
@@ -60,20 +60,23 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> module, const ModuleFacto
     buffers_.push_back(values_of(r->named_buffers()));
   }
   comm_ = new_local_communicator(devices_);
+  for (size_t i = 0; i < devices_.size(); ++i) workers_.push_back(std::make_unique<WorkQueue>());
 }
+
+DataParallel::~DataParallel() = default;
 
 void DataParallel::broadcast_parameters() {
   NoGradGuard no_grad;
+  std::vector<std::vector<Tensor>> sets;
   for (size_t k = 0; k < params_[0].size(); ++k) {
-    std::vector<Tensor> per_device;
-    for (auto& p : params_) per_device.push_back(p[k]);
-    comm_->broadcast(per_device, 0);
+    sets.emplace_back();
+    for (auto& p : params_) sets.back().push_back(p[k]);
   }
   for (size_t k = 0; k < buffers_[0].size(); ++k) {
-    std::vector<Tensor> per_device;
-    for (auto& b : buffers_) per_device.push_back(b[k]);
-    comm_->broadcast(per_device, 0);
+    sets.emplace_back();
+    for (auto& b : buffers_) sets.back().push_back(b[k]);
   }
+  comm_->broadcast_all(sets, 0);
 }
 
 double DataParallel::forward_backward(const Tensor& input, const Tensor& target, const LossFn& loss,
@@ -97,55 +100,61 @@ double DataParallel::forward_backward(const Tensor& input, const Tensor& target,
     scaler->scale(full({}, 1.0, DType::f32, devices_[0]));
     scale = scaler->scale_tensor();
   }
-  std::vector<double> losses(n, 0.0);
-  std::vector<std::exception_ptr> errors(n);
-  std::vector<std::thread> workers;
+  std::vector<Tensor> losses(n);
+  std::vector<double> weights(n, 0.0);
+  std::vector<WorkPtr> works;
   int64_t start = 0;
   for (size_t i = 0; i < n; ++i) {
     const int64_t rows = batch / static_cast<int64_t>(n) + (static_cast<int64_t>(i) < batch % static_cast<int64_t>(n));
     const int64_t begin = start;
     start += rows;
-    workers.emplace_back([&, i, begin, rows] {
-      try {
-        set_grad_enabled(caller.grad_enabled);
-        amp::AutocastSettingsGuard autocast(caller.autocast);
-        DeviceGuard on_device(devices_[i]);
-        const Tensor x = prim::to(prim::slice(input, 0, begin, begin + rows), devices_[i]);
-        const Tensor y = prim::to(prim::slice(target, 0, begin, begin + rows), devices_[i]);
-        const Tensor l = loss(replicas_[i]->forward(x), y);
-        check<ShapeError>(l.numel() == 1, "DataParallel: the loss on {} is {}, not a scalar", devices_[i].str(),
-                          describe(l));
-        // d(batch mean)/d(device mean) = rows / batch.
-        const double weight = static_cast<double>(rows) / static_cast<double>(batch);
-        losses[i] = l.item() * weight;
-        if (grad_enabled()) {
-          Tensor seed = full(l.shape(), weight, l.dtype(), devices_[i]);
-          if (scale.defined()) seed = prim::mul(seed, prim::reshape(prim::to(prim::to(scale, devices_[i]), l.dtype()), {}));
-          backward(l, seed);
-        }
-      } catch (...) {
-        errors[i] = std::current_exception();
+    works.push_back(workers_[i]->enqueue([&, i, begin, rows] {
+      set_grad_enabled(caller.grad_enabled);
+      amp::AutocastSettingsGuard autocast(caller.autocast);
+      DeviceGuard on_device(devices_[i]);
+      const Tensor x = prim::to(prim::slice(input, 0, begin, begin + rows), devices_[i]);
+      const Tensor y = prim::to(prim::slice(target, 0, begin, begin + rows), devices_[i]);
+      const Tensor l = loss(replicas_[i]->forward(x), y);
+      check<ShapeError>(l.numel() == 1, "DataParallel: the loss on {} is {}, not a scalar", devices_[i].str(),
+                        describe(l));
+      // d(batch mean)/d(device mean) = rows / batch.
+      const double weight = static_cast<double>(rows) / static_cast<double>(batch);
+      losses[i] = detach(l);
+      weights[i] = weight;
+      if (grad_enabled()) {
+        Tensor seed = full(l.shape(), weight, l.dtype(), devices_[i]);
+        if (scale.defined()) seed = prim::mul(seed, prim::reshape(prim::to(prim::to(scale, devices_[i]), l.dtype()), {}));
+        backward(l, seed);
       }
-    });
+    }));
   }
-  for (auto& w : workers) w.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
+  // Every device finishes (the tasks use this frame) before an error is raised.
+  std::exception_ptr first_error;
+  for (auto& w : works) {
+    try {
+      w->wait();
+    } catch (...) {
+      if (!first_error) first_error = std::current_exception();
+    }
+  }
+  if (first_error) std::rethrow_exception(first_error);
 
   NoGradGuard no_grad;
+  std::vector<std::vector<Tensor>> grads;
   for (size_t k = 0; k < params_[0].size(); ++k) {
-    std::vector<Tensor> grads;
     bool any = false;
     for (auto& p : params_) any |= p[k].grad().defined();
     if (!any) continue;
+    grads.emplace_back();
     for (auto& p : params_) {
       if (!p[k].grad().defined()) p[k].set_grad(zeros(p[k].shape(), p[k].dtype(), p[k].device()));
-      grads.push_back(p[k].grad());
+      grads.back().push_back(p[k].grad());
     }
-    comm_->allreduce_sum(grads);
   }
+  comm_->allreduce_sum_all(grads);
+  // Read last, so no device waited for the host before its backward ran.
   double total = 0;
-  for (double l : losses) total += l;
+  for (size_t i = 0; i < n; ++i) total += losses[i].item() * weights[i];
   return total;
 }
 

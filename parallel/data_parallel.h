@@ -2,9 +2,9 @@
 // DataParallel: one process, several devices. Unlike PyTorch's nn.DataParallel:
 //  - replicas stay resident on their devices; only the parameters are copied
 //    to them, once per step, after the optimizer has updated the module;
-//  - each device runs forward, its own loss and backward in its own thread
-//    (grad mode carried over from the caller), so no card gathers every
-//    output;
+//  - each device runs forward, its own loss and backward on its own
+//    long-lived thread (grad mode and autocast carried over from the
+//    caller), so no card gathers every output;
 //  - gradients are summed by a LocalCommunicator (an NCCL clique on GPUs),
 //    not copied one by one to the first card.
 //
@@ -19,6 +19,7 @@
 #include "amp/grad_scaler.h"
 #include "models/module.h"
 #include "parallel/local_communicator.h"
+#include "parallel/work_queue.h"
 
 namespace mpt::dist {
 
@@ -31,6 +32,7 @@ class DataParallel {
   using LossFn = std::function<Tensor(const Tensor& output, const Tensor& target)>;
 
   DataParallel(std::shared_ptr<nn::Module> module, const ModuleFactory& make_replica, std::vector<Device> devices);
+  ~DataParallel();
 
   // Splits input and target along dim 0 over the devices (sizes differ by at
   // most one row), runs forward, loss and backward per device, and adds the
@@ -55,6 +57,7 @@ class DataParallel {
   std::vector<std::vector<Tensor>> params_;            // [replica][parameter]
   std::vector<std::vector<Tensor>> buffers_;
   std::unique_ptr<LocalCommunicator> comm_;
+  std::vector<std::unique_ptr<WorkQueue>> workers_;  // one thread per device
 };
 
 }  // namespace mpt::dist

@@ -215,8 +215,9 @@ void DistributedDataParallel::Reducer::launch(Bucket& bucket) {
     const Tensor& p = params[bucket.params[k]];
     Tensor slot = prim::view(prim::slice(bucket.flat, 0, bucket.offsets[k], bucket.offsets[k] + p.numel()), p.shape());
     const Tensor g = p.grad();
-    if (g.defined()) prim::copy_(slot, prim::mul_scalar(g, scale));
-    else prim::fill_(slot, 0.0);
+    if (!g.defined()) prim::fill_(slot, 0.0);
+    else if (g.dtype() == slot.dtype()) prim::unary_(UnaryOp::affine, slot, g, scale, 0.0);  // one pass
+    else prim::copy_(slot, prim::mul_scalar(g, scale));
   }
   bucket.work = group->allreduce(bucket.flat, ReduceOp::sum);
 }

@@ -31,7 +31,8 @@ def run_json(cmd, env=None, timeout=900):
     """Runs cmd; returns its JSON lines (or an error record)."""
     t0 = time.time()
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
-    lines = [json.loads(l) for l in p.stdout.splitlines() if l.startswith("{")]
+    # mpt-run prefixes each rank's lines ("[rank 0] {...}").
+    lines = [json.loads(l[l.index("{"):]) for l in p.stdout.splitlines() if "{" in l and l.rstrip().endswith("}")]
     if p.returncode != 0 or not lines:
         tail = (p.stderr or p.stdout).strip().splitlines()[-5:]
         return [{"error": f"exit {p.returncode}: " + " | ".join(tail), "cmd": " ".join(cmd)}]
@@ -66,7 +67,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--build", default="build")
     ap.add_argument("--workloads", nargs="+", default=["mlp_small", "cnn", "gpt_mini", "mlp_large"])
-    ap.add_argument("--modes", nargs="+", default=["single"])
+    ap.add_argument("--modes", nargs="+", default=["single", "dp", "ddp"])
     ap.add_argument("--precision", default="fp16")
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--steps", type=int, default=100)
@@ -107,6 +108,33 @@ def main():
         err = "; ".join(x["error"] for x in (t, o) if "error" in x)
         print(f"| {w} | {m} | {tm} | {om} | {ratio} | {t.get('peak_mem_mb', '-')} | {o.get('peak_mem_mb', '-')} |"
               + (f" {err}" if err else ""))
+    print_scaling(rows)
+
+
+def print_scaling(rows):
+    """Multi-GPU modes against each side's own single-GPU run: ddp's weak
+    scaling efficiency (single step time / ddp step time, same per-GPU
+    batch) and dp's throughput gain (dp samples/s / single samples/s)."""
+    single = {(w, impl): r for w, m, t, o in rows if m == "single" for impl, r in (("pytorch", t), ("mptrain", o))}
+    lines = []
+    for w, m, t, o in rows:
+        if m == "single":
+            continue
+        cells = []
+        for impl, r in (("pytorch", t), ("mptrain", o)):
+            base = single.get((w, impl), {})
+            if "step_ms_median" not in r or "step_ms_median" not in base:
+                cells.append("n/a")
+            elif m == "ddp":
+                cells.append(f"{base['step_ms_median'] / r['step_ms_median']:.2f}")
+            else:
+                cells.append(f"{r['samples_per_s'] / base['samples_per_s']:.2f}x")
+        lines.append(f"| {w} | {m} | {r.get('gpus', '-')} | {cells[0]} | {cells[1]} |")
+    if lines:
+        print("\n| workload | mode | GPUs | PyTorch vs its single GPU | mptrain vs its single GPU |")
+        print("|---|---|---|---|---|")
+        print("\n".join(lines))
+        print("(ddp: weak-scaling efficiency, single step time / ddp step time; dp: throughput over one GPU)")
 
 
 if __name__ == "__main__":

@@ -32,23 +32,25 @@ class NcclLocalCommunicator : public LocalCommunicator {
       if (c) ncclCommDestroy(c);
   }
 
-  void allreduce_sum(const std::vector<Tensor>& ts) override {
-    check_tensors("allreduce_sum", ts);
-    MPT_NCCL_CHECK(ncclGroupStart());
-    for (size_t i = 0; i < ts.size(); ++i)
-      MPT_NCCL_CHECK(ncclAllReduce(ts[i].data_ptr(), ts[i].data_ptr(), ts[i].numel(), nccl::data_type(ts[i].dtype()),
-                                   ncclSum, comms_[i], cuda::current_cuda_stream(devices_[i].index)));
-    MPT_NCCL_CHECK(ncclGroupEnd());
+  void allreduce_sum(const std::vector<Tensor>& ts) override { allreduce_sum_all({ts}); }
+  void broadcast(const std::vector<Tensor>& ts, size_t root) override { broadcast_all({ts}, root); }
+
+  void allreduce_sum_all(const std::vector<std::vector<Tensor>>& sets) override {
+    for (const auto& ts : sets) check_tensors("allreduce_sum", ts);
+    grouped(sets, [&](const Tensor& t, size_t i) {
+      MPT_NCCL_CHECK(ncclAllReduce(t.data_ptr(), t.data_ptr(), t.numel(), nccl::data_type(t.dtype()), ncclSum,
+                                   comms_[i], cuda::current_cuda_stream(devices_[i].index)));
+    });
   }
 
-  void broadcast(const std::vector<Tensor>& ts, size_t root) override {
-    check_tensors("broadcast", ts);
-    check<ValueError>(root < ts.size(), "LocalCommunicator::broadcast: root {} outside 0..{}", root, ts.size() - 1);
-    MPT_NCCL_CHECK(ncclGroupStart());
-    for (size_t i = 0; i < ts.size(); ++i)
-      MPT_NCCL_CHECK(ncclBroadcast(ts[i].data_ptr(), ts[i].data_ptr(), ts[i].numel(), nccl::data_type(ts[i].dtype()),
+  void broadcast_all(const std::vector<std::vector<Tensor>>& sets, size_t root) override {
+    check<ValueError>(root < devices_.size(), "LocalCommunicator::broadcast: root {} outside 0..{}", root,
+                      devices_.size() - 1);
+    for (const auto& ts : sets) check_tensors("broadcast", ts);
+    grouped(sets, [&](const Tensor& t, size_t i) {
+      MPT_NCCL_CHECK(ncclBroadcast(t.data_ptr(), t.data_ptr(), t.numel(), nccl::data_type(t.dtype()),
                                    static_cast<int>(root), comms_[i], cuda::current_cuda_stream(devices_[i].index)));
-    MPT_NCCL_CHECK(ncclGroupEnd());
+    });
   }
 
  private:
@@ -62,6 +64,31 @@ class NcclLocalCommunicator : public LocalCommunicator {
                         "LocalCommunicator::{}: {} does not match {} (or is not contiguous)", op, describe(ts[i]),
                         describe(ts[0]));
     }
+  }
+
+  // Issues op(tensor, device) for every tensor of every set inside NCCL
+  // groups (NCCL aggregates a group's operations into few launches), at
+  // most kMaxGroupOps operations per group.
+  template <typename Op>
+  void grouped(const std::vector<std::vector<Tensor>>& sets, Op&& op) {
+    constexpr size_t kMaxGroupOps = 2048;
+    size_t in_group = 0;
+    MPT_NCCL_CHECK(ncclGroupStart());
+    try {
+      for (const auto& ts : sets) {
+        if (in_group + ts.size() > kMaxGroupOps) {
+          MPT_NCCL_CHECK(ncclGroupEnd());
+          MPT_NCCL_CHECK(ncclGroupStart());
+          in_group = 0;
+        }
+        for (size_t i = 0; i < ts.size(); ++i) op(ts[i], i);
+        in_group += ts.size();
+      }
+    } catch (...) {
+      (void)ncclGroupEnd();
+      throw;
+    }
+    MPT_NCCL_CHECK(ncclGroupEnd());
   }
 
   std::vector<Device> devices_;

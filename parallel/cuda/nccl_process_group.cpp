@@ -61,7 +61,11 @@ class NcclWork : public Work {
         throw TimeoutError(fmt::format("NCCL {}: not finished after {} ms (timeout {} ms); communicator aborted",
                                        what_, waited.count(), timeout_.count()));
       }
-      std::this_thread::sleep_for(std::chrono::microseconds(100));
+      // Collectives of a training step take microseconds: poll without
+      // sleeping at first (a 100 us sleep would be most of a small model's
+      // step), then back off so a long wait does not burn a core.
+      if (waited < Millis(2)) std::this_thread::yield();
+      else std::this_thread::sleep_for(std::chrono::microseconds(100));
     }
     // Later kernels on the caller's stream see the result.
     MPT_CUDA_CHECK(cudaStreamWaitEvent(cuda::current_cuda_stream(device_), done_, 0));

@@ -2,13 +2,26 @@
 // (same shapes, batch sizes, optimizer, precision and step), timed with
 // CUDA events: warm-up steps, then the median of the timed ones. Prints one
 // JSON line per run in torch_bench.py's form, plus peak GPU memory.
+//
+// Modes, as torch_bench.py has them:
+//   single  one GPU;
+//   dp      DataParallel over every GPU of this process, the per-GPU batch
+//           times the GPU count fed from cuda:0 (as nn.DataParallel is fed);
+//   ddp     one process per GPU through mpt-run, the same per-GPU batch
+//           (weak scaling). Started without mpt-run's variables, mpt-bench
+//           starts itself through mpt-run.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <functional>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -21,7 +34,12 @@
 #include "models/cnn.h"
 #include "models/gpt.h"
 #include "models/mlp.h"
+#include "parallel/data_parallel.h"
+#include "parallel/device_routed_group.h"
+#include "parallel/distributed_data_parallel.h"
 #include "tensor/cuda/gemm.h"
+#include "tensor/device_guard.h"
+#include "tensor/graph.h"
 #include "tensor/memory.h"
 #include "tensor/ops.h"
 #include "tensor/stream.h"
@@ -29,6 +47,18 @@
 namespace {
 
 using namespace mpt;
+
+struct Options {
+  std::string workload = "mlp_small";
+  std::string mode = "single";
+  std::string precision = "fp16";
+  int warmup = 20;
+  int steps = 100;
+  int64_t batch = 0;
+  int device = 0;
+  bool graph = true;
+  bool memory_trace = false;
+};
 
 struct Workload {
   std::shared_ptr<nn::Module> model;
@@ -42,27 +72,30 @@ Tensor random_labels(int64_t n, int64_t classes, const Shape& shape, std::mt1993
   return prim::to(from_vector(v, shape, DType::i64), d);
 }
 
-Workload make(const std::string& name, const Device& device, int64_t batch) {
+// The workload's model (seeded like every replica) and one batch of
+// `copies` times the per-GPU batch, all on `device`.
+Workload make(const std::string& name, const Device& device, int64_t batch, int64_t copies = 1) {
   Generator gen(0);
   std::mt19937_64 rng(0);
   Workload w;
+  auto rows = [&](int64_t standard) { return (batch ? batch : standard) * copies; };
   if (name == "mlp_small") {
-    const int64_t b = batch ? batch : 256;
+    const int64_t b = rows(256);
     w.model = nn::make_mlp({}, &gen);
     w.x = randn({b, 784}, DType::f32, kCPU, &gen);
     w.y = random_labels(b, 10, {b}, rng, device);
   } else if (name == "mlp_large") {
-    const int64_t b = batch ? batch : 8192;
+    const int64_t b = rows(8192);
     w.model = nn::make_mlp({8192, {8192, 8192, 8192}, 10}, &gen);
     w.x = randn({b, 8192}, DType::f32, kCPU, &gen);
     w.y = random_labels(b, 10, {b}, rng, device);
   } else if (name == "cnn") {
-    const int64_t b = batch ? batch : 512;
+    const int64_t b = rows(512);
     w.model = nn::make_cnn({}, &gen);
     w.x = randn({b, 1, 28, 28}, DType::f32, kCPU, &gen);
     w.y = random_labels(b, 10, {b}, rng, device);
   } else if (name == "gpt_mini") {
-    const int64_t b = batch ? batch : 64;
+    const int64_t b = rows(64);
     w.model = std::make_shared<nn::GPT>(nn::GPTOptions{}, &gen);
     w.x = random_labels(b * 256, 65, {b, 256}, rng, kCPU);
     w.y = random_labels(b * 256, 65, {b, 256}, rng, device);
@@ -75,9 +108,9 @@ Workload make(const std::string& name, const Device& device, int64_t batch) {
   return w;
 }
 
-Tensor loss_of(const Workload& w, const Tensor& out) {
-  if (w.sequence) return cross_entropy(reshape(out, {-1, out.shape().back()}), reshape(w.y, {-1}));
-  return cross_entropy(out, w.y);
+Tensor loss_of(bool sequence, const Tensor& out, const Tensor& y) {
+  if (sequence) return cross_entropy(reshape(out, {-1, out.shape().back()}), reshape(y, {-1}));
+  return cross_entropy(out, y);
 }
 
 double median(std::vector<double> v) {
@@ -86,60 +119,197 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-struct Options {
-  std::string workload = "mlp_small";
-  std::string mode = "single";
-  std::string precision = "fp16";
-  int warmup = 20;
-  int steps = 100;
-  int64_t batch = 0;
-  int device = 0;
+double mib(uint64_t bytes) { return static_cast<double>(bytes) / 1048576.0; }
+
+// What every mode shares: the optimizer, the scaler, autocast and the timing.
+struct Trainer {
+  const Options& o;
+  Device device;
+  optim::AdamW optimizer;
+  amp::GradScaler scaler;
+  bool autocast;
+  DType amp_dtype;
+
+  Trainer(const Options& options, const Device& d, const std::vector<Tensor>& params)
+      : o(options),
+        device(d),
+        optimizer(params, optim::AdamWOptions{1e-4, 0.9, 0.999, 1e-8, 1e-2}),
+        scaler(scaler_options(options)),
+        autocast(options.precision != "fp32"),
+        amp_dtype(options.precision == "bf16" ? DType::bf16 : DType::f16) {}
+
+  static amp::GradScalerOptions scaler_options(const Options& o) {
+    amp::GradScalerOptions so;
+    so.enabled = o.precision == "fp16";
+    return so;
+  }
+
+  // forward_backward runs under autocast and leaves scaled gradients; then
+  // the optimizer steps through the scaler. Times warm-up + timed steps with
+  // CUDA events around each step and returns the timed ones (ms).
+  std::vector<double> time_steps(const std::function<void()>& forward_backward) {
+    const std::function<void()> step = [&] {
+      optimizer.zero_grad();
+      forward_backward();
+      scaler.step(optimizer);
+      scaler.update();
+    };
+    std::vector<double> times;
+    Event start(device, true), end(device, true);
+    for (int i = 0; i < o.warmup + o.steps; ++i) {
+      start.record();
+      step();
+      end.record();
+      end.synchronize();
+      if (i >= o.warmup) times.push_back(start.elapsed_ms(end));
+    }
+    return times;
+  }
 };
 
-int run_single(const Options& o) {
-  const Device device(DeviceType::cuda, o.device);
-  // As the reference does: f32 matmuls and convolutions may use TF32.
-  cuda::set_allow_tf32(true);
-  Workload w = make(o.workload, device, o.batch);
-  optim::AdamW opt(w.model->parameters(), optim::AdamWOptions{1e-4, 0.9, 0.999, 1e-8, 1e-2});
-  amp::GradScalerOptions so;
-  so.enabled = o.precision == "fp16";
-  amp::GradScaler scaler(so);
-  const bool autocast = o.precision != "fp32";
-  const DType amp_dtype = o.precision == "bf16" ? DType::bf16 : DType::f16;
-
-  reset_peak_memory_stats(device);
-  std::vector<double> times;
-  Tensor loss;
-  for (int i = 0; i < o.warmup + o.steps; ++i) {
-    Event start(device, true), end(device, true);
-    start.record();
-    {
-      amp::AutocastGuard guard(DeviceType::cuda, amp_dtype, autocast);
-      loss = loss_of(w, w.model->forward(w.x));
-    }
-    opt.zero_grad();
-    backward(scaler.scale(loss));
-    scaler.step(opt);
-    scaler.update();
-    end.record();
-    end.synchronize();
-    if (i >= o.warmup) times.push_back(start.elapsed_ms(end));
-  }
-  const double med = median(times);
-  const int64_t batch = w.x.shape()[0];
-  const MemoryStats mem = memory_stats(device);
+void print_result(const Options& o, const std::string& mode, int gpus, int64_t batch, double med,
+                  const std::vector<double>& times, double loss, double peak_mb, bool graphed) {
+  const double lo = *std::min_element(times.begin(), times.end());
+  const double hi = *std::max_element(times.begin(), times.end());
   // Written by hand so the figures keep their rounding (a JSON library
   // prints a double's full expansion).
   std::cout << fmt::format(
-                   "{{\"workload\": \"{}\", \"mode\": \"single\", \"gpus\": 1, \"precision\": \"{}\", "
-                   "\"batch\": {}, \"step_ms_median\": {:.4f}, \"step_ms_min\": {:.4f}, \"step_ms_max\": {:.4f}, "
-                   "\"samples_per_s\": {:.1f}, \"loss\": {}, \"peak_mem_mb\": {:.1f}, \"impl\": \"mptrain\"}}",
-                   o.workload, o.precision, batch, med, *std::min_element(times.begin(), times.end()),
-                   *std::max_element(times.begin(), times.end()), batch / med * 1e3, loss.item(),
-                   mem.peak_allocated_bytes / 1048576.0)
+                   "{{\"workload\": \"{}\", \"mode\": \"{}\", \"gpus\": {}, \"precision\": \"{}\", \"batch\": {}, "
+                   "\"step_ms_median\": {:.4f}, \"step_ms_min\": {:.4f}, \"step_ms_max\": {:.4f}, "
+                   "\"samples_per_s\": {:.1f}, \"loss\": {}, \"peak_mem_mb\": {:.1f}, \"cuda_graph\": {}, "
+                   "\"impl\": \"mptrain\"}}",
+                   o.workload, mode, gpus, o.precision, batch, med, lo, hi, batch / med * 1e3, loss, peak_mb,
+                   graphed ? "true" : "false")
             << std::endl;
+}
+
+int run_single(const Options& o) {
+  const Device device(DeviceType::cuda, o.device);
+  DeviceGuard on_device(device);
+  Workload w = make(o.workload, device, o.batch);
+  Trainer t(o, device, w.model->parameters());
+  Tensor loss;
+  // --memory-trace: memory held after each phase and the peak within it.
+  auto trace = [&](const char* phase) {
+    if (!o.memory_trace) return;
+    const MemoryStats m = memory_stats(device);
+    std::cerr << fmt::format("{}: allocated {:.1f} MiB, peak in the phase {:.1f} MiB\n", phase,
+                             mib(m.allocated_bytes), mib(m.peak_allocated_bytes));
+    reset_peak_memory_stats(device);
+  };
+  auto forward_backward = [&] {
+    trace("before forward");
+    {
+      amp::AutocastGuard guard(DeviceType::cuda, t.amp_dtype, t.autocast);
+      loss = loss_of(w.sequence, w.model->forward(w.x), w.y);
+    }
+    trace("forward");
+    backward(t.scaler.scale(loss));
+    trace("backward");
+  };
+
+  reset_peak_memory_stats(device);
+  std::vector<double> times;
+  bool graphed = false;
+  if (o.graph) {
+    // The whole step (zero_grad, forward, backward, unscale, AdamW, scale
+    // update) as one CUDA graph, replayed; shapes never change here. AdamW
+    // keeps its step counts on the device for that.
+    t.optimizer.set_capturable(true);
+    CapturedStep captured(device, [&](const std::vector<Tensor>&) {
+      t.optimizer.zero_grad();
+      forward_backward();
+      t.scaler.step(t.optimizer);
+      t.scaler.update();
+    });
+    Event start(device, true), end(device, true);
+    for (int i = 0; i < o.warmup + o.steps; ++i) {
+      start.record();
+      captured.run();
+      end.record();
+      end.synchronize();
+      if (i >= o.warmup) times.push_back(start.elapsed_ms(end));
+    }
+    graphed = captured.replays() > 0;
+    if (!graphed) std::cerr << "mpt-bench: the step could not be captured: " << captured.fallback_reason() << "\n";
+  } else {
+    times = t.time_steps(forward_backward);
+  }
+  const MemoryStats mem = memory_stats(device);
+  if (o.memory_trace)
+    std::cerr << fmt::format("end: allocated {:.1f} MiB, peak allocated {:.1f} MiB, reserved {:.1f} MiB\n",
+                             mib(mem.allocated_bytes), mib(mem.peak_allocated_bytes), mib(mem.reserved_bytes));
+  print_result(o, "single", 1, w.x.shape()[0], median(times), times, loss.item(), mib(mem.peak_allocated_bytes),
+               graphed);
   return 0;
+}
+
+int run_dp(const Options& o) {
+  const int n = cuda_device_count();
+  std::vector<Device> devices;
+  for (int i = 0; i < n; ++i) devices.emplace_back(DeviceType::cuda, i);
+  // As torch_bench.py feeds nn.DataParallel: the whole batch on cuda:0.
+  Workload w = make(o.workload, devices[0], o.batch, n);
+  dist::DataParallel dp(w.model, [&] { return make(o.workload, devices[0], 1).model; }, devices);
+  Trainer t(o, devices[0], w.model->parameters());
+  const bool sequence = w.sequence;
+  const auto loss_fn = [sequence](const Tensor& out, const Tensor& y) { return loss_of(sequence, out, y); };
+  for (const Device& d : devices) reset_peak_memory_stats(d);
+  double loss = 0;
+  const std::vector<double> times = t.time_steps([&] {
+    amp::AutocastGuard guard(DeviceType::cuda, t.amp_dtype, t.autocast);
+    loss = dp.forward_backward(w.x, w.y, loss_fn, &t.scaler);
+  });
+  print_result(o, "dp", n, w.x.shape()[0], median(times), times, loss, mib(memory_stats(devices[0]).peak_allocated_bytes),
+               false);
+  return 0;
+}
+
+int run_ddp(const Options& o) {
+  dist::Distributed world = dist::init_process_group("env://");
+  const Device device(DeviceType::cuda, world.config.local_rank);
+  DeviceGuard on_device(device);
+  Workload w = make(o.workload, device, o.batch);
+  dist::DistributedDataParallel ddp(w.model, world.group);
+  Trainer t(o, device, w.model->parameters());
+  // Every rank skips or takes the same step.
+  t.scaler.set_found_inf_reducer([&ddp](Tensor& found_inf) { ddp.allreduce_found_inf(found_inf); });
+  reset_peak_memory_stats(device);
+  Tensor loss;
+  const std::vector<double> times = t.time_steps([&] {
+    {
+      amp::AutocastGuard guard(DeviceType::cuda, t.amp_dtype, t.autocast);
+      loss = loss_of(w.sequence, ddp.forward(w.x), w.y);
+    }
+    backward(t.scaler.scale(loss));
+  });
+  // The job is as slow as its slowest rank.
+  Tensor slowest = full({1}, median(times), DType::f64, kCPU);
+  world.group->allreduce(slowest, dist::ReduceOp::max)->wait();
+  if (world.config.rank == 0)
+    print_result(o, "ddp", world.config.world_size, w.x.shape()[0] * world.config.world_size, slowest.item(), times,
+                 loss.item(), mib(memory_stats(device).peak_allocated_bytes), false);
+  return 0;
+}
+
+// Without mpt-run's variables, --mode ddp starts this program again through
+// mpt-run, one process per GPU (mpt-run prefixes their lines with the rank).
+int relaunch_through_mpt_run(int argc, char** argv) {
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe");
+  std::filesystem::path runner;
+  for (const auto& candidate : {self.parent_path() / "mpt-run", self.parent_path().parent_path() / "mpt-run" / "mpt-run"})
+    if (std::filesystem::exists(candidate)) runner = candidate;
+  check<NotAvailableError>(!runner.empty(), "mpt-bench: --mode ddp needs mpt-run next to mpt-bench ({})",
+                           self.parent_path().string());
+  const std::string nproc = std::to_string(cuda_device_count());
+  std::vector<std::string> args = {runner.string(), "--nproc_per_node", nproc, self.string()};
+  for (int i = 1; i < argc; ++i) args.emplace_back(argv[i]);
+  std::vector<char*> c_args;
+  for (auto& a : args) c_args.push_back(a.data());
+  c_args.push_back(nullptr);
+  std::cout.flush();
+  execv(c_args[0], c_args.data());
+  throw Error(fmt::format("mpt-bench: could not start {}: {}", runner.string(), std::strerror(errno)));
 }
 
 }  // namespace
@@ -149,19 +319,26 @@ int main(int argc, char** argv) {
   CLI::App app{"mpt-bench: the reference workloads, timed as shared/reference/torch_bench.py times them"};
   app.add_option("--workload", o.workload, "mlp_small, mlp_large, cnn or gpt_mini")
       ->check(CLI::IsMember({"mlp_small", "mlp_large", "cnn", "gpt_mini"}));
-  app.add_option("--mode", o.mode, "single (one GPU)")->check(CLI::IsMember({"single"}));
+  app.add_option("--mode", o.mode, "single (one GPU), dp (DataParallel over every GPU), ddp (a process per GPU)")
+      ->check(CLI::IsMember({"single", "dp", "ddp"}));
   app.add_option("--precision", o.precision, "fp16 (autocast + loss scaler), bf16 (autocast) or fp32")
       ->check(CLI::IsMember({"fp16", "bf16", "fp32"}));
   app.add_option("--warmup", o.warmup, "untimed steps first")->check(CLI::NonNegativeNumber);
   app.add_option("--steps", o.steps, "timed steps (the median is reported)")->check(CLI::PositiveNumber);
   app.add_option("--batch", o.batch, "per-GPU batch (default: the workload's)")->check(CLI::NonNegativeNumber);
-  app.add_option("--device", o.device, "CUDA device index")->check(CLI::NonNegativeNumber);
+  app.add_option("--device", o.device, "CUDA device index (single mode)")->check(CLI::NonNegativeNumber);
+  app.add_flag("!--no-graph", o.graph, "single mode: run the step eagerly instead of replaying it as a CUDA graph");
+  app.add_flag("--memory-trace", o.memory_trace, "single mode: print allocated memory after forward and backward");
   CLI11_PARSE(app, argc, argv);
   try {
     if (cuda_device_count() == 0) {
       std::cerr << "mpt-bench: skipped: no CUDA device\n";
       return 2;
     }
+    // As the reference does: f32 matmuls and convolutions may use TF32.
+    cuda::set_allow_tf32(true);
+    if (o.mode == "dp") return run_dp(o);
+    if (o.mode == "ddp") return std::getenv("WORLD_SIZE") ? run_ddp(o) : relaunch_through_mpt_run(argc, argv);
     return run_single(o);
   } catch (const Error& e) {
     std::cerr << "mpt-bench: " << e.what() << "\n";
