@@ -5,6 +5,7 @@
 
 #include <optional>
 #include <queue>
+#include <utility>
 #include <unordered_map>
 
 #include "autograd/grad_mode.h"
@@ -34,6 +35,12 @@ void accumulate(Tensor& slot, const Tensor& g) {
 }
 
 }  // namespace
+
+namespace {
+thread_local BackwardObserver t_observer;
+}  // namespace
+
+void set_backward_observer(BackwardObserver observer) { t_observer = std::move(observer); }
 
 void backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
   backward(std::vector<Tensor>{root}, std::vector<Tensor>{grad}, retain_graph);
@@ -110,7 +117,9 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
     } else if (previous) {
       enter(current_stream(previous->device()));
     }
-    std::vector<Tensor> in_grads = node->apply(std::move(st.grads));
+    // The incoming gradients are taken out of the node's state (and freed
+    // when the rule is done with them), not left there until the pass ends.
+    std::vector<Tensor> in_grads = node->apply(std::exchange(st.grads, {}));
     if (!retain_graph) node->release();
     auto& edges = node->next_edges();
     check(in_grads.size() == edges.size() || edges.empty(),
@@ -121,6 +130,10 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
       NodeState& next = state[e.node.get()];
       accumulate(next.grads[e.input_nr], in_grads[i]);
       if (--next.pending == 0) ready.push(e.node.get());
+    }
+    if (t_observer) {
+      in_grads.clear();
+      t_observer(node->name());
     }
   }
   if (previous) enter(current_stream(previous->device()));

@@ -6,6 +6,8 @@
 
 #include "autograd/function.h"
 #include "autograd/ops.h"
+#include "autograd/engine.h"
+#include "tensor/memory.h"
 #include "tensor/stream.h"
 #include "tests/test_util.h"
 
@@ -229,6 +231,41 @@ TEST(CudaAutograd, EmbeddingMatchesTheCpuWithRepeatedIndices) {
     // Atomics add in another order: equal up to rounding.
     EXPECT_LE(rel_error(host_f64(wg.grad()), host_f64(wc.grad())), dt == DType::f32 ? 1e-5 : 2e-2);
   }
+}
+
+// Backward frees as it goes: each node's incoming gradients and saved
+// tensors are released once its rule has run, so the memory held during
+// backward stays near what forward left, instead of growing by every
+// layer's gradients.
+TEST(CudaAutograd, BackwardFreesGradientsAndSavedTensorsAsItGoes) {
+  MPT_SKIP_WITHOUT_CUDA();
+  const Device gpu("cuda:0");
+  constexpr int kLayers = 8;
+  constexpr int64_t kRows = 4096, kWidth = 1024;  // one activation: 16 MiB in f32
+  Generator gen(11);
+  std::vector<Tensor> weights;
+  for (int i = 0; i < kLayers; ++i)
+    weights.push_back(prim::to(mul(randn({kWidth, kWidth}, DType::f32, kCPU, &gen), 0.03), gpu).set_requires_grad(true));
+  Tensor h = randn({kRows, kWidth}, DType::f32, gpu, &gen);
+  for (const Tensor& w : weights) h = relu(linear(h, w, Tensor()));
+  const Tensor loss = sum(h);
+  h = Tensor();
+  const double activation = kRows * kWidth * 4.0, weight = kWidth * kWidth * 4.0;
+  const MemoryStats after_forward = memory_stats(gpu);
+  reset_peak_memory_stats(gpu);
+  std::vector<double> held;
+  set_backward_observer([&](const std::string&) { held.push_back(static_cast<double>(memory_stats(gpu).allocated_bytes)); });
+  backward(loss);
+  set_backward_observer(nullptr);
+  const double growth = static_cast<double>(memory_stats(gpu).peak_allocated_bytes) -
+                        static_cast<double>(after_forward.allocated_bytes);
+  // A few activation-sized gradients in flight and the weight gradients
+  // made so far; piling up every layer's gradients would add about
+  // kLayers * 2 activations.
+  EXPECT_LT(growth, 4 * activation + kLayers * 2 * weight) << "grew by " << growth / 1048576 << " MiB";
+  // And memory falls as layers finish: at the end less is held than after forward.
+  ASSERT_FALSE(held.empty());
+  EXPECT_LT(held.back(), static_cast<double>(after_forward.allocated_bytes) - kLayers / 2 * activation);
 }
 
 }  // namespace

@@ -47,12 +47,44 @@ __global__ void __launch_bounds__(kThreads) adamw_kernel(TensorList<AdamWTensor>
   }
   const int64_t begin = static_cast<int64_t>(list.block_chunk[blockIdx.x]) * kChunk;
   const int64_t end = min(begin + kChunk, t.numel);
-  for (int64_t i = begin + threadIdx.x; i < end; i += kThreads) {
-    const float g = load<T>(t.grad, i);
-    const float m = s.beta1 * load<T>(t.exp_avg, i) + (1.0f - s.beta1) * g;
-    const float v = s.beta2 * load<T>(t.exp_avg_sq, i) + (1.0f - s.beta2) * g * g;
+  auto update = [&](float p, float g, float& m, float& v) {
+    m = s.beta1 * m + (1.0f - s.beta1) * g;
+    v = s.beta2 * v + (1.0f - s.beta2) * g * g;
     const float denom = sqrtf(v) * inv_bc2_sqrt + s.eps;
-    const float p = load<T>(t.param, i) * s.decay - step_size * m / denom;
+    return p * s.decay - step_size * m / denom;
+  };
+  // 16-byte packs of all four operands when they allow it (they start
+  // aligned from the caching allocator, and chunks are whole packs): four
+  // streams of wide loads keep more bytes in flight than element loads.
+  constexpr int V = 16 / sizeof(T);
+  using P = cuda::Pack<T, V>;
+  int64_t i = begin;
+  const uintptr_t addresses = reinterpret_cast<uintptr_t>(t.param) | reinterpret_cast<uintptr_t>(t.grad) |
+                              reinterpret_cast<uintptr_t>(t.exp_avg) | reinterpret_cast<uintptr_t>(t.exp_avg_sq);
+  if (addresses % 16 == 0) {
+    const int64_t packs_end = begin + (end - begin) / V * V;
+    for (int64_t j = begin + static_cast<int64_t>(threadIdx.x) * V; j < packs_end; j += static_cast<int64_t>(kThreads) * V) {
+      P p = *reinterpret_cast<const P*>(static_cast<const T*>(t.param) + j);
+      const P g = *reinterpret_cast<const P*>(static_cast<const T*>(t.grad) + j);
+      P m = *reinterpret_cast<const P*>(static_cast<const T*>(t.exp_avg) + j);
+      P v = *reinterpret_cast<const P*>(static_cast<const T*>(t.exp_avg_sq) + j);
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        float mf = cuda::Element<T>::load(m.v[e]), vf = cuda::Element<T>::load(v.v[e]);
+        const float pf = update(cuda::Element<T>::load(p.v[e]), cuda::Element<T>::load(g.v[e]), mf, vf);
+        p.v[e] = cuda::Element<T>::store(pf);
+        m.v[e] = cuda::Element<T>::store(mf);
+        v.v[e] = cuda::Element<T>::store(vf);
+      }
+      *reinterpret_cast<P*>(static_cast<T*>(t.param) + j) = p;
+      *reinterpret_cast<P*>(static_cast<T*>(t.exp_avg) + j) = m;
+      *reinterpret_cast<P*>(static_cast<T*>(t.exp_avg_sq) + j) = v;
+    }
+    i = packs_end;
+  }
+  for (i += threadIdx.x; i < end; i += kThreads) {
+    float m = load<T>(t.exp_avg, i), v = load<T>(t.exp_avg_sq, i);
+    const float p = update(load<T>(t.param, i), load<T>(t.grad, i), m, v);
     store<T>(t.exp_avg, i, m);
     store<T>(t.exp_avg_sq, i, v);
     store<T>(t.param, i, p);

@@ -163,6 +163,62 @@ __global__ void reduce_cols_kernel(ReduceOp op, const T* in, void* out, Acc<type
   }
 }
 
+// Sums (and means) over k of wide columns (inner a multiple of a 16-byte
+// pack): a warp reads 32 consecutive packs of one k-row (512 contiguous
+// bytes), each thread keeping V column sums in f32; the block's Y rows of
+// threads take turns along k and add up in shared memory. The bias
+// gradients of linear layers are this case, and the general kernel above
+// moves only 2 bytes per thread and load there. Partial sums per k-split go
+// to partial[outer, splits, inner] as plain floats.
+template <typename T>
+__global__ void sum_cols_packed_kernel(bool mean, const T* in, T* out, float* partial, int64_t outer, int64_t k,
+                                       int64_t inner, Split split) {
+  constexpr int V = 16 / sizeof(T);
+  using P = Pack<T, V>;
+  __shared__ float tile[kThreads / 32][32 * V];
+  const int64_t col_tiles = (inner + 32 * V - 1) / (32 * V);
+  const int64_t o = blockIdx.x / col_tiles;
+  const int64_t col = (blockIdx.x % col_tiles) * 32 * V + static_cast<int64_t>(threadIdx.x) * V;
+  const int64_t k0 = blockIdx.y * split.chunk, k1 = min(k, k0 + split.chunk);
+  float acc[V] = {};
+  if (col < inner) {
+    const T* p = in + o * k * inner + col;
+#pragma unroll 4
+    for (int64_t j = k0 + threadIdx.y; j < k1; j += blockDim.y) {
+      const P x = *reinterpret_cast<const P*>(p + j * inner);
+#pragma unroll
+      for (int e = 0; e < V; ++e) acc[e] += Element<T>::load(x.v[e]);
+    }
+  }
+#pragma unroll
+  for (int e = 0; e < V; ++e) tile[threadIdx.y][threadIdx.x * V + e] = acc[e];
+  __syncthreads();
+  // The first row of threads adds the others' sums, one column each.
+  if (threadIdx.y == 0 && col < inner) {
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      float v = tile[0][threadIdx.x * V + e];
+      for (int r = 1; r < static_cast<int>(blockDim.y); ++r) v += tile[r][threadIdx.x * V + e];
+      if (split.splits == 1) {
+        out[o * inner + col + e] = Element<T>::store(mean ? v * (1.0f / static_cast<float>(k)) : v);
+      } else {
+        partial[(o * split.splits + blockIdx.y) * inner + col + e] = v;
+      }
+    }
+  }
+}
+
+template <typename T>
+__global__ void sum_cols_finalize_kernel(bool mean, const float* partial, T* out, int64_t outer, int64_t inner,
+                                         int splits, int64_t k) {
+  for (int64_t idx = global_thread(); idx < outer * inner; idx += grid_threads()) {
+    const int64_t o = idx / inner, i = idx % inner;
+    float v = 0.0f;
+    for (int s = 0; s < splits; ++s) v += partial[(o * splits + s) * inner + i];
+    out[idx] = Element<T>::store(mean ? v * (1.0f / static_cast<float>(k)) : v);
+  }
+}
+
 // partial [outer, splits, inner] -> out [outer, inner]. With splits == 0
 // (k == 0) it writes the identity: sum 0, mean NaN, max -inf.
 template <typename T>
@@ -205,12 +261,43 @@ class Workspace {
   void* ptr_;
 };
 
+// Sums and means of 16-byte aligned columns in f32 or 16-bit floats (f64
+// keeps the general kernel and its f64 accumulator).
+template <typename T>
+bool sum_cols_packed(const Launch& l, ReduceOp op, const T* in, void* out, int64_t outer, int64_t k, int64_t inner) {
+  constexpr int V = 16 / sizeof(T);
+  if ((op != ReduceOp::sum && op != ReduceOp::mean) || sizeof(T) > 4 || k == 0 || inner % V != 0 ||
+      !aligned_to(16, {in}))
+    return false;
+  const bool mean = op == ReduceOp::mean;
+  const dim3 block(32, kThreads / 32);
+  const int64_t blocks = outer * ((inner + 32 * V - 1) / (32 * V));
+  const Split split = choose_split(l, blocks, k, 4 * block.y, 1);
+  const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(split.splits));
+  if (blocks > INT32_MAX) return false;
+  T* result = static_cast<T*>(out);
+  if (split.splits == 1) {
+    sum_cols_packed_kernel<T><<<grid, block, 0, l.stream>>>(mean, in, result, nullptr, outer, k, inner, split);
+    MPT_CUDA_CHECK_LAUNCH("sum_cols_packed_kernel");
+    return true;
+  }
+  Workspace ws(l, static_cast<size_t>(outer * split.splits * inner) * sizeof(float));
+  auto* partial = static_cast<float*>(ws.get());
+  sum_cols_packed_kernel<T><<<grid, block, 0, l.stream>>>(mean, in, result, partial, outer, k, inner, split);
+  MPT_CUDA_CHECK_LAUNCH("sum_cols_packed_kernel");
+  sum_cols_finalize_kernel<T><<<grid_for(l, outer * inner), kThreads, 0, l.stream>>>(mean, partial, result, outer,
+                                                                                     inner, split.splits, k);
+  MPT_CUDA_CHECK_LAUNCH("sum_cols_finalize_kernel");
+  return true;
+}
+
 template <typename T>
 void reduce_typed(const Launch& l, ReduceOp op, const void* in_ptr, void* out, int64_t outer, int64_t k,
                   int64_t inner) {
   using A = typename Element<T>::Compute;
   const T* in = static_cast<const T*>(in_ptr);
   if (outer * inner == 0) return;
+  if (inner > 1 && sum_cols_packed<T>(l, op, in, out, outer, k, inner)) return;
   if (k == 0) {
     reduce_finalize_kernel<T><<<grid_for(l, outer * inner), kThreads, 0, l.stream>>>(op, nullptr, out, outer, inner, 0, k);
     MPT_CUDA_CHECK_LAUNCH("reduce_finalize_kernel");

@@ -204,7 +204,14 @@ int run_single(const Options& o) {
       loss = loss_of(w.sequence, w.model->forward(w.x), w.y);
     }
     trace("forward");
+    if (o.memory_trace) {
+      // Memory after each backward node, once.
+      set_backward_observer([&](const std::string& name) {
+        std::cerr << fmt::format("  after {}: {:.1f} MiB\n", name, mib(memory_stats(device).allocated_bytes));
+      });
+    }
     backward(t.scaler.scale(loss));
+    set_backward_observer(nullptr);
     trace("backward");
   };
 
