@@ -6,6 +6,8 @@
 #include <fmt/format.h>
 
 #include "tensor/cuda/gemm.h"
+#include "tensor/cuda_info.h"
+#include "tensor/nvtx.h"
 #include "tensor/device.h"
 #include "tensor/device_memory.h"
 #include "tensor/error.h"
@@ -83,6 +85,19 @@ void memcpy_between(void* dst, const Device& dst_device, const void* src, const 
 namespace cuda {
 void set_allow_tf32(bool) {}
 bool allow_tf32() { return false; }
+
+// ---- tensor/cuda_info.h: a build without CUDA has no versions and no devices -------
+
+Versions versions() { return {}; }
+std::vector<DeviceProperties> device_properties() { return {}; }
+DeviceProperties device_properties(int index) { no_cuda(index); }
+std::string pci_bus_id(int index) { no_cuda(index); }
+bool can_access_peer(int a, int) { no_cuda(a); }
 }  // namespace cuda
+
+// ---- tensor/nvtx.h: no profiler ranges without CUDA --------------------------------
+
+void nvtx_push(const char*) {}
+void nvtx_pop() {}
 
 }  // namespace mpt
