@@ -7,7 +7,9 @@
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
 #include "tensor/device_guard.h"
+#include "tensor/nvtx.h"
 #include "tensor/ops.h"
+#include "tensor/step_timer.h"
 
 namespace mpt::dist {
 
@@ -85,7 +87,15 @@ double DataParallel::forward_backward(const Tensor& input, const Tensor& target,
   const int64_t batch = input.size(0);
   check<ShapeError>(batch >= static_cast<int64_t>(n),
                     "DataParallel::forward_backward: batch of {} rows cannot feed {} devices", batch, n);
-  broadcast_parameters();
+  // Phases, when a step timer runs: the parameter broadcast and the
+  // gradient sum are communication; device 0's thread marks its forward
+  // and backward; waiting for slower devices counts as communication.
+  StepTimer* timer = StepTimer::active();
+  {
+    NvtxRange range("dp: broadcast parameters");
+    broadcast_parameters();
+  }
+  if (timer) timer->lap(StepPhase::comm);
   for (size_t i = 1; i < n; ++i)
     for (auto& p : params_[i]) p.set_grad(Tensor());  // replicas hold only this step's gradients
 
@@ -117,12 +127,14 @@ double DataParallel::forward_backward(const Tensor& input, const Tensor& target,
                           describe(l));
         // d(batch mean)/d(device mean) = rows / batch.
         const double weight = static_cast<double>(rows) / static_cast<double>(batch);
+        if (timer && i == 0) timer->lap(StepPhase::forward);
         losses[i] = l.item() * weight;
         if (grad_enabled()) {
           Tensor seed = full(l.shape(), weight, l.dtype(), devices_[i]);
           if (scale.defined()) seed = prim::mul(seed, prim::reshape(prim::to(prim::to(scale, devices_[i]), l.dtype()), {}));
           backward(l, seed);
         }
+        if (timer && i == 0) timer->lap(StepPhase::backward);
       } catch (...) {
         errors[i] = std::current_exception();
       }
@@ -142,8 +154,10 @@ double DataParallel::forward_backward(const Tensor& input, const Tensor& target,
       if (!p[k].grad().defined()) p[k].set_grad(zeros(p[k].shape(), p[k].dtype(), p[k].device()));
       grads.push_back(p[k].grad());
     }
+    NvtxRange range("dp: all-reduce gradient");
     comm_->allreduce_sum(grads);
   }
+  if (timer) timer->lap(StepPhase::comm);
   double total = 0;
   for (double l : losses) total += l;
   return total;
