@@ -276,6 +276,9 @@ void check_rendezvous(Report& report, dist::Millis connect_timeout) {
   }
   s.data["port"] = port;
   s.data["port_checked"] = hosts_store ? "bind here" : "not bound (rank 0 hosts it)";
+  if (!hosts_store)
+    s.note(fmt::format("MASTER_PORT {} not bound here: rank 0 hosts the store there (reachability checked below)",
+                       port));
   if (hosts_store) {
     const std::string busy = port_busy_reason(port);
     s.data["port_free"] = busy.empty();
