@@ -85,9 +85,12 @@ void StepTimer::end_step() {
 void StepTimer::fold(bool wait) {
   while (!finished_.empty()) {
     std::vector<Mark>& marks = finished_.front();
-    const Event& last = *marks.back().event;
-    if (wait) last.synchronize();
-    else if (!last.query()) return;
+    // Every mark, not only the last: under DataParallel two threads mark,
+    // possibly on different streams.
+    for (const auto& m : marks) {
+      if (wait) m.event->synchronize();
+      else if (!m.event->query()) return;
+    }
     for (size_t i = 1; i < marks.size(); ++i)
       sums_[marks[i].phase] += marks[i - 1].event->elapsed_ms(*marks[i].event);
     for (auto& m : marks) spare_.push_back(std::move(m.event));
