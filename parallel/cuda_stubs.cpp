@@ -1,5 +1,6 @@
 // CPU-only builds: the NCCL backend is not there, and says so.
 #include "parallel/local_communicator.h"
+#include "parallel/nccl_info.h"
 #include "parallel/nccl_process_group.h"
 
 namespace mpt::dist {
@@ -22,5 +23,11 @@ std::unique_ptr<LocalCommunicator> new_nccl_local_communicator(const std::vector
       "(cpu:0, cpu:1, ...) or rebuild with the CUDA toolkit",
       devices.size()));
 }
+
+}  // namespace mpt::dist
+
+namespace mpt::dist {
+
+NcclVersions nccl_versions() { return {}; }
 
 }  // namespace mpt::dist

@@ -7,7 +7,9 @@
 #include "autograd/grad_mode.h"
 #include "autograd/ops.h"
 #include "tensor/device_guard.h"
+#include "tensor/nvtx.h"
 #include "tensor/ops.h"
+#include "tensor/step_timer.h"
 
 namespace mpt::dist {
 
@@ -88,7 +90,15 @@ double DataParallel::forward_backward(const Tensor& input, const Tensor& target,
   const int64_t batch = input.size(0);
   check<ShapeError>(batch >= static_cast<int64_t>(n),
                     "DataParallel::forward_backward: batch of {} rows cannot feed {} devices", batch, n);
-  broadcast_parameters();
+  // Phases, when a step timer runs: the parameter broadcast and the
+  // gradient sum are communication; device 0's thread marks its forward
+  // and backward; waiting for slower devices counts as communication.
+  StepTimer* timer = StepTimer::active();
+  {
+    NvtxRange range("dp: broadcast parameters");
+    broadcast_parameters();
+  }
+  if (timer) timer->lap(StepPhase::comm);
   for (size_t i = 1; i < n; ++i)
     for (auto& p : params_[i]) p.set_grad(Tensor());  // replicas hold only this step's gradients
 
@@ -119,6 +129,7 @@ double DataParallel::forward_backward(const Tensor& input, const Tensor& target,
                         describe(l));
       // d(batch mean)/d(device mean) = rows / batch.
       const double weight = static_cast<double>(rows) / static_cast<double>(batch);
+      if (timer && i == 0) timer->lap(StepPhase::forward);
       losses[i] = detach(l);
       weights[i] = weight;
       if (grad_enabled()) {
@@ -126,6 +137,7 @@ double DataParallel::forward_backward(const Tensor& input, const Tensor& target,
         if (scale.defined()) seed = prim::mul(seed, prim::reshape(prim::to(prim::to(scale, devices_[i]), l.dtype()), {}));
         backward(l, seed);
       }
+      if (timer && i == 0) timer->lap(StepPhase::backward);
     }));
   }
   // Every device finishes (the tasks use this frame) before an error is raised.
@@ -151,7 +163,11 @@ double DataParallel::forward_backward(const Tensor& input, const Tensor& target,
       grads.back().push_back(p[k].grad());
     }
   }
-  comm_->allreduce_sum_all(grads);
+  {
+    NvtxRange range("dp: all-reduce gradients");
+    comm_->allreduce_sum_all(grads);
+  }
+  if (timer) timer->lap(StepPhase::comm);
   // Read last, so no device waited for the host before its backward ran.
   double total = 0;
   for (size_t i = 0; i < n; ++i) total += losses[i].item() * weights[i];

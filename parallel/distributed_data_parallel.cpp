@@ -9,7 +9,9 @@
 #include "autograd/grad_mode.h"
 #include "autograd/node.h"
 #include "parallel/distributed_error.h"
+#include "tensor/nvtx.h"
 #include "tensor/ops.h"
+#include "tensor/step_timer.h"
 
 namespace mpt::dist {
 
@@ -219,6 +221,7 @@ void DistributedDataParallel::Reducer::launch(Bucket& bucket) {
     else if (g.dtype() == slot.dtype()) prim::unary_(UnaryOp::affine, slot, g, scale, 0.0);  // one pass
     else prim::copy_(slot, prim::mul_scalar(g, scale));
   }
+  NvtxRange range("ddp: all-reduce bucket");
   bucket.work = group->allreduce(bucket.flat, ReduceOp::sum);
 }
 
@@ -227,7 +230,15 @@ void DistributedDataParallel::Reducer::finalize() {
   started = false;
   expecting = false;
   if (!rebuilt) order_complete = ready_order.size() == params.size();
-  for (auto& b : buckets) b.work->wait();
+  // The backward's own work ends here; what the step waits for from now on
+  // is communication that backward did not hide.
+  StepTimer* timer = StepTimer::active();
+  if (timer) timer->lap(StepPhase::backward);
+  {
+    NvtxRange range("ddp: wait for all-reduces");
+    for (auto& b : buckets) b.work->wait();
+  }
+  if (timer) timer->lap(StepPhase::comm);
 
   // With unused parameters allowed, a gradient that no rank produced stays
   // undefined (so the optimizer skips it), as if the parameter were frozen.

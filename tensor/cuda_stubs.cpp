@@ -8,10 +8,12 @@
 #include "tensor/cuda/gemm.h"
 #include "tensor/cuda/graph.h"
 #include "tensor/cuda/index_check.h"
+#include "tensor/cuda_info.h"
 #include "tensor/device.h"
 #include "tensor/device_memory.h"
 #include "tensor/error.h"
 #include "tensor/memory.h"
+#include "tensor/nvtx.h"
 #include "tensor/stream.h"
 
 namespace mpt {
@@ -96,6 +98,19 @@ void Graph::replay() { no_cuda(0); }
 void enqueue_index_check(const char*, const Tensor& indices, int64_t, std::optional<int64_t>) {
   no_cuda(indices.device().index);
 }
+
+// ---- tensor/cuda_info.h: a build without CUDA has no versions and no devices -------
+
+Versions versions() { return {}; }
+std::vector<DeviceProperties> device_properties() { return {}; }
+DeviceProperties device_properties(int index) { no_cuda(index); }
+std::string pci_bus_id(int index) { no_cuda(index); }
+bool can_access_peer(int a, int) { no_cuda(a); }
 }  // namespace cuda
+
+// ---- tensor/nvtx.h: no profiler ranges without CUDA --------------------------------
+
+void nvtx_push(const char*) {}
+void nvtx_pop() {}
 
 }  // namespace mpt

@@ -17,6 +17,7 @@
 #include "tensor/memory.h"
 #include "tensor/ops.h"
 #include "tensor/pinned.h"
+#include "tensor/step_timer.h"
 #include "tensor/stream.h"
 #include "tests/test_util.h"
 
@@ -703,6 +704,28 @@ TEST_F(CudaTensor, HandlesMoreThan2To31Elements) {
     GTEST_SKIP() << "skipped: needs about 10 GB of GPU memory";
   }
   empty_cache();
+}
+
+// The step timer on a GPU: phases are timing events on the stream, read
+// when the breakdown is taken; a phase with no GPU work in it is near zero.
+TEST(CudaStepTimer, TimesPhasesWithEventsOnTheStream) {
+  MPT_SKIP_WITHOUT_CUDA();
+  const Device d("cuda:0");
+  StepTimer timer(d);
+  const Tensor a = randn({2048, 2048}, DType::f32, d);
+  for (int step = 0; step < 3; ++step) {
+    timer.begin_step();
+    Tensor product = prim::matmul(a, a);
+    for (int k = 0; k < 4; ++k) product = prim::matmul(product, a);
+    timer.lap(StepPhase::forward);
+    timer.lap(StepPhase::backward);  // nothing queued in between
+    timer.end_step();
+  }
+  const StepBreakdown b = timer.take();
+  EXPECT_EQ(b.steps, 3);
+  EXPECT_GT(b[StepPhase::forward], 0.0);
+  EXPECT_LT(b[StepPhase::backward], b[StepPhase::forward]);
+  EXPECT_EQ(timer.take().steps, 0);
 }
 
 }  // namespace

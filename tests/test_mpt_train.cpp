@@ -12,6 +12,7 @@
 
 #include "models/checkpoint.h"
 #include "models/fashion_mnist.h"
+#include "parallel/free_port.h"
 #include "tests/test_util.h"
 
 #ifndef MPT_TRAIN_PATH
@@ -21,6 +22,9 @@
 namespace {
 // Beside the test binary first: the build folder may have been copied.
 std::string mpt_train() { return mpt::testing::build_file("../tools/mpt-train/mpt-train", MPT_TRAIN_PATH); }
+#ifdef MPT_RUN_PATH
+std::string mpt_run() { return mpt::testing::build_file("../tools/mpt-run/mpt-run", MPT_RUN_PATH); }
+#endif
 }  // namespace
 
 
@@ -225,6 +229,104 @@ TEST_F(MptTrain, GptTrainsOnText) {
     if (l["event"] == "step") (first == 0 ? first : last) = l["loss"].get<double>();
   EXPECT_LT(last, first) << "loss " << first << " -> " << last;
 }
+
+// The step-time breakdown: every logging step and every epoch summary
+// carries mean milliseconds per phase, which add up to about the step's
+// wall-clock time; a single process has nothing to communicate.
+constexpr const char* kPhases[] = {"data_wait_ms", "forward_ms", "backward_ms", "comm_ms", "optimizer_ms", "other_ms"};
+
+void expect_breakdown(const nlohmann::json& l, bool communicates) {
+  SCOPED_TRACE(l.dump());
+  double sum = 0;
+  for (const char* key : kPhases) {
+    ASSERT_TRUE(l.contains(key)) << key;
+    EXPECT_GE(l[key].get<double>(), 0.0) << key;
+    sum += l[key].get<double>();
+  }
+  for (const char* key : {"forward_ms", "backward_ms", "optimizer_ms"}) EXPECT_GT(l[key].get<double>(), 0.0) << key;
+  if (communicates) EXPECT_GT(l["comm_ms"].get<double>(), 0.0);
+  else EXPECT_EQ(l["comm_ms"].get<double>(), 0.0);
+  const double step = l["step_ms"].get<double>();
+  EXPECT_GT(step, 0.0);
+  // The phases cover the step from its data wait to the optimizer; only the
+  // logging between steps (and the first step's set-up) lies outside.
+  EXPECT_LE(sum, step * 1.05);
+  EXPECT_GE(sum, step * 0.6);
+}
+
+TEST_F(MptTrain, MetricsBreakEachStepIntoPhases) {
+  const std::string metrics = file("m.jsonl");
+  ASSERT_EQ(run(fmt::format("--steps 30 --log-every 10 --batch-size 64 --eval-batches 1 --metrics '{}'", metrics)), 0)
+      << stderr_;
+  int step_lines = 0, epoch_lines = 0;
+  for (const auto& l : json_lines(metrics)) {
+    if (l["event"] == "step") {
+      ++step_lines;
+      expect_breakdown(l, false);
+    }
+    if (l["event"] == "epoch") {
+      ++epoch_lines;
+      expect_breakdown(l, false);
+    }
+    if (l["event"] == "rank") {
+      EXPECT_EQ(l["rank"], 0);
+      EXPECT_EQ(l["world_size"], 1);
+      EXPECT_EQ(l["device"], "cpu");
+    }
+  }
+  EXPECT_EQ(step_lines, 3);
+  EXPECT_EQ(epoch_lines, 1);
+  testing::expect_contains(stdout_, {"rank 0 of 1: host ", fmt::format("pid "), "device cpu",
+                                     "rank 0 of 1: first input batch f32[64, 1, 28, 28] on cpu", "ms/step",
+                                     "data_wait_ms"});
+  EXPECT_EQ(stdout_.find("first input batch", stdout_.find("first input batch") + 1), std::string::npos)
+      << "printed once";
+}
+
+// DataParallel over two virtual CPU devices: the parameter broadcast and
+// the gradient sum show up as communication.
+TEST_F(MptTrain, DataParallelStepsShowTheirCommunication) {
+  const std::string metrics = file("m.jsonl");
+  ASSERT_EQ(run(fmt::format("--parallel dp --precision fp32 --steps 6 --log-every 3 --batch-size 32 --eval-batches 1 "
+                            "--metrics '{}'",
+                            metrics)),
+            0)
+      << stderr_;
+  int step_lines = 0;
+  for (const auto& l : json_lines(metrics))
+    if (l["event"] == "step") {
+      ++step_lines;
+      expect_breakdown(l, true);
+    }
+  EXPECT_EQ(step_lines, 2);
+  testing::expect_contains(stdout_, {"device cpu, cpu:1 (DataParallel)", "split over the replicas"});
+}
+
+#ifdef MPT_RUN_PATH
+// Two ranks through mpt-run on Gloo: each rank introduces itself, and rank
+// 0's metrics carry every rank's working time per step (the imbalance check's input).
+TEST_F(MptTrain, DdpRanksIntroduceThemselvesAndShareTheirStepTimes) {
+  const std::string metrics = file("m.jsonl");
+  const std::string cmd = fmt::format(
+      "'{}' --nproc_per_node 2 --master_port {} --kill_timeout 2 '{}' --device cpu --progress lines --precision fp32 "
+      "--steps 6 --log-every 3 --batch-size 32 --eval-batches 1 --metrics '{}' >'{}' 2>&1",
+      mpt_run(), testing::free_port(), mpt_train(), metrics, file("out"));
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << slurp(file("out"));
+  const std::string out = slurp(file("out"));
+  testing::expect_contains(out, {"[rank 0] rank 0 of 2: host ", "[rank 1] rank 1 of 2: host ",
+                                 "[rank 0] rank 0 of 2: first input batch f32[32, 1, 28, 28] on cpu",
+                                 "[rank 1] rank 1 of 2: first input batch f32[32, 1, 28, 28] on cpu"});
+  int step_lines = 0;
+  for (const auto& l : json_lines(metrics))
+    if (l["event"] == "step") {
+      ++step_lines;
+      expect_breakdown(l, true);
+      ASSERT_EQ(l["rank_work_ms"].size(), 2u) << l.dump();
+      for (const auto& ms : l["rank_work_ms"]) EXPECT_GT(ms.get<double>(), 0.0);
+    }
+  EXPECT_EQ(step_lines, 2);
+}
+#endif
 
 }  // namespace
 }  // namespace mpt

@@ -3,6 +3,7 @@
 #include <thread>
 
 #include "parallel/distributed_error.h"
+#include "parallel/nccl_info.h"
 #include "tensor/cuda/check.h"
 
 namespace mpt::dist::nccl {
@@ -29,13 +30,6 @@ ncclRedOp_t red_op(ReduceOp op) {
   return ncclSum;
 }
 
-namespace {
-
-// NCCL_VERSION_CODE is major * 10000 + minor * 100 + patch.
-std::string version_text(int code) { return fmt::format("{}.{}.{}", code / 10000, code / 100 % 100, code % 100); }
-
-}  // namespace
-
 void check_version() {
   int loaded = 0;
   MPT_NCCL_CHECK(ncclGetVersion(&loaded));
@@ -44,7 +38,7 @@ void check_version() {
   check<DistributedError>(loaded / 100 == NCCL_VERSION_CODE / 100,
                           "NCCL: mptrain was compiled against nccl.h {} but the loaded libnccl is {}; make "
                           "LD_LIBRARY_PATH point at a matching libnccl.so, or rebuild against this one",
-                          version_text(NCCL_VERSION_CODE), version_text(loaded));
+                          nccl_version_text(NCCL_VERSION_CODE), nccl_version_text(loaded));
 }
 
 void wait_for(const std::vector<ncclComm_t>& comms, Millis timeout, const std::string& what) {
@@ -77,3 +71,18 @@ void wait_for(const std::vector<ncclComm_t>& comms, Millis timeout, const std::s
 }
 
 }  // namespace mpt::dist::nccl
+
+namespace mpt::dist {
+
+NcclVersions nccl_versions() {
+  NcclVersions v;
+  v.built = true;
+  v.compiled = NCCL_VERSION_CODE;
+  if (const ncclResult_t s = ncclGetVersion(&v.loaded); s != ncclSuccess) {
+    v.loaded = 0;
+    v.load_error = ncclGetErrorString(s);
+  }
+  return v;
+}
+
+}  // namespace mpt::dist

@@ -30,13 +30,25 @@ void Progress::start_epoch(int64_t epoch, int64_t epochs, int64_t steps_in_epoch
   steps_in_epoch_ = steps_in_epoch;
 }
 
-void Progress::step(int64_t global_step, int64_t step_in_epoch, double loss, double lr, double samples_per_s) {
+void Progress::step(int64_t global_step, int64_t step_in_epoch, double loss, double lr, double samples_per_s,
+                    const nlohmann::ordered_json& timing) {
+  std::lock_guard lock(mutex_);
   const bool periodic = global_step % log_every_ == 0;
-  if (periodic) record({{"event", "step"}, {"step", global_step}, {"epoch", epoch_}, {"loss", loss}, {"lr", lr},
-                        {"samples_per_s", samples_per_s}});
+  if (periodic) {
+    nlohmann::ordered_json entry = {{"event", "step"}, {"step", global_step}, {"epoch", epoch_}, {"loss", loss},
+                                    {"lr", lr}, {"samples_per_s", samples_per_s}};
+    for (const auto& [k, v] : timing.items()) entry[k] = v;
+    write(entry);
+  }
   if (style_ == Style::lines && periodic) {
-    fmt::print("epoch {}/{} step {} ({}/{}): loss {:.4f} lr {:.3g} {:.0f} samples/s\n", epoch_ + 1, epochs_,
-               global_step, step_in_epoch, steps_in_epoch_, loss, lr, samples_per_s);
+    std::string times;
+    if (timing.contains("step_ms"))
+      times = fmt::format(" | ms/step {:.2f}: data {:.2f} fwd {:.2f} bwd {:.2f} comm {:.2f} opt {:.2f}",
+                          timing["step_ms"].get<double>(), timing["data_wait_ms"].get<double>(),
+                          timing["forward_ms"].get<double>(), timing["backward_ms"].get<double>(),
+                          timing["comm_ms"].get<double>(), timing["optimizer_ms"].get<double>());
+    fmt::print("epoch {}/{} step {} ({}/{}): loss {:.4f} lr {:.3g} {:.0f} samples/s{}\n", epoch_ + 1, epochs_,
+               global_step, step_in_epoch, steps_in_epoch_, loss, lr, samples_per_s, times);
     std::fflush(stdout);
   }
   if (style_ == Style::bar) {
@@ -60,8 +72,9 @@ void Progress::finish_bar() {
 }
 
 void Progress::end_epoch(const nlohmann::ordered_json& summary) {
+  std::lock_guard lock(mutex_);
   finish_bar();
-  record(summary);
+  write(summary);
   if (style_ == Style::none) return;
   std::string line = fmt::format("epoch {}/{} done:", epoch_ + 1, epochs_);
   for (const auto& [k, v] : summary.items())
@@ -71,12 +84,18 @@ void Progress::end_epoch(const nlohmann::ordered_json& summary) {
 }
 
 void Progress::message(const std::string& text) {
+  std::lock_guard lock(mutex_);
   finish_bar();
   if (style_ != Style::none) fmt::print("{}\n", text);
   std::fflush(stdout);
 }
 
 void Progress::record(const nlohmann::ordered_json& entry) {
+  std::lock_guard lock(mutex_);
+  write(entry);
+}
+
+void Progress::write(const nlohmann::ordered_json& entry) {
   if (!metrics_.is_open()) return;
   metrics_ << entry.dump() << "\n";
   metrics_.flush();

@@ -2,9 +2,11 @@
 // What a run shows while it trains: a progress bar redrawn in place on a
 // terminal, plain lines every few steps elsewhere (logs, CI), an
 // end-of-epoch summary, and machine-readable metrics as JSON lines.
+// message() and record() may be called from other threads (the GPU sampler).
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <mutex>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -18,8 +20,10 @@ class Progress {
   Progress(const std::string& style, int64_t log_every, const std::string& metrics_path);
 
   void start_epoch(int64_t epoch, int64_t epochs, int64_t steps_in_epoch);
-  // After each optimizer step.
-  void step(int64_t global_step, int64_t step_in_epoch, double loss, double lr, double samples_per_s);
+  // After each optimizer step; `timing` (the step-time breakdown, at
+  // logging steps) joins the step's metrics and line.
+  void step(int64_t global_step, int64_t step_in_epoch, double loss, double lr, double samples_per_s,
+            const nlohmann::ordered_json& timing = nlohmann::ordered_json::object());
   void end_epoch(const nlohmann::ordered_json& summary);  // also printed as one line
   void message(const std::string& text);
   // One JSON object per line in the metrics file (when there is one).
@@ -27,6 +31,8 @@ class Progress {
 
  private:
   void finish_bar();
+  void write(const nlohmann::ordered_json& entry);
+  std::mutex mutex_;
   Style style_;
   int64_t log_every_;
   int64_t epoch_ = 0, epochs_ = 0, steps_in_epoch_ = 0;

@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <optional>
 
+#include <unistd.h>
+
 #include "autograd/ops.h"
 #include "models/adamw.h"
 #include "models/checkpoint.h"
@@ -15,6 +17,11 @@
 #include "parallel/data_parallel.h"
 #include "parallel/device_routed_group.h"
 #include "parallel/distributed_data_parallel.h"
+#include "tensor/cuda_info.h"
+#include "tensor/nvtx.h"
+#include "tensor/step_timer.h"
+#include "tools/mpt-train/diagnostics.h"
+#include "tools/mpt-train/gpu_sampler.h"
 #include "tools/mpt-train/precision_step.h"
 #include "tools/mpt-train/progress.h"
 #include "tools/mpt-train/workload.h"
@@ -97,6 +104,26 @@ optim::LrSchedule make_schedule(const TrainConfig& c, int64_t total_steps) {
   return optim::LrSchedule::cosine(c.lr, warmup, std::max<int64_t>(total_steps, warmup + 1), c.lr * c.min_lr_ratio);
 }
 
+// "cuda:0 (NVIDIA H200)", or "cpu".
+std::string device_label(const Device& d) {
+  if (!d.is_cuda()) return d.str();
+  return fmt::format("{} ({})", d.str(), cuda::device_properties(d.index).name);
+}
+
+std::string host_name() {
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  return host;
+}
+
+// The step-time breakdown as metrics fields: mean milliseconds per step.
+nlohmann::ordered_json timing_fields(const StepBreakdown& b, double step_ms) {
+  nlohmann::ordered_json j = {{"step_ms", step_ms}};
+  for (int p = 0; p < kStepPhases; ++p)
+    j[fmt::format("{}_ms", step_phase_name(static_cast<StepPhase>(p)))] = b.ms[p];
+  return j;
+}
+
 struct Evaluation {
   double loss = 0, accuracy = 0;
 };
@@ -169,6 +196,18 @@ TrainResult run_training(const TrainConfig& config) {
     dp = std::make_unique<dist::DataParallel>(
         w.model, [&c] { Generator g(c.seed); return make_workload(c, g).model; }, devices);
   }
+  // Every rank says once who and where it is (mpt-run prefixes the lines).
+  const int rank = world ? world->config.rank : 0, world_size = world ? world->config.world_size : 1;
+  std::string devices_text = device_label(device);
+  if (dp) {
+    devices_text.clear();
+    for (const Device& d : dp->devices()) devices_text += (devices_text.empty() ? "" : ", ") + device_label(d);
+  }
+  fmt::print("rank {} of {}: host {}, pid {}, device {}{}\n", rank, world_size, host_name(), ::getpid(),
+             devices_text, dp ? " (DataParallel)" : "");
+  std::fflush(stdout);
+  bool first_batch_reported = false;
+
   std::unique_ptr<dist::DistributedDataParallel> ddp;
   if (world) {
     ddp = std::make_unique<dist::DistributedDataParallel>(w.model, world->group);
@@ -223,10 +262,33 @@ TrainResult run_training(const TrainConfig& config) {
   progress.record({{"event", "start"}, {"model", c.model}, {"data", c.data}, {"device", device.str()},
                    {"precision", c.precision}, {"batch_size", c.batch_size}, {"accumulation", c.accumulation},
                    {"optimizer", c.optimizer}, {"lr", c.lr}, {"total_steps", total_steps}, {"seed", c.seed}});
+  progress.record({{"event", "rank"}, {"rank", rank}, {"world_size", world_size}, {"host", host_name()},
+                   {"pid", ::getpid()}, {"device", devices_text}});
 
   // Where this invocation ends: the whole run, or an early stop that a
   // later --resume continues.
   const int64_t last_step = c.stop_after > 0 ? std::min(total_steps, c.stop_after) : total_steps;
+
+  // Diagnostics: the step-time breakdown (on device 0's stream under dp),
+  // and on the lead rank a sampler of the GPUs this node's ranks use.
+  StepTimer timer(dp ? dp->devices().front() : device);
+  StepTimer::Activation timer_active(&timer);
+  std::unique_ptr<GpuSampler> sampler_thread;
+  if (lead && device.is_cuda()) {
+    std::vector<int> gpus;
+    if (dp) {
+      for (const Device& d : dp->devices()) gpus.push_back(d.index);
+    } else if (world) {
+      for (int i = 0; i < cuda_device_count(); ++i) gpus.push_back(i);  // one per local rank
+    } else {
+      gpus.push_back(device.index);
+    }
+    sampler_thread = std::make_unique<GpuSampler>(
+        gpus, std::chrono::milliseconds(1000), [&progress](const nlohmann::ordered_json& r) { progress.record(r); },
+        [&progress](const std::string& w) { progress.message(w); });
+    if (!sampler_thread->running()) progress.message("mpt-train: GPU sampler off: " + sampler_thread->reason());
+  }
+
   TrainResult result;
   int64_t skipped = 0;
   StopOnSignal stop_on_signal;
@@ -237,9 +299,11 @@ TrainResult run_training(const TrainConfig& config) {
     auto window_started = Clock::now();
     double loss_sum = 0;
     int64_t correct = 0, predictions = 0, samples = 0, window_samples = 0;
+    StepBreakdown epoch_breakdown;
     while (step < last_step && !stop_requested) {
       const int64_t group = std::min(c.accumulation, batches - loader.position().batch);
       if (group <= 0) break;
+      timer.begin_step();
       schedule.apply(*optimizer, step);
       optimizer->zero_grad();
       double step_loss = 0;
@@ -247,6 +311,13 @@ TrainResult run_training(const TrainConfig& config) {
         const data::Batch b = *loader.next();
         const int64_t count = w.predictions(b);
         if (dp) {
+          timer.lap(StepPhase::data_wait);
+          if (!first_batch_reported) {
+            fmt::print("rank {} of {}: first input batch {}, split over the replicas by DataParallel\n", rank,
+                       world_size, describe(b.input));
+            std::fflush(stdout);
+            first_batch_reported = true;
+          }
           // Each device runs forward, loss and backward on its share; the
           // loss function also counts its device's right predictions.
           std::atomic<int64_t> right{0};
@@ -266,19 +337,35 @@ TrainResult run_training(const TrainConfig& config) {
           predictions += count;
           samples += b.size();
           window_samples += b.size();
+          timer.lap(StepPhase::other);
           continue;
         }
         const Tensor target = prim::to(b.target, device);
         const Tensor input = prim::to(b.input, device);
+        timer.lap(StepPhase::data_wait);
+        if (!first_batch_reported) {
+          fmt::print("rank {} of {}: first input batch {}\n", rank, world_size, describe(input));
+          std::fflush(stdout);
+          first_batch_reported = true;
+        }
         // Under ddp, only the last micro-batch of a step all-reduces.
         std::optional<dist::DistributedDataParallel::NoSyncGuard> local_only;
         if (ddp && micro + 1 < group) local_only.emplace(*ddp);
         if (ddp) ddp->before_forward();
-        const Tensor out = precision.forward([&] { return w.forward(input); });
-        const Tensor loss = w.loss(out, target);
-        // Micro-batch gradients add up; averaging them makes the step the
-        // mean over the whole group, as one big batch would give.
-        precision.backward(group > 1 ? loss * (1.0 / static_cast<double>(group)) : loss);
+        Tensor out, loss;
+        {
+          NvtxRange range("forward");
+          out = precision.forward([&] { return w.forward(input); });
+          loss = w.loss(out, target);
+        }
+        timer.lap(StepPhase::forward);
+        {
+          // Micro-batch gradients add up; averaging them makes the step the
+          // mean over the whole group, as one big batch would give.
+          NvtxRange range("backward");
+          precision.backward(group > 1 ? loss * (1.0 / static_cast<double>(group)) : loss);
+        }
+        timer.lap(StepPhase::backward);
         const double value = loss.item();
         step_loss += value / static_cast<double>(group);
         loss_sum += value * static_cast<double>(count);
@@ -286,13 +373,41 @@ TrainResult run_training(const TrainConfig& config) {
         predictions += count;
         samples += b.size();
         window_samples += b.size();
+        timer.lap(StepPhase::other);
       }
-      if (!precision.step()) ++skipped;
+      {
+        NvtxRange range("optimizer");
+        if (!precision.step()) ++skipped;
+      }
+      timer.lap(StepPhase::optimizer);
+      timer.end_step();
       ++step;
       current = loader.position();
-      const double rate = window_samples / std::max(seconds_since(window_started), 1e-9);
+      const double window_seconds = seconds_since(window_started);
+      const double rate = window_samples / std::max(window_seconds, 1e-9);
+      nlohmann::ordered_json timing = nlohmann::ordered_json::object();
+      if (step % c.log_every == 0) {
+        // Read at logging steps only: this waits for the GPU to finish the
+        // steps of the window, which the loss readout did already.
+        const StepBreakdown window = timer.take();
+        epoch_breakdown.add(window);
+        timing = timing_fields(window, 1e3 * window_seconds / std::max<int64_t>(window.steps, 1));
+        if (world) {
+          // Ranks wait for each other in communication, so whole steps take
+          // equally long; the work outside it shows who is slow.
+          const double work = window.total_ms() - window[StepPhase::comm];
+          const Tensor mine = full({1}, work, DType::f64, device);
+          std::vector<Tensor> all;
+          for (int r = 0; r < world_size; ++r) all.push_back(zeros({1}, DType::f64, device));
+          world->group->allgather(all, mine)->wait();
+          std::vector<double> per_rank;
+          for (const Tensor& t : all) per_rank.push_back(t.item());
+          timing["rank_work_ms"] = per_rank;
+          if (auto warning = imbalance_warning(per_rank)) progress.message(*warning);
+        }
+      }
       progress.step(step, (loader.position().batch + c.accumulation - 1) / c.accumulation, step_loss,
-                    optimizer->lr(), rate);
+                    optimizer->lr(), rate, timing);
       if (step % c.log_every == 0) {
         window_started = Clock::now();
         window_samples = 0;
@@ -301,6 +416,7 @@ TrainResult run_training(const TrainConfig& config) {
     }
     if (stop_requested) break;
     const double epoch_seconds = seconds_since(epoch_started);
+    epoch_breakdown.add(timer.take());
     const Evaluation eval = evaluate(w, device, w.sequences ? c.batch_size : 500, c.eval_batches);
     result.eval_loss = eval.loss;
     result.eval_accuracy = eval.accuracy;
@@ -315,8 +431,12 @@ TrainResult run_training(const TrainConfig& config) {
                               {"seconds", epoch_seconds},
                               {"scale", precision.scale()},
                               {"skipped_steps", skipped}};
+    const nlohmann::ordered_json epoch_timing =
+        timing_fields(epoch_breakdown, 1e3 * epoch_seconds / std::max<int64_t>(epoch_breakdown.steps, 1));
+    for (const auto& [k, v] : epoch_timing.items()) summary[k] = v;
     progress.end_epoch(summary);
   }
+  sampler_thread.reset();
   save();
   result.steps = step;
   result.seconds = seconds_since(started);

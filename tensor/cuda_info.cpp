@@ -1,0 +1,14 @@
+// The version formatting of tensor/cuda_info.h, shared by every build.
+#include "tensor/cuda_info.h"
+
+#include <fmt/format.h>
+
+namespace mpt::cuda {
+
+std::string cuda_version_text(int v) { return v > 0 ? fmt::format("{}.{}", v / 1000, v % 1000 / 10) : "none"; }
+
+std::string cudnn_version_text(int v) {
+  return v > 0 ? fmt::format("{}.{}.{}", v / 10000, v / 100 % 100, v % 100) : "none";
+}
+
+}  // namespace mpt::cuda

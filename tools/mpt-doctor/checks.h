@@ -1,0 +1,32 @@
+#pragma once
+// The checks of mpt-doctor, each filling its own sections of the report.
+#include <string>
+#include <vector>
+
+#include "parallel/store.h"
+#include "tools/mpt-doctor/report.h"
+
+namespace mpt::doctor {
+
+// Host, build, driver and runtime versions, cuBLAS, cuDNN and NCCL (compiled
+// against and loaded), every GPU (CUDA's view and NVML's utilisation), and
+// the peer-access matrix with the link type between each pair.
+void check_system(Report& report);
+
+// The distributed variables (set, missing or malformed), whether
+// MASTER_PORT is free here and whether MASTER_ADDR resolves and answers.
+void check_environment(Report& report, dist::Millis connect_timeout);
+
+struct CommOptions {
+  std::vector<size_t> sizes;  // bytes per allreduce
+  int gloo_ranks = 2;
+  int iterations = 5;         // timed calls per size (after one warm-up)
+  dist::Millis timeout{30000};
+};
+// All-reduce smoke tests: Gloo over CPU ranks (threads with their own
+// TcpStore and TCP connections), and NCCL over every local GPU (one
+// process, DataParallel's NCCL clique). Sums are checked element by
+// element; times are reported as nccl-tests does (algbw, busbw).
+void check_comm(Report& report, const CommOptions& options);
+
+}  // namespace mpt::doctor
