@@ -40,6 +40,20 @@ TEST(Launcher, ThreeRanksAlsoMatch) {
   EXPECT_EQ(r.exit_code, 0) << r.output;
 }
 
+// The scale of the multi-GPU machines (4 and 8 ranks), on Gloo: every rank
+// ends with the parameters of one process on the concatenated batch.
+TEST(Launcher, FourRanksWithAccumulationMatch) {
+  const JobResult r = run_job("accum", 4);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("[rank 3] rank 3: "), std::string::npos) << r.output;
+}
+
+TEST(Launcher, EightRanksMatch) {
+  const JobResult r = run_job("plain", 8);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("[rank 7] rank 7: "), std::string::npos) << r.output;
+}
+
 TEST(Launcher, AFailingRankStopsTheJobNamingIt) {
   const JobResult r = run_job("die");
   EXPECT_EQ(r.exit_code, 7) << r.output;
