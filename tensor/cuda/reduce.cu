@@ -208,14 +208,26 @@ __global__ void sum_cols_packed_kernel(bool mean, const T* in, T* out, float* pa
   }
 }
 
+// partial [outer, splits, inner] -> out. Block (32, Y): x along inner, y
+// along the splits, each thread adding every Y-th split, then the Y partial
+// sums combined in a fixed order (deterministic). A thread per column alone
+// would chain dozens of dependent loads, and a handful of blocks cannot
+// hide that.
 template <typename T>
 __global__ void sum_cols_finalize_kernel(bool mean, const float* partial, T* out, int64_t outer, int64_t inner,
                                          int splits, int64_t k) {
-  for (int64_t idx = global_thread(); idx < outer * inner; idx += grid_threads()) {
-    const int64_t o = idx / inner, i = idx % inner;
-    float v = 0.0f;
-    for (int s = 0; s < splits; ++s) v += partial[(o * splits + s) * inner + i];
-    out[idx] = Element<T>::store(mean ? v * (1.0f / static_cast<float>(k)) : v);
+  __shared__ float tile[kThreads / 32][32];
+  const int64_t col_tiles = (inner + 31) / 32;
+  const int64_t o = blockIdx.x / col_tiles;
+  const int64_t i = (blockIdx.x % col_tiles) * 32 + threadIdx.x;
+  float v = 0.0f;
+  if (i < inner)
+    for (int s = threadIdx.y; s < splits; s += blockDim.y) v += partial[(o * splits + s) * inner + i];
+  tile[threadIdx.y][threadIdx.x] = v;
+  __syncthreads();
+  if (threadIdx.y == 0 && i < inner) {
+    for (int r = 1; r < static_cast<int>(blockDim.y); ++r) v += tile[r][threadIdx.x];
+    out[o * inner + i] = Element<T>::store(mean ? v * (1.0f / static_cast<float>(k)) : v);
   }
 }
 
@@ -285,8 +297,9 @@ bool sum_cols_packed(const Launch& l, ReduceOp op, const T* in, void* out, int64
   auto* partial = static_cast<float*>(ws.get());
   sum_cols_packed_kernel<T><<<grid, block, 0, l.stream>>>(mean, in, result, partial, outer, k, inner, split);
   MPT_CUDA_CHECK_LAUNCH("sum_cols_packed_kernel");
-  sum_cols_finalize_kernel<T><<<grid_for(l, outer * inner), kThreads, 0, l.stream>>>(mean, partial, result, outer,
-                                                                                     inner, split.splits, k);
+  const unsigned finalize_blocks = static_cast<unsigned>(outer * ((inner + 31) / 32));
+  sum_cols_finalize_kernel<T><<<finalize_blocks, block, 0, l.stream>>>(mean, partial, result, outer, inner,
+                                                                        split.splits, k);
   MPT_CUDA_CHECK_LAUNCH("sum_cols_finalize_kernel");
   return true;
 }
