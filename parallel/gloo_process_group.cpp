@@ -14,8 +14,12 @@
 
 #include <algorithm>
 #include <cstring>
+#include <thread>
+
+#include <fmt/ranges.h>
 
 #include "parallel/distributed_error.h"
+#include "parallel/rendezvous.h"
 #include "parallel/tcp_store.h"
 #include "parallel/work_queue.h"
 #include "tensor/cpu/cpu_kernels.h"
@@ -75,6 +79,8 @@ void reduce_max(void* out, const void* a, const void* b, size_t n) {
     }
   }
 }
+
+bool is_timeout(const std::string& gloo_message) { return gloo_message.find("imed out") != std::string::npos; }
 
 std::string local_hostname(const dist::Store& store, const ProcessGroupOptions& options) {
   if (!options.hostname.empty()) return options.hostname;
@@ -232,10 +238,44 @@ class GlooProcessGroup : public ProcessGroup {
       throw;
     } catch (const std::exception& e) {
       const std::string msg = e.what();
-      const std::string text = fmt::format("Gloo {} on rank {} of {} (timeout {} ms): {}", what, rank(), size(),
-                                           timeout_.count(), msg);
-      if (msg.find("imed out") != std::string::npos) throw TimeoutError(text);
+      const std::string text = fmt::format("Gloo {} on rank {} of {} (timeout {} ms): {}; {}", what, rank(), size(),
+                                           timeout_.count(), msg, peers_at_fault(msg));
+      if (is_timeout(msg)) throw TimeoutError(text);
       throw DistributedError(text);
+    }
+  }
+
+  // Names the ranks behind a failure. A broken connection means a process
+  // left: the store saw its connection close too, and knows who left first
+  // (the survivors that fail after it leave later). A timeout means a peer
+  // went silent: dead without closing its connections (its host or the
+  // network went away), or stalled.
+  std::string peers_at_fault(const std::string& gloo_message) {
+    std::vector<int> others;
+    for (int r = 0; r < size(); ++r)
+      if (r != rank()) others.push_back(r);
+    if (is_timeout(gloo_message))
+      return fmt::format("no answer from rank{} {} (stalled, or its host or the network went away)",
+                         others.size() > 1 ? "s" : "", fmt::join(others, ", "));
+    try {
+      // The store may notice the closed connection a moment after Gloo did.
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+      for (;;) {
+        const std::vector<int> gone = departed_ranks(*store_, size());
+        if (!gone.empty()) {
+          std::string text = fmt::format("rank {} left the job first (its process exited or died)", gone.front());
+          if (gone.size() > 1)
+            text += fmt::format(", then rank{} {}", gone.size() > 2 ? "s" : "",
+                                fmt::join(gone.begin() + 1, gone.end(), ", "));
+          return text;
+        }
+        if (std::chrono::steady_clock::now() >= until) return "the store saw no rank leave";
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+    } catch (const Error& e) {
+      return fmt::format("the store at {} is unreachable too, so rank 0, its host, left the job (or the network "
+                         "to it broke): {}",
+                         store_->describe(), e.what());
     }
   }
 
