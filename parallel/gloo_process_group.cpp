@@ -2,6 +2,7 @@
 
 #ifdef MPT_WITH_GLOO
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <gloo/allgather.h>
@@ -14,7 +15,7 @@
 
 #include <algorithm>
 #include <cstring>
-#include <thread>
+#include <mutex>
 
 #include <fmt/ranges.h>
 
@@ -80,6 +81,18 @@ void reduce_max(void* out, const void* a, const void* b, size_t n) {
   }
 }
 
+// Gloo writes to its sockets without MSG_NOSIGNAL, so a write to a peer
+// that just died would end this process by SIGPIPE, silently, instead of
+// failing the collective with a message naming the peer. SIGPIPE is
+// ignored unless the program installed a handler of its own.
+void ignore_sigpipe() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction current {};
+    if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) ::signal(SIGPIPE, SIG_IGN);
+  });
+}
+
 bool is_timeout(const std::string& gloo_message) { return gloo_message.find("imed out") != std::string::npos; }
 
 std::string local_hostname(const dist::Store& store, const ProcessGroupOptions& options) {
@@ -99,6 +112,7 @@ class GlooProcessGroup : public ProcessGroup {
  public:
   GlooProcessGroup(const std::shared_ptr<dist::Store>& store, int rank, int size, const ProcessGroupOptions& options)
       : ProcessGroup(rank, size), store_(store), timeout_(options.timeout) {
+    ignore_sigpipe();
     gloo::transport::tcp::attr attr;
     std::string interface = options.interface;
     if (interface.empty() && options.hostname.empty())
@@ -232,6 +246,7 @@ class GlooProcessGroup : public ProcessGroup {
   // Turns Gloo's exceptions into ours, with the collective, rank and timeout.
   template <typename F>
   void guarded(const std::string& what, F&& f) {
+    const auto start = std::chrono::steady_clock::now();
     try {
       f();
     } catch (const Error&) {
@@ -239,7 +254,8 @@ class GlooProcessGroup : public ProcessGroup {
     } catch (const std::exception& e) {
       const std::string msg = e.what();
       const std::string text = fmt::format("Gloo {} on rank {} of {} (timeout {} ms): {}; {}", what, rank(), size(),
-                                           timeout_.count(), msg, peers_at_fault(msg));
+                                           timeout_.count(), msg,
+                                           peers_at_fault(msg, std::chrono::steady_clock::now() - start));
       if (is_timeout(msg)) throw TimeoutError(text);
       throw DistributedError(text);
     }
@@ -249,34 +265,17 @@ class GlooProcessGroup : public ProcessGroup {
   // left: the store saw its connection close too, and knows who left first
   // (the survivors that fail after it leave later). A timeout means a peer
   // went silent: dead without closing its connections (its host or the
-  // network went away), or stalled.
-  std::string peers_at_fault(const std::string& gloo_message) {
+  // network went away, and then the store may be out of reach too), or
+  // stalled. Gloo also reports some broken connections as timeouts, but
+  // early.
+  std::string peers_at_fault(const std::string& gloo_message, std::chrono::steady_clock::duration waited) {
     std::vector<int> others;
     for (int r = 0; r < size(); ++r)
       if (r != rank()) others.push_back(r);
-    if (is_timeout(gloo_message))
-      return fmt::format("no answer from rank{} {} (stalled, or its host or the network went away)",
-                         others.size() > 1 ? "s" : "", fmt::join(others, ", "));
-    try {
-      // The store may notice the closed connection a moment after Gloo did.
-      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-      for (;;) {
-        const std::vector<int> gone = departed_ranks(*store_, size());
-        if (!gone.empty()) {
-          std::string text = fmt::format("rank {} left the job first (its process exited or died)", gone.front());
-          if (gone.size() > 1)
-            text += fmt::format(", then rank{} {}", gone.size() > 2 ? "s" : "",
-                                fmt::join(gone.begin() + 1, gone.end(), ", "));
-          return text;
-        }
-        if (std::chrono::steady_clock::now() >= until) return "the store saw no rank leave";
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      }
-    } catch (const Error& e) {
-      return fmt::format("the store at {} is unreachable too, so rank 0, its host, left the job (or the network "
-                         "to it broke): {}",
-                         store_->describe(), e.what());
-    }
+    if (is_timeout(gloo_message) && waited >= timeout_ * 9 / 10)
+      return fmt::format("no answer from rank{} {} (stalled, or its host or the network went away); {}",
+                         others.size() > 1 ? "s" : "", fmt::join(others, ", "), describe_departures(*store_, size()));
+    return describe_departures(*store_, size());
   }
 
   std::shared_ptr<dist::Store> store_;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <thread>
 #include <cstdlib>
 
 #include <fmt/ranges.h>
@@ -121,6 +122,36 @@ std::vector<int> departed_ranks(Store& store, int world_size) {
   std::vector<int> ranks;
   for (const auto& [order, r] : gone) ranks.push_back(r);
   return ranks;
+}
+
+std::string describe_departures(Store& store, int world_size, Millis grace) {
+  // Each question to the store waits at most `grace`: a store out of reach
+  // must not stretch the failure.
+  struct ShortTimeout {
+    Store& store;
+    Millis saved;
+    ~ShortTimeout() { store.set_timeout(saved); }
+  } short_timeout{store, store.timeout()};
+  store.set_timeout(std::min(grace, store.timeout()));
+  try {
+    const auto until = std::chrono::steady_clock::now() + grace;
+    for (;;) {
+      const std::vector<int> gone = departed_ranks(store, world_size);
+      if (!gone.empty()) {
+        std::string text = fmt::format("rank {} left the job first (its process exited or died)", gone.front());
+        if (gone.size() > 1)
+          text += fmt::format(", then rank{} {}", gone.size() > 2 ? "s" : "",
+                              fmt::join(gone.begin() + 1, gone.end(), ", "));
+        return text;
+      }
+      if (std::chrono::steady_clock::now() >= until) return "the store saw no rank leave";
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  } catch (const std::exception& e) {
+    return fmt::format("the store at {} is unreachable too, so rank 0, its host, left the job (or the network to it "
+                       "broke): {}",
+                       store.describe(), e.what());
+  }
 }
 
 void join_world(Store& store, int rank, int world_size) {

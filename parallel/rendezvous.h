@@ -68,4 +68,12 @@ void join_world(Store& store, int rank, int world_size);
 // the store cannot tell (a FileStore). Throws when the store is unreachable.
 std::vector<int> departed_ranks(Store& store, int world_size);
 
+// For the error of a collective that failed on a broken connection: which
+// rank left the job first ("rank 1 left the job first ..."), waiting up to
+// `grace` for the store to notice a connection that just closed; when the
+// store is unreachable too, that rank 0, its host, is gone. Each question
+// to the store waits at most `grace` (the store's timeout is lowered for
+// that long). Never throws.
+std::string describe_departures(Store& store, int world_size, Millis grace = std::chrono::seconds(2));
+
 }  // namespace mpt::dist

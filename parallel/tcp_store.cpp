@@ -285,6 +285,7 @@ std::string TcpStore::describe() const { return fmt::format("tcp://{}:{}", host_
 
 Bytes TcpStore::request(Command cmd, const std::string& key, const Bytes& value, bool* found) {
   std::lock_guard lock(mutex_);
+  set_io_timeout(fd_, timeout());  // set_timeout() applies to the next request
   const std::string what = fmt::format("TcpStore {} (key '{}')", describe(), key);
   send_message(fd_, static_cast<uint8_t>(cmd), key, value, what);
   uint8_t status = 0;

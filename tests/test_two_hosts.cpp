@@ -85,7 +85,8 @@ TEST(TwoHosts, CuttingTheLinkEndsBothSidesNamingThePeer) {
   ASSERT_TRUE(s0 && s1) << "still running " << took << " s after the cut:\n" << out0 << out1;
   EXPECT_NE(WEXITSTATUS(*s0), 0) << out0;
   EXPECT_NE(WEXITSTATUS(*s1), 0) << out1;
-  // The step in flight when the wire went waits one timeout, no more.
+  // The step in flight when the wire went waits one timeout, then at most
+  // 2 s more asking the store who left.
   EXPECT_LT(took, kTimeoutS + 5) << out0 << out1;
   EXPECT_NE(out0.find("no answer from rank 1"), std::string::npos) << out0;
   EXPECT_NE(out1.find("no answer from rank 0"), std::string::npos) << out1;
