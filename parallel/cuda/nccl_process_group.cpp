@@ -16,6 +16,7 @@
 #include "parallel/cuda/nccl_util.h"
 #include "parallel/distributed_error.h"
 #include "parallel/nccl_process_group.h"
+#include "parallel/rendezvous.h"
 #include "tensor/cuda/check.h"
 #include "tensor/cuda/runtime.h"
 #include "tensor/device_guard.h"
@@ -29,6 +30,7 @@ namespace {
 // an aborted communicator must be neither used nor destroyed again.
 class Communicator {
  public:
+  Communicator(std::shared_ptr<Store> store, int world_size) : store_(std::move(store)), world_size_(world_size) {}
   ~Communicator() {
     if (comm_ != nullptr && aborted_because_.empty()) ncclCommDestroy(comm_);
   }
@@ -46,8 +48,12 @@ class Communicator {
     std::lock_guard lock(mutex_);
     return aborted_because_;
   }
+  // NCCL cannot say which peer failed; the store knows who left the job.
+  std::string who_left() { return describe_departures(*store_, world_size_); }
 
  private:
+  std::shared_ptr<Store> store_;
+  int world_size_;
   ncclComm_t comm_ = nullptr;
   std::mutex mutex_;
   std::string aborted_because_;
@@ -64,7 +70,7 @@ void aborting_on_failure(Communicator& comm, F&& f) {
     throw TimeoutError(fmt::format("{}; communicator aborted", e.what()));
   } catch (const DistributedError& e) {
     comm.abort(e.what());
-    throw DistributedError(fmt::format("{}; communicator aborted", e.what()));
+    throw DistributedError(fmt::format("{}; communicator aborted; {}", e.what(), comm.who_left()));
   }
 }
 
@@ -135,7 +141,8 @@ class NcclProcessGroup : public ProcessGroup {
  public:
   NcclProcessGroup(const std::shared_ptr<Store>& store, int rank, int size, int device,
                    const ProcessGroupOptions& options)
-      : ProcessGroup(rank, size), device_(device), timeout_(options.timeout) {
+      : ProcessGroup(rank, size), device_(device), timeout_(options.timeout),
+        comm_(std::make_shared<Communicator>(store, size)) {
     nccl::check_version();
     check_device_available(Device(DeviceType::cuda, device));
     DeviceGuard guard(Device(DeviceType::cuda, device_));
@@ -267,7 +274,7 @@ class NcclProcessGroup : public ProcessGroup {
 
   int device_;
   Millis timeout_;
-  std::shared_ptr<Communicator> comm_ = std::make_shared<Communicator>();
+  std::shared_ptr<Communicator> comm_;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t ready_ = nullptr;
   std::mutex mutex_;

@@ -14,8 +14,8 @@
 //             link); a collective that fails ends it with status 3 and the
 //             error, which names the rank that went away
 // MPT_TEST_TIMEOUT_S sets the collectives' timeout (default 30 s).
-// A second argument "cuda" runs plain/accum/compress on GPU LOCAL_RANK over
-// NCCL. Exit status 0 means every check passed; messages say what failed.
+// A second argument "cuda" runs plain/accum/compress/train on GPU LOCAL_RANK
+// over NCCL. Exit status 0 means every check passed; messages say what failed.
 #include <unistd.h>
 
 #include <cmath>
@@ -187,14 +187,16 @@ int unused_parameters(ProcessGroup& pg) {
 
 // A long run with nothing to compare: it ends when the time is up or a
 // collective fails (the error leaves through main's handler).
-int train_until_stopped(ProcessGroup& pg, const std::shared_ptr<ProcessGroup>& shared) {
+int train_until_stopped(ProcessGroup& pg, const std::shared_ptr<ProcessGroup>& shared, const Device& device) {
   auto model = testing::make_mlp(7);
+  model->to(device);
   DistributedDataParallel ddp(model, shared);
   optim::SGD opt(model->parameters(), {.lr = 0.01});
   Generator gen(100 + pg.rank());
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   for (int step = 0; std::chrono::steady_clock::now() < until; ++step) {
-    const Tensor x = randn({kRowsPerRank, 6}, DType::f32, kCPU, &gen), y = randn({kRowsPerRank, 3}, DType::f32, kCPU, &gen);
+    const Tensor x = prim::to(randn({kRowsPerRank, 6}, DType::f32, kCPU, &gen), device);
+    const Tensor y = prim::to(randn({kRowsPerRank, 3}, DType::f32, kCPU, &gen), device);
     backward(mse_loss(ddp(x), y));
     opt.step();
     opt.zero_grad();
@@ -239,7 +241,7 @@ int main(int argc, char** argv) {
       ::sleep(60);  // a long step: mpt-run must stop this rank, not wait for it
       return 0;
     }
-    if (mode == "train") return train_until_stopped(*pg, pg);
+    if (mode == "train") return train_until_stopped(*pg, pg, device);
     if (mode == "sleep") {  // both ranks busy until stopped from outside
       pg->barrier()->wait();
       ::sleep(60);
