@@ -1,6 +1,7 @@
 #include "models/char_dataset.h"
 
 #include <array>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -10,6 +11,8 @@ namespace mpt::data {
 namespace {
 
 std::string read_text(const std::string& path) {
+  // A folder opens like a file here, then reads as nothing.
+  check<IOError>(!std::filesystem::is_directory(path), "CharDataset: '{}' is a folder, not a text file", path);
   std::ifstream in(path, std::ios::binary);
   check<IOError>(in.good(), "CharDataset: cannot open '{}'", path);
   std::ostringstream s;

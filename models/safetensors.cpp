@@ -1,12 +1,15 @@
 #include "models/safetensors.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
 #include <bit>
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -104,6 +107,25 @@ void sync_directory(const std::string& dir) {
   check<IOError>(rc == 0, "save_safetensors: fsync of folder '{}' failed: {}", dir, std::strerror(errno));
 }
 
+// Temporaries of `target` left by writers that were killed mid-write
+// (".<name>.tmp.<pid>" whose pid no longer runs) are removed, so kills do
+// not fill the folder; a live writer's temporary is left alone.
+void remove_stale_temporaries(const std::filesystem::path& dir, const std::string& target_name) {
+  namespace fs = std::filesystem;
+  const std::string prefix = fmt::format(".{}.tmp.", target_name);
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(prefix, 0) != 0) continue;
+    const std::string pid_text = name.substr(prefix.size());
+    if (pid_text.empty() || pid_text.find_first_not_of("0123456789") != std::string::npos) continue;
+    const long pid = std::strtol(pid_text.c_str(), nullptr, 10);
+    if (pid == ::getpid() || ::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
+    std::error_code ignored;
+    fs::remove(entry.path(), ignored);
+  }
+}
+
 }  // namespace
 
 void save_safetensors(const std::string& path, const OrderedDict<Tensor>& tensors, const Metadata& metadata,
@@ -138,6 +160,7 @@ void save_safetensors(const std::string& path, const OrderedDict<Tensor>& tensor
   const fs::path target(path);
   const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
   const std::string temp = (dir / fmt::format(".{}.tmp.{}", target.filename().string(), ::getpid())).string();
+  remove_stale_temporaries(dir, target.filename().string());
   try {
     OutputFile out(temp);
     out.write(length, 8);

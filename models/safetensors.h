@@ -34,7 +34,8 @@ using PartialWriteHook = std::function<void(const std::string& temp_path)>;
 // Writes tensors (any device and dtype the format knows: f32, f16, bf16,
 // f64, i32, i64, u8) atomically: into a temporary file in the same folder,
 // fsync, rename over `path`, fsync the folder. A failure at any point
-// leaves an existing file at `path` as it was and removes the temporary.
+// leaves an existing file at `path` as it was and removes the temporary;
+// temporaries of earlier writers that were killed mid-write are removed.
 void save_safetensors(const std::string& path, const OrderedDict<Tensor>& tensors, const Metadata& metadata = {},
                       const PartialWriteHook& hook = {});
 

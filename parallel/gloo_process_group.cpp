@@ -2,6 +2,7 @@
 
 #ifdef MPT_WITH_GLOO
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <gloo/allgather.h>
@@ -14,8 +15,12 @@
 
 #include <algorithm>
 #include <cstring>
+#include <mutex>
+
+#include <fmt/ranges.h>
 
 #include "parallel/distributed_error.h"
+#include "parallel/rendezvous.h"
 #include "parallel/tcp_store.h"
 #include "parallel/work_queue.h"
 #include "tensor/cpu/cpu_kernels.h"
@@ -76,6 +81,20 @@ void reduce_max(void* out, const void* a, const void* b, size_t n) {
   }
 }
 
+// Gloo writes to its sockets without MSG_NOSIGNAL, so a write to a peer
+// that just died would end this process by SIGPIPE, silently, instead of
+// failing the collective with a message naming the peer. SIGPIPE is
+// ignored unless the program installed a handler of its own.
+void ignore_sigpipe() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction current {};
+    if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) ::signal(SIGPIPE, SIG_IGN);
+  });
+}
+
+bool is_timeout(const std::string& gloo_message) { return gloo_message.find("imed out") != std::string::npos; }
+
 std::string local_hostname(const dist::Store& store, const ProcessGroupOptions& options) {
   if (!options.hostname.empty()) return options.hostname;
   // A master on loopback means a single-host job: stay on loopback too, which
@@ -93,6 +112,7 @@ class GlooProcessGroup : public ProcessGroup {
  public:
   GlooProcessGroup(const std::shared_ptr<dist::Store>& store, int rank, int size, const ProcessGroupOptions& options)
       : ProcessGroup(rank, size), store_(store), timeout_(options.timeout) {
+    ignore_sigpipe();
     gloo::transport::tcp::attr attr;
     std::string interface = options.interface;
     if (interface.empty() && options.hostname.empty())
@@ -226,17 +246,36 @@ class GlooProcessGroup : public ProcessGroup {
   // Turns Gloo's exceptions into ours, with the collective, rank and timeout.
   template <typename F>
   void guarded(const std::string& what, F&& f) {
+    const auto start = std::chrono::steady_clock::now();
     try {
       f();
     } catch (const Error&) {
       throw;
     } catch (const std::exception& e) {
       const std::string msg = e.what();
-      const std::string text = fmt::format("Gloo {} on rank {} of {} (timeout {} ms): {}", what, rank(), size(),
-                                           timeout_.count(), msg);
-      if (msg.find("imed out") != std::string::npos) throw TimeoutError(text);
+      const std::string text = fmt::format("Gloo {} on rank {} of {} (timeout {} ms): {}; {}", what, rank(), size(),
+                                           timeout_.count(), msg,
+                                           peers_at_fault(msg, std::chrono::steady_clock::now() - start));
+      if (is_timeout(msg)) throw TimeoutError(text);
       throw DistributedError(text);
     }
+  }
+
+  // Names the ranks behind a failure. A broken connection means a process
+  // left: the store saw its connection close too, and knows who left first
+  // (the survivors that fail after it leave later). A timeout means a peer
+  // went silent: dead without closing its connections (its host or the
+  // network went away, and then the store may be out of reach too), or
+  // stalled. Gloo also reports some broken connections as timeouts, but
+  // early.
+  std::string peers_at_fault(const std::string& gloo_message, std::chrono::steady_clock::duration waited) {
+    std::vector<int> others;
+    for (int r = 0; r < size(); ++r)
+      if (r != rank()) others.push_back(r);
+    if (is_timeout(gloo_message) && waited >= timeout_ * 9 / 10)
+      return fmt::format("no answer from rank{} {} (stalled, or its host or the network went away); {}",
+                         others.size() > 1 ? "s" : "", fmt::join(others, ", "), describe_departures(*store_, size()));
+    return describe_departures(*store_, size());
   }
 
   std::shared_ptr<dist::Store> store_;

@@ -1,6 +1,10 @@
 #include "parallel/rendezvous.h"
 
+#include <arpa/inet.h>
+
+#include <algorithm>
 #include <charconv>
+#include <thread>
 #include <cstdlib>
 
 #include <fmt/ranges.h>
@@ -41,6 +45,12 @@ int parse_int(const Found& f) {
   check<ValueError>(ec == std::errc() && ptr != begin && (ptr == end || slurm_repeat),
                     "rendezvous: {}='{}' is not an integer", f.name, f.value);
   return value;
+}
+
+bool is_numeric_address(const std::string& host) {
+  in6_addr v6{};
+  in_addr v4{};
+  return ::inet_pton(AF_INET, host.c_str(), &v4) == 1 || ::inet_pton(AF_INET6, host.c_str(), &v6) == 1;
 }
 
 }  // namespace
@@ -85,7 +95,63 @@ RendezvousConfig config_from_env(const EnvLookup& env, bool need_master) {
     check<ValueError>(c.master_port > 0 && c.master_port <= 65535, "rendezvous: MASTER_PORT={} is outside 1..65535",
                       c.master_port);
   }
+  // A numeric MASTER_ADDR is where the others connect, so the store need
+  // listen nowhere else; a host name may resolve to a loopback alias on its
+  // own host (Debian's 127.0.1.1), so then it listens on every interface.
+  if (auto bind = env("MPT_STORE_BIND_ADDR"))
+    c.store_bind_address = *bind;
+  else if (is_numeric_address(c.master_addr))
+    c.store_bind_address = c.master_addr;
+  c.job_token = env("MPT_JOB_TOKEN").value_or("");
   return c;
+}
+
+namespace {
+
+std::string alive_key(int rank) { return fmt::format("mpt/alive/{}", rank); }
+
+}  // namespace
+
+std::vector<int> departed_ranks(Store& store, int world_size) {
+  auto* tcp = dynamic_cast<TcpStore*>(&store);
+  if (tcp == nullptr) return {};
+  std::vector<std::pair<int64_t, int>> gone;
+  for (int r = 0; r < world_size; ++r)
+    if (const int64_t order = tcp->departure_order(alive_key(r)); order > 0) gone.emplace_back(order, r);
+  std::sort(gone.begin(), gone.end());
+  std::vector<int> ranks;
+  for (const auto& [order, r] : gone) ranks.push_back(r);
+  return ranks;
+}
+
+std::string describe_departures(Store& store, int world_size, Millis grace) {
+  // Each question to the store waits at most `grace`: a store out of reach
+  // must not stretch the failure.
+  struct ShortTimeout {
+    Store& store;
+    Millis saved;
+    ~ShortTimeout() { store.set_timeout(saved); }
+  } short_timeout{store, store.timeout()};
+  store.set_timeout(std::min(grace, store.timeout()));
+  try {
+    const auto until = std::chrono::steady_clock::now() + grace;
+    for (;;) {
+      const std::vector<int> gone = departed_ranks(store, world_size);
+      if (!gone.empty()) {
+        std::string text = fmt::format("rank {} left the job first (its process exited or died)", gone.front());
+        if (gone.size() > 1)
+          text += fmt::format(", then rank{} {}", gone.size() > 2 ? "s" : "",
+                              fmt::join(gone.begin() + 1, gone.end(), ", "));
+        return text;
+      }
+      if (std::chrono::steady_clock::now() >= until) return "the store saw no rank leave";
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  } catch (const std::exception& e) {
+    return fmt::format("the store at {} is unreachable too, so rank 0, its host, left the job (or the network to it "
+                       "broke): {}",
+                       store.describe(), e.what());
+  }
 }
 
 void join_world(Store& store, int rank, int world_size) {
@@ -93,6 +159,9 @@ void join_world(Store& store, int rank, int world_size) {
   check<DistributedError>(claims == 1,
                           "rendezvous at {}: {} processes claim rank {}; every process needs its own RANK",
                           store.describe(), claims, rank);
+  // Held as long as this process's store connection: when it dies, the
+  // store knows, and the survivors' errors can name it.
+  if (auto* tcp = dynamic_cast<TcpStore*>(&store)) tcp->set_ephemeral(alive_key(rank), Bytes{});
   store.set(fmt::format("mpt/arrived/{}", rank), std::to_string(world_size));
 
   const auto start = std::chrono::steady_clock::now();
@@ -126,7 +195,8 @@ Rendezvous rendezvous(const std::string& url, Millis timeout, const EnvLookup& e
   Rendezvous rv;
   if (url == "env://") {
     rv.config = config_from_env(env, true);
-    rv.store = std::make_shared<TcpStore>(rv.config.master_addr, rv.config.master_port, rv.config.rank == 0, timeout);
+    rv.store = std::make_shared<TcpStore>(rv.config.master_addr, rv.config.master_port, rv.config.rank == 0, timeout,
+                                          TcpStoreOptions{rv.config.store_bind_address, rv.config.job_token});
   } else if (url.rfind("file://", 0) == 0) {
     rv.config = config_from_env(env, false);
     rv.store = std::make_shared<FileStore>(url.substr(7), timeout);

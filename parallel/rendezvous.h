@@ -8,6 +8,10 @@
 //   local rank        LOCAL_RANK        OMPI_COMM_WORLD_LOCAL_RANK  SLURM_LOCALID
 //   local world size  LOCAL_WORLD_SIZE  OMPI_COMM_WORLD_LOCAL_SIZE  SLURM_NTASKS_PER_NODE
 //   master            MASTER_ADDR, MASTER_PORT (always needed for env://)
+//   job token         MPT_JOB_TOKEN (optional; every process of a job the same)
+//   store address     MPT_STORE_BIND_ADDR (optional: where rank 0's store
+//                     listens; default MASTER_ADDR when numeric, else all
+//                     interfaces)
 //
 // Rank 0 hosts a TcpStore at MASTER_ADDR:MASTER_PORT. `file:///shared/dir`
 // uses a FileStore there instead (rank and world size still from the
@@ -17,6 +21,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "parallel/store.h"
 
@@ -30,6 +35,8 @@ struct RendezvousConfig {
   std::string master_addr;
   int master_port = 0;
   std::string launcher;  // "torchrun", "Open MPI" or "Slurm": which variables named the rank
+  std::string store_bind_address;  // where rank 0's TcpStore listens; empty: every interface
+  std::string job_token;           // MPT_JOB_TOKEN: the store refuses processes of other jobs
 };
 
 // Looks a variable up; the process environment by default, a map in tests.
@@ -55,5 +62,18 @@ Rendezvous rendezvous(const std::string& url = "env://", Millis timeout = kDefau
 // claim one rank or the ranks disagree about the world size; TimeoutError
 // listing the ranks that arrived and those still missing.
 void join_world(Store& store, int rank, int world_size);
+
+// The ranks whose process has left the job since join_world (its store
+// connection closed: it exited or died), first to leave first. Empty where
+// the store cannot tell (a FileStore). Throws when the store is unreachable.
+std::vector<int> departed_ranks(Store& store, int world_size);
+
+// For the error of a collective that failed on a broken connection: which
+// rank left the job first ("rank 1 left the job first ..."), waiting up to
+// `grace` for the store to notice a connection that just closed; when the
+// store is unreachable too, that rank 0, its host, is gone. Each question
+// to the store waits at most `grace` (the store's timeout is lowered for
+// that long). Never throws.
+std::string describe_departures(Store& store, int world_size, Millis grace = std::chrono::seconds(2));
 
 }  // namespace mpt::dist

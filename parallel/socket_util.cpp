@@ -15,40 +15,94 @@
 
 namespace mpt::dist {
 
-int listen_tcp(int port, int* bound_port) {
-  check<ValueError>(port >= 0 && port <= 65535, "TcpStore: port {} is outside 0..65535", port);
-  const int fd = ::socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  const bool v6 = fd >= 0;
-  const int sock = v6 ? fd : ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  check<DistributedError>(sock >= 0, "TcpStore: socket() failed: {}", std::strerror(errno));
-  int on = 1, off = 0;
-  // SO_REUSEADDR lets a restarted job reuse a port whose old connections
-  // linger in TIME_WAIT; a port with a live listener still fails below.
-  ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
-  int rc;
-  if (v6) {
-    ::setsockopt(sock, IPPROTO_IPV6, IPV6_V6ONLY, &off, sizeof off);
-    sockaddr_in6 addr{};
-    addr.sin6_family = AF_INET6;
-    addr.sin6_addr = in6addr_any;
-    addr.sin6_port = htons(static_cast<uint16_t>(port));
-    rc = ::bind(sock, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-  } else {
+namespace {
+
+// Binds `sock` to `address` (empty: every interface, IPv4 and IPv6); returns
+// bind()'s result with errno set, or -1 with *resolve_error when the name
+// does not resolve.
+int bind_to(int sock, int family, const std::string& address, int port, std::string* resolve_error) {
+  if (address.empty()) {
+    if (family == AF_INET6) {
+      int off = 0;
+      ::setsockopt(sock, IPPROTO_IPV6, IPV6_V6ONLY, &off, sizeof off);
+      sockaddr_in6 addr{};
+      addr.sin6_family = AF_INET6;
+      addr.sin6_addr = in6addr_any;
+      addr.sin6_port = htons(static_cast<uint16_t>(port));
+      return ::bind(sock, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+    }
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
     addr.sin_addr.s_addr = htonl(INADDR_ANY);
     addr.sin_port = htons(static_cast<uint16_t>(port));
-    rc = ::bind(sock, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+    return ::bind(sock, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
   }
+  addrinfo hints{};
+  hints.ai_family = family;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  const int gai = ::getaddrinfo(address.c_str(), std::to_string(port).c_str(), &hints, &found);
+  if (gai != 0) {
+    *resolve_error = ::gai_strerror(gai);
+    return -1;
+  }
+  const int rc = ::bind(sock, found->ai_addr, found->ai_addrlen);
+  const int err = errno;
+  ::freeaddrinfo(found);
+  errno = err;
+  return rc;
+}
+
+// The address family `address` resolves to first (AF_INET6 for "" so one
+// socket serves both families).
+int family_of(const std::string& address) {
+  if (address.empty()) return AF_INET6;
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(address.c_str(), nullptr, &hints, &found) != 0) return AF_INET;
+  const int family = found->ai_family;
+  ::freeaddrinfo(found);
+  return family;
+}
+
+}  // namespace
+
+int listen_tcp(int port, int* bound_port, const std::string& bind_address) {
+  check<ValueError>(port >= 0 && port <= 65535, "TcpStore: port {} is outside 0..65535", port);
+  const std::string where = bind_address.empty() ? "all interfaces" : fmt::format("address '{}'", bind_address);
+  int family = family_of(bind_address);
+  int sock = ::socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (sock < 0 && bind_address.empty()) {  // no IPv6 on this host
+    family = AF_INET;
+    sock = ::socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  }
+  check<DistributedError>(sock >= 0, "TcpStore: socket() failed: {}", std::strerror(errno));
+  int on = 1;
+  // SO_REUSEADDR lets a restarted job reuse a port whose old connections
+  // linger in TIME_WAIT; a port with a live listener still fails below.
+  ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
+  std::string resolve_error;
+  const int rc = bind_to(sock, family, bind_address, port, &resolve_error);
   if (rc != 0) {
     const int err = errno;
     ::close(sock);
+    if (!resolve_error.empty())
+      throw DistributedError(
+          fmt::format("TcpStore: cannot bind to '{}': the name does not resolve: {}", bind_address, resolve_error));
     if (err == EADDRINUSE)
       throw DistributedError(fmt::format(
-          "TcpStore: port {} is already in use on this host (another job, or a stale process of an earlier "
+          "TcpStore: port {} is already in use on {} of this host (another job, or a stale process of an earlier "
           "one?); choose another MASTER_PORT",
-          port));
-    throw DistributedError(fmt::format("TcpStore: cannot bind port {}: {}", port, std::strerror(err)));
+          port, where));
+    if (err == EADDRNOTAVAIL)
+      throw DistributedError(fmt::format(
+          "TcpStore: cannot bind port {} on {}: no interface of this host has that address (set "
+          "MPT_STORE_BIND_ADDR to one of this host's addresses, or 0.0.0.0 for all)",
+          port, where));
+    throw DistributedError(fmt::format("TcpStore: cannot bind port {} on {}: {}", port, where, std::strerror(err)));
   }
   if (::listen(sock, 128) != 0) {
     const int err = errno;

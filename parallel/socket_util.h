@@ -9,9 +9,11 @@
 
 namespace mpt::dist {
 
-// Listens on all interfaces at `port` (0: any free port). Returns the socket;
-// *bound_port receives the actual port. DistributedError if the port is busy.
-int listen_tcp(int port, int* bound_port);
+// Listens at `port` (0: any free port) on `bind_address` (a name or numeric
+// address; empty: all interfaces). Returns the socket; *bound_port receives
+// the actual port. DistributedError if the port is busy or the address is
+// not one of this host's.
+int listen_tcp(int port, int* bound_port, const std::string& bind_address = "");
 // Connects to host:port, retrying refused or unreachable attempts until
 // `timeout`; TimeoutError names host, port, the time waited and the last error.
 int connect_tcp(const std::string& host, int port, Millis timeout);

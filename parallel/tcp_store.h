@@ -4,9 +4,16 @@
 // retries until the timeout, so ranks may start in any order; a master that
 // never answers gives a TimeoutError naming the address, the port and how
 // long the rank waited.
+//
+// A job token keeps a stray process (another job that picked the same
+// port, a rank restarted with the wrong variables) out: every connection
+// opens with the client's token, and the server refuses one that differs,
+// telling both sides. It guards against mistakes, not attackers: it travels
+// in clear text.
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "parallel/store.h"
 
@@ -14,26 +21,50 @@ namespace mpt::dist {
 
 class TcpStoreServer;
 
+struct TcpStoreOptions {
+  // Where the master's server listens: a name or address of this host;
+  // empty: all interfaces.
+  std::string bind_address;
+  // Must be equal on the server and every client; empty is a token too.
+  std::string job_token;
+};
+
 class TcpStore : public Store {
  public:
-  // is_master: also host the server on `port` (all interfaces). port 0 picks
-  // a free one (see port()). Throws DistributedError when the port is taken.
-  TcpStore(std::string host, int port, bool is_master, Millis timeout = kDefaultTimeout);
+  // is_master: also host the server on `port`. port 0 picks a free one (see
+  // port()). Throws DistributedError when the port is taken or the server
+  // refuses this client's job token.
+  TcpStore(std::string host, int port, bool is_master, Millis timeout = kDefaultTimeout,
+           TcpStoreOptions options = {});
   ~TcpStore() override;
 
+  using Store::set;  // the text overload too
   void set(const std::string& key, const Bytes& value) override;
   Bytes get(const std::string& key) override;
   int64_t add(const std::string& key, int64_t delta) override;
   bool check(const std::vector<std::string>& keys) override;
   std::string describe() const override;
 
+  // A key that lives as long as this client's connection: when the
+  // connection closes (the process exited or died), the server removes it
+  // and records the order of the departure, so the survivors of a failure
+  // can tell which process left first.
+  void set_ephemeral(const std::string& key, const Bytes& value);
+  // 0 while the ephemeral `key` is held (or was never set); else 1 for the
+  // first connection that closed, 2 for the next, ...
+  int64_t departure_order(const std::string& key);
+
   const std::string& host() const { return host_; }
   int port() const { return port_; }
+  // Master only: one line per connection the server refused (wrong job
+  // token, or not a store client), oldest first.
+  std::vector<std::string> refused_connections() const;
 
  private:
   friend class TcpStoreServer;  // shares the wire commands
   enum class Command : uint8_t;
   Bytes request(Command cmd, const std::string& key, const Bytes& value, bool* found = nullptr);
+  void greet(const std::string& job_token);
 
   std::string host_;
   int port_;

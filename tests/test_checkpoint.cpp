@@ -3,7 +3,13 @@
 // nothing loaded, an interrupted save that leaves the old file intact, and
 // a restored run that continues bit-identically.
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <chrono>
+#include <random>
+#include <thread>
 
 #include <filesystem>
 #include <fstream>
@@ -213,6 +219,143 @@ TEST_F(CheckpointTest, CrashDuringSaveLeavesThePreviousCheckpoint) {
   EXPECT_FALSE(temp_seen.empty());
   EXPECT_FALSE(fs::exists(temp_seen));  // cleaned up
   EXPECT_EQ(std::distance(fs::directory_iterator(dir_), fs::directory_iterator()), 1);
+}
+
+TEST_F(CheckpointTest, KilledWhileWritingLeavesAWholeCheckpoint) {
+  // A child process writes a checkpoint of ~7.5 MB over and over, each
+  // version with every parameter equal to its number; it is killed
+  // (SIGKILL) at random moments, and every other time just after its
+  // temporary file appeared. After each kill the file on disk must load
+  // and be one whole version, and at most the killed writer's temporary may
+  // be left (the next writer removes it).
+  Generator gen(8);
+  auto mlp = nn::make_mlp({.in_features = 784, .hidden = {1024, 1024}, .num_classes = 10}, &gen);
+  optim::SGD opt(mlp->parameters(), {.lr = 0.1});
+  const std::string path = file("big.safetensors");
+  auto version = [&](int64_t v) {
+    for (const Tensor& p : mlp->parameters()) prim::fill_(p, static_cast<double>(v));
+    return ckpt::capture(*mlp, opt, v, {0, v}, gen);
+  };
+  ckpt::save_checkpoint(path, version(1));
+  auto temporaries = [&] {
+    int n = 0;
+    for (const auto& e : fs::directory_iterator(dir_)) n += e.path().filename().string().find(".tmp.") != std::string::npos;
+    return n;
+  };
+
+  const uint64_t seed = testing::fresh_seed();
+  SCOPED_TRACE(fmt::format("kill times drawn with seed {}", seed));
+  std::mt19937_64 rng(seed);
+  const int kills = 25;
+  int mid_write = 0, survived = 0;
+  int64_t last = 1;
+  for (int k = 0; k < kills; ++k) {
+    const int64_t first = (k + 1) * 1000;  // this writer's versions: first, first + 1, ...
+    const pid_t writer = ::fork();
+    ASSERT_GE(writer, 0);
+    if (writer == 0) {
+      for (int64_t v = first;; ++v) ckpt::save_checkpoint(path, version(v));
+    }
+    if (k % 2 == 0) {
+      // At a random moment.
+      std::this_thread::sleep_for(std::chrono::milliseconds(20 + rng() % 200));
+    } else {
+      // Within a few milliseconds of the writer's temporary appearing: in
+      // the middle of writing it (most of a save is spent before, building
+      // the bytes and their checksum).
+      const fs::path temp = dir_ / fmt::format(".big.safetensors.tmp.{}", writer);
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      while (!fs::exists(temp) && std::chrono::steady_clock::now() < until)
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+      std::this_thread::sleep_for(std::chrono::microseconds(rng() % 3000));
+    }
+    ::kill(writer, SIGKILL);
+    int status = 0;
+    ::waitpid(writer, &status, 0);
+    ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+
+    const int left = temporaries();
+    EXPECT_LE(left, 1) << "temporaries pile up after kill " << k;
+    mid_write += left == 1;
+    // The file is one whole version: the previous writer's last, or one of
+    // this writer's.
+    const ckpt::Checkpoint c = ckpt::read_checkpoint(path);
+    const bool known = c.step == last || (c.step >= first && c.step < first + 1000);
+    EXPECT_TRUE(known) << "step " << c.step << " after kill " << k;
+    bool whole = known && c.position.batch == c.step;
+    for (const auto& [name, t] : c.model)
+      for (double x : t.to_vector<double>()) whole = whole && x == static_cast<double>(c.step);
+    EXPECT_TRUE(whole) << "kill " << k << ": the checkpoint mixes versions";
+    auto loaded = nn::make_mlp({.in_features = 784, .hidden = {1024, 1024}, .num_classes = 10}, &gen);
+    optim::SGD loaded_opt(loaded->parameters(), {.lr = 0.1});
+    Generator rng_state(0);
+    ckpt::restore(c, *loaded, loaded_opt, rng_state, path);
+    EXPECT_EQ(loaded->parameters().front().to_vector<double>()[0], static_cast<double>(c.step));
+    survived += whole;
+    last = c.step;
+  }
+  std::printf("faults injected: %d kills of a checkpoint writer (%d in the middle of a write), survived: %d\n", kills,
+              mid_write, survived);
+  EXPECT_EQ(survived, kills);
+  EXPECT_GE(mid_write, kills / 3) << "too few kills landed in the middle of a write to test anything";
+  // The next save removes the killed writer's temporary.
+  ckpt::save_checkpoint(path, version(last + 1));
+  EXPECT_EQ(temporaries(), 0);
+}
+
+TEST_F(CheckpointTest, AnotherModelsCheckpointIsRefusedWithNothingLoaded) {
+  // An MLP's checkpoint offered to a GPT-like stack of other layers: the
+  // names differ, and the message lists what is missing and unexpected.
+  Generator gen(4);
+  auto mlp = nn::make_mlp({.in_features = 6, .hidden = {5}, .num_classes = 3}, &gen);
+  optim::AdamW mlp_opt(mlp->parameters());
+  const std::string path = file("mlp.safetensors");
+  ckpt::save_checkpoint(path, ckpt::capture(*mlp, mlp_opt, 1, {}, gen));
+  const ckpt::Checkpoint c = ckpt::read_checkpoint(path);
+
+  auto other = nn::make_mlp({.in_features = 6, .hidden = {5, 5}, .num_classes = 3}, &gen);  // one layer more
+  optim::AdamW other_opt(other->parameters());
+  const auto before = values_of(other->state_dict());
+  Generator rng(7);
+  const std::string e = error_of<ValueError>([&] { ckpt::restore(c, *other, other_opt, rng, path); });
+  expect_contains(e, {path, "model", "4.weight", "nothing was loaded"});
+  EXPECT_EQ(values_of(other->state_dict()), before);
+  EXPECT_EQ(rng.seed(), 7u);
+}
+
+TEST_F(CheckpointTest, ARefusedFileLeavesTheModelAsItWas) {
+  // The whole load path (read, then restore) on truncated and bit-flipped
+  // files: the read refuses, so the live model never changes.
+  Generator gen(6);
+  auto saved = nn::make_mlp({.in_features = 6, .hidden = {5}, .num_classes = 3}, &gen);
+  optim::AdamW saved_opt(saved->parameters());
+  const std::string good_path = file("good.safetensors");
+  ckpt::save_checkpoint(good_path, ckpt::capture(*saved, saved_opt, 9, {0, 9}, gen));
+  const Bytes good = read_bytes(good_path);
+
+  auto live = nn::make_mlp({.in_features = 6, .hidden = {5}, .num_classes = 3}, &gen);
+  optim::AdamW live_opt(live->parameters());
+  const auto before = values_of(live->state_dict());
+  auto load = [&](const std::string& p) {
+    Generator rng(1);
+    ckpt::restore(ckpt::read_checkpoint(p), *live, live_opt, rng, p);
+  };
+  const std::string bad = file("bad.safetensors");
+  int refused = 0;
+  std::mt19937_64 rng(testing::fresh_seed());
+  for (int trial = 0; trial < 40; ++trial) {
+    Bytes b = good;
+    if (trial % 2 == 0) b.resize(rng() % good.size());  // truncated anywhere
+    else b[rng() % b.size()] ^= static_cast<uint8_t>(1u << (rng() % 8));  // one bit flipped anywhere
+    write_bytes(bad, b);
+    const std::string e = error_of<IOError>([&] { load(bad); });
+    refused += e.find(bad) != std::string::npos;
+    EXPECT_EQ(values_of(live->state_dict()), before) << "trial " << trial << ": " << e;
+  }
+  std::printf("damaged checkpoints refused, naming the file: %d of 40\n", refused);
+  EXPECT_EQ(refused, 40);
+  load(good_path);  // and the good one still loads
+  EXPECT_EQ(values_of(live->state_dict()), values_of(saved->state_dict()));
 }
 
 // ---- continuing a run ----------------------------------------------------------------------------

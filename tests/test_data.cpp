@@ -168,6 +168,43 @@ TEST(FashionMnist, MissingDirectoryIsAnIOError) {
   }
 }
 
+TEST(FashionMnist, FilesOfTheWrongKindAreRefusedNamingThem) {
+  // A folder laid out like the data set, with the files wrong one at a time.
+  auto images = [](uint32_t n) { return idx_bytes({n, 28, 28}); };
+  auto labels = [](uint32_t n, uint8_t last) {  // 0, 1, ..., then `last`
+    Bytes b = {0, 0, 0x08, 1, 0, 0, 0, static_cast<uint8_t>(n)};
+    for (uint32_t i = 0; i + 1 < n; ++i) b.push_back(static_cast<uint8_t>(i));
+    b.push_back(last);
+    return b;
+  };
+  struct Case {
+    Bytes img, lab;
+    std::vector<std::string> says;
+  };
+  const std::vector<Case> cases = {
+      {images(4), labels(4, 9), {}},                                                      // the good layout
+      {idx_bytes({4, 28, 27}), labels(4, 9), {"t10k-images-idx3-ubyte.gz", "[4, 28, 27]", "[N, 28, 28]"}},
+      {labels(4, 9), labels(4, 9), {"t10k-images-idx3-ubyte.gz", "[4]", "[N, 28, 28]"}},  // labels given as images
+      {images(4), labels(3, 9), {"t10k-labels-idx1-ubyte.gz", "[3]", "expected [4]"}},
+      {images(4), labels(4, 10), {"t10k-labels-idx1-ubyte.gz", "label 10 at index 3", "0..9"}},
+  };
+  for (const Case& c : cases) {
+    TempDir dir;
+    write_gz(dir.file("t10k-images-idx3-ubyte.gz"), c.img);
+    write_gz(dir.file("t10k-labels-idx1-ubyte.gz"), c.lab);
+    if (c.says.empty()) {
+      EXPECT_EQ(FashionMNIST(Split::test, dir.file("")).size(), 4);
+      continue;
+    }
+    try {
+      FashionMNIST(Split::test, dir.file(""));
+      ADD_FAILURE() << "accepted a bad data set; expected: " << c.says.front();
+    } catch (const IOError& e) {
+      expect_contains(e.what(), c.says);
+    }
+  }
+}
+
 // ---- text ---------------------------------------------------------------------------------------
 
 TEST(CharDataset, WindowsAndShiftedTargets) {
@@ -191,6 +228,26 @@ TEST(CharDataset, WindowsAndShiftedTargets) {
   EXPECT_EQ(tail.decode(tx), "worl");
   EXPECT_THROW(ds.subset(5, 3), ValueError);
   EXPECT_THROW(CharDataset("abc", 3, "short"), IOError);
+}
+
+TEST(CharDataset, UnusableTextFilesAreRefusedNamingThem) {
+  TempDir dir;
+  write_plain(dir.file("empty.txt"), {});
+  write_plain(dir.file("short.txt"), {'a', 'b', 'c'});
+  fs::create_directories(dir.file("folder.txt"));
+  auto error_for = [](const std::string& path) {
+    try {
+      CharDataset ds(path, 8);
+      ADD_FAILURE() << "accepted '" << path << "'";
+    } catch (const IOError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  expect_contains(error_for(dir.file("empty.txt")), {dir.file("empty.txt"), "0 bytes", "context of 8"});
+  expect_contains(error_for(dir.file("short.txt")), {dir.file("short.txt"), "3 bytes"});
+  expect_contains(error_for(dir.file("folder.txt")), {dir.file("folder.txt"), "is a folder"});
+  expect_contains(error_for(dir.file("missing.txt")), {dir.file("missing.txt"), "cannot open"});
 }
 
 TEST(CharDataset, ReadsTheDefaultCorpus) {

@@ -11,6 +11,7 @@
 #include "models/sgd.h"
 #include "parallel/data_parallel.h"
 #include "parallel/distributed_error.h"
+#include "parallel/child_process.h"
 #include "parallel/launch.h"
 #include "parallel/process_group.h"
 #include "parallel/tcp_store.h"
@@ -122,6 +123,40 @@ TEST(NcclProcessGroup, APeerThatNeverCallsTimesOut) {
   EXPECT_NE(message.find("allreduce(sum)"), std::string::npos) << message;
   EXPECT_NE(message.find("timeout 3000 ms"), std::string::npos) << message;
   EXPECT_LT(took, 30.0);
+}
+
+TEST(NcclDdp, AKilledRankEndsTheOtherWithAnAbortedCommunicator) {
+  // Two ranks started directly (nobody stops the survivor for it), DDP over
+  // NCCL; rank 1 is killed mid-training. Rank 0 must notice through
+  // NCCL's asynchronous error or its timeout, abort the communicator and
+  // fail, not hang.
+  SKIP_WITHOUT_TWO_GPUS();
+  const int timeout_s = 20;
+  const std::string port = std::to_string(mpt::testing::free_port());
+  std::vector<std::unique_ptr<mpt::testing::ChildProcess>> ranks;
+  for (int r = 0; r < 2; ++r)
+    ranks.push_back(std::make_unique<mpt::testing::ChildProcess>(
+        std::vector<std::string>{mpt::testing::ddp_worker_path(), "train", "cuda"},
+        std::map<std::string, std::string>{{"RANK", std::to_string(r)},
+                                           {"WORLD_SIZE", "2"},
+                                           {"MASTER_ADDR", "127.0.0.1"},
+                                           {"MASTER_PORT", port},
+                                           {"MPT_TEST_TIMEOUT_S", std::to_string(timeout_s)}},
+        fmt::format("/tmp/mpt-nccl-kill-{}-{}.log", ::getpid(), r)));
+  ASSERT_TRUE(ranks[1]->wait_for_output("rank 1: step 30", 120)) << ranks[1]->output() << ranks[0]->output();
+  ranks[1]->signal(SIGKILL);
+  const auto killed_at = std::chrono::steady_clock::now();
+  const auto status = ranks[0]->wait(timeout_s + 10);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+  const std::string out = ranks[0]->output();
+  for (int r = 0; r < 2; ++r) std::remove(fmt::format("/tmp/mpt-nccl-kill-{}-{}.log", ::getpid(), r).c_str());
+  std::cout << out;  // the survivor's message, for the report
+  std::printf("faults injected: 1, rank 0 ended %.2f s after the kill (timeout %d s)\n", took, timeout_s);
+  ASSERT_TRUE(status.has_value()) << "rank 0 still runs " << took << " s after rank 1 was killed:\n" << out;
+  EXPECT_TRUE(mpt::testing::exited_with_failure(*status)) << out;
+  EXPECT_NE(out.find("NCCL"), std::string::npos) << out;
+  EXPECT_NE(out.find("communicator aborted"), std::string::npos) << out;
+  EXPECT_LT(took, timeout_s + 5);
 }
 
 TEST(NcclDdp, TwoGpusMatchOneProcess) {

@@ -253,3 +253,168 @@ TEST(Rendezvous, FileUrlMeetsInASharedFolder) {
   EXPECT_THROW(rendezvous("tcp://x", milliseconds(100), env_of({})), ValueError);
   std::filesystem::remove_all(dir);
 }
+
+// ---- where the store listens ---------------------------------------------------------------
+
+TEST(TcpStore, ListensOnlyWhereItIsTold) {
+  // All of 127.0.0.0/8 reaches this host: a store bound to 127.0.0.1 must
+  // not answer at 127.0.0.2, one bound to every interface must.
+  TcpStore narrow("127.0.0.1", 0, true, milliseconds(2000), {.bind_address = "127.0.0.1"});
+  TcpStore same("127.0.0.1", narrow.port(), false, milliseconds(2000));
+  exercise_store(narrow, same);
+  const std::string msg =
+      message_of<TimeoutError>([&] { TcpStore other("127.0.0.2", narrow.port(), false, milliseconds(400)); });
+  EXPECT_NE(msg.find("127.0.0.2:" + std::to_string(narrow.port())), std::string::npos) << msg;
+  EXPECT_NE(msg.find("refused"), std::string::npos) << msg;
+
+  TcpStore wide("127.0.0.1", 0, true, milliseconds(2000));
+  TcpStore via_other_address("127.0.0.2", wide.port(), false, milliseconds(2000));
+  exercise_store(wide, via_other_address);
+
+  // A master bound to 127.0.0.2 reaches its own server there.
+  TcpStore second("127.0.0.2", 0, true, milliseconds(2000), {.bind_address = "127.0.0.2"});
+  second.set("k", std::string("v"));
+  EXPECT_EQ(second.get_string("k"), "v");
+}
+
+TEST(TcpStore, AnAddressThatIsNotThisHostsIsAClearError) {
+  // 192.0.2.1 is reserved for documentation: no interface has it. Binding
+  // sends nothing anywhere.
+  const std::string msg = message_of<DistributedError>(
+      [&] { TcpStore master("192.0.2.1", 0, true, milliseconds(500), {.bind_address = "192.0.2.1"}); });
+  EXPECT_NE(msg.find("192.0.2.1"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("no interface of this host"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("MPT_STORE_BIND_ADDR"), std::string::npos) << msg;
+  const std::string bad_name = message_of<DistributedError>(
+      [&] { TcpStore master("x", 0, true, milliseconds(500), {.bind_address = "no-such-host.invalid"}); });
+  EXPECT_NE(bad_name.find("no-such-host.invalid"), std::string::npos) << bad_name;
+}
+
+TEST(Rendezvous, TheStoreListensAtANumericMasterAddressOrWhereItIsTold) {
+  auto config = [](std::map<std::string, std::string> extra) {
+    std::map<std::string, std::string> vars = {{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_PORT", "29500"}};
+    vars.insert(extra.begin(), extra.end());
+    return config_from_env(env_of(vars));
+  };
+  EXPECT_EQ(config({{"MASTER_ADDR", "10.1.2.3"}}).store_bind_address, "10.1.2.3");
+  EXPECT_EQ(config({{"MASTER_ADDR", "fd00::1"}}).store_bind_address, "fd00::1");
+  EXPECT_EQ(config({{"MASTER_ADDR", "node0"}}).store_bind_address, "");  // a name: every interface
+  EXPECT_EQ(config({{"MASTER_ADDR", "node0"}, {"MPT_STORE_BIND_ADDR", "10.9.9.9"}}).store_bind_address, "10.9.9.9");
+  EXPECT_EQ(config({{"MASTER_ADDR", "127.0.0.1"}, {"MPT_STORE_BIND_ADDR", "0.0.0.0"}}).store_bind_address,
+            "0.0.0.0");
+  EXPECT_EQ(config({{"MASTER_ADDR", "node0"}, {"MPT_JOB_TOKEN", "t0k"}}).job_token, "t0k");
+}
+
+// ---- the job token -------------------------------------------------------------------------
+
+TEST(TcpStore, AClientWithAnotherJobsTokenIsRefusedOnBothSides) {
+  TcpStore master("127.0.0.1", 0, true, milliseconds(2000), {.job_token = "job-A"});
+  TcpStore member("127.0.0.1", master.port(), false, milliseconds(2000), {.job_token = "job-A"});
+  exercise_store(master, member);
+  EXPECT_TRUE(master.refused_connections().empty());
+
+  int refused = 0;
+  for (const std::string token : {"job-B", "", "job-AA", "job-"}) {
+    SCOPED_TRACE("token '" + token + "'");
+    const auto start = Clock::now();
+    const std::string msg = message_of<DistributedError>(
+        [&] { TcpStore stray("127.0.0.1", master.port(), false, milliseconds(2000), {.job_token = token}); });
+    EXPECT_LT(seconds_since(start), 1.5);  // refused at once, not timed out
+    mpt::testing::expect_contains(
+        msg, {"tcp://127.0.0.1:" + std::to_string(master.port()), "refused this process", "job token", "MPT_JOB_TOKEN"});
+    ++refused;
+    const auto lines = master.refused_connections();
+    ASSERT_EQ(static_cast<int>(lines.size()), refused);
+    mpt::testing::expect_contains(lines.back(), {"refused the connection from 127.0.0.1:", "job token",
+                                                 "another job", std::to_string(master.port())});
+  }
+  // The job's own members go on unharmed.
+  member.set("after", std::string("ok"));
+  EXPECT_EQ(master.get_string("after"), "ok");
+}
+
+TEST(TcpStore, SomethingThatIsNotAStoreClientIsRefused) {
+  TcpStore master("127.0.0.1", 0, true, milliseconds(2000), {.job_token = "job-A"});
+  // A well-formed "set" without the greeting first.
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>(master.port()));
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  const char set_x[] = {1, 1, 0, 0, 0, 'x', 1, 0, 0, 0, 'v'};
+  ASSERT_EQ(::send(fd, set_x, sizeof set_x, 0), static_cast<ssize_t>(sizeof set_x));
+  char reply[256];
+  const ssize_t n = ::recv(fd, reply, sizeof reply, MSG_WAITALL);  // the refusal, then the close
+  ::close(fd);
+  ASSERT_GT(n, 0);
+  EXPECT_EQ(reply[0], 3);  // refused
+  EXPECT_FALSE(master.check({"x"}));  // nothing was stored
+  ASSERT_EQ(master.refused_connections().size(), 1u);
+  EXPECT_NE(master.refused_connections()[0].find("did not open with the store's greeting"), std::string::npos);
+}
+
+TEST(Rendezvous, ARankOfAnotherJobCannotJoin) {
+  const int port = mpt::testing::free_port();
+  auto env = [&](int rank, const std::string& token) {
+    return env_of({{"RANK", std::to_string(rank)},
+                   {"WORLD_SIZE", "2"},
+                   {"MASTER_ADDR", "127.0.0.1"},
+                   {"MASTER_PORT", std::to_string(port)},
+                   {"MPT_JOB_TOKEN", token}});
+  };
+  std::string lead_error;
+  std::thread lead([&] {
+    lead_error = message_of<TimeoutError>([&] { rendezvous("env://", milliseconds(2500), env(0, "job-A")); });
+  });
+  std::this_thread::sleep_for(milliseconds(200));
+  const std::string stray = message_of<DistributedError>([&] { rendezvous("env://", milliseconds(2500), env(1, "job-B")); });
+  lead.join();
+  EXPECT_NE(stray.find("refused this process"), std::string::npos) << stray;
+  // Rank 0 never saw a rank 1: the stray did not join.
+  EXPECT_NE(lead_error.find("missing: [1]"), std::string::npos) << lead_error;
+}
+
+// ---- who left ------------------------------------------------------------------------------
+
+TEST(TcpStore, EphemeralKeysGoWithTheirConnectionInOrder) {
+  TcpStore master("127.0.0.1", 0, true, milliseconds(2000));
+  auto first = std::make_unique<TcpStore>("127.0.0.1", master.port(), false, milliseconds(2000));
+  auto second = std::make_unique<TcpStore>("127.0.0.1", master.port(), false, milliseconds(2000));
+  first->set_ephemeral("a", Bytes{'1'});
+  second->set_ephemeral("b", Bytes{'2'});
+  EXPECT_TRUE(master.check({"a", "b"}));
+  EXPECT_EQ(master.departure_order("a"), 0);
+  auto wait_gone = [&](const std::string& key) {
+    const auto until = Clock::now() + std::chrono::seconds(2);
+    while (master.check({key}) && Clock::now() < until) std::this_thread::sleep_for(milliseconds(10));
+  };
+  second.reset();
+  wait_gone("b");
+  first.reset();
+  wait_gone("a");
+  EXPECT_FALSE(master.check({"a"}));
+  EXPECT_FALSE(master.check({"b"}));
+  EXPECT_EQ(master.departure_order("b"), 1);
+  EXPECT_EQ(master.departure_order("a"), 2);
+}
+
+TEST(Rendezvous, TheStoreKnowsWhichRanksLeftFirst) {
+  TcpStore master("127.0.0.1", 0, true, milliseconds(3000));
+  std::vector<std::unique_ptr<TcpStore>> clients;
+  for (int r = 1; r < 4; ++r) clients.push_back(std::make_unique<TcpStore>("127.0.0.1", master.port(), false, milliseconds(3000)));
+  std::vector<std::thread> ranks;
+  for (int r = 1; r < 4; ++r) ranks.emplace_back([&, r] { join_world(*clients[r - 1], r, 4); });
+  join_world(master, 0, 4);
+  for (auto& t : ranks) t.join();
+  EXPECT_TRUE(departed_ranks(master, 4).empty());
+  auto wait_departed = [&](size_t n) {
+    const auto until = Clock::now() + std::chrono::seconds(2);
+    while (departed_ranks(master, 4).size() < n && Clock::now() < until) std::this_thread::sleep_for(milliseconds(10));
+  };
+  clients[2].reset();  // rank 3
+  wait_departed(1);
+  clients[0].reset();  // rank 1
+  wait_departed(2);
+  EXPECT_EQ(departed_ranks(master, 4), (std::vector<int>{3, 1}));
+}

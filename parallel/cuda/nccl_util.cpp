@@ -51,18 +51,15 @@ void wait_for(const std::vector<ncclComm_t>& comms, Millis timeout, const std::s
       if (state == ncclInProgress) {
         in_progress = true;
       } else if (state != ncclSuccess) {
-        for (ncclComm_t a : comms) ncclCommAbort(a);
-        throw DistributedError(fmt::format("NCCL {}: {} (a peer failed or the network broke); communicator aborted",
-                                           what, ncclGetErrorString(state)));
+        throw DistributedError(
+            fmt::format("NCCL {}: {} (a peer failed or the network broke)", what, ncclGetErrorString(state)));
       }
     }
     if (!in_progress) return;
     const auto waited = std::chrono::duration_cast<Millis>(std::chrono::steady_clock::now() - start);
-    if (waited >= timeout) {
-      for (ncclComm_t a : comms) ncclCommAbort(a);
-      throw TimeoutError(fmt::format("NCCL {}: not done after {} ms (timeout {} ms); communicator aborted", what,
-                                     waited.count(), timeout.count()));
-    }
+    if (waited >= timeout)
+      throw TimeoutError(fmt::format("NCCL {}: not done after {} ms (timeout {} ms)", what, waited.count(),
+                                     timeout.count()));
     // Enqueuing usually finishes within microseconds: poll without sleeping
     // at first, then back off.
     if (waited < Millis(2)) std::this_thread::yield();

@@ -20,8 +20,9 @@ ncclRedOp_t red_op(ReduceOp op);
 // instead of failing cleanly).
 void check_version();
 // Polls ncclCommGetAsyncError on every comm until none is in progress, or
-// aborts them and throws TimeoutError (DistributedError on an async error).
-// `what` names the operation for the message.
+// throws TimeoutError (DistributedError on an async error); the caller
+// then aborts the communicators (ncclCommAbort). `what` names the operation
+// for the message.
 void wait_for(const std::vector<ncclComm_t>& comms, Millis timeout, const std::string& what);
 
 }  // namespace mpt::dist::nccl

@@ -9,12 +9,19 @@
 //   die       rank 1 exits with status 7 after rendezvous while rank 0
 //             is busy for a minute (mpt-run must stop it)
 //   sleep     both ranks busy for a minute (for stopping mpt-run itself)
-// A second argument "cuda" runs plain/accum/compress on GPU LOCAL_RANK over
-// NCCL. Exit status 0 means every check passed; messages say what failed.
+//   train     DDP steps for about a minute, printing "rank R: step S" every
+//             10 steps: a run to hurt from outside (kill a rank, cut the
+//             link); a collective that fails ends it with status 3 and the
+//             error, which names the rank that went away
+// MPT_TEST_TIMEOUT_S sets the collectives' timeout (default 30 s).
+// A second argument "cuda" runs plain/accum/compress/train on GPU LOCAL_RANK
+// over NCCL. Exit status 0 means every check passed; messages say what failed.
 #include <unistd.h>
 
 #include <cmath>
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include <fmt/format.h>
@@ -178,6 +185,30 @@ int unused_parameters(ProcessGroup& pg) {
   return 0;
 }
 
+// A long run with nothing to compare: it ends when the time is up or a
+// collective fails (the error leaves through main's handler).
+int train_until_stopped(ProcessGroup& pg, const std::shared_ptr<ProcessGroup>& shared, const Device& device) {
+  auto model = testing::make_mlp(7);
+  model->to(device);
+  DistributedDataParallel ddp(model, shared);
+  optim::SGD opt(model->parameters(), {.lr = 0.01});
+  Generator gen(100 + pg.rank());
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  for (int step = 0; std::chrono::steady_clock::now() < until; ++step) {
+    const Tensor x = prim::to(randn({kRowsPerRank, 6}, DType::f32, kCPU, &gen), device);
+    const Tensor y = prim::to(randn({kRowsPerRank, 3}, DType::f32, kCPU, &gen), device);
+    backward(mse_loss(ddp(x), y));
+    opt.step();
+    opt.zero_grad();
+    if (step % 10 == 0) {
+      fmt::print("rank {}: step {}\n", pg.rank(), step);
+      std::fflush(stdout);
+    }
+    ::usleep(5000);  // leave the CPU to the other ranks of this small machine
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -186,6 +217,7 @@ int main(int argc, char** argv) {
   try {
     ProcessGroupOptions pg_options;
     pg_options.timeout = std::chrono::seconds(30);
+    if (const char* t = std::getenv("MPT_TEST_TIMEOUT_S")) pg_options.timeout = std::chrono::seconds(std::atoi(t));
     auto dist = init_process_group("env://", pg_options);
     // One GPU per local rank (NCCL), or the CPU (Gloo): the group routes by
     // the tensors' device.
@@ -209,6 +241,7 @@ int main(int argc, char** argv) {
       ::sleep(60);  // a long step: mpt-run must stop this rank, not wait for it
       return 0;
     }
+    if (mode == "train") return train_until_stopped(*pg, pg, device);
     if (mode == "sleep") {  // both ranks busy until stopped from outside
       pg->barrier()->wait();
       ::sleep(60);

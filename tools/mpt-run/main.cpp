@@ -4,17 +4,40 @@
 // as soon as one fails, naming it and its exit status.
 //
 //   mpt-run --nproc_per_node 2 ./train --epochs 3
-//   mpt-run --nproc_per_node 8 --nnodes 2 --node_rank 1 --master_addr node0 ./train
+//   mpt-run --nproc_per_node 8 --nnodes 2 --node_rank 1 --master_addr node0 --job_token $TOKEN ./train
+//
+// Every rank gets a job token (MPT_JOB_TOKEN) that rank 0's store checks, so
+// a process of another job cannot join this one by mistake: the one given,
+// else $MPT_JOB_TOKEN, else (one node only) a fresh random one.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <cstdlib>
+#include <fstream>
+
 #include "supervisor.h"
+
+namespace {
+
+// 128 random bits as hex.
+std::string random_token() {
+  std::ifstream urandom("/dev/urandom", std::ios::binary);
+  unsigned char bytes[16] = {};
+  urandom.read(reinterpret_cast<char*>(bytes), sizeof bytes);
+  if (!urandom) throw std::runtime_error("mpt-run: cannot read /dev/urandom for a job token");
+  std::string hex;
+  for (unsigned char b : bytes) hex += fmt::format("{:02x}", b);
+  return hex;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"Start a distributed job: one process per local device, torchrun's variables set"};
   int nproc = 0, nnodes = 1, node_rank = 0, master_port = 29500;
   std::string master_addr = "127.0.0.1";
   double kill_grace = 5.0;
+  std::string job_token;
   std::vector<std::string> command;
   // The count is explicit: CUDA_VISIBLE_DEVICES alone never decides it.
   app.add_option("--nproc_per_node", nproc, "processes on this node (usually one per GPU)")
@@ -24,6 +47,8 @@ int main(int argc, char** argv) {
   app.add_option("--node_rank", node_rank, "this node's index, 0..nnodes-1")->check(CLI::NonNegativeNumber);
   app.add_option("--master_addr", master_addr, "host of rank 0 (its store)");
   app.add_option("--master_port", master_port, "port of rank 0's store")->check(CLI::Range(1, 65535));
+  app.add_option("--job_token", job_token,
+                 "shared secret of this job's processes (default: $MPT_JOB_TOKEN; on one node, a random one)");
   app.add_option("--kill_timeout", kill_grace, "seconds a rank gets to exit after SIGTERM before SIGKILL")
       ->check(CLI::NonNegativeNumber);
   app.prefix_command();  // everything from the program on belongs to it
@@ -39,6 +64,16 @@ int main(int argc, char** argv) {
     return 2;
   }
 
+  if (job_token.empty())
+    if (const char* env = std::getenv("MPT_JOB_TOKEN")) job_token = env;
+  try {
+    // Several launchers must agree on the token, so only a lone one invents it.
+    if (job_token.empty() && nnodes == 1) job_token = random_token();
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "{}\n", e.what());
+    return 1;
+  }
+
   std::vector<mpt::run::RankSpec> ranks;
   for (int local = 0; local < nproc; ++local) {
     mpt::run::RankSpec spec;
@@ -49,7 +84,8 @@ int main(int argc, char** argv) {
                 {"LOCAL_WORLD_SIZE", std::to_string(nproc)},
                 {"GROUP_RANK", std::to_string(node_rank)},
                 {"MASTER_ADDR", master_addr},
-                {"MASTER_PORT", std::to_string(master_port)}};
+                {"MASTER_PORT", std::to_string(master_port)},
+                {"MPT_JOB_TOKEN", job_token}};
     ranks.push_back(std::move(spec));
   }
   try {

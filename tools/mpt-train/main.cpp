@@ -46,6 +46,10 @@ int main(int argc, char** argv) {
   app.add_option("--device", c.device, "auto (a GPU if present, else the CPU), cpu, cuda, cuda:N");
   app.add_option("--parallel", c.parallel, "none, dp, ddp; auto: ddp when started by mpt-run")
       ->check(CLI::IsMember({"auto", "none", "dp", "ddp"}));
+  app.add_option("--dist-timeout", c.dist_timeout,
+                 "ddp: seconds a rendezvous wait or a collective may take before the rank fails (a dead peer is "
+                 "noticed at once; this bounds a silent one)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--workers", c.workers, "Data-loading threads (0: load in the training thread)");
   app.add_option("--eval-batches", c.eval_batches, "Batches evaluated per epoch (0: the whole test set or held-out text)");
 

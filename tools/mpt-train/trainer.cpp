@@ -167,7 +167,11 @@ TrainResult run_training(const TrainConfig& config) {
   // ddp: join the other ranks (rendezvous from mpt-run's variables); only
   // rank 0 reports and writes checkpoints.
   std::optional<dist::Distributed> world;
-  if (parallel == "ddp") world = dist::init_process_group("env://");
+  if (parallel == "ddp") {
+    dist::ProcessGroupOptions options;
+    options.timeout = std::chrono::milliseconds(static_cast<int64_t>(c.dist_timeout * 1000));
+    world = dist::init_process_group("env://", options);
+  }
   const bool lead = !world || world->config.rank == 0;
   if (!lead) {
     c.progress = "none";
