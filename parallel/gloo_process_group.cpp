@@ -256,6 +256,9 @@ class GlooProcessGroup : public ProcessGroup {
       const std::string text = fmt::format("Gloo {} on rank {} of {} (timeout {} ms): {}; {}", what, rank(), size(),
                                            timeout_.count(), msg,
                                            peers_at_fault(msg, std::chrono::steady_clock::now() - start));
+      // Rank 0's store goes when its process ends: after a broken
+      // connection, keep it a moment for the others to ask who left.
+      if (!is_timeout(msg)) linger_for_departures(*store_, rank(), size());
       if (is_timeout(msg)) throw TimeoutError(text);
       throw DistributedError(text);
     }

@@ -154,6 +154,22 @@ std::string describe_departures(Store& store, int world_size, Millis grace) {
   }
 }
 
+void linger_for_departures(Store& store, int rank, int world_size, Millis grace) {
+  auto* tcp = dynamic_cast<TcpStore*>(&store);
+  if (tcp == nullptr || !tcp->hosts_server()) return;
+  const auto until = std::chrono::steady_clock::now() + grace;
+  try {
+    while (std::chrono::steady_clock::now() < until) {
+      const std::vector<int> gone = departed_ranks(store, world_size);
+      if (static_cast<int>(gone.size()) >= world_size - 1)
+        return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  } catch (const std::exception&) {
+    // Nothing to wait for if our own store cannot answer.
+  }
+}
+
 void join_world(Store& store, int rank, int world_size) {
   const int64_t claims = store.add(fmt::format("mpt/rank_claims/{}", rank), 1);
   check<DistributedError>(claims == 1,

@@ -76,4 +76,9 @@ std::vector<int> departed_ranks(Store& store, int world_size);
 // that long). Never throws.
 std::string describe_departures(Store& store, int world_size, Millis grace = std::chrono::seconds(2));
 
+// After a failure on the rank whose process hosts the store: waits until
+// every other rank has left, at most `grace`, so that the others can still
+// ask the store who left first. Returns at once elsewhere.
+void linger_for_departures(Store& store, int rank, int world_size, Millis grace = std::chrono::seconds(2));
+
 }  // namespace mpt::dist

@@ -56,6 +56,7 @@ class TcpStore : public Store {
 
   const std::string& host() const { return host_; }
   int port() const { return port_; }
+  bool hosts_server() const { return server_ != nullptr; }
   // Master only: one line per connection the server refused (wrong job
   // token, or not a store client), oldest first.
   std::vector<std::string> refused_connections() const;
