@@ -235,10 +235,8 @@ void DistributedDataParallel::Reducer::finalize() {
   StepTimer* timer = StepTimer::active();
   if (timer) timer->lap(StepPhase::backward);
   {
-    // On the GPU the compute stream waits for the buckets; the host goes on
-    // queueing the copies back and the optimizer step.
     NvtxRange range("ddp: wait for all-reduces");
-    for (auto& b : buckets) b.work->wait_on_stream();
+    for (auto& b : buckets) b.work->wait();
   }
   if (timer) timer->lap(StepPhase::comm);
 
@@ -349,7 +347,7 @@ void allreduce_found_inf(ProcessGroup& group, const Tensor& found_inf) {
   check<ShapeError>(found_inf.defined() && found_inf.numel() == 1,
                     "allreduce_found_inf: expected a one-element tensor, got {}",
                     found_inf.defined() ? describe(found_inf) : "undefined");
-  group.allreduce(found_inf, ReduceOp::max)->wait_on_stream();
+  group.allreduce(found_inf, ReduceOp::max)->wait();
 }
 
 }  // namespace mpt::dist

@@ -9,9 +9,7 @@
 // of a bucket is ready the bucket is all-reduced on the process group's
 // communication thread (or stream) while backward goes on. The last hook of
 // the backward waits for the buckets and writes the averaged gradients back,
-// so when backward() returns the gradients are synchronised (on GPUs in
-// stream order: the compute stream waits for the all-reduces, the host does
-// not; a failed or stuck all-reduce is reported by the next DDP call).
+// so when backward() returns the gradients are synchronised.
 //
 // Buckets start in reverse registration order (the order backward usually
 // produces gradients) and are rebuilt once, before the second synchronised

@@ -28,12 +28,6 @@ class Work {
   // DistributedError, ...). Waiting twice is fine.
   virtual void wait() = 0;
   virtual bool is_completed() = 0;
-  // Orders the caller's current stream after the operation without blocking
-  // the host, where the backend can (NCCL): later kernels see the result,
-  // and the host goes on queueing them. A failure then surfaces in the
-  // group's next collective or wait (the group watches the operation and
-  // aborts within its timeout). Backends that run on the host just wait().
-  virtual void wait_on_stream() { wait(); }
 };
 using WorkPtr = std::shared_ptr<Work>;
 

@@ -4,15 +4,10 @@
 // GPU) for the work queued so far on the caller's current stream, runs on
 // the communication stream, and records an event that Work::wait() polls
 // together with ncclCommGetAsyncError: a dead peer or a stuck collective
-// ends in an error within the timeout, never in a hang. Work::wait_on_stream()
-// only makes the caller's stream wait on the GPU; a watchdog thread then
-// polls the same way and aborts the communicator on failure.
+// ends in an error within the timeout, never in a hang.
 #include <cuda_runtime.h>
 #include <nccl.h>
 
-#include <algorithm>
-#include <chrono>
-#include <condition_variable>
 #include <cstring>
 #include <functional>
 #include <mutex>
@@ -79,102 +74,22 @@ void aborting_on_failure(Communicator& comm, F&& f) {
   }
 }
 
-// One collective on the GPU: its completion event and the tensors it uses.
-struct InFlight {
-  cudaEvent_t done = nullptr;
-  std::string what;
-  std::vector<Tensor> keep_alive;  // the memory stays ours until the GPU is done with it
-  std::chrono::steady_clock::time_point since = std::chrono::steady_clock::now();
-
-  InFlight(int device, std::string w, std::vector<Tensor> keep) : what(std::move(w)), keep_alive(std::move(keep)) {
-    DeviceGuard guard(Device(DeviceType::cuda, device));
-    MPT_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
-  }
-  ~InFlight() {
-    if (done) (void)cudaEventDestroy(done);
-  }
-  InFlight(const InFlight&) = delete;
-  InFlight& operator=(const InFlight&) = delete;
-};
-
-// Watches the collectives whose callers did not wait on the host
-// (Work::wait_on_stream): one that fails, or is not done within the
-// timeout, aborts the communicator (its kernels then return, so nothing
-// stays stuck) and the group's next call raises the reason.
-class Watchdog {
- public:
-  Watchdog(std::shared_ptr<Communicator> comm, Millis timeout) : comm_(std::move(comm)), timeout_(timeout) {}
-  ~Watchdog() {
-    {
-      std::lock_guard lock(mutex_);
-      stop_ = true;
-    }
-    wake_.notify_all();
-    if (thread_.joinable()) thread_.join();
-  }
-
-  void watch(std::shared_ptr<InFlight> op) {
-    {
-      std::lock_guard lock(mutex_);
-      watched_.push_back(std::move(op));
-      if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
-    }
-    wake_.notify_all();
-  }
-
- private:
-  void run() {
-    std::unique_lock lock(mutex_);
-    while (!stop_) {
-      if (watched_.empty()) {
-        wake_.wait(lock, [&] { return stop_ || !watched_.empty(); });
-        continue;
-      }
-      std::erase_if(watched_, [](const auto& op) { return cudaEventQuery(op->done) == cudaSuccess; });
-      (void)cudaGetLastError();  // cudaErrorNotReady is no error
-      if (!watched_.empty()) check_failures();
-      wake_.wait_for(lock, std::chrono::microseconds(500), [&] { return stop_; });
-    }
-  }
-
-  void check_failures() {
-    std::string why;
-    ncclResult_t state = ncclSuccess;
-    if (ncclCommGetAsyncError(comm_->get(), &state) == ncclSuccess && state != ncclSuccess &&
-        state != ncclInProgress) {
-      why = fmt::format("NCCL {}: {} (a peer failed or the network broke)", watched_.front()->what,
-                        ncclGetErrorString(state));
-    } else {
-      const auto waited = std::chrono::duration_cast<Millis>(std::chrono::steady_clock::now() - watched_.front()->since);
-      if (waited < timeout_) return;
-      why = fmt::format("NCCL {}: not finished after {} ms (timeout {} ms; a peer may be dead or stalled)",
-                        watched_.front()->what, waited.count(), timeout_.count());
-    }
-    comm_->abort(fmt::format("{}; communicator aborted; {}", why, comm_->who_left()));
-    watched_.clear();
-  }
-
-  std::shared_ptr<Communicator> comm_;
-  Millis timeout_;
-  std::mutex mutex_;
-  std::condition_variable wake_;
-  std::vector<std::shared_ptr<InFlight>> watched_;
-  bool stop_ = false;
-  std::thread thread_;
-};
-
 class NcclWork : public Work {
  public:
-  NcclWork(int device, std::shared_ptr<Communicator> comm, std::shared_ptr<Watchdog> watchdog, Millis timeout,
-           std::string what, std::vector<Tensor> keep_alive)
-      : device_(device), comm_(std::move(comm)), watchdog_(std::move(watchdog)), timeout_(timeout),
-        op_(std::make_shared<InFlight>(device, std::move(what), std::move(keep_alive))) {}
+  NcclWork(int device, std::shared_ptr<Communicator> comm, Millis timeout, std::string what,
+           std::vector<Tensor> keep_alive)
+      : device_(device), comm_(std::move(comm)), timeout_(timeout), what_(std::move(what)),
+        keep_alive_(std::move(keep_alive)) {
+    DeviceGuard guard(Device(DeviceType::cuda, device_));
+    MPT_CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
+  }
+  ~NcclWork() override { cudaEventDestroy(done_); }
 
-  cudaEvent_t event() const { return op_->done; }
+  cudaEvent_t event() const { return done_; }
 
   bool is_completed() override {
     std::lock_guard lock(mutex_);
-    return completed_ || cudaEventQuery(op_->done) == cudaSuccess;
+    return completed_ || cudaEventQuery(done_) == cudaSuccess;
   }
 
   // Polls the event and the communicator's asynchronous error together:
@@ -183,23 +98,25 @@ class NcclWork : public Work {
   void wait() override {
     std::lock_guard lock(mutex_);
     if (completed_) return;
-    check_not_aborted();
+    const std::string earlier = comm_->aborted_because();
+    check<DistributedError>(earlier.empty(), "NCCL {}: the communicator was aborted by an earlier failure ({})",
+                            what_, earlier);
     const auto start = std::chrono::steady_clock::now();
     aborting_on_failure(*comm_, [&] {
       for (;;) {
-        const cudaError_t q = cudaEventQuery(op_->done);
+        const cudaError_t q = cudaEventQuery(done_);
         if (q == cudaSuccess) break;
         if (q != cudaErrorNotReady) MPT_CUDA_CHECK(q);
         ncclResult_t state = ncclSuccess;
         MPT_NCCL_CHECK(ncclCommGetAsyncError(comm_->get(), &state));
         if (state != ncclSuccess && state != ncclInProgress)
           throw DistributedError(
-              fmt::format("NCCL {}: {} (a peer failed or the network broke)", op_->what, ncclGetErrorString(state)));
+              fmt::format("NCCL {}: {} (a peer failed or the network broke)", what_, ncclGetErrorString(state)));
         const auto waited = std::chrono::duration_cast<Millis>(std::chrono::steady_clock::now() - start);
         if (waited >= timeout_)
           throw TimeoutError(fmt::format("NCCL {}: not finished after {} ms (timeout {} ms; a peer may be dead or "
                                          "stalled)",
-                                         op_->what, waited.count(), timeout_.count()));
+                                         what_, waited.count(), timeout_.count()));
         // Collectives of a training step take microseconds: poll without
         // sleeping at first (a 100 us sleep would be most of a small
         // model's step), then back off so a long wait does not burn a core.
@@ -208,37 +125,20 @@ class NcclWork : public Work {
       }
     });
     // Later kernels on the caller's stream see the result.
-    MPT_CUDA_CHECK(cudaStreamWaitEvent(cuda::current_cuda_stream(device_), op_->done, 0));
+    MPT_CUDA_CHECK(cudaStreamWaitEvent(cuda::current_cuda_stream(device_), done_, 0));
     completed_ = true;
-    op_->keep_alive.clear();
-  }
-
-  // The caller's stream waits for the event on the GPU; the watchdog keeps
-  // the tensors alive and the time limit.
-  void wait_on_stream() override {
-    std::lock_guard lock(mutex_);
-    if (completed_ || ordered_) return;
-    check_not_aborted();
-    MPT_CUDA_CHECK(cudaStreamWaitEvent(cuda::current_cuda_stream(device_), op_->done, 0));
-    watchdog_->watch(op_);
-    ordered_ = true;
+    keep_alive_.clear();
   }
 
  private:
-  void check_not_aborted() {
-    const std::string earlier = comm_->aborted_because();
-    check<DistributedError>(earlier.empty(), "NCCL {}: the communicator was aborted by an earlier failure ({})",
-                            op_->what, earlier);
-  }
-
   int device_;
   std::shared_ptr<Communicator> comm_;
-  std::shared_ptr<Watchdog> watchdog_;
   Millis timeout_;
-  std::shared_ptr<InFlight> op_;
+  std::string what_;
+  std::vector<Tensor> keep_alive_;  // the memory stays ours until the GPU is done with it
+  cudaEvent_t done_ = nullptr;
   std::mutex mutex_;
   bool completed_ = false;
-  bool ordered_ = false;  // handed to the watchdog
 };
 
 class NcclProcessGroup : public ProcessGroup {
@@ -246,7 +146,7 @@ class NcclProcessGroup : public ProcessGroup {
   NcclProcessGroup(const std::shared_ptr<Store>& store, int rank, int size, int device,
                    const ProcessGroupOptions& options)
       : ProcessGroup(rank, size), device_(device), timeout_(options.timeout),
-        comm_(std::make_shared<Communicator>(store, size)), watchdog_(std::make_shared<Watchdog>(comm_, timeout_)) {
+        comm_(std::make_shared<Communicator>(store, size)) {
     nccl::check_version();
     check_device_available(Device(DeviceType::cuda, device));
     DeviceGuard guard(Device(DeviceType::cuda, device_));
@@ -366,7 +266,7 @@ class NcclProcessGroup : public ProcessGroup {
                             what, earlier);
     MPT_CUDA_CHECK(cudaEventRecord(ready_, cuda::current_cuda_stream(device_)));
     MPT_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
-    auto work = std::make_shared<NcclWork>(device_, comm_, watchdog_, timeout_, what, std::move(keep_alive));
+    auto work = std::make_shared<NcclWork>(device_, comm_, timeout_, what, std::move(keep_alive));
     aborting_on_failure(*comm_, [&] {
       enqueue(stream_);
       nccl::wait_for({comm_->get()}, timeout_, what);  // a non-blocking comm may still be enqueuing
@@ -379,7 +279,6 @@ class NcclProcessGroup : public ProcessGroup {
   int device_;
   Millis timeout_;
   std::shared_ptr<Communicator> comm_;
-  std::shared_ptr<Watchdog> watchdog_;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t ready_ = nullptr;
   std::mutex mutex_;
