@@ -1,5 +1,6 @@
 #include "parallel/store_message.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "parallel/distributed_error.h"
@@ -23,18 +24,35 @@ std::string encode_store_message(const StoreMessage& msg, const std::string& wha
   return out;
 }
 
+namespace {
+
+// Reads a field of `len` bytes into *out, growing it as the bytes arrive
+// (doubling from 64 KiB): a message that declares a large value and then
+// ends costs only what it sent.
+template <typename Buffer>
+void read_field(const ReadExact& read_exact, Buffer* out, size_t len) {
+  constexpr size_t kFirstChunk = size_t{1} << 16;
+  size_t got = 0;
+  while (got < len) {
+    const size_t chunk = std::min(len - got, std::max(got, kFirstChunk));
+    out->resize(got + chunk);
+    read_exact(out->data() + got, chunk);
+    got += chunk;
+  }
+}
+
+}  // namespace
+
 StoreMessage read_store_message(const ReadExact& read_exact, const std::string& what) {
   StoreMessage msg;
   read_exact(&msg.head, 1);
   uint32_t len = 0;
   read_exact(&len, 4);
   check_store_limits(len, 0, what);
-  msg.key.resize(len);
-  if (len) read_exact(msg.key.data(), len);
+  read_field(read_exact, &msg.key, len);
   read_exact(&len, 4);
   check_store_limits(msg.key.size(), len, what);
-  msg.value.resize(len);
-  if (len) read_exact(msg.value.data(), len);
+  read_field(read_exact, &msg.value, len);
   return msg;
 }
 
@@ -43,7 +61,7 @@ StoreMessage parse_store_message(std::string_view bytes, size_t* consumed, const
   StoreMessage msg = read_store_message(
       [&](void* dst, size_t n) {
         check<DistributedError>(n <= bytes.size() - pos,
-                                "{}: the message ends after {} bytes, inside a field of {} bytes at offset {}", what,
+                                "{}: the message ends after {} bytes; {} more were expected at offset {}", what,
                                 bytes.size(), n, pos);
         std::memcpy(dst, bytes.data() + pos, n);
         pos += n;

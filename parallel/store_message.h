@@ -4,8 +4,9 @@
 // (lengths in host order: every rank of a job runs on the same kind of
 // machine). The parsing lives here, apart from the sockets, so that it can be
 // tested and fuzzed on plain bytes. A message that breaks the format or the
-// limits below is a DistributedError naming what is wrong; nothing is
-// allocated for a length before it has been checked.
+// limits below is a DistributedError naming what is wrong; a length is
+// checked before anything is read for it, and a field grows only as its
+// bytes arrive.
 #include <cstdint>
 #include <functional>
 #include <string>
