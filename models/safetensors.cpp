@@ -182,7 +182,7 @@ TensorFile load_safetensors(const std::string& path) {
   json header;
   try {
     header = json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, or out_of_range for a number beyond double
     throw IOError(fmt::format("load_safetensors: '{}' has a malformed JSON header: {}", path, e.what()));
   }
   check<IOError>(header.is_object(), "load_safetensors: '{}': the header is not a JSON object", path);
@@ -207,7 +207,9 @@ TensorFile load_safetensors(const std::string& path) {
     uint64_t begin, end;
   };
   std::vector<Entry> entries;
-  for (const auto& [name, e] : header.items()) {
+  for (const auto& item : header.items()) {
+    const std::string& name = item.key();  // named, not bound: the fault lambda captures it
+    const json& e = item.value();
     if (name == "__metadata__") continue;
     auto fault = [&](const std::string& what) {
       return IOError(fmt::format("load_safetensors: '{}', tensor '{}': {}", path, name, what));
