@@ -59,9 +59,10 @@ GrowthUnit growth_unit_from_name(const std::string& name) {
 ScaleRule scale_rule_from(const GradScalerOptions& o) {
   check(std::isfinite(o.init_scale) && o.init_scale > 0 && o.init_scale <= kF32Max,
         "GradScaler: init_scale must be positive and within f32 range, got {}", o.init_scale);
-  check(std::isfinite(o.growth_factor) && o.growth_factor >= 1.0, "GradScaler: growth_factor must be >= 1, got {}",
+  // As PyTorch requires: a factor of 1 is no dynamic scaling at all (a fixed scale is ScalePolicy::fixed).
+  check(std::isfinite(o.growth_factor) && o.growth_factor > 1.0, "GradScaler: growth_factor must be > 1, got {}",
         o.growth_factor);
-  check(o.backoff_factor > 0.0 && o.backoff_factor <= 1.0, "GradScaler: backoff_factor must be in (0, 1], got {}",
+  check(o.backoff_factor > 0.0 && o.backoff_factor < 1.0, "GradScaler: backoff_factor must be in (0, 1), got {}",
         o.backoff_factor);
   check(o.growth_interval >= 1, "GradScaler: growth_interval must be >= 1, got {}", o.growth_interval);
   check(o.hysteresis >= 1, "GradScaler: hysteresis must be >= 1, got {}", o.hysteresis);

@@ -29,10 +29,17 @@ Tensor log_softmax_wide(const Tensor& x32, int64_t dim) {
   return prim::sub(z, prim::unary(UnaryOp::log, prim::sum(prim::unary(UnaryOp::exp, z), {dim}, true)));
 }
 
+// A floating input and a dimension it has, named by the op the caller called.
+void check_softmax_input(const char* op, const Tensor& x, int64_t dim) {
+  check<DTypeError>(is_floating(x.dtype()), "{}: expects a floating input, got {}", op, describe(x));
+  normalize_dim(dim, x.dim(), op);
+}
+
 }  // namespace
 
 Tensor softmax(const Tensor& x, int64_t dim) {
   if (AutocastOp ac{"softmax", {&x}}) return softmax(ac[0], dim);
+  check_softmax_input("softmax", x, dim);
   const Tensor y32 = softmax_wide(wide(x), dim);
   Tensor out = prim::to(y32, x.dtype());
   if (needs_grad({x}))
@@ -45,6 +52,7 @@ Tensor softmax(const Tensor& x, int64_t dim) {
 
 Tensor log_softmax(const Tensor& x, int64_t dim) {
   if (AutocastOp ac{"log_softmax", {&x}}) return log_softmax(ac[0], dim);
+  check_softmax_input("log_softmax", x, dim);
   const Tensor y32 = log_softmax_wide(wide(x), dim);
   Tensor out = prim::to(y32, x.dtype());
   if (needs_grad({x}))
@@ -61,7 +69,9 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_
   check<ShapeError>(logits.dim() == 2 && target.dim() == 1 && target.shape()[0] == logits.shape()[0],
                     "cross_entropy: expects logits [N, C] and target [N], got {} and {}", describe(logits),
                     describe(target));
+  check<DTypeError>(is_floating(logits.dtype()), "cross_entropy: logits must be floating, got {}", describe(logits));
   const int64_t classes = logits.shape()[1];
+  check<ShapeError>(classes > 0, "cross_entropy: logits {} have no classes", describe(logits));
   check_index_range("cross_entropy", target, classes, ignore_index);
   const Device dev = logits.device();
   check<DeviceError>(target.device() == dev, "cross_entropy: logits {} and target {} are on different devices",
@@ -131,6 +141,7 @@ Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) 
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
   if (AutocastOp ac{"layer_norm", {&x, &weight, &bias}}) return layer_norm(ac[0], ac[1], ac[2], eps);
   check<ShapeError>(x.dim() >= 1, "layer_norm: input must have at least one dimension, got {}", describe(x));
+  check(std::isfinite(eps) && eps >= 0, "layer_norm: eps must be finite and >= 0, got {}", eps);
   const int64_t d = x.shape().back();
   for (const Tensor* p : {&weight, &bias})
     check<ShapeError>(!p->defined() || p->shape() == Shape{d}, "layer_norm: parameter {} does not match input {}",
@@ -244,9 +255,10 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   const double s = scale.value_or(1.0 / std::sqrt(static_cast<double>(q.shape()[3])));
   if (prim::fused_attention_available(q, k, v)) {
     // One kernel each way; the [T, T] scores never reach memory.
-    auto [out, lse] = prim::attention_forward(q, k, v, causal, s);
+    auto [out, lse_of_rows] = prim::attention_forward(q, k, v, causal, s);
     if (needs_grad({q, k, v})) {
       const Tensor saved_out = detach(out);  // not `out` itself: the node must not own its own output
+      const Tensor lse = lse_of_rows;        // a named copy: clang cannot capture a structured binding
       record("scaled_dot_product_attention", out, {q, k, v}, [q, k, v, saved_out, lse, causal, s](const Grads& g) {
         if (!g[0].defined()) return Grads(3);
         return Grads(prim::attention_backward(q, k, v, saved_out, lse, g[0], causal, s));

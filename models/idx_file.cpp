@@ -2,6 +2,7 @@
 
 #include <zlib.h>
 
+#include <algorithm>
 #include <memory>
 
 #include "tensor/error.h"
@@ -64,8 +65,19 @@ IdxArray read_idx(const std::string& path) {
     check<IOError>(count <= (uint64_t{1} << 34), "read_idx: '{}' declares an implausible {} elements", path, count);
     out.shape.push_back(size);
   }
-  out.values.resize(count);
-  const size_t data = file.read(out.values.data(), count);
+  // The values grow as they arrive (doubling from 64 KiB), so a short (or
+  // hostile) file that declares billions of elements fails on its length
+  // instead of first allocating for them.
+  constexpr size_t kFirstChunk = size_t{1} << 16;
+  size_t data = 0;
+  while (data < count) {
+    const size_t want = std::min<size_t>(count - data, std::max(data, kFirstChunk));
+    out.values.resize(data + want);
+    const size_t got = file.read(out.values.data() + data, want);
+    data += got;
+    if (got < want) break;
+  }
+  out.values.resize(data);
   check<IOError>(data == count, "read_idx: '{}' is truncated: {} of {} data bytes for shape [{}]", path, data, count,
                  fmt::join(out.shape, ", "));
   uint8_t extra;

@@ -205,7 +205,7 @@ TensorFile load_safetensors(const std::string& path) {
   json header;
   try {
     header = json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, or out_of_range for a number beyond double
     throw IOError(fmt::format("load_safetensors: '{}' has a malformed JSON header: {}", path, e.what()));
   }
   check<IOError>(header.is_object(), "load_safetensors: '{}': the header is not a JSON object", path);
@@ -230,7 +230,9 @@ TensorFile load_safetensors(const std::string& path) {
     uint64_t begin, end;
   };
   std::vector<Entry> entries;
-  for (const auto& [name, e] : header.items()) {
+  for (const auto& item : header.items()) {
+    const std::string& name = item.key();  // named, not bound: the fault lambda captures it
+    const json& e = item.value();
     if (name == "__metadata__") continue;
     auto fault = [&](const std::string& what) {
       return IOError(fmt::format("load_safetensors: '{}', tensor '{}': {}", path, name, what));
@@ -241,12 +243,22 @@ TensorFile load_safetensors(const std::string& path) {
     const std::optional<DType> dtype = dt.is_string() ? parse_dtype(dt.get<std::string>()) : std::nullopt;
     if (!dtype) throw fault(fmt::format("unsupported dtype {}", dt.dump()));
     Shape shape;
-    uint64_t count = 1;
+    // count: the elements, which the file must hold; extent: the product of
+    // the non-zero sizes, which the strides are made of (a zero-size tensor
+    // holds nothing, but its strides must still fit in int64).
+    uint64_t count = 1, extent = 1;
+    constexpr uint64_t kMaxExtent = uint64_t{1} << 62;
     if (!e["shape"].is_array()) throw fault("shape is not an array");
+    if (e["shape"].size() > static_cast<size_t>(kMaxDims))
+      throw fault(fmt::format("shape {} has {} dimensions; at most {} are supported", e["shape"].dump(),
+                              e["shape"].size(), kMaxDims));
     for (const json& d : e["shape"]) {
       if (!d.is_number_unsigned()) throw fault(fmt::format("shape {} is not a list of sizes", e["shape"].dump()));
       const uint64_t s = d.get<uint64_t>();
+      if (s > 0 && extent > kMaxExtent / s)
+        throw fault(fmt::format("shape {} has sizes whose product exceeds 2^62", e["shape"].dump()));
       if (s > 0 && count > file_size / s) throw fault(fmt::format("shape {} is larger than the file", e["shape"].dump()));
+      extent *= s > 0 ? s : 1;
       count *= s;
       shape.push_back(static_cast<int64_t>(s));
     }

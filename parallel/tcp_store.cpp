@@ -12,37 +12,39 @@
 
 #include "parallel/distributed_error.h"
 #include "parallel/socket_util.h"
+#include "parallel/store_message.h"
 
 namespace mpt::dist {
 
-// Wire format, both directions: [u8 command or status][u32 key length][key]
-// [u32 value length][value]. Small messages, one request in flight per
-// connection, so a plain blocking protocol is enough. Every connection
-// opens with `hello` (key: the protocol name, value: the job token); the
-// server answers kWelcome or kRefused (value: why) and then closes.
+// The wire format is in store_message.h. Small messages, one request in
+// flight per connection, so a plain blocking protocol is enough. Every
+// connection opens with `hello` (key: the protocol name, value: the job
+// token); the server answers kWelcome or kRefused (value: why) and then
+// closes.
 enum class TcpStore::Command : uint8_t { set = 1, try_get = 2, add = 3, check = 4, hello = 5, set_ephemeral = 6 };
 
 namespace {
 
+// The server's answer in a reply's head byte. `refused` carries the reason
+// in the value: a malformed request, or one the store cannot carry out.
+enum Status : uint8_t { missing = 0, ok = 1, unknown_command = 2, refused = 3 };
+
 void send_message(int fd, uint8_t head, const std::string& key, const Bytes& value, const std::string& what) {
-  std::string msg(1, static_cast<char>(head));
-  const uint32_t klen = static_cast<uint32_t>(key.size()), vlen = static_cast<uint32_t>(value.size());
-  msg.append(reinterpret_cast<const char*>(&klen), 4).append(key);
-  msg.append(reinterpret_cast<const char*>(&vlen), 4).append(value.begin(), value.end());
+  const std::string msg = encode_store_message({head, key, value}, what);
   send_all(fd, msg.data(), msg.size(), what);
 }
 
-void recv_message(int fd, uint8_t* head, std::string* key, Bytes* value, const std::string& what) {
-  recv_all(fd, head, 1, what);
-  uint32_t len = 0;
-  recv_all(fd, &len, 4, what);
-  key->resize(len);
-  if (len) recv_all(fd, key->data(), len, what);
-  recv_all(fd, &len, 4, what);
-  value->resize(len);
-  if (len) recv_all(fd, value->data(), len, what);
+StoreMessage recv_message(int fd, const std::string& what) {
+  return read_store_message([&](void* dst, size_t n) { recv_all(fd, dst, n, what); }, what);
 }
 
+// Keys go into messages; a huge one is shown by its start and its length.
+std::string shown_key(const std::string& key) {
+  constexpr size_t kShown = 64;
+  return key.size() <= kShown ? key : fmt::format("{}... ({} bytes)", key.substr(0, kShown), key.size());
+}
+
+// An 8-byte counter (the server checks the size before it decodes).
 int64_t decode_int(const Bytes& b) {
   int64_t v = 0;
   if (b.size() == sizeof v) std::memcpy(&v, b.data(), sizeof v);
@@ -120,14 +122,11 @@ class TcpStoreServer {
  private:
   // The connection's first message must be a hello with this job's token.
   bool admit(int fd) {
-    uint8_t cmd = 0;
-    std::string key;
-    Bytes value;
-    recv_message(fd, &cmd, &key, &value, "TcpStore server");
+    const StoreMessage greeting = recv_message(fd, "TcpStore server");
     std::string why;
-    if (static_cast<TcpStore::Command>(cmd) != TcpStore::Command::hello || key != kProtocol)
+    if (static_cast<TcpStore::Command>(greeting.head) != TcpStore::Command::hello || greeting.key != kProtocol)
       why = fmt::format("it did not open with the store's greeting (protocol '{}')", kProtocol);
-    else if (!same_token(std::string(value.begin(), value.end()), job_token_))
+    else if (!same_token(std::string(greeting.value.begin(), greeting.value.end()), job_token_))
       why = "its job token (MPT_JOB_TOKEN) differs from this job's: it belongs to another job";
     if (why.empty()) {
       send_message(fd, kWelcome, "", {}, "TcpStore server");
@@ -172,55 +171,74 @@ class TcpStoreServer {
   }
 
   void serve(int fd) {
-    std::vector<std::string> ephemeral;
+    const std::string what = "TcpStore server";
+    std::vector<std::string> ephemeral;  // this connection's keys, dropped when it closes
     try {
       if (!admit(fd)) {
         ::shutdown(fd, SHUT_RDWR);
         return;
       }
       for (;;) {
-        uint8_t cmd = 0;
-        std::string key;
-        Bytes value;
-        try {
-          recv_message(fd, &cmd, &key, &value, "TcpStore server");
-        } catch (const Error&) {
-          depart(ephemeral);
-          throw;
-        }
-        uint8_t status = 1;
+        const StoreMessage request = recv_message(fd, what);
         Bytes reply;
-        {
-          std::lock_guard lock(mutex_);
-          switch (static_cast<TcpStore::Command>(cmd)) {
-            case TcpStore::Command::set: data_[key] = std::move(value); break;
-            case TcpStore::Command::set_ephemeral:
-              data_[key] = std::move(value);
-              ephemeral.push_back(key);
-              break;
-            case TcpStore::Command::try_get: {
-              auto it = data_.find(key);
-              if (it == data_.end()) status = 0;
-              else reply = it->second;
-              break;
-            }
-            case TcpStore::Command::add: {
-              auto& slot = data_[key];
-              const int64_t sum = decode_int(slot) + decode_int(value);
-              slot = encode_int(sum);
-              reply = slot;
-              break;
-            }
-            case TcpStore::Command::check: status = data_.count(key) ? 1 : 0; break;
-            default: status = 2;
-          }
-        }
-        send_message(fd, status, "", reply, "TcpStore server");
+        const uint8_t status = execute(request, &reply, ephemeral);
+        send_message(fd, status, "", reply, what);
       }
-    } catch (const Error&) {
-      // The client went away (finished, or died); its rank's own errors
-      // surface on the client side.
+    } catch (const Error& e) {
+      depart(ephemeral);
+      // A malformed message cannot be skipped (its lengths are not to be
+      // trusted), so the connection ends; the client learns why, if it is
+      // still there. A client that went away gets nothing: its rank's own
+      // errors surface on its side.
+      try {
+        const std::string reason = e.what();
+        send_message(fd, Status::refused, "", Bytes(reason.begin(), reason.end()), what);
+      } catch (const Error&) {
+      }
+      ::shutdown(fd, SHUT_RDWR);
     }
+  }
+
+  // Carries out one well-formed request; returns the status, *reply the
+  // value. Keys set as ephemeral are added to `ephemeral`.
+  uint8_t execute(const StoreMessage& request, Bytes* reply, std::vector<std::string>& ephemeral) {
+    std::lock_guard lock(mutex_);
+    const std::string& key = request.key;
+    switch (static_cast<TcpStore::Command>(request.head)) {
+      case TcpStore::Command::set: data_[key] = request.value; return Status::ok;
+      case TcpStore::Command::set_ephemeral:
+        data_[key] = request.value;
+        ephemeral.push_back(key);
+        return Status::ok;
+      case TcpStore::Command::try_get: {
+        auto it = data_.find(key);
+        if (it == data_.end()) return Status::missing;
+        *reply = it->second;
+        return Status::ok;
+      }
+      case TcpStore::Command::add: {
+        auto it = data_.find(key);
+        std::string fault;
+        int64_t sum = 0;
+        if (request.value.size() != sizeof(int64_t))
+          fault = fmt::format("the increment has {} bytes, not 8", request.value.size());
+        else if (it != data_.end() && it->second.size() != sizeof(int64_t))
+          fault = fmt::format("the key holds {} bytes, not an 8-byte counter", it->second.size());
+        else if (__builtin_add_overflow(it == data_.end() ? 0 : decode_int(it->second), decode_int(request.value),
+                                        &sum))
+          fault = "the sum overflows 64 bits";
+        if (!fault.empty()) {
+          const std::string reason = fmt::format("add on key '{}': {}", shown_key(key), fault);
+          *reply = Bytes(reason.begin(), reason.end());
+          return Status::refused;
+        }
+        *reply = data_[key] = encode_int(sum);
+        return Status::ok;
+      }
+      case TcpStore::Command::check: return data_.count(key) ? Status::ok : Status::missing;
+      case TcpStore::Command::hello: break;  // only as the first message
+    }
+    return Status::unknown_command;
   }
 
   const std::string job_token_;
@@ -261,12 +279,10 @@ TcpStore::TcpStore(std::string host, int port, bool is_master, Millis timeout, T
 void TcpStore::greet(const std::string& job_token) {
   const std::string what = fmt::format("TcpStore {} (greeting)", describe());
   send_message(fd_, static_cast<uint8_t>(Command::hello), kProtocol, Bytes(job_token.begin(), job_token.end()), what);
-  uint8_t status = 0;
-  std::string unused;
-  Bytes reason;
-  recv_message(fd_, &status, &unused, &reason, what);
+  const StoreMessage answer = recv_message(fd_, what);
+  const Bytes& reason = answer.value;
   mpt::check<DistributedError>(
-      status == kWelcome,
+      answer.head == kWelcome,
       "TcpStore {}: the store refused this process: {}. Every process of a job needs the same MPT_JOB_TOKEN "
       "(mpt-run passes its own to the ranks it starts; with several launchers, give each the same --job_token)",
       describe(), std::string(reason.begin(), reason.end()));
@@ -286,15 +302,15 @@ std::string TcpStore::describe() const { return fmt::format("tcp://{}:{}", host_
 Bytes TcpStore::request(Command cmd, const std::string& key, const Bytes& value, bool* found) {
   std::lock_guard lock(mutex_);
   set_io_timeout(fd_, timeout());  // set_timeout() applies to the next request
-  const std::string what = fmt::format("TcpStore {} (key '{}')", describe(), key);
+  const std::string what = fmt::format("TcpStore {} (key '{}')", describe(), shown_key(key));
   send_message(fd_, static_cast<uint8_t>(cmd), key, value, what);
-  uint8_t status = 0;
-  std::string unused;
-  Bytes reply;
-  recv_message(fd_, &status, &unused, &reply, what);
-  mpt::check<DistributedError>(status != 2, "{}: the server did not understand command {}", what, int(cmd));
-  if (found) *found = status == 1;
-  return reply;
+  StoreMessage reply = recv_message(fd_, what);
+  mpt::check<DistributedError>(reply.head != Status::unknown_command, "{}: the server did not understand command {}",
+                               what, int(cmd));
+  mpt::check<DistributedError>(reply.head != Status::refused, "{}: the server refused the request: {}", what,
+                               std::string(reply.value.begin(), reply.value.end()));
+  if (found) *found = reply.head == Status::ok;
+  return std::move(reply.value);
 }
 
 void TcpStore::set(const std::string& key, const Bytes& value) { request(Command::set, key, value); }

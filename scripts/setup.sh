@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs what mptrain needs on Debian 12, by package name. Idempotent:
+# Installs what mptrain needs on Debian 12 (and any packages named as
+# arguments), by package name. Idempotent:
 # installs only what is missing, and touches apt only then. The CUDA toolkit
 # (nvcc, cuBLAS, cuDNN, NCCL) is used when present under /usr/local/cuda;
 # without it the CPU backend is built.
@@ -16,6 +17,8 @@ packages=(
   fortunes-min                                       # the default text corpus
   iproute2 procps                                    # multi-host and process tests
 )
+# More packages a caller needs (scripts/sanitize.sh: clang and its runtimes).
+packages+=("$@")
 
 missing=()
 for p in "${packages[@]}"; do

@@ -1,6 +1,7 @@
 #include "tensor/ops.h"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 
 #include "tensor/dispatch.h"
@@ -101,8 +102,11 @@ Tensor full(const Shape& shape, double value, DType dtype, const Device& device)
 }
 
 Tensor arange(double start, double end, double step, DType dtype, const Device& device) {
-  check(step != 0.0, "arange: step must not be zero");
-  const auto n = static_cast<int64_t>(std::max(0.0, std::ceil((end - start) / step)));
+  check(std::isfinite(start) && std::isfinite(end) && std::isfinite(step) && step != 0.0,
+        "arange: start {}, end {} and step {} must be finite and the step non-zero", start, end, step);
+  const double count = std::max(0.0, std::ceil((end - start) / step));
+  check(count <= 9.0e15, "arange: [{}, {}) in steps of {} has {} elements, too many", start, end, step, count);
+  const auto n = static_cast<int64_t>(count);
   Tensor t = Tensor::empty({n}, dtype, device);
   if (n > 0) on_device(device, [&](Backend& b) { b.arange(t.view(), start, step); });
   return t;
@@ -348,6 +352,8 @@ Tensor reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t>& dims_in,
   std::vector<bool> reduced(static_cast<size_t>(nd), dims_in.empty());
   for (int64_t d : dims_in) {
     const int n = normalize_dim(d, nd, name);
+    check<ShapeError>(nd == 0 || !reduced[n], "{}: dimension {} repeated in the dimensions of {}",
+                      name, d, describe(x));
     if (nd > 0) reduced[n] = true;
   }
   Shape out_shape;

@@ -33,7 +33,9 @@ void check_conv(const Shape& x, const Shape& w, const Conv2dParams& p) {
                     "conv2d: expects input [N, C, H, W] and weight [O, C, kh, kw] with equal C, got {} and {}",
                     shape_str(x), shape_str(w));
   check(p.stride_h > 0 && p.stride_w > 0 && p.dilation_h > 0 && p.dilation_w > 0 && p.pad_h >= 0 && p.pad_w >= 0,
-        "conv2d: stride and dilation must be positive and padding non-negative");
+        "conv2d: stride and dilation must be positive and padding non-negative, got stride ({}, {}) dilation ({}, {}) "
+        "pad ({}, {})",
+        p.stride_h, p.stride_w, p.dilation_h, p.dilation_w, p.pad_h, p.pad_w);
   const Shape o = conv_out_shape(x, w, p);
   check<ShapeError>(o[2] > 0 && o[3] > 0, "conv2d: kernel {} does not fit input {} with this padding", shape_str(w),
                     shape_str(x));
@@ -129,7 +131,9 @@ std::pair<Tensor, Tensor> max_pool2d(const Tensor& x, const Pool2dParams& p) {
   check<ShapeError>(x.dim() == 4, "max_pool2d: expects [N, C, H, W], got {}", describe(x));
   check(p.kernel_h > 0 && p.kernel_w > 0 && p.stride_h > 0 && p.stride_w > 0 && p.pad_h >= 0 && p.pad_w >= 0 &&
             2 * p.pad_h <= p.kernel_h && 2 * p.pad_w <= p.kernel_w,
-        "max_pool2d: kernel and stride must be positive, padding at most half the kernel");
+        "max_pool2d: kernel and stride must be positive, padding at most half the kernel, got kernel {}x{} stride "
+        "({}, {}) pad ({}, {})",
+        p.kernel_h, p.kernel_w, p.stride_h, p.stride_w, p.pad_h, p.pad_w);
   const int64_t ho = (x.shape()[2] + 2 * p.pad_h - p.kernel_h) / p.stride_h + 1;
   const int64_t wo = (x.shape()[3] + 2 * p.pad_w - p.kernel_w) / p.stride_w + 1;
   check<ShapeError>(ho > 0 && wo > 0, "max_pool2d: kernel {}x{} does not fit input {}", p.kernel_h, p.kernel_w,
