@@ -36,4 +36,6 @@ if [[ ${MPT_STAGE_DATA:-0} == 1 ]]; then
   mkdir -p "$stage/data"
   cp /usr/share/datasets/fashion-mnist/*.gz /usr/share/games/fortunes/fortunes "$stage/data/"
 fi
+# Symbol tables are not needed there, and the copy must stay small.
+strip --strip-unneeded "$stage"/tests/* "$stage"/tools/*/* "$stage"/libmptrain.so.* 2>/dev/null || true
 du -sh "$stage"
