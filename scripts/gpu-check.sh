@@ -6,19 +6,8 @@
 #   scripts/gpu-check.sh [build-stage]
 set -uo pipefail
 stage=${1:-build-stage}
-out=${OUT:-gpu-logs}
-mkdir -p "$out"
-export LD_LIBRARY_PATH="$PWD/$stage${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export NCCL_NVLS_ENABLE=0
-gpus=$(nvidia-smi -L | wc -l)
-# The data sets that Debian's packages provide on the development machine.
-if [[ -d $stage/data && ! -d /usr/share/datasets/fashion-mnist ]]; then
-  mkdir -p /usr/share/datasets/fashion-mnist /usr/share/games/fortunes
-  cp "$stage"/data/*.gz /usr/share/datasets/fashion-mnist/
-  cp "$stage"/data/fortunes /usr/share/games/fortunes/
-fi
-train="$stage/tools/mpt-train/mpt-train"
-run="$stage/tools/mpt-run/mpt-run"
+# shellcheck source=scripts/gpu-stage-env.sh
+source "$(dirname "$0")/gpu-stage-env.sh"
 scripts/gpu-tests.sh "$stage"
 echo "== mpt-train, defaults"
 "$train" --progress lines --metrics "$out/default.jsonl" 2>&1 | tail -4

@@ -6,19 +6,9 @@
 #   scripts/gpu-diagnostics.sh [build-stage]
 set -uo pipefail
 stage=${1:-build-stage}
-out=${OUT:-gpu-logs}
-mkdir -p "$out"
-export LD_LIBRARY_PATH="$PWD/$stage${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export NCCL_NVLS_ENABLE=0
-gpus=$(nvidia-smi -L | wc -l)
-if [[ -d $stage/data && ! -d /usr/share/datasets/fashion-mnist ]]; then
-  mkdir -p /usr/share/datasets/fashion-mnist /usr/share/games/fortunes
-  cp "$stage"/data/*.gz /usr/share/datasets/fashion-mnist/
-  cp "$stage"/data/fortunes /usr/share/games/fortunes/
-fi
+# shellcheck source=scripts/gpu-stage-env.sh
+source "$(dirname "$0")/gpu-stage-env.sh"
 doctor="$stage/tools/mpt-doctor/mpt-doctor"
-train="$stage/tools/mpt-train/mpt-train"
-run="$stage/tools/mpt-run/mpt-run"
 
 echo "== mpt-doctor"
 "$doctor"; echo "exit status $?"
