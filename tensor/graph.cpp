@@ -31,7 +31,7 @@ void CapturedStep::reset() {
 
 void CapturedStep::run(const std::vector<Tensor>& batch) {
   DeviceGuard on_device(device_);
-  if (!same_layout(batch) || inputs_.empty() != batch.empty()) {
+  if (!same_layout(batch)) {
     // New shapes: fresh fixed inputs, and the graph of the old ones is useless.
     reset();
     inputs_.clear();

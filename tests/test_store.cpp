@@ -22,6 +22,7 @@ using namespace mpt;
 using namespace mpt::dist;
 using std::chrono::milliseconds;
 using Clock = std::chrono::steady_clock;
+using mpt::testing::error_of;
 
 namespace {
 
@@ -33,18 +34,6 @@ EnvLookup env_of(std::map<std::string, std::string> vars) {
     if (it == vars.end()) return std::nullopt;
     return it->second;
   };
-}
-
-// Runs f and returns the message of the E it throws (fails if it throws none).
-template <typename E, typename F>
-std::string message_of(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected an exception";
-  return "";
 }
 
 std::string temp_folder(const std::string& name) {
@@ -93,7 +82,7 @@ TEST(FileStore, SetGetAddAcrossClients) {
 TEST(TcpStore, GetOfAMissingKeyTimesOutNamingIt) {
   TcpStore master("127.0.0.1", 0, true, milliseconds(300));
   const auto start = Clock::now();
-  const std::string msg = message_of<TimeoutError>([&] { master.get("never-set"); });
+  const std::string msg = error_of<TimeoutError>([&] { master.get("never-set"); });
   EXPECT_NE(msg.find("never-set"), std::string::npos) << msg;
   EXPECT_NE(msg.find("300 ms"), std::string::npos) << msg;
   EXPECT_LT(seconds_since(start), 3.0);
@@ -102,7 +91,7 @@ TEST(TcpStore, GetOfAMissingKeyTimesOutNamingIt) {
 TEST(TcpStore, BusyPortIsAClearError) {
   TcpStore first("127.0.0.1", 0, true, milliseconds(2000));
   const auto start = Clock::now();
-  const std::string msg = message_of<DistributedError>([&] { TcpStore second("127.0.0.1", first.port(), true); });
+  const std::string msg = error_of<DistributedError>([&] { TcpStore second("127.0.0.1", first.port(), true); });
   EXPECT_NE(msg.find(std::to_string(first.port())), std::string::npos) << msg;
   EXPECT_NE(msg.find("already in use"), std::string::npos) << msg;
   EXPECT_LT(seconds_since(start), 2.0);
@@ -112,7 +101,7 @@ TEST(TcpStore, UnreachableMasterTimesOutWithAddressPortAndWait) {
   const int port = mpt::testing::free_port();  // nobody listens there
   const auto start = Clock::now();
   const std::string msg =
-      message_of<TimeoutError>([&] { TcpStore client("127.0.0.1", port, false, milliseconds(700)); });
+      error_of<TimeoutError>([&] { TcpStore client("127.0.0.1", port, false, milliseconds(700)); });
   const double took = seconds_since(start);
   EXPECT_NE(msg.find(fmt::format("127.0.0.1:{}", port)), std::string::npos) << msg;
   EXPECT_NE(msg.find("timeout 700 ms"), std::string::npos) << msg;
@@ -168,16 +157,16 @@ TEST(Rendezvous, MissingOrBadVariablesAreNamed) {
   for (const char* name : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}) {
     auto vars = full;
     vars.erase(name);
-    const std::string msg = message_of<ValueError>([&] { config_from_env(env_of(vars)); });
+    const std::string msg = error_of<ValueError>([&] { config_from_env(env_of(vars)); });
     EXPECT_NE(msg.find(fmt::format("{} is not set", name)), std::string::npos) << msg;
   }
   auto bad = full;
   bad["WORLD_SIZE"] = "two";
-  EXPECT_NE(message_of<ValueError>([&] { config_from_env(env_of(bad)); }).find("WORLD_SIZE='two'"),
+  EXPECT_NE(error_of<ValueError>([&] { config_from_env(env_of(bad)); }).find("WORLD_SIZE='two'"),
             std::string::npos);
   bad = full;
   bad["RANK"] = "2";
-  EXPECT_NE(message_of<ValueError>([&] { config_from_env(env_of(bad)); }).find("RANK=2 is outside 0..1"),
+  EXPECT_NE(error_of<ValueError>([&] { config_from_env(env_of(bad)); }).find("RANK=2 is outside 0..1"),
             std::string::npos);
 }
 
@@ -206,9 +195,9 @@ TEST(Rendezvous, MissingRanksAreListedWithinTheTimeout) {
   TcpStore master("127.0.0.1", 0, true, milliseconds(600));
   TcpStore other("127.0.0.1", master.port(), false, milliseconds(600));
   std::string msg2;
-  std::thread rank2([&] { msg2 = message_of<TimeoutError>([&] { join_world(other, 2, 4); }); });
+  std::thread rank2([&] { msg2 = error_of<TimeoutError>([&] { join_world(other, 2, 4); }); });
   const auto start = Clock::now();
-  const std::string msg = message_of<TimeoutError>([&] { join_world(master, 0, 4); });
+  const std::string msg = error_of<TimeoutError>([&] { join_world(master, 0, 4); });
   rank2.join();
   EXPECT_NE(msg.find("arrived: [0, 2]"), std::string::npos) << msg;
   EXPECT_NE(msg.find("missing: [1, 3]"), std::string::npos) << msg;
@@ -221,8 +210,8 @@ TEST(Rendezvous, DisagreeingWorldSizesAreAnError) {
   const std::string dir = temp_folder("worldsize");
   FileStore a(dir, milliseconds(3000)), b(dir, milliseconds(3000));
   std::string msg0, msg1;
-  std::thread r1([&] { msg1 = message_of<DistributedError>([&] { join_world(b, 1, 3); }); });
-  msg0 = message_of<DistributedError>([&] { join_world(a, 0, 2); });
+  std::thread r1([&] { msg1 = error_of<DistributedError>([&] { join_world(b, 1, 3); }); });
+  msg0 = error_of<DistributedError>([&] { join_world(a, 0, 2); });
   r1.join();
   EXPECT_NE(msg0.find("world sizes disagree"), std::string::npos) << msg0;
   EXPECT_NE(msg0.find("rank 1 says WORLD_SIZE=3"), std::string::npos) << msg0;
@@ -233,7 +222,7 @@ TEST(Rendezvous, DisagreeingWorldSizesAreAnError) {
 TEST(Rendezvous, TwoProcessesClaimingOneRankIsAnError) {
   TcpStore master("127.0.0.1", 0, true, milliseconds(2000));
   master.add("mpt/rank_claims/1", 1);  // someone already took rank 1
-  const std::string msg = message_of<DistributedError>([&] { join_world(master, 1, 2); });
+  const std::string msg = error_of<DistributedError>([&] { join_world(master, 1, 2); });
   EXPECT_NE(msg.find("claim rank 1"), std::string::npos) << msg;
 }
 
@@ -263,7 +252,7 @@ TEST(TcpStore, ListensOnlyWhereItIsTold) {
   TcpStore same("127.0.0.1", narrow.port(), false, milliseconds(2000));
   exercise_store(narrow, same);
   const std::string msg =
-      message_of<TimeoutError>([&] { TcpStore other("127.0.0.2", narrow.port(), false, milliseconds(400)); });
+      error_of<TimeoutError>([&] { TcpStore other("127.0.0.2", narrow.port(), false, milliseconds(400)); });
   EXPECT_NE(msg.find("127.0.0.2:" + std::to_string(narrow.port())), std::string::npos) << msg;
   EXPECT_NE(msg.find("refused"), std::string::npos) << msg;
 
@@ -280,12 +269,12 @@ TEST(TcpStore, ListensOnlyWhereItIsTold) {
 TEST(TcpStore, AnAddressThatIsNotThisHostsIsAClearError) {
   // 192.0.2.1 is reserved for documentation: no interface has it. Binding
   // sends nothing anywhere.
-  const std::string msg = message_of<DistributedError>(
+  const std::string msg = error_of<DistributedError>(
       [&] { TcpStore master("192.0.2.1", 0, true, milliseconds(500), {.bind_address = "192.0.2.1"}); });
   EXPECT_NE(msg.find("192.0.2.1"), std::string::npos) << msg;
   EXPECT_NE(msg.find("no interface of this host"), std::string::npos) << msg;
   EXPECT_NE(msg.find("MPT_STORE_BIND_ADDR"), std::string::npos) << msg;
-  const std::string bad_name = message_of<DistributedError>(
+  const std::string bad_name = error_of<DistributedError>(
       [&] { TcpStore master("x", 0, true, milliseconds(500), {.bind_address = "no-such-host.invalid"}); });
   EXPECT_NE(bad_name.find("no-such-host.invalid"), std::string::npos) << bad_name;
 }
@@ -317,7 +306,7 @@ TEST(TcpStore, AClientWithAnotherJobsTokenIsRefusedOnBothSides) {
   for (const std::string token : {"job-B", "", "job-AA", "job-"}) {
     SCOPED_TRACE("token '" + token + "'");
     const auto start = Clock::now();
-    const std::string msg = message_of<DistributedError>(
+    const std::string msg = error_of<DistributedError>(
         [&] { TcpStore stray("127.0.0.1", master.port(), false, milliseconds(2000), {.job_token = token}); });
     EXPECT_LT(seconds_since(start), 1.5);  // refused at once, not timed out
     mpt::testing::expect_contains(
@@ -365,10 +354,10 @@ TEST(Rendezvous, ARankOfAnotherJobCannotJoin) {
   };
   std::string lead_error;
   std::thread lead([&] {
-    lead_error = message_of<TimeoutError>([&] { rendezvous("env://", milliseconds(2500), env(0, "job-A")); });
+    lead_error = error_of<TimeoutError>([&] { rendezvous("env://", milliseconds(2500), env(0, "job-A")); });
   });
   std::this_thread::sleep_for(milliseconds(200));
-  const std::string stray = message_of<DistributedError>([&] { rendezvous("env://", milliseconds(2500), env(1, "job-B")); });
+  const std::string stray = error_of<DistributedError>([&] { rendezvous("env://", milliseconds(2500), env(1, "job-B")); });
   lead.join();
   EXPECT_NE(stray.find("refused this process"), std::string::npos) << stray;
   // Rank 0 never saw a rank 1: the stray did not join.

@@ -4,7 +4,6 @@
 // synchronization, when the kernels before it have finished, so the check
 // costs no extra sync.
 #include <array>
-#include <atomic>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -16,7 +15,6 @@
 #include "tensor/cuda/runtime.h"
 #include "tensor/device_guard.h"
 #include "tensor/error.h"
-#include "tensor/index_check.h"
 #include "tensor/ops.h"
 
 namespace mpt::cuda {

@@ -22,7 +22,7 @@ int main(int argc, char** argv) {
                  "fp16 (autocast + loss scaler), bf16 (autocast), fp32, or auto (fp16 on a GPU, bf16 on the CPU)")
       ->check(CLI::IsMember({"auto", "fp16", "bf16", "fp32"}));
   app.add_option("--scaler", c.scaler, "Loss-scaler policy for fp16: dynamic (PyTorch's), hysteresis, static")
-      ->check(CLI::IsMember({"dynamic", "torch", "hysteresis", "static"}));;
+      ->check(CLI::IsMember({"dynamic", "torch", "hysteresis", "static"}));
   app.add_option("--init-scale", c.init_scale, "Loss scaler: initial scale");
   app.add_option("--growth-factor", c.growth_factor, "Loss scaler: growth factor");
   app.add_option("--backoff-factor", c.backoff_factor, "Loss scaler: backoff factor");
