@@ -82,17 +82,21 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   Shape out_shape = x.shape();
   out_shape.back() = out_features;
   const Tensor x2 = prim::reshape(x, {-1, in});
-  Tensor y = prim::matmul(x2, prim::transpose(weight, 0, 1));
-  if (bias.defined()) y = prim::add(y, bias);
-  Tensor out = prim::reshape(y, out_shape);
+  // The bias rides in the GEMM's epilogue (prim::linear), and in backward
+  // the bias gradient in the weight gradient's (prim::linear_weight_grad).
+  Tensor out = prim::reshape(prim::linear(x2, weight, bias), out_shape);
   if (needs_grad({x, weight, bias}))
     record("linear", out, {x, weight, bias}, [x2, x, weight, bias, out_features](const Grads& g) {
-      const Tensor g2 = prim::reshape(g[0], {-1, out_features});
+      const Tensor g2 = prim::contiguous(prim::reshape(g[0], {-1, out_features}));
+      const bool want_bias = bias.defined() && bias.requires_grad();
       Tensor gx, gw, gb;
       if (x.requires_grad()) gx = prim::reshape(prim::matmul(g2, weight), x.shape());
-      if (weight.requires_grad()) gw = prim::to(prim::matmul(prim::transpose(g2, 0, 1), x2), weight.dtype());
-      if (bias.defined() && bias.requires_grad()) gb = prim::to(prim::sum(g2, {0}), bias.dtype());
-      return Grads{gx, gw, gb};
+      if (weight.requires_grad()) {
+        std::tie(gw, gb) = prim::linear_weight_grad(g2, x2, want_bias);
+      } else if (want_bias) {
+        gb = prim::sum(g2, {0});
+      }
+      return Grads{gx, gw.defined() ? prim::to(gw, weight.dtype()) : gw, gb.defined() ? prim::to(gb, bias.dtype()) : gb};
     });
   return out;
 }

@@ -1,6 +1,8 @@
 // Shape and layout ops: their gradients undo the rearrangement.
 #include <numeric>
 
+#include <algorithm>
+
 #include "autograd/autocast_hook.h"
 #include "autograd/function.h"
 #include "autograd/grad_utils.h"
@@ -112,7 +114,9 @@ std::vector<Tensor> split(const Tensor& x, int64_t size, int64_t dim) {
   for (int64_t start = 0; start < x.shape()[d]; start += size) outs.push_back(prim::slice(x, d, start, start + size));
   if (needs_grad({x}))
     record("split", outs, {x}, [x = meta_of(x), d, size](const Grads& g) {
-      Tensor gx = zeros(x.shape, x.dtype, x.device);
+      // Every chunk written over (the usual case, as for q | k | v): no zeroing first.
+      const bool all = std::all_of(g.begin(), g.end(), [](const Tensor& t) { return t.defined(); });
+      Tensor gx = all ? Tensor::empty(x.shape, x.dtype, x.device) : zeros(x.shape, x.dtype, x.device);
       for (size_t i = 0; i < g.size(); ++i) {
         if (!g[i].defined()) continue;
         const int64_t start = static_cast<int64_t>(i) * size;

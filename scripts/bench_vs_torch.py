@@ -109,6 +109,39 @@ def main():
         print(f"| {w} | {m} | {tm} | {om} | {ratio} | {t.get('peak_mem_mb', '-')} | {o.get('peak_mem_mb', '-')} |"
               + (f" {err}" if err else ""))
     print_scaling(rows)
+    print_gemm_rate(rows, records)
+
+
+# mlp_large's GEMMs per step: weights [out, in] and the batch.
+MLP_LARGE_LAYERS = [(8192, 8192), (8192, 8192), (8192, 8192), (10, 8192)]
+MLP_LARGE_BATCH = 8192
+
+
+def print_gemm_rate(rows, records):
+    """mlp_large's step as a rate of the GPU's measured fp16 GEMM rate, two
+    ways: model FLOPs (6 x weights x batch, the convention of the reference's
+    own "about 620 TFLOP/s") and the FLOPs of the GEMMs the step runs (no
+    gradient for the input: the first layer's data gradient is skipped)."""
+    ceiling = next((r["tflops"] for r in records if r.get("ceiling") == "gemm_float16"), None)
+    weights = sum(o * i for o, i in MLP_LARGE_LAYERS)
+    model = 6 * weights * MLP_LARGE_BATCH
+    executed = model - 2 * MLP_LARGE_LAYERS[0][0] * MLP_LARGE_LAYERS[0][1] * MLP_LARGE_BATCH
+    lines = []
+    for w, m, t, o in rows:
+        if w != "mlp_large" or m != "single":
+            continue
+        for impl, r in (("pytorch", t), ("mptrain", o)):
+            ms = r.get("step_ms_median")
+            if not ms:
+                continue
+            rates = [flops / ms / 1e9 for flops in (model, executed)]
+            share = [f"{100 * x / ceiling:.1f}%" if ceiling else "n/a" for x in rates]
+            lines.append(f"| {impl} | {ms} | {rates[0]:.0f} ({share[0]}) | {rates[1]:.0f} ({share[1]}) |")
+    if lines:
+        print(f"\nmlp_large single, against the fp16 GEMM ceiling of {ceiling} TFLOP/s measured in this call:")
+        print("| impl | ms/step | model TFLOP/s (6 x weights x batch) | executed GEMM TFLOP/s |")
+        print("|---|---|---|---|")
+        print("\n".join(lines))
 
 
 def print_scaling(rows):

@@ -18,6 +18,22 @@ Backend& backend_for(const Device& d) {
 #endif
 }
 
+void check_gemm_epilogues(const GemmArgs& g) {
+  auto check_vector = [&](const TensorView& v, int64_t size, const char* name) {
+    if (!v.data) return;
+    check<ShapeError>(g.out.shape[0] == 1 && g.beta == 0.0f,
+                      "gemm: the {} epilogue needs a single product with beta 0 (batch {}, beta {})", name,
+                      g.out.shape[0], g.beta);
+    check<DTypeError>(v.dtype == g.out.dtype, "gemm: {} is {}, the product {}", name, dtype_name(v.dtype),
+                      dtype_name(g.out.dtype));
+    check<ShapeError>(v.ndim == 1 && v.shape[0] == size && (size == 1 || v.strides[0] == 1),
+                      "gemm: {} must be a contiguous vector of {} elements, got {} dimensions and {} elements", name,
+                      size, v.ndim, v.numel());
+  };
+  check_vector(g.bias, g.out.shape[2], "bias");
+  check_vector(g.bias_grad, g.out.shape[1], "bias_grad");
+}
+
 namespace {
 [[noreturn]] void not_available(const char* op) {
   throw NotAvailableError(fmt::format("{} is not implemented on this device's backend", op));

@@ -37,11 +37,23 @@ const char* reduce_op_name(ReduceOp op);
 // a [batch, m, k], b [batch, k, n], out [batch, m, n] (contiguous). In a and b
 // one of the last two strides is 1; the batch stride may be 0 (broadcast).
 // Half inputs accumulate in f32.
+//
+// Two optional epilogues (a view with data == nullptr is unused; batch 1,
+// beta 0, contiguous 1-d views of out's dtype), fused into the GEMM where the
+// backend can:
+// - bias [n]: added to every row of out (a linear layer's forward);
+// - bias_grad [m]: set to the sums of a's rows over k (with a = dY^T in a
+//   weight gradient dW = dY^T X, these are the bias gradient).
 struct GemmArgs {
   TensorView a, b, out;
   float alpha = 1.0f;
   float beta = 0.0f;
+  TensorView bias;
+  TensorView bias_grad;
 };
+
+// Throws unless the epilogues of `g` (if any) are as GemmArgs describes.
+void check_gemm_epilogues(const GemmArgs& g);
 
 // 2-d convolution geometry (NCHW activations, [out, in, kh, kw] weights).
 struct Conv2dParams {
@@ -129,14 +141,17 @@ class Backend {
                                       const TensorView& lse, const TensorView& row_scale);
 
   // Fused attention softmax(q k^T * scale [+ causal mask]) v, with q, k, v
-  // and out contiguous [B, H, T, D] of one dtype. Where a backend has it
+  // and out [B, H, T, D] views of one dtype whose last stride is 1 (batch,
+  // head and row strides are free: q, k and v may be cut from one [B, T, 3C]
+  // projection, out may be laid out [B, T, H, D]). Where a backend has it
   // (fused_attention_supported), autograd uses it instead of the composed
-  // math. lse: f32 [B, H, T], each row's log-sum-exp of the scaled scores.
+  // math. lse: f32 contiguous [B, H, T], each row's log-sum-exp of the
+  // scaled scores.
   virtual bool fused_attention_supported(DType dtype, int64_t head_dim) const { return false; }
   virtual void attention_forward(const TensorView& out, const TensorView& lse, const TensorView& q,
                                  const TensorView& k, const TensorView& v, bool causal, double scale);
-  // grad_q32: f32 [B, H, T, D], zeroed by the caller; delta: f32 [B, H, T]
-  // scratch; grad_k, grad_v in the inputs' dtype.
+  // grad_q32: f32 contiguous [B, H, T, D], zeroed by the caller; delta: f32
+  // [B, H, T] scratch; grad_k, grad_v, grad_out: views as q.
   virtual void attention_backward(const TensorView& grad_q32, const TensorView& grad_k, const TensorView& grad_v,
                                   const TensorView& delta, const TensorView& q, const TensorView& k,
                                   const TensorView& v, const TensorView& out, const TensorView& lse,

@@ -464,6 +464,24 @@ TensorView gemm_operand(Tensor& t, const Shape& batch, int64_t batch_count) {
   return out;
 }
 
+// The GEMM out = a @ b over `batch` (a and b are replaced by what their
+// views point into); out is contiguous.
+GemmArgs gemm_args(Tensor& a, Tensor& b, const Tensor& out, const Shape& batch, int64_t batch_count) {
+  GemmArgs g;
+  g.a = gemm_operand(a, batch, batch_count);
+  g.b = gemm_operand(b, batch, batch_count);
+  const int64_t n = g.b.shape[2];
+  g.out = out.view();
+  g.out.ndim = 3;
+  g.out.shape[0] = batch_count;
+  g.out.strides[0] = g.a.shape[1] * n;
+  g.out.shape[1] = g.a.shape[1];
+  g.out.strides[1] = n;
+  g.out.shape[2] = n;
+  g.out.strides[2] = 1;
+  return g;
+}
+
 }  // namespace
 
 Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
@@ -499,19 +517,59 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   const Shape batch(out_shape.begin(), out_shape.end() - 2);
   const int64_t batch_count = a.dim() == 2 && b.dim() == 2 ? 1 : numel(batch);
   const Shape gemm_batch = a.dim() == 2 && b.dim() == 2 ? Shape{} : batch;
-  GemmArgs g;
-  g.a = gemm_operand(a, gemm_batch, batch_count);  // a and b now hold what the views point into
-  g.b = gemm_operand(b, gemm_batch, batch_count);
-  g.out = out.view();
-  g.out.ndim = 3;
-  g.out.shape[0] = batch_count;
-  g.out.strides[0] = g.a.shape[1] * n;
-  g.out.shape[1] = g.a.shape[1];
-  g.out.strides[1] = n;
-  g.out.shape[2] = n;
-  g.out.strides[2] = 1;
+  GemmArgs g = gemm_args(a, b, out, gemm_batch, batch_count);
   on_device(a.device(), [&](Backend& be) { be.gemm(g); });
   return out;
+}
+
+Tensor linear(const Tensor& x_in, const Tensor& weight, const Tensor& bias) {
+  check_same_device("linear", x_in, weight);
+  check<ShapeError>(x_in.dim() == 2 && weight.dim() == 2 && x_in.shape()[1] == weight.shape()[1],
+                    "linear: input {} does not match weight {} (expected [rows, {}])", describe(x_in),
+                    describe(weight), weight.dim() == 2 ? weight.shape()[1] : -1);
+  check<DTypeError>(x_in.dtype() == weight.dtype() && (!bias.defined() || bias.dtype() == weight.dtype()),
+                    "linear: operands differ in dtype: {}, {}, {}", describe(x_in), describe(weight), describe(bias));
+  check<ShapeError>(!bias.defined() || (bias.dim() == 1 && bias.shape()[0] == weight.shape()[0]),
+                    "linear: bias {} does not match weight {}", describe(bias), describe(weight));
+  if (bias.defined()) check_same_device("linear", x_in, bias);
+  check_floating("linear", x_in);
+  Tensor x = x_in, w_t = transpose(weight, 0, 1);
+  Tensor out = Tensor::empty({x.shape()[0], weight.shape()[0]}, x.dtype(), x.device());
+  if (out.numel() == 0) return out;
+  if (x.shape()[1] == 0) {  // an empty product: only the bias remains
+    return bias.defined() ? contiguous(expand(bias, out.shape())) : zeros(out.shape(), out.dtype(), out.device());
+  }
+  GemmArgs g = gemm_args(x, w_t, out, {}, 1);
+  const Tensor b = bias.defined() ? contiguous(bias) : Tensor();
+  if (b.defined()) g.bias = b.view();
+  on_device(x.device(), [&](Backend& be) { be.gemm(g); });
+  return out;
+}
+
+std::pair<Tensor, Tensor> linear_weight_grad(const Tensor& grad, const Tensor& x_in, bool with_bias) {
+  check_same_device("linear_weight_grad", grad, x_in);
+  check<ShapeError>(grad.dim() == 2 && x_in.dim() == 2 && grad.shape()[0] == x_in.shape()[0],
+                    "linear_weight_grad: gradient {} and input {} must be [rows, out] and [rows, in]", describe(grad),
+                    describe(x_in));
+  check<DTypeError>(grad.dtype() == x_in.dtype(), "linear_weight_grad: gradient {} and input {} differ in dtype",
+                    describe(grad), describe(x_in));
+  check_floating("linear_weight_grad", x_in);
+  Tensor grad_t = transpose(grad, 0, 1), x = x_in;
+  Tensor weight_grad = Tensor::empty({grad.shape()[1], x.shape()[1]}, x.dtype(), x.device());
+  Tensor bias_grad = with_bias ? Tensor::empty({grad.shape()[1]}, x.dtype(), x.device()) : Tensor();
+  if (grad.shape()[0] == 0) {  // no rows: both sums are empty
+    fill_(weight_grad, 0.0);
+    if (with_bias) fill_(bias_grad, 0.0);
+    return {weight_grad, bias_grad};
+  }
+  if (weight_grad.numel() == 0) {
+    if (with_bias) bias_grad = to(sum(grad, {0}), x.dtype());
+    return {weight_grad, bias_grad};
+  }
+  GemmArgs g = gemm_args(grad_t, x, weight_grad, {}, 1);
+  if (with_bias) g.bias_grad = bias_grad.view();
+  on_device(x.device(), [&](Backend& be) { be.gemm(g); });
+  return {weight_grad, bias_grad};
 }
 
 }  // namespace prim

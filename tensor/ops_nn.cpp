@@ -251,12 +251,33 @@ bool fused_attention_available(const Tensor& q, const Tensor& k, const Tensor& v
   return supported;
 }
 
+namespace {
+
+// An attention operand as the kernels read it: each row of D elements
+// contiguous and starting on a 16-byte boundary (q, k, v cut from one fused
+// projection qualify as they are); anything else is copied first.
+Tensor attention_operand(const Tensor& t) {
+  const int64_t align = 16 / static_cast<int64_t>(dtype_size(t.dtype()));
+  bool packed_rows = t.strides()[3] == 1 && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+  for (int d = 0; d < 3; ++d) packed_rows = packed_rows && (t.shape()[d] == 1 || t.strides()[d] % align == 0);
+  return packed_rows ? t : contiguous(t);
+}
+
+// A new [B, H, T, D] tensor laid out as [B, T, H, D]: the layout the heads
+// are joined back in, so that joining them needs no copy.
+Tensor heads_interleaved(const Shape& bhtd, DType dtype, const Device& device, bool zeroed) {
+  const Shape bthd{bhtd[0], bhtd[2], bhtd[1], bhtd[3]};
+  return transpose(zeroed ? zeros(bthd, dtype, device) : Tensor::empty(bthd, dtype, device), 1, 2);
+}
+
+}  // namespace
+
 std::pair<Tensor, Tensor> attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
                                             double scale) {
   check(fused_attention_available(q, k, v), "attention_forward: no fused kernel for q {}, k {}, v {}", describe(q),
         describe(k), describe(v));
-  const Tensor cq = contiguous(q), ck = contiguous(k), cv = contiguous(v);
-  Tensor out = Tensor::empty(q.shape(), q.dtype(), q.device());
+  const Tensor cq = attention_operand(q), ck = attention_operand(k), cv = attention_operand(v);
+  Tensor out = heads_interleaved(q.shape(), q.dtype(), q.device(), false);
   Tensor lse = Tensor::empty({q.shape()[0], q.shape()[1], q.shape()[2]}, DType::f32, q.device());
   on_device(q.device(), [&](Backend& b) {
     b.attention_forward(out.view(), lse.view(), cq.view(), ck.view(), cv.view(), causal, scale);
@@ -270,17 +291,20 @@ std::vector<Tensor> attention_backward(const Tensor& q, const Tensor& k, const T
         describe(k), describe(v));
   check<ShapeError>(grad_out.shape() == q.shape(), "attention_backward: gradient {} does not match q {}",
                     describe(grad_out), describe(q));
-  const Tensor cq = contiguous(q), ck = contiguous(k), cv = contiguous(v), co = contiguous(out);
-  const Tensor g = contiguous(to(grad_out, q.dtype()));
-  Tensor grad_q32 = zeros(q.shape(), DType::f32, q.device());
-  Tensor grad_k = Tensor::empty(q.shape(), q.dtype(), q.device());
-  Tensor grad_v = Tensor::empty(q.shape(), q.dtype(), q.device());
+  const Tensor cq = attention_operand(q), ck = attention_operand(k), cv = attention_operand(v);
+  const Tensor co = attention_operand(out), g = attention_operand(to(grad_out, q.dtype()));
+  // dQ sums over key blocks in f32: [B, T, H, D] storage, zeroed.
+  const Tensor grad_q32 = heads_interleaved(q.shape(), DType::f32, q.device(), true);
+  Tensor grad_k = heads_interleaved(q.shape(), q.dtype(), q.device(), false);
+  Tensor grad_v = heads_interleaved(q.shape(), q.dtype(), q.device(), false);
   Tensor delta = Tensor::empty(lse.shape(), DType::f32, q.device());
   on_device(q.device(), [&](Backend& b) {
     b.attention_backward(grad_q32.view(), grad_k.view(), grad_v.view(), delta.view(), cq.view(), ck.view(),
                          cv.view(), co.view(), lse.view(), g.view(), causal, scale);
   });
-  return {to(grad_q32, q.dtype()), grad_k, grad_v};
+  // Cast in the [B, T, H, D] storage order (a plain copy), then view as [B, H, T, D].
+  const Tensor grad_q = transpose(to(transpose(grad_q32, 1, 2), q.dtype()), 1, 2);
+  return {grad_q, grad_k, grad_v};
 }
 
 }  // namespace mpt::prim

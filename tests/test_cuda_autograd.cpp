@@ -180,6 +180,34 @@ TEST(CudaAutograd, FusedAttentionMatchesTheCpu) {
     }
 }
 
+// q, k and v read where one [B, T, 3C] projection left them (strided views,
+// as CausalSelfAttention cuts them), the output laid out [B, T, H, D] so the
+// heads join without a copy; values and the projection's gradient against
+// the composed math in f32 on the CPU.
+TEST(CudaAutograd, FusedAttentionReadsAFusedProjectionInPlace) {
+  MPT_SKIP_WITHOUT_CUDA();
+  const int64_t B = 2, T = 77, H = 3, D = 64, C = H * D;
+  const uint64_t seed = testing::fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  Generator gen(seed);
+  const Tensor x16 = randn({B, T, 3 * C}, DType::f16, kCPU, &gen);
+  const Tensor w16 = randn({B, T, C}, DType::f16, kCPU, &gen);
+  auto run = [&](const Tensor& x) {
+    std::vector<Tensor> parts = split(x, C, 2);
+    for (Tensor& t : parts) t = transpose(reshape(t, {B, T, H, D}), 1, 2);
+    const Tensor y = scaled_dot_product_attention(parts[0], parts[1], parts[2], true);
+    return reshape(transpose(y, 1, 2), {B, T, C});
+  };
+  const Tensor xc = prim::to(x16, DType::f32).set_requires_grad(true);
+  const Tensor xg = prim::to(x16, Device("cuda:0")).set_requires_grad(true);
+  const Tensor yc = run(xc), yg = run(xg);
+  EXPECT_TRUE(yg.is_contiguous()) << "the heads were joined by a copy";
+  EXPECT_LE(rel_error(host_f64(yg), host_f64(yc)), 5e-3);
+  backward(sum(mul(yc, prim::to(w16, DType::f32))));
+  backward(sum(mul(yg, prim::to(w16, Device("cuda:0")))));
+  EXPECT_LE(rel_error(host_f64(xg.grad()), host_f64(xc.grad())), 1e-2);
+}
+
 // Forward on a side stream: the backward rules run on that stream even when
 // backward() is called outside it.
 TEST(CudaAutograd, BackwardRunsOnTheForwardStream) {

@@ -470,6 +470,40 @@ TEST_F(CudaTensor, GemmAlphaBetaAccumulateIntoTheOutput) {
   }
 }
 
+// A linear layer's bias in the GEMM's epilogue and its bias gradient in the
+// weight gradient's, against the CPU; shapes where cuBLASLt fuses them and
+// shapes where it may not (odd sizes, a misaligned bias: separate kernels).
+TEST_F(CudaTensor, LinearEpiloguesMatchTheCpu) {
+  SCOPED_TRACE(trace());
+  struct Case {
+    int64_t rows, in, out;
+    bool misaligned_bias;
+  };
+  const Case cases[] = {{256, 784, 1024, false}, {64, 384, 1536, false}, {33, 17, 10, false},
+                        {128, 64, 96, true}, {1, 8, 8, false}};
+  for (DType dt : kFloatTypes)
+    for (const Case& c : cases) {
+      const std::string what = fmt::format("{} [{}, {}] -> {}{}", dtype_name(dt), c.rows, c.in, c.out,
+                                           c.misaligned_bias ? " (bias at an odd address)" : "");
+      const Tensor x = randn({c.rows, c.in}, dt), w = randn({c.out, c.in}, dt), gy = randn({c.rows, c.out}, dt);
+      // A large bias (a lost one would stand out of the rounding); at an odd
+      // address, a view one element into a longer vector.
+      const Tensor b_storage = prim::mul_scalar(randn({c.out + 1}, dt), 100.0);
+      const Tensor b = prim::slice(b_storage, 0, c.misaligned_bias ? 1 : 0, c.misaligned_bias ? c.out + 1 : c.out);
+      const Tensor y = prim::linear(x, w, b), yg = prim::linear(gpu(x), gpu(w), gpu(b));
+      // The same sums as [x, 1] @ [w^T; b], which bounds the rounding.
+      const Tensor x1 = prim::cat({x, full({c.rows, 1}, 1.0, dt)}, 1);
+      const Tensor wb = prim::cat({prim::transpose(w, 0, 1), prim::unsqueeze(b, 0)}, 0);
+      expect_matmul_close(yg, y, x1, wb, what + " forward");
+      expect_matmul_close(yg, prim::matmul(x1, wb), x1, wb, what + " forward against the augmented product");
+      const auto [gw, gb] = prim::linear_weight_grad(gy, x, true);
+      const auto [gw_g, gb_g] = prim::linear_weight_grad(gpu(gy), gpu(x), true);
+      expect_matmul_close(gw_g, gw, prim::transpose(gy, 0, 1), x, what + " weight gradient");
+      expect_matmul_close(gb_g, gb, prim::transpose(gy, 0, 1), full({c.rows, 1}, 1.0, dt), what + " bias gradient");
+      EXPECT_FALSE(prim::linear_weight_grad(gpu(gy), gpu(x), false).second.defined()) << what;
+    }
+}
+
 TEST_F(CudaTensor, Tf32IsOptIn) {
   SCOPED_TRACE(trace());
   Tensor a = randn({128, 256}, DType::f32), b = randn({256, 64}, DType::f32);

@@ -95,12 +95,27 @@ class NcclWork : public Work {
   // Polls the event and the communicator's asynchronous error together:
   // a peer that died or a network that broke shows up there, not in the
   // event, which would never complete.
+  //
+  // While the caller's stream is being captured into a CUDA graph (a whole
+  // DDP step, say) nothing runs yet and the host cannot wait: the stream
+  // only waits for the collective inside the graph. A failure of a replayed
+  // collective then shows at the host's next synchronization, not within
+  // the timeout.
   void wait() override {
     std::lock_guard lock(mutex_);
     if (completed_) return;
     const std::string earlier = comm_->aborted_because();
     check<DistributedError>(earlier.empty(), "NCCL {}: the communicator was aborted by an earlier failure ({})",
                             what_, earlier);
+    const cudaStream_t caller = cuda::current_cuda_stream(device_);
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    MPT_CUDA_CHECK(cudaStreamIsCapturing(caller, &capture));
+    if (capture == cudaStreamCaptureStatusActive) {
+      MPT_CUDA_CHECK(cudaStreamWaitEvent(caller, done_, 0));
+      completed_ = true;
+      keep_alive_.clear();  // the graph's own memory pool holds the tensors
+      return;
+    }
     const auto start = std::chrono::steady_clock::now();
     aborting_on_failure(*comm_, [&] {
       for (;;) {
@@ -125,7 +140,7 @@ class NcclWork : public Work {
       }
     });
     // Later kernels on the caller's stream see the result.
-    MPT_CUDA_CHECK(cudaStreamWaitEvent(cuda::current_cuda_stream(device_), done_, 0));
+    MPT_CUDA_CHECK(cudaStreamWaitEvent(caller, done_, 0));
     completed_ = true;
     keep_alive_.clear();
   }

@@ -42,6 +42,30 @@ void gemm_native(const GemmArgs& g, const T* a, const T* b, T* out, int64_t a_ba
   }
 }
 
+// The bias epilogue on the [m, n] result `out`, held in Acc (f32 for 16-bit
+// types: the bias is added before the single rounding, as cuBLASLt does).
+template <typename Acc, typename T>
+void add_bias(const GemmArgs& g, Acc* out) {
+  if (!g.bias.data) return;
+  const int64_t m = g.out.shape[1], n = g.out.shape[2];
+  const T* bias = static_cast<const T*>(g.bias.data);
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t c = 0; c < n; ++c) out[r * n + c] += static_cast<Acc>(bias[c]);
+}
+
+// The bias-gradient epilogue: bias_grad[i] = sum over k of a[i, k].
+template <typename Acc, typename T>
+void sum_rows_of_a(const GemmArgs& g) {
+  if (!g.bias_grad.data) return;
+  const T* a = static_cast<const T*>(g.a.data);
+  T* sums = static_cast<T*>(g.bias_grad.data);
+  for (int64_t i = 0; i < g.a.shape[1]; ++i) {
+    Acc acc = 0;
+    for (int64_t k = 0; k < g.a.shape[2]; ++k) acc += static_cast<Acc>(a[i * g.a.strides[1] + k * g.a.strides[2]]);
+    sums[i] = static_cast<T>(acc);
+  }
+}
+
 // Copies a strided [batch, rows, cols] view of 16-bit floats into contiguous f32.
 template <typename T>
 std::vector<float> widen(const TensorView& v) {
@@ -63,20 +87,27 @@ void gemm_widened(const GemmArgs& g) {
   wide.a.strides[1] = k, wide.a.strides[2] = 1;
   wide.b.strides[1] = n, wide.b.strides[2] = 1;
   gemm_native<float>(wide, a.data(), b.data(), c.data(), m * k, k * n);
+  add_bias<float, T>(g, c.data());
+  sum_rows_of_a<float, T>(g);
   T* out = static_cast<T*>(g.out.data);
   for (size_t i = 0; i < c.size(); ++i) out[i] = T(c[i]);
+}
+
+template <typename T>
+void gemm_full_precision(const GemmArgs& g) {
+  gemm_native<T>(g, static_cast<const T*>(g.a.data), static_cast<const T*>(g.b.data), static_cast<T*>(g.out.data),
+                 g.a.strides[0], g.b.strides[0]);
+  add_bias<T, T>(g, static_cast<T*>(g.out.data));
+  sum_rows_of_a<T, T>(g);
 }
 
 }  // namespace
 
 void gemm(const GemmArgs& g) {
+  check_gemm_epilogues(g);
   switch (g.out.dtype) {
-    case DType::f32:
-      return gemm_native<float>(g, static_cast<const float*>(g.a.data), static_cast<const float*>(g.b.data),
-                                static_cast<float*>(g.out.data), g.a.strides[0], g.b.strides[0]);
-    case DType::f64:
-      return gemm_native<double>(g, static_cast<const double*>(g.a.data), static_cast<const double*>(g.b.data),
-                                 static_cast<double*>(g.out.data), g.a.strides[0], g.b.strides[0]);
+    case DType::f32: return gemm_full_precision<float>(g);
+    case DType::f64: return gemm_full_precision<double>(g);
     case DType::f16: return gemm_widened<Half>(g);
     case DType::bf16: return gemm_widened<BFloat16>(g);
     default: throw DTypeError(fmt::format("matmul: dtype {} is not supported", dtype_name(g.out.dtype)));

@@ -1,24 +1,31 @@
-// Fused scaled-dot-product attention for f16/bf16 on tensor cores (WMMA),
-// in the manner of FlashAttention-2: scores never reach global memory.
+// Fused scaled-dot-product attention for f16/bf16 on tensor cores, in the
+// manner of FlashAttention-2: scores never reach global memory, and the
+// scores, probabilities and accumulators of a warp stay in its registers
+// (mma.sync m16n8k16 with ldmatrix from shared memory).
 //
 // Forward: a block takes 64 queries of one (batch, head); each of its four
 // warps owns 16 of them. Key/value tiles of 64 rows stream through shared
-// memory; a warp computes its 16x64 scores with WMMA, keeps a running row
-// maximum and sum (the online softmax, in base 2), rescales its output
-// accumulator and adds P·V. It writes the output and the log-sum-exp of
-// each row, which is all the backward pass needs to rebuild P.
+// memory, the next one loading (cp.async) while the current one is used. A
+// warp computes its 16x64 scores, keeps a running row maximum and sum (the
+// online softmax, in base 2), rescales its output accumulator and adds P·V,
+// with P handed from the score accumulators to the next product's operand
+// registers without a trip through memory. It writes the output and the
+// log-sum-exp of each row, which is all the backward pass needs.
 //
 // Backward: a block takes 64 keys; its warps own 16 each and keep their dK
-// and dV in WMMA accumulators while query tiles stream past. Per tile it
-// rebuilds P^T from the saved log-sum-exp, forms dS = P (dP - delta) with
-// delta = rowsum(dO * O) (a small kernel first), accumulates dV += P^T dO
-// and dK += dS^T Q, and adds its share of dQ = dS K to an f32 buffer with
-// atomics (dQ is summed over key blocks).
+// and dV accumulators in registers while query tiles stream past. Per tile a
+// warp rebuilds P^T from the saved log-sum-exp, forms dS = P (dP - delta)
+// with delta = rowsum(dO * O) (a small kernel first), and accumulates
+// dV += P^T dO and dK += dS^T Q. dS^T goes to shared memory once, from which
+// each warp forms 16 queries' share of dQ = dS K and adds it to an f32 buffer
+// with atomics (dQ sums over key blocks).
+//
+// Operands are addressed through AttentionLayout, so q, k and v can be read
+// where a fused [B, T, 3C] projection left them and the output written as
+// [B, T, H, D], with no transposing copies.
 //
 // Scores, softmax and all accumulations are f32; P and dS are rounded to the
 // input type for the tensor-core products, as in FlashAttention.
-#include <mma.h>
-
 #include <atomic>
 
 #include "tensor/cuda/attention.h"
@@ -27,320 +34,458 @@
 namespace mpt::cuda {
 namespace {
 
-using namespace nvcuda;
-
-constexpr int kTile = 64;   // queries per forward block, keys per backward block
+constexpr int kTile = 64;   // queries per forward block, keys per backward block, rows per streamed tile
 constexpr int kWarps = 4;   // 16 rows each
 constexpr int kBlockThreads = kWarps * 32;
-constexpr int kPad16 = 8;   // row padding (elements) of 16-bit tiles: spreads banks, keeps 32-byte alignment
-constexpr int kPad32 = 4;   // row padding of f32 tiles
+constexpr int kPad = 8;     // row padding (elements): ldmatrix's eight rows fall in distinct banks
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
 template <typename T>
-using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major>;
-template <typename T>
-using FragAt = wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::col_major>;
-template <typename T>
-using FragB = wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major>;
-template <typename T>
-using FragBt = wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major>;
-using FragC = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
+struct Mma;
 
-template <typename T>
-__device__ __forceinline__ T to(float x);
 template <>
-__device__ __forceinline__ __half to<__half>(float x) { return __float2half_rn(x); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 to<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
-__device__ __forceinline__ float from(__half x) { return __half2float(x); }
-__device__ __forceinline__ float from(__nv_bfloat16 x) { return __bfloat162float(x); }
+struct Mma<__half> {
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  }
+  // d += a (16x16, row) · b (16x8, col), f32 accumulators.
+  static __device__ __forceinline__ void run(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
 
-// Rows [row0, row0 + 64) of a [rows, D] matrix into a padded shared tile,
-// 16 bytes at a time; rows past the end are zero.
+template <>
+struct Mma<__nv_bfloat16> {
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  }
+  static __device__ __forceinline__ void run(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+
+__device__ __forceinline__ uint32_t shared_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Four 8x8 matrices of 16-bit elements; lane i names a row of matrix i / 8.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(shared_address(row)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(shared_address(row)));
+}
+
+// Fragment loads from a row-major shared tile with leading dimension `ld`.
+// A (16x16 at rows r0, columns c0) of a tile stored as A itself.
+template <typename T>
+__device__ __forceinline__ void load_a(uint32_t (&a)[4], const T* tile, int ld, int r0, int c0, int lane) {
+  ldmatrix_x4(a, tile + (r0 + (lane & 7) + ((lane >> 3) & 1) * 8) * ld + c0 + (lane >> 4) * 8);
+}
+// A (16x16) of a tile stored transposed: A[m][k] = tile[k0 + k][m0 + m].
+template <typename T>
+__device__ __forceinline__ void load_a_transposed(uint32_t (&a)[4], const T* tile, int ld, int m0, int k0, int lane) {
+  ldmatrix_x4_trans(a, tile + (k0 + (lane & 7) + (lane >> 4) * 8) * ld + m0 + ((lane >> 3) & 1) * 8);
+}
+// B operands of two k-steps (k0 and k0 + 16) for one 8-wide n-tile, from a
+// tile stored as B^T (rows are n, as K rows are for S = Q K^T):
+// {b[0], b[1]} for k0, {b[2], b[3]} for k0 + 16.
+template <typename T>
+__device__ __forceinline__ void load_b_from_rows_of_bt(uint32_t (&b)[4], const T* tile, int ld, int n0, int k0,
+                                                       int lane) {
+  ldmatrix_x4(b, tile + (n0 + (lane & 7)) * ld + k0 + (lane >> 3) * 8);
+}
+// B operands of one k-step for two n-tiles (n0 and n0 + 8), from a tile
+// stored as B (rows are k, as V rows are for O = P V):
+// {b[0], b[1]} for n0, {b[2], b[3]} for n0 + 8.
+template <typename T>
+__device__ __forceinline__ void load_b_from_rows_of_b(uint32_t (&b)[4], const T* tile, int ld, int k0, int n0,
+                                                      int lane) {
+  ldmatrix_x4_trans(b, tile + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * ld + n0 + (lane >> 4) * 8);
+}
+
+// acc (16 x 8·N) += a (16 x K, rows r0 of tile_a) · b, with b given as the
+// rows of b^T (tile_bt, N·8 rows of K).
+template <typename T, int K, int N>
+__device__ __forceinline__ void product_abt(float (&acc)[N][4], const T* tile_a, int r0, const T* tile_bt, int ld,
+                                            int lane) {
+#pragma unroll
+  for (int kk = 0; kk < K / 16; kk += 2) {
+    uint32_t a0[4], a1[4];
+    load_a(a0, tile_a, ld, r0, kk * 16, lane);
+    load_a(a1, tile_a, ld, r0, kk * 16 + 16, lane);
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+      uint32_t b[4];
+      load_b_from_rows_of_bt(b, tile_bt, ld, n * 8, kk * 16, lane);
+      Mma<T>::run(acc[n], a0, b[0], b[1]);
+      Mma<T>::run(acc[n], a1, b[2], b[3]);
+    }
+  }
+}
+
+// acc (16 x D) += p (16 x 64, as score accumulators: 8 n-tiles) · tile_b
+// (64 rows of D): the accumulators of two adjacent n-tiles are exactly the
+// A operand of one 16-wide k-step.
 template <typename T, int D>
-__device__ __forceinline__ void load_tile(T* tile, const T* src, int row0, int rows) {
+__device__ __forceinline__ void product_pb(float (&acc)[D / 8][4], const float (&p)[kTile / 8][4], const T* tile_b,
+                                           int ld, int lane) {
+#pragma unroll
+  for (int kk = 0; kk < kTile / 16; ++kk) {
+    const uint32_t a[4] = {Mma<T>::pack(p[2 * kk][0], p[2 * kk][1]), Mma<T>::pack(p[2 * kk][2], p[2 * kk][3]),
+                           Mma<T>::pack(p[2 * kk + 1][0], p[2 * kk + 1][1]),
+                           Mma<T>::pack(p[2 * kk + 1][2], p[2 * kk + 1][3])};
+#pragma unroll
+    for (int n = 0; n < D / 16; ++n) {
+      uint32_t b[4];
+      load_b_from_rows_of_b(b, tile_b, ld, kk * 16, n * 16, lane);
+      Mma<T>::run(acc[2 * n], a, b[0], b[1]);
+      Mma<T>::run(acc[2 * n + 1], a, b[2], b[3]);
+    }
+  }
+}
+
+// Starts copying rows [row0, row0 + 64) of an operand into a padded shared
+// tile, 16 bytes per cp.async; rows past the end are zero-filled.
+template <typename T, int D>
+__device__ __forceinline__ void load_tile_async(T* tile, const T* src, int64_t row_stride, int row0, int rows) {
   constexpr int kVec = 16 / sizeof(T);
   constexpr int kPerRow = D / kVec;
   for (int i = threadIdx.x; i < kTile * kPerRow; i += kBlockThreads) {
     const int r = i / kPerRow, c = (i % kPerRow) * kVec;
-    uint4 value = make_uint4(0, 0, 0, 0);
-    if (row0 + r < rows) value = *reinterpret_cast<const uint4*>(src + static_cast<int64_t>(row0 + r) * D + c);
-    *reinterpret_cast<uint4*>(tile + r * (D + kPad16) + c) = value;
+    const bool inside = row0 + r < rows;
+    const T* from = inside ? src + (row0 + r) * row_stride + c : src;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address(tile + r * (D + kPad) + c)),
+                 "l"(from), "r"(inside ? 16 : 0));
   }
 }
+__device__ __forceinline__ void async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
 
-// out (16 x 16·N, f32, ld_out) = a (16 x K) · b (K x 16·N), b given as its
-// transpose (rows of b^T = columns of b, as K and Q tiles are stored).
-template <typename T, int K, int N>
-__device__ __forceinline__ void product_abt(float* out, int ld_out, const T* a, int lda, const T* bt, int ldb) {
+template <typename T>
+__device__ __forceinline__ const T* head_of(const void* base, const AttentionLayout& l, int64_t bh, int64_t heads) {
+  return static_cast<const T*>(base) + (bh / heads) * l.batch + (bh % heads) * l.head;
+}
+
+// Writes a 16 x D accumulator (rows r0 + g and r0 + g + 8) as T, two elements per store.
+template <typename T, int D>
+__device__ __forceinline__ void store_rows(T* dst, int64_t row_stride, int r0, int rows, const float (&acc)[D / 8][4],
+                                           float scale_lo, float scale_hi, int lane) {
+  const int g = lane >> 2, t = lane & 3;
 #pragma unroll
-  for (int n = 0; n < N; ++n) {
-    FragC acc;
-    wmma::fill_fragment(acc, 0.0f);
+  for (int half = 0; half < 2; ++half) {
+    const int r = r0 + g + half * 8;
+    if (r >= rows) continue;
+    const float s = half ? scale_hi : scale_lo;
 #pragma unroll
-    for (int k = 0; k < K / 16; ++k) {
-      FragA<T> fa;
-      FragBt<T> fb;
-      wmma::load_matrix_sync(fa, a + k * 16, lda);
-      wmma::load_matrix_sync(fb, bt + n * 16 * ldb + k * 16, ldb);
-      wmma::mma_sync(acc, fa, fb, acc);
-    }
-    wmma::store_matrix_sync(out + n * 16, acc, ld_out, wmma::mem_row_major);
+    for (int n = 0; n < D / 8; ++n)
+      *reinterpret_cast<uint32_t*>(dst + r * row_stride + n * 8 + 2 * t) =
+          Mma<T>::pack(acc[n][2 * half] * s, acc[n][2 * half + 1] * s);
   }
 }
 
 template <typename T, int D>
 struct ForwardLayout {
-  static constexpr int ld = D + kPad16;
-  static constexpr int ld_s = kTile + kPad32;
-  static constexpr int ld_p = kTile + kPad16;
-  static constexpr int ld_o = D + kPad32;
+  static constexpr int ld = D + kPad;
+  static constexpr size_t tile = size_t(kTile) * ld * sizeof(T);
   static constexpr size_t q = 0;
-  static constexpr size_t k = q + kTile * ld * sizeof(T);
-  static constexpr size_t v = k + kTile * ld * sizeof(T);
-  static constexpr size_t s = v + kTile * ld * sizeof(T);
-  static constexpr size_t p = s + kWarps * 16 * ld_s * sizeof(float);
-  static constexpr size_t o = p + kWarps * 16 * ld_p * sizeof(T);
-  static constexpr size_t bytes = o + kWarps * 16 * ld_o * sizeof(float);
+  static constexpr size_t k = q + tile;      // two buffers
+  static constexpr size_t v = k + 2 * tile;  // two buffers
+  static constexpr size_t bytes = v + 2 * tile;
 };
 
 template <typename T, int D>
 __global__ void __launch_bounds__(kBlockThreads)
-    attention_forward_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
-                             T* __restrict__ out, float* __restrict__ lse, int len, float scale_log2, bool causal) {
+    attention_forward_kernel(AttentionArgs a, float scale_log2) {
   using L = ForwardLayout<T, D>;
   extern __shared__ __align__(128) unsigned char smem[];
   T* sQ = reinterpret_cast<T*>(smem + L::q);
   T* sK = reinterpret_cast<T*>(smem + L::k);
   T* sV = reinterpret_cast<T*>(smem + L::v);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  float* sS = reinterpret_cast<float*>(smem + L::s) + warp * 16 * L::ld_s;
-  T* sP = reinterpret_cast<T*>(smem + L::p) + warp * 16 * L::ld_p;
-  float* sO = reinterpret_cast<float*>(smem + L::o) + warp * 16 * L::ld_o;
-
+  constexpr int kTileElems = kTile * L::ld;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
+  const int len = a.len;
   const int q0 = blockIdx.x * kTile;
-  const int64_t head = static_cast<int64_t>(blockIdx.y) * len * D;
-  load_tile<T, D>(sQ, q + head, q0, len);
-  for (int i = lane; i < 16 * D; i += 32) sO[(i / D) * L::ld_o + i % D] = 0.0f;
+  const int64_t bh = blockIdx.y;
+  const T* q = head_of<T>(a.q, a.q_layout, bh, a.heads);
+  const T* k = head_of<T>(a.k, a.k_layout, bh, a.heads);
+  const T* v = head_of<T>(a.v, a.v_layout, bh, a.heads);
 
-  // Two lanes share a row: lane/2 is the row, lane%2 the half of the columns.
-  const int row = lane >> 1, half = lane & 1;
-  const int q_index = q0 + warp * 16 + row;
-  float m = -INFINITY, l = 0.0f;
   const int tiles = (len + kTile - 1) / kTile;
-  const int kv_tiles = causal ? min(static_cast<int>(blockIdx.x) + 1, tiles) : tiles;
+  const int kv_tiles = a.causal ? min(static_cast<int>(blockIdx.x) + 1, tiles) : tiles;
+  load_tile_async<T, D>(sQ, q, a.q_layout.row, q0, len);
+  load_tile_async<T, D>(sK, k, a.k_layout.row, 0, len);
+  load_tile_async<T, D>(sV, v, a.v_layout.row, 0, len);
+  async_commit();
+
+  uint32_t qf[D / 16][4];
+  float o[D / 8][4] = {};
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // rows g and g + 8, this thread's share of l
+  const int row_lo = q0 + warp * 16 + g;
   for (int j = 0; j < kv_tiles; ++j) {
-    __syncthreads();  // everyone is done with the previous K, V
-    load_tile<T, D>(sK, k + head, j * kTile, len);
-    load_tile<T, D>(sV, v + head, j * kTile, len);
+    if (j + 1 < kv_tiles) {  // prefetch the next tile into the other buffer
+      const int next = (j + 1) & 1;
+      load_tile_async<T, D>(sK + next * kTileElems, k, a.k_layout.row, (j + 1) * kTile, len);
+      load_tile_async<T, D>(sV + next * kTileElems, v, a.v_layout.row, (j + 1) * kTile, len);
+      async_commit();
+      async_wait<1>();
+    } else {
+      async_wait<0>();
+    }
     __syncthreads();
-    product_abt<T, D, kTile / 16>(sS, L::ld_s, sQ + warp * 16 * L::ld, L::ld, sK, L::ld);
-    __syncwarp();
+    if (j == 0)
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) load_a(qf[kk], sQ, L::ld, warp * 16, kk * 16, lane);
+    const T* tK = sK + (j & 1) * kTileElems;
+    const T* tV = sV + (j & 1) * kTileElems;
 
-    // Online softmax over this tile, in base 2.
-    float s[32];
-    float tile_max = -INFINITY;
-    const int key0 = j * kTile + half * 32;
+    // S = Q K^T for this warp's 16 rows: 8 n-tiles of 8 keys.
+    float s[kTile / 8][4] = {};
 #pragma unroll
-    for (int c = 0; c < 32; ++c) {
-      const int key = key0 + c;
-      const bool masked = key >= len || (causal && key > q_index);
-      s[c] = masked ? -INFINITY : sS[row * L::ld_s + half * 32 + c] * scale_log2;
-      tile_max = fmaxf(tile_max, s[c]);
-    }
-    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-    const float m_new = fmaxf(m, tile_max);
-    const float base = m_new == -INFINITY ? 0.0f : m_new;  // a fully masked row stays all zero
-    float sum = 0.0f;
+    for (int kk = 0; kk < D / 16; kk += 2)
 #pragma unroll
-    for (int c = 0; c < 32; ++c) {
-      const float p = exp2f(s[c] - base);
-      sum += p;
-      sP[row * L::ld_p + half * 32 + c] = to<T>(p);
-    }
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    const float alpha = exp2f(m - base);
-    l = l * alpha + sum;
-    m = m_new;
-    for (int d = half * (D / 2); d < (half + 1) * (D / 2); ++d) sO[row * L::ld_o + d] *= alpha;
-    __syncwarp();
-
-    // O += P V
-#pragma unroll
-    for (int n = 0; n < D / 16; ++n) {
-      FragC acc;
-      wmma::load_matrix_sync(acc, sO + n * 16, L::ld_o, wmma::mem_row_major);
-#pragma unroll
-      for (int kk = 0; kk < kTile / 16; ++kk) {
-        FragA<T> fa;
-        FragB<T> fb;
-        wmma::load_matrix_sync(fa, sP + kk * 16, L::ld_p);
-        wmma::load_matrix_sync(fb, sV + kk * 16 * L::ld + n * 16, L::ld);
-        wmma::mma_sync(acc, fa, fb, acc);
+      for (int n = 0; n < kTile / 8; ++n) {
+        uint32_t b[4];
+        load_b_from_rows_of_bt(b, tK, L::ld, n * 8, kk * 16, lane);
+        Mma<T>::run(s[n], qf[kk], b[0], b[1]);
+        Mma<T>::run(s[n], qf[kk + 1], b[2], b[3]);
       }
-      wmma::store_matrix_sync(sO + n * 16, acc, L::ld_o, wmma::mem_row_major);
+
+    // Online softmax in base 2. Element (n, e) is row g + 8 * (e / 2), key
+    // j * 64 + n * 8 + 2t + e % 2.
+    const bool edge = (j + 1) * kTile > len || (a.causal && j == kv_tiles - 1);
+    float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < kTile / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float x = s[n][e] * scale_log2;
+        if (edge) {
+          const int key = j * kTile + n * 8 + 2 * t + (e & 1), row = row_lo + (e >> 1) * 8;
+          if (key >= len || (a.causal && key > row)) x = -INFINITY;
+        }
+        s[n][e] = x;
+        tile_max[e >> 1] = fmaxf(tile_max[e >> 1], x);
+      }
+    float base[2], alpha[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
+      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
+      const float m_new = fmaxf(m[h], tile_max[h]);
+      base[h] = m_new == -INFINITY ? 0.0f : m_new;  // a fully masked row stays all zero
+      alpha[h] = exp2f(m[h] - base[h]);
+      m[h] = m_new;
+      l[h] *= alpha[h];
     }
-    __syncwarp();
+#pragma unroll
+    for (int n = 0; n < kTile / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[n][e] = exp2f(s[n][e] - base[e >> 1]);
+        l[e >> 1] += s[n][e];
+      }
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      o[n][0] *= alpha[0], o[n][1] *= alpha[0];
+      o[n][2] *= alpha[1], o[n][3] *= alpha[1];
+    }
+    product_pb<T, D>(o, s, tV, L::ld, lane);
+    __syncthreads();  // everyone is done with this buffer before it is refilled
   }
 
-  if (q_index < len) {
-    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-    T* dst = out + head + static_cast<int64_t>(q_index) * D;
-    for (int d = half * (D / 2); d < (half + 1) * (D / 2); ++d) dst[d] = to<T>(sO[row * L::ld_o + d] * inv);
-    if (half == 0) lse[static_cast<int64_t>(blockIdx.y) * len + q_index] = (m + log2f(l)) * kLn2;
+  float inv[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+    inv[h] = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
   }
+  T* out = const_cast<T*>(head_of<T>(a.out, a.out_layout, bh, a.heads));
+  store_rows<T, D>(out, a.out_layout.row, q0 + warp * 16, len, o, inv[0], inv[1], lane);
+  if (t == 0)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = row_lo + h * 8;
+      if (row < len) a.lse[bh * len + row] = (m[h] + log2f(l[h])) * kLn2;
+    }
 }
 
 // delta[row] = sum_d dO[row, d] * O[row, d]: one warp per row.
 template <typename T, int D>
-__global__ void attention_delta_kernel(const T* __restrict__ grad_out, const T* __restrict__ out,
-                                       float* __restrict__ delta, int64_t rows) {
+__global__ void attention_delta_kernel(AttentionArgs a, AttentionGrads gr) {
   const int64_t row = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
-  if (row >= rows) return;
+  if (row >= a.batch * a.heads * a.len) return;
+  const int64_t bh = row / a.len;
+  const int r = static_cast<int>(row % a.len);
+  const T* dout = head_of<T>(gr.grad_out, gr.grad_out_layout, bh, a.heads) + r * gr.grad_out_layout.row;
+  const T* out = head_of<T>(a.out, a.out_layout, bh, a.heads) + r * a.out_layout.row;
   float acc = 0.0f;
-  for (int d = lane; d < D; d += 32) acc += from(grad_out[row * D + d]) * from(out[row * D + d]);
+  for (int d = lane; d < D; d += 32) acc += Element<T>::load(dout[d]) * Element<T>::load(out[d]);
 #pragma unroll
   for (int o = 16; o > 0; o /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-  if (lane == 0) delta[row] = acc;
+  if (lane == 0) gr.delta[row] = acc;
 }
 
 template <typename T, int D>
 struct BackwardLayout {
-  static constexpr int ld = D + kPad16;
-  static constexpr int ld_s = kTile + kPad32;
-  static constexpr int ld_p = kTile + kPad16;
-  static constexpr int ld_x = (D > kTile ? D : kTile) + kPad32;
+  static constexpr int ld = D + kPad;
+  static constexpr int ld_ds = kTile + kPad;
+  static constexpr size_t tile = size_t(kTile) * ld * sizeof(T);
   static constexpr size_t k = 0;
-  static constexpr size_t v = k + kTile * ld * sizeof(T);
-  static constexpr size_t q = v + kTile * ld * sizeof(T);
-  static constexpr size_t dout = q + kTile * ld * sizeof(T);
-  static constexpr size_t s = dout + kTile * ld * sizeof(T);
-  static constexpr size_t dp = s + kWarps * 16 * ld_s * sizeof(float);
-  static constexpr size_t p = dp + kWarps * 16 * ld_s * sizeof(float);
-  static constexpr size_t ds = p + kWarps * 16 * ld_p * sizeof(T);
-  static constexpr size_t lse = ds + kTile * ld_p * sizeof(T);
-  static constexpr size_t delta = lse + kTile * sizeof(float);
-  static constexpr size_t scratch = delta + kTile * sizeof(float);
-  static constexpr size_t bytes = scratch + kWarps * 16 * ld_x * sizeof(float);
+  static constexpr size_t v = k + tile;
+  static constexpr size_t q = v + tile;         // two buffers
+  static constexpr size_t dout = q + 2 * tile;  // two buffers
+  static constexpr size_t ds = dout + 2 * tile;
+  static constexpr size_t lse = ds + size_t(kTile) * ld_ds * sizeof(T);  // two buffers
+  static constexpr size_t delta = lse + 2 * kTile * sizeof(float);       // two buffers
+  static constexpr size_t bytes = delta + 2 * kTile * sizeof(float);
 };
 
 template <typename T, int D>
 __global__ void __launch_bounds__(kBlockThreads)
-    attention_backward_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
-                              const T* __restrict__ grad_out, const float* __restrict__ lse,
-                              const float* __restrict__ delta, float* __restrict__ grad_q, T* __restrict__ grad_k,
-                              T* __restrict__ grad_v, int len, float scale, bool causal) {
+    attention_backward_kernel(AttentionArgs a, AttentionGrads gr, float scale) {
   using L = BackwardLayout<T, D>;
   extern __shared__ __align__(128) unsigned char smem[];
   T* sK = reinterpret_cast<T*>(smem + L::k);
   T* sV = reinterpret_cast<T*>(smem + L::v);
   T* sQ = reinterpret_cast<T*>(smem + L::q);
   T* sdO = reinterpret_cast<T*>(smem + L::dout);
-  T* sdS = reinterpret_cast<T*>(smem + L::ds);  // dS^T of all 64 keys x 64 queries
+  T* sdS = reinterpret_cast<T*>(smem + L::ds);  // dS^T: 64 keys x 64 queries
   float* sLse = reinterpret_cast<float*>(smem + L::lse);
   float* sDelta = reinterpret_cast<float*>(smem + L::delta);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  float* sS = reinterpret_cast<float*>(smem + L::s) + warp * 16 * L::ld_s;
-  float* sdP = reinterpret_cast<float*>(smem + L::dp) + warp * 16 * L::ld_s;
-  T* sP = reinterpret_cast<T*>(smem + L::p) + warp * 16 * L::ld_p;
-  float* scratch = reinterpret_cast<float*>(smem + L::scratch) + warp * 16 * L::ld_x;
-
+  constexpr int kTileElems = kTile * L::ld;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
+  const int len = a.len;
   const int k0 = blockIdx.x * kTile;
   const int64_t bh = blockIdx.y;
-  const int64_t head = bh * len * D;
-  load_tile<T, D>(sK, k + head, k0, len);
-  load_tile<T, D>(sV, v + head, k0, len);
+  const T* q = head_of<T>(a.q, a.q_layout, bh, a.heads);
+  const T* k = head_of<T>(a.k, a.k_layout, bh, a.heads);
+  const T* v = head_of<T>(a.v, a.v_layout, bh, a.heads);
+  const T* dout = head_of<T>(gr.grad_out, gr.grad_out_layout, bh, a.heads);
+  const float* lse = a.lse + bh * len;
+  const float* delta = gr.delta + bh * len;
+  float* grad_q = const_cast<float*>(head_of<float>(gr.grad_q, gr.grad_q_layout, bh, a.heads));
 
-  FragC dk[D / 16], dv[D / 16];
-#pragma unroll
-  for (int n = 0; n < D / 16; ++n) {
-    wmma::fill_fragment(dk[n], 0.0f);
-    wmma::fill_fragment(dv[n], 0.0f);
-  }
-  const int row = lane >> 1, half = lane & 1;
-  const int k_index = k0 + warp * 16 + row;
   const float scale_log2 = scale * kLog2e;
   const int tiles = (len + kTile - 1) / kTile;
-  for (int i = causal ? blockIdx.x : 0; i < tiles; ++i) {
-    const int q0 = i * kTile;
-    __syncthreads();  // the previous tile's Q, dO, dS are no longer read
-    load_tile<T, D>(sQ, q + head, q0, len);
-    load_tile<T, D>(sdO, grad_out + head, q0, len);
+  const int first = a.causal ? blockIdx.x : 0;
+  // Starts loading query tile i (Q, dO, log-sum-exp, delta) into buffer i & 1.
+  auto prefetch = [&](int i) {
+    const int buf = i & 1, row0 = i * kTile;
+    load_tile_async<T, D>(sQ + buf * kTileElems, q, a.q_layout.row, row0, len);
+    load_tile_async<T, D>(sdO + buf * kTileElems, dout, gr.grad_out_layout.row, row0, len);
+    async_commit();
     for (int r = threadIdx.x; r < kTile; r += kBlockThreads) {
-      const bool valid = q0 + r < len;
-      sLse[r] = valid ? lse[bh * len + q0 + r] * kLog2e : INFINITY;
-      sDelta[r] = valid ? delta[bh * len + q0 + r] : 0.0f;
+      const bool inside = row0 + r < len;
+      sLse[buf * kTile + r] = inside ? lse[row0 + r] * kLog2e : INFINITY;  // rows past the end: P = 0
+      sDelta[buf * kTile + r] = inside ? delta[row0 + r] : 0.0f;
+    }
+  };
+  load_tile_async<T, D>(sK, k, a.k_layout.row, k0, len);
+  load_tile_async<T, D>(sV, v, a.v_layout.row, k0, len);
+  prefetch(first);  // commits K and V with the first query tile
+
+  float dk[D / 8][4] = {}, dv[D / 8][4] = {};
+  const int key_lo = k0 + warp * 16 + g;  // this thread's keys: key_lo and key_lo + 8
+  for (int i = first; i < tiles; ++i) {
+    if (i + 1 < tiles) {
+      prefetch(i + 1);
+      async_wait<1>();
+    } else {
+      async_wait<0>();
     }
     __syncthreads();
+    const int buf = i & 1, q0 = i * kTile;
+    const T* tQ = sQ + buf * kTileElems;
+    const T* tdO = sdO + buf * kTileElems;
+    const float* tLse = sLse + buf * kTile;
+    const float* tDelta = sDelta + buf * kTile;
 
-    // S^T = K Q^T and dP^T = V dO^T for this warp's 16 keys.
-    product_abt<T, D, kTile / 16>(sS, L::ld_s, sK + warp * 16 * L::ld, L::ld, sQ, L::ld);
-    product_abt<T, D, kTile / 16>(sdP, L::ld_s, sV + warp * 16 * L::ld, L::ld, sdO, L::ld);
-    __syncwarp();
-#pragma unroll 4
-    for (int c = 0; c < 32; ++c) {
-      const int col = half * 32 + c, q_index = q0 + col;
-      const bool valid = q_index < len && k_index < len && !(causal && k_index > q_index);
-      const float p = valid ? exp2f(sS[row * L::ld_s + col] * scale_log2 - sLse[col]) : 0.0f;
-      const float ds = p * (sdP[row * L::ld_s + col] - sDelta[col]) * scale;
-      sP[row * L::ld_p + col] = to<T>(p);
-      sdS[(warp * 16 + row) * L::ld_p + col] = to<T>(ds);
-    }
-    __syncwarp();
+    // S^T = K Q^T and dP^T = V dO^T for this warp's 16 keys x 64 queries.
+    float s[kTile / 8][4] = {}, dp[kTile / 8][4] = {};
+    product_abt<T, D, kTile / 8>(s, sK, warp * 16, tQ, L::ld, lane);
+    product_abt<T, D, kTile / 8>(dp, sV, warp * 16, tdO, L::ld, lane);
 
-    // dV += P^T dO, dK += dS^T Q (this warp's rows of P^T and dS^T).
+    // P^T and dS^T. Element (n, e) is key key_lo + 8 * (e / 2), query q0 + n * 8 + 2t + e % 2.
+    const bool edge = (i + 1) * kTile > len || (k0 + kTile) > len || (a.causal && i == first);
 #pragma unroll
-    for (int n = 0; n < D / 16; ++n)
+    for (int n = 0; n < kTile / 8; ++n)
 #pragma unroll
-      for (int kk = 0; kk < kTile / 16; ++kk) {
-        FragA<T> fp, fds;
-        FragB<T> fdo, fq;
-        wmma::load_matrix_sync(fp, sP + kk * 16, L::ld_p);
-        wmma::load_matrix_sync(fdo, sdO + kk * 16 * L::ld + n * 16, L::ld);
-        wmma::mma_sync(dv[n], fp, fdo, dv[n]);
-        wmma::load_matrix_sync(fds, sdS + warp * 16 * L::ld_p + kk * 16, L::ld_p);
-        wmma::load_matrix_sync(fq, sQ + kk * 16 * L::ld + n * 16, L::ld);
-        wmma::mma_sync(dk[n], fds, fq, dk[n]);
+      for (int e = 0; e < 4; ++e) {
+        const int col = n * 8 + 2 * t + (e & 1);
+        float p = exp2f(s[n][e] * scale_log2 - tLse[col]);
+        if (edge) {
+          const int key = key_lo + (e >> 1) * 8, query = q0 + col;
+          if (key >= len || query >= len || (a.causal && key > query)) p = 0.0f;
+        }
+        s[n][e] = p;
+        dp[n][e] = p * (dp[n][e] - tDelta[col]) * scale;
       }
+    // dS^T to shared memory for dQ.
+#pragma unroll
+    for (int n = 0; n < kTile / 8; ++n)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        *reinterpret_cast<uint32_t*>(sdS + (warp * 16 + g + h * 8) * L::ld_ds + n * 8 + 2 * t) =
+            Mma<T>::pack(dp[n][2 * h], dp[n][2 * h + 1]);
+
+    // dV += P^T dO, dK += dS^T Q.
+    product_pb<T, D>(dv, s, tdO, L::ld, lane);
+    product_pb<T, D>(dk, dp, tQ, L::ld, lane);
     __syncthreads();  // all of dS^T is written
 
-    // dQ (this warp's 16 queries) += dS K, with dS read transposed from dS^T.
+    // dQ for this warp's 16 queries += dS K, dS read transposed from dS^T.
+    float dq[D / 8][4] = {};
 #pragma unroll
-    for (int n = 0; n < D / 16; ++n) {
-      FragC acc;
-      wmma::fill_fragment(acc, 0.0f);
+    for (int kk = 0; kk < kTile / 16; ++kk) {
+      uint32_t af[4];
+      load_a_transposed(af, sdS, L::ld_ds, warp * 16, kk * 16, lane);
 #pragma unroll
-      for (int kk = 0; kk < kTile / 16; ++kk) {
-        FragAt<T> fds;
-        FragB<T> fk;
-        wmma::load_matrix_sync(fds, sdS + kk * 16 * L::ld_p + warp * 16, L::ld_p);
-        wmma::load_matrix_sync(fk, sK + kk * 16 * L::ld + n * 16, L::ld);
-        wmma::mma_sync(acc, fds, fk, acc);
+      for (int n = 0; n < D / 16; ++n) {
+        uint32_t b[4];
+        load_b_from_rows_of_b(b, sK, L::ld, kk * 16, n * 16, lane);
+        Mma<T>::run(dq[2 * n], af, b[0], b[1]);
+        Mma<T>::run(dq[2 * n + 1], af, b[2], b[3]);
       }
-      wmma::store_matrix_sync(scratch + n * 16, acc, L::ld_x, wmma::mem_row_major);
     }
-    __syncwarp();
-    for (int e = lane; e < 16 * D; e += 32) {
-      const int r = e / D, d = e % D, q_index = q0 + warp * 16 + r;
-      if (q_index < len) atomicAdd(grad_q + head + static_cast<int64_t>(q_index) * D + d, scratch[r * L::ld_x + d]);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int query = q0 + warp * 16 + g + h * 8;
+      if (query >= len) continue;
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) {
+        float* dst = grad_q + query * gr.grad_q_layout.row + n * 8 + 2 * t;
+        atomicAdd(dst, dq[n][2 * h]);
+        atomicAdd(dst + 1, dq[n][2 * h + 1]);
+      }
     }
+    __syncthreads();  // dS^T and this tile's buffers are free again
   }
 
-  // Write this warp's dK and dV rows.
-  for (int which = 0; which < 2; ++which) {
-    __syncwarp();
-#pragma unroll
-    for (int n = 0; n < D / 16; ++n)
-      wmma::store_matrix_sync(scratch + n * 16, which == 0 ? dk[n] : dv[n], L::ld_x, wmma::mem_row_major);
-    __syncwarp();
-    T* dst = which == 0 ? grad_k : grad_v;
-    for (int e = lane; e < 16 * D; e += 32) {
-      const int r = e / D, d = e % D, key = k0 + warp * 16 + r;
-      if (key < len) dst[head + static_cast<int64_t>(key) * D + d] = to<T>(scratch[r * L::ld_x + d]);
-    }
-  }
+  T* grad_k = const_cast<T*>(head_of<T>(gr.grad_k, gr.grad_k_layout, bh, a.heads));
+  T* grad_v = const_cast<T*>(head_of<T>(gr.grad_v, gr.grad_v_layout, bh, a.heads));
+  store_rows<T, D>(grad_k, gr.grad_k_layout.row, k0 + warp * 16, len, dk, 1.0f, 1.0f, lane);
+  store_rows<T, D>(grad_v, gr.grad_v_layout.row, k0 + warp * 16, len, dv, 1.0f, 1.0f, lane);
 }
 
 // Raises a kernel's dynamic shared memory limit above the default 48 KiB,
@@ -354,34 +499,30 @@ void allow_shared_memory(Kernel kernel, size_t bytes, int device, std::atomic<ui
   done.fetch_or(bit, std::memory_order_acq_rel);
 }
 
+dim3 grid_of(const AttentionArgs& a) {
+  return dim3(static_cast<unsigned>((a.len + kTile - 1) / kTile), static_cast<unsigned>(a.batch * a.heads));
+}
+
 template <typename T, int D>
 void forward_typed(const Launch& l, const AttentionArgs& a) {
   using L = ForwardLayout<T, D>;
   auto kernel = attention_forward_kernel<T, D>;
   static std::atomic<uint64_t> devices_set{0};
   allow_shared_memory(kernel, L::bytes, l.device, devices_set);
-  const dim3 grid((a.len + kTile - 1) / kTile, static_cast<unsigned>(a.batch_heads));
-  kernel<<<grid, kBlockThreads, L::bytes, l.stream>>>(
-      static_cast<const T*>(a.q), static_cast<const T*>(a.k), static_cast<const T*>(a.v), static_cast<T*>(a.out),
-      a.lse, a.len, static_cast<float>(a.scale) * kLog2e, a.causal);
+  kernel<<<grid_of(a), kBlockThreads, L::bytes, l.stream>>>(a, static_cast<float>(a.scale) * kLog2e);
   MPT_CUDA_CHECK_LAUNCH("attention_forward_kernel");
 }
 
 template <typename T, int D>
 void backward_typed(const Launch& l, const AttentionArgs& a, const AttentionGrads& g) {
-  const int64_t rows = a.batch_heads * a.len;
-  attention_delta_kernel<T, D><<<static_cast<unsigned>((rows * 32 + 255) / 256), 256, 0, l.stream>>>(
-      static_cast<const T*>(g.grad_out), static_cast<const T*>(a.out), g.delta, rows);
+  const int64_t rows = a.batch * a.heads * a.len;
+  attention_delta_kernel<T, D><<<static_cast<unsigned>((rows * 32 + 255) / 256), 256, 0, l.stream>>>(a, g);
   MPT_CUDA_CHECK_LAUNCH("attention_delta_kernel");
   using L = BackwardLayout<T, D>;
   auto kernel = attention_backward_kernel<T, D>;
   static std::atomic<uint64_t> devices_set{0};
   allow_shared_memory(kernel, L::bytes, l.device, devices_set);
-  const dim3 grid((a.len + kTile - 1) / kTile, static_cast<unsigned>(a.batch_heads));
-  kernel<<<grid, kBlockThreads, L::bytes, l.stream>>>(
-      static_cast<const T*>(a.q), static_cast<const T*>(a.k), static_cast<const T*>(a.v),
-      static_cast<const T*>(g.grad_out), a.lse, g.delta, g.grad_q, static_cast<T*>(g.grad_k),
-      static_cast<T*>(g.grad_v), a.len, static_cast<float>(a.scale), a.causal);
+  kernel<<<grid_of(a), kBlockThreads, L::bytes, l.stream>>>(a, g, static_cast<float>(a.scale));
   MPT_CUDA_CHECK_LAUNCH("attention_backward_kernel");
 }
 
@@ -410,12 +551,12 @@ bool fused_attention_supported(DType dtype, int64_t head_dim) {
 }
 
 void launch_attention_forward(const Launch& l, const AttentionArgs& a) {
-  if (a.len == 0 || a.batch_heads == 0) return;
+  if (a.len == 0 || a.batch * a.heads == 0) return;
   dispatch(a.dtype, a.head_dim, [&]<typename T, int D>() { forward_typed<T, D>(l, a); });
 }
 
 void launch_attention_backward(const Launch& l, const AttentionArgs& a, const AttentionGrads& g) {
-  if (a.len == 0 || a.batch_heads == 0) return;
+  if (a.len == 0 || a.batch * a.heads == 0) return;
   dispatch(a.dtype, a.head_dim, [&]<typename T, int D>() { backward_typed<T, D>(l, a, g); });
 }
 

@@ -4,17 +4,25 @@
 
 namespace mpt::cuda {
 
-// q, k, v, out: contiguous [batch_heads, len, head_dim] of `dtype`;
-// lse: f32 [batch_heads, len], the log-sum-exp of each row of scaled scores.
+// Where the rows of one [B, H, T, D] operand lie, in elements: (b, h, t) starts
+// at b * batch + h * head + t * row, and its D elements are contiguous.
+struct AttentionLayout {
+  int64_t batch = 0, head = 0, row = 0;
+};
+
+// q, k, v, out: [batch, heads, len, head_dim] of `dtype` laid out as their
+// AttentionLayouts say (rows 16-byte aligned); lse: f32 contiguous
+// [batch, heads, len], the log-sum-exp of each row of scaled scores.
 struct AttentionArgs {
   DType dtype;
-  int64_t batch_heads = 0;
+  int64_t batch = 0, heads = 0;
   int len = 0;
   int64_t head_dim = 0;
   const void* q = nullptr;
   const void* k = nullptr;
   const void* v = nullptr;
   void* out = nullptr;  // written by the forward pass, read by the backward
+  AttentionLayout q_layout, k_layout, v_layout, out_layout;
   float* lse = nullptr;
   double scale = 1.0;
   bool causal = false;
@@ -22,10 +30,14 @@ struct AttentionArgs {
 
 struct AttentionGrads {
   const void* grad_out = nullptr;
+  AttentionLayout grad_out_layout;
   float* grad_q = nullptr;  // f32, zeroed by the caller (accumulated with atomics)
+  AttentionLayout grad_q_layout;
   void* grad_k = nullptr;
+  AttentionLayout grad_k_layout;
   void* grad_v = nullptr;
-  float* delta = nullptr;   // f32 [batch_heads, len] scratch
+  AttentionLayout grad_v_layout;
+  float* delta = nullptr;   // f32 [batch, heads, len] scratch
 };
 
 bool fused_attention_supported(DType dtype, int64_t head_dim);

@@ -334,12 +334,20 @@ class CudaBackend final : public Backend {
     check_same_shape("attention backward", q, grad_q32);
     check<DTypeError>(grad_q32.dtype == DType::f32 && delta.dtype == DType::f32,
                       "CUDA attention backward: grad_q and delta must be f32");
-    check<ShapeError>(delta.numel() == a.batch_heads * a.len, "CUDA attention backward: delta {} does not fit q {}",
-                      shape_of(delta), shape_of(q));
-    for (const TensorView* t : {&grad_q32, &grad_k, &grad_v, &delta, &grad_out}) check_contiguous("attention", *t);
-    launch_attention_backward(current_launch(), a,
-                              AttentionGrads{grad_out.data, static_cast<float*>(grad_q32.data), grad_k.data,
-                                             grad_v.data, static_cast<float*>(delta.data)});
+    check<ShapeError>(delta.numel() == a.batch * a.heads * a.len,
+                      "CUDA attention backward: delta {} does not fit q {}", shape_of(delta), shape_of(q));
+    check_contiguous("attention", delta);
+    AttentionGrads g;
+    g.grad_out = grad_out.data;
+    g.grad_out_layout = attention_layout(grad_out, "grad_out");
+    g.grad_q = static_cast<float*>(grad_q32.data);
+    g.grad_q_layout = attention_layout(grad_q32, "grad_q");
+    g.grad_k = grad_k.data;
+    g.grad_k_layout = attention_layout(grad_k, "grad_k");
+    g.grad_v = grad_v.data;
+    g.grad_v_layout = attention_layout(grad_v, "grad_v");
+    g.delta = static_cast<float*>(delta.data);
+    launch_attention_backward(current_launch(), a, g);
   }
 
  private:
@@ -399,6 +407,17 @@ class CudaBackend final : public Backend {
     return a;
   }
 
+  // The layout of a [B, H, T, D] attention operand whose rows are packed
+  // and 16-byte aligned, as the kernels load them.
+  static AttentionLayout attention_layout(const TensorView& t, const char* name) {
+    const int64_t align = 16 / static_cast<int64_t>(dtype_size(t.dtype));
+    bool ok = t.strides[3] == 1 && reinterpret_cast<uintptr_t>(t.data) % 16 == 0;
+    for (int d = 0; d < 3; ++d) ok = ok && (t.shape[d] == 1 || t.strides[d] % align == 0);
+    check<ShapeError>(ok, "CUDA attention: {} {} with strides [{}, {}, {}, {}] needs packed rows starting on 16-byte "
+                      "boundaries", name, shape_of(t), t.strides[0], t.strides[1], t.strides[2], t.strides[3]);
+    return {t.strides[0], t.strides[1], t.strides[2]};
+  }
+
   static AttentionArgs attention_args(const TensorView& out, const TensorView& lse, const TensorView& q,
                                       const TensorView& k, const TensorView& v, bool causal, double scale) {
     check<ShapeError>(q.ndim == 4, "CUDA attention: q must be [B, H, T, D], got {}", shape_of(q));
@@ -412,16 +431,21 @@ class CudaBackend final : public Backend {
     check<ShapeError>(q.shape[2] < (int64_t(1) << 30), "CUDA attention: sequence length {} is too long", q.shape[2]);
     check<DTypeError>(lse.dtype == DType::f32 && lse.numel() == q.shape[0] * q.shape[1] * q.shape[2],
                       "CUDA attention: lse must be f32 [B, H, T], got {} {}", dtype_name(lse.dtype), shape_of(lse));
-    for (const TensorView* t : {&q, &k, &v, &out, &lse}) check_contiguous("attention", *t);
+    check_contiguous("attention", lse);
     AttentionArgs a;
     a.dtype = q.dtype;
-    a.batch_heads = q.shape[0] * q.shape[1];
+    a.batch = q.shape[0];
+    a.heads = q.shape[1];
     a.len = static_cast<int>(q.shape[2]);
     a.head_dim = q.shape[3];
     a.q = q.data;
     a.k = k.data;
     a.v = v.data;
     a.out = out.data;
+    a.q_layout = attention_layout(q, "q");
+    a.k_layout = attention_layout(k, "k");
+    a.v_layout = attention_layout(v, "v");
+    a.out_layout = attention_layout(out, "out");
     a.lse = static_cast<float*>(lse.data);
     a.scale = scale;
     a.causal = causal;

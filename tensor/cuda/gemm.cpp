@@ -9,6 +9,12 @@
 // Choosing an algorithm (cublasLtMatmulAlgoGetHeuristic) costs far more than
 // running a small matmul, and a training step repeats the same shapes, so
 // descriptors and the chosen algorithm are cached per problem.
+//
+// A linear layer's bias rides in the GEMM's epilogue (CUBLASLT_EPILOGUE_BIAS:
+// one vector per row of cuBLAS's D, i.e. per column of `out`), and so does
+// its bias gradient (CUBLASLT_EPILOGUE_BGRADB: the sums of cuBLAS's B = a^T
+// over k, i.e. of a's rows). Where cuBLASLt has no algorithm with the
+// epilogue, the product runs plain and the epilogue as separate kernels.
 #include "tensor/cuda/gemm.h"
 
 #include <cublasLt.h>
@@ -89,6 +95,7 @@ struct PlanKey {
   int64_t batch, m, n, k;
   int64_t ld_a, ld_b, ld_d, stride_a, stride_b, stride_d;
   uint32_t align_a, align_b, align_d;
+  int32_t epilogue;  // cublasLtEpilogue_t
   bool operator==(const PlanKey& o) const { return std::memcmp(this, &o, sizeof(PlanKey)) == 0; }
 };
 
@@ -102,11 +109,14 @@ struct PlanKeyHash {
   }
 };
 
-// Descriptors and the chosen algorithm for one problem. Read-only once built.
+// Descriptors and the chosen algorithm for one problem. Read-only once
+// built, except the epilogue's vector pointer, set under `epilogue_mutex`
+// for each call.
 struct Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
   cublasLtMatmulHeuristicResult_t heuristic{};
+  mutable std::mutex epilogue_mutex;
 
   Plan() = default;
   Plan(const Plan&) = delete;
@@ -146,6 +156,9 @@ std::shared_ptr<const Plan> build_plan(const PlanKey& key, cublasLtHandle_t hand
   const int32_t op_a = key.op_a, op_b = key.op_b;
   MPT_CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
   MPT_CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
+  if (key.epilogue != CUBLASLT_EPILOGUE_DEFAULT)
+    MPT_CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &key.epilogue,
+                                                      sizeof(key.epilogue)));
 
   // cuBLAS A = b^T: op(A) is [n, k]; B = a^T: op(B) is [k, m]; D = out^T: [n, m].
   const bool ta = key.op_a == CUBLAS_OP_T, tb = key.op_b == CUBLAS_OP_T;
@@ -176,8 +189,12 @@ std::shared_ptr<const Plan> build_plan(const PlanKey& key, cublasLtHandle_t hand
   MPT_CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &key.align_d,
                                                         sizeof(key.align_d)));
   int found = 0;
-  MPT_CUBLASLT_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, plan->desc, plan->a, plan->b, plan->d, plan->d, pref, 1,
-                                                  &plan->heuristic, &found));
+  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(handle, plan->desc, plan->a, plan->b, plan->d, plan->d,
+                                                               pref, 1, &plan->heuristic, &found);
+  // No algorithm with this epilogue: the caller runs it separately.
+  if (key.epilogue != CUBLASLT_EPILOGUE_DEFAULT && (status == CUBLAS_STATUS_NOT_SUPPORTED || found == 0))
+    return nullptr;
+  MPT_CUBLASLT_CHECK(status);
   if (found == 0)
     throw CudaError(fmt::format("CUDA gemm: cuBLASLt has no algorithm for {} [{}, {}, {}] x [{}, {}, {}] (ops {}{}, "
                                 "leading dimensions {}, {}, {})",
@@ -220,6 +237,32 @@ void check_args(const GemmArgs& g) {
   check<ShapeError>(out.shape[0] <= INT32_MAX, "CUDA gemm: batch {} exceeds cuBLASLt's limit", out.shape[0]);
 }
 
+// The epilogues that did not run inside the GEMM, as separate kernels.
+void add_bias_separately(const GemmArgs& g) {
+  TensorView bias = g.out;  // [1, m, n] reading bias[col] for every row
+  bias.data = g.bias.data;
+  bias.strides[0] = bias.strides[1] = 0;
+  bias.strides[2] = 1;
+  cuda_backend().binary(BinaryOp::add, g.out, g.out, bias);
+}
+
+void sum_rows_separately(const GemmArgs& g) {
+  const TensorView& a = g.a;
+  const int64_t m = a.shape[1], k = a.shape[2];
+  TensorView in = a;  // a as a contiguous [outer, k, inner] block, if it is one
+  in.ndim = 3;
+  if (a.strides[2] == 1 && (m == 1 || a.strides[1] == k)) {  // [m, k] row-major: reduce the inner dimension
+    in.shape[0] = m, in.shape[1] = k, in.shape[2] = 1;
+  } else if (a.strides[1] == 1 && (k == 1 || a.strides[2] == m)) {  // stored as [k, m]: reduce the outer one
+    in.shape[0] = 1, in.shape[1] = k, in.shape[2] = m;
+  } else {
+    throw ValueError(fmt::format("CUDA gemm: the bias gradient needs a packed operand a, got strides [{}, {}] for [{}, {}]",
+                                 a.strides[1], a.strides[2], m, k));
+  }
+  in.strides[2] = 1, in.strides[1] = in.shape[2], in.strides[0] = in.shape[1] * in.shape[2];
+  cuda_backend().reduce(ReduceOp::sum, g.bias_grad, in, in.shape[0], k, in.shape[2]);
+}
+
 }  // namespace
 
 void set_allow_tf32(bool allow) { t_allow_tf32 = allow; }
@@ -227,12 +270,15 @@ bool allow_tf32() { return t_allow_tf32; }
 
 void gemm(const GemmArgs& g) {
   check_args(g);
+  check_gemm_epilogues(g);
   const TensorView &a = g.a, &b = g.b, &out = g.out;
   const int64_t batch = out.shape[0], m = out.shape[1], n = out.shape[2], k = a.shape[2];
   if (batch == 0 || m == 0 || n == 0) return;
   if (k == 0) {  // an empty sum: out = beta * out (cuBLASLt does not take k = 0)
     if (g.beta == 0.0f) cuda_backend().fill(out, 0.0);
     else cuda_backend().unary(UnaryOp::affine, out, out, g.beta, 0.0);
+    if (g.bias.data) add_bias_separately(g);
+    if (g.bias_grad.data) cuda_backend().fill(g.bias_grad, 0.0);
     return;
   }
   const Operand op_a = transposed_operand(k, n, b.strides[1], b.strides[2], "b");
@@ -260,9 +306,20 @@ void gemm(const GemmArgs& g) {
   key.align_a = alignment_of(b.data);
   key.align_b = alignment_of(a.data);
   key.align_d = alignment_of(out.data);
+  // One epilogue fused (the bias if both are asked for); its vector must be 16-byte aligned.
+  const void* epilogue_vector = g.bias.data ? g.bias.data : g.bias_grad.data;
+  key.epilogue = !epilogue_vector || alignment_of(epilogue_vector) < 16 ? CUBLASLT_EPILOGUE_DEFAULT
+                 : g.bias.data                                           ? CUBLASLT_EPILOGUE_BIAS
+                                                                         : CUBLASLT_EPILOGUE_BGRADB;
 
   const cublasLtHandle_t handle = lt_handle(key.device);
-  const std::shared_ptr<const Plan> plan = find_plan(key, handle);
+  std::shared_ptr<const Plan> plan = find_plan(key, handle);
+  if (!plan) {
+    key.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+    plan = find_plan(key, handle);
+  }
+  const bool bias_fused = key.epilogue == CUBLASLT_EPILOGUE_BIAS;
+  const bool bias_grad_fused = key.epilogue == CUBLASLT_EPILOGUE_BGRADB;
   const cudaStream_t stream = current_cuda_stream(key.device);
 
   // Workspace from the caching allocator, released as soon as the matmul is
@@ -280,8 +337,22 @@ void gemm(const GemmArgs& g) {
   const bool f64 = out.dtype == DType::f64;
   const void* alpha = f64 ? static_cast<const void*>(&alpha64) : static_cast<const void*>(&g.alpha);
   const void* beta = f64 ? static_cast<const void*>(&beta64) : static_cast<const void*>(&g.beta);
-  MPT_CUBLASLT_CHECK(cublasLtMatmul(handle, plan->desc, alpha, b.data, plan->a, a.data, plan->b, beta, out.data, plan->d,
-                                  out.data, plan->d, &plan->heuristic.algo, workspace, workspace_bytes, stream));
+  auto run = [&] {
+    MPT_CUBLASLT_CHECK(cublasLtMatmul(handle, plan->desc, alpha, b.data, plan->a, a.data, plan->b, beta, out.data,
+                                      plan->d, out.data, plan->d, &plan->heuristic.algo, workspace, workspace_bytes,
+                                      stream));
+  };
+  if (key.epilogue == CUBLASLT_EPILOGUE_DEFAULT) {
+    run();
+  } else {
+    // The plan is shared; its vector pointer is this call's only while the lock is held.
+    std::lock_guard<std::mutex> lock(plan->epilogue_mutex);
+    MPT_CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &epilogue_vector,
+                                                      sizeof(epilogue_vector)));
+    run();
+  }
+  if (g.bias.data && !bias_fused) add_bias_separately(g);
+  if (g.bias_grad.data && !bias_grad_fused) sum_rows_separately(g);
 }
 
 }  // namespace mpt::cuda

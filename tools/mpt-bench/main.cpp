@@ -146,23 +146,36 @@ struct Trainer {
 
   // forward_backward runs under autocast and leaves scaled gradients; then
   // the optimizer steps through the scaler. Times warm-up + timed steps with
-  // CUDA events around each step and returns the timed ones (ms).
-  std::vector<double> time_steps(const std::function<void()>& forward_backward) {
+  // CUDA events around each step and returns the timed ones (ms). With
+  // `graph`, the whole step (zero_grad, forward, backward, unscale, AdamW,
+  // scale update) is recorded once as a CUDA graph after its eager warm-up
+  // and replayed (AdamW keeps its step counts on the device for that);
+  // `graphed` says whether it was.
+  std::vector<double> time_steps(const std::function<void()>& forward_backward, bool graph, bool& graphed) {
     const std::function<void()> step = [&] {
       optimizer.zero_grad();
       forward_backward();
       scaler.step(optimizer);
       scaler.update();
     };
+    std::unique_ptr<CapturedStep> captured;
+    if (graph) {
+      optimizer.set_capturable(true);
+      captured = std::make_unique<CapturedStep>(device, [&](const std::vector<Tensor>&) { step(); });
+    }
     std::vector<double> times;
     Event start(device, true), end(device, true);
     for (int i = 0; i < o.warmup + o.steps; ++i) {
       start.record();
-      step();
+      if (captured) captured->run();
+      else step();
       end.record();
       end.synchronize();
       if (i >= o.warmup) times.push_back(start.elapsed_ms(end));
     }
+    graphed = captured && captured->replays() > 0;
+    if (captured && !graphed)
+      std::cerr << "mpt-bench: the step could not be captured: " << captured->fallback_reason() << "\n";
     return times;
   }
 };
@@ -216,32 +229,8 @@ int run_single(const Options& o) {
   };
 
   reset_peak_memory_stats(device);
-  std::vector<double> times;
   bool graphed = false;
-  if (o.graph) {
-    // The whole step (zero_grad, forward, backward, unscale, AdamW, scale
-    // update) as one CUDA graph, replayed; shapes never change here. AdamW
-    // keeps its step counts on the device for that.
-    t.optimizer.set_capturable(true);
-    CapturedStep captured(device, [&](const std::vector<Tensor>&) {
-      t.optimizer.zero_grad();
-      forward_backward();
-      t.scaler.step(t.optimizer);
-      t.scaler.update();
-    });
-    Event start(device, true), end(device, true);
-    for (int i = 0; i < o.warmup + o.steps; ++i) {
-      start.record();
-      captured.run();
-      end.record();
-      end.synchronize();
-      if (i >= o.warmup) times.push_back(start.elapsed_ms(end));
-    }
-    graphed = captured.replays() > 0;
-    if (!graphed) std::cerr << "mpt-bench: the step could not be captured: " << captured.fallback_reason() << "\n";
-  } else {
-    times = t.time_steps(forward_backward);
-  }
+  const std::vector<double> times = t.time_steps(forward_backward, o.graph, graphed);
   const MemoryStats mem = memory_stats(device);
   if (o.memory_trace)
     std::cerr << fmt::format("end: allocated {:.1f} MiB, peak allocated {:.1f} MiB, reserved {:.1f} MiB\n",
@@ -263,12 +252,15 @@ int run_dp(const Options& o) {
   const auto loss_fn = [sequence](const Tensor& out, const Tensor& y) { return loss_of(sequence, out, y); };
   for (const Device& d : devices) reset_peak_memory_stats(d);
   double loss = 0;
-  const std::vector<double> times = t.time_steps([&] {
-    amp::AutocastGuard guard(DeviceType::cuda, t.amp_dtype, t.autocast);
-    loss = dp.forward_backward(w.x, w.y, loss_fn, &t.scaler);
-  });
+  bool graphed = false;  // DataParallel's step spans devices and threads: eager
+  const std::vector<double> times = t.time_steps(
+      [&] {
+        amp::AutocastGuard guard(DeviceType::cuda, t.amp_dtype, t.autocast);
+        loss = dp.forward_backward(w.x, w.y, loss_fn, &t.scaler);
+      },
+      false, graphed);
   print_result(o, "dp", n, w.x.shape()[0], median(times), times, loss, mib(memory_stats(devices[0]).peak_allocated_bytes),
-               false);
+               graphed);
   return 0;
 }
 
@@ -283,19 +275,23 @@ int run_ddp(const Options& o) {
   t.scaler.set_found_inf_reducer([&ddp](Tensor& found_inf) { ddp.allreduce_found_inf(found_inf); });
   reset_peak_memory_stats(device);
   Tensor loss;
-  const std::vector<double> times = t.time_steps([&] {
-    {
-      amp::AutocastGuard guard(DeviceType::cuda, t.amp_dtype, t.autocast);
-      loss = loss_of(w.sequence, ddp.forward(w.x), w.y);
-    }
-    backward(t.scaler.scale(loss));
-  });
+  bool graphed = false;
+  // Captured, the step's all-reduces are recorded into the graph with it.
+  const std::vector<double> times = t.time_steps(
+      [&] {
+        {
+          amp::AutocastGuard guard(DeviceType::cuda, t.amp_dtype, t.autocast);
+          loss = loss_of(w.sequence, ddp.forward(w.x), w.y);
+        }
+        backward(t.scaler.scale(loss));
+      },
+      o.graph, graphed);
   // The job is as slow as its slowest rank.
   Tensor slowest = full({1}, median(times), DType::f64, kCPU);
   world.group->allreduce(slowest, dist::ReduceOp::max)->wait();
   if (world.config.rank == 0)
     print_result(o, "ddp", world.config.world_size, w.x.shape()[0] * world.config.world_size, slowest.item(), times,
-                 loss.item(), mib(memory_stats(device).peak_allocated_bytes), false);
+                 loss.item(), mib(memory_stats(device).peak_allocated_bytes), graphed);
   return 0;
 }
 
@@ -334,7 +330,7 @@ int main(int argc, char** argv) {
   app.add_option("--steps", o.steps, "timed steps (the median is reported)")->check(CLI::PositiveNumber);
   app.add_option("--batch", o.batch, "per-GPU batch (default: the workload's)")->check(CLI::NonNegativeNumber);
   app.add_option("--device", o.device, "CUDA device index (single mode)")->check(CLI::NonNegativeNumber);
-  app.add_flag("!--no-graph", o.graph, "single mode: run the step eagerly instead of replaying it as a CUDA graph");
+  app.add_flag("!--no-graph", o.graph, "single and ddp modes: run the step eagerly instead of replaying it as a CUDA graph");
   app.add_flag("--memory-trace", o.memory_trace, "single mode: print allocated memory after forward and backward");
   CLI11_PARSE(app, argc, argv);
   try {
