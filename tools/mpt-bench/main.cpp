@@ -271,8 +271,8 @@ int run_ddp(const Options& o) {
   Workload w = make(o.workload, device, o.batch);
   dist::DistributedDataParallel ddp(w.model, world.group);
   Trainer t(o, device, w.model->parameters());
-  // Every rank skips or takes the same step.
-  t.scaler.set_found_inf_reducer([&ddp](Tensor& found_inf) { ddp.allreduce_found_inf(found_inf); });
+  // No found_inf all-reduce, as in torch_bench.py: DDP leaves every rank
+  // the same averaged gradients, so every rank finds the same overflows.
   reset_peak_memory_stats(device);
   Tensor loss;
   bool graphed = false;
