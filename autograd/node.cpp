@@ -23,15 +23,20 @@ AccumulateGrad::AccumulateGrad(std::shared_ptr<TensorImpl> leaf) : Node("Accumul
 
 std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grads) {
   Tensor leaf(leaf_);
-  Tensor g = grads.at(0);
+  Tensor g = std::move(grads.at(0));
   if (!g.defined()) return {};
   AutogradMeta& meta = leaf.autograd_meta();
   check<ShapeError>(g.shape() == leaf.shape(), "gradient {} does not match its leaf {}", describe(g), describe(leaf));
   // The gradient takes the leaf's dtype (f32 master weights get f32 grads).
   if (g.dtype() != leaf.dtype()) g = prim::to(g, leaf.dtype());
   if (!meta.grad.defined()) {
-    // Own the memory: the incoming tensor may be shared with the graph.
-    meta.grad = prim::contiguous(g).is_same(g) ? prim::clone(g) : prim::contiguous(g);
+    // Later accumulation adds into the gradient in place, so it must be
+    // ours alone. The incoming tensor usually is (a rule's fresh result, or
+    // the cast above): then it is taken as it is; one that anything else
+    // still sees (another edge, a saved tensor, a view) is copied.
+    const bool ours_alone = g.impl_ptr().use_count() == 1 && g.storage().use_count() == 1 &&
+                            !g.impl().autograd && g.is_contiguous();
+    meta.grad = ours_alone ? std::move(g) : prim::contiguous(g).is_same(g) ? prim::clone(g) : prim::contiguous(g);
   } else {
     prim::binary_(BinaryOp::add, meta.grad, meta.grad, g);
   }

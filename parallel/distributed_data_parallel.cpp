@@ -256,8 +256,15 @@ void DistributedDataParallel::Reducer::finalize() {
       Tensor& p = params[i];
       Tensor slot = prim::view(prim::slice(b.flat, 0, b.offsets[k], b.offsets[k] + p.numel()), p.shape());
       Tensor g = p.grad();
-      if (g.defined()) prim::copy_(g, slot);
-      else if (used_anywhere[i] != 0) p.set_grad(prim::to(prim::clone(slot), p.dtype()));
+      // The averaged gradient stays where the all-reduce left it: the
+      // parameter's gradient becomes a view into the bucket (no copy back)
+      // unless it travelled compressed.
+      if (g.defined()) {
+        if (slot.dtype() == p.dtype()) p.set_grad(slot);
+        else prim::copy_(g, slot);
+      } else if (used_anywhere[i] != 0) {
+        p.set_grad(prim::to(prim::clone(slot), p.dtype()));
+      }
     }
 }
 

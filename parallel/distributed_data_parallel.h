@@ -8,8 +8,11 @@
 // parameter's gradient of this backward is complete); when every gradient
 // of a bucket is ready the bucket is all-reduced on the process group's
 // communication thread (or stream) while backward goes on. The last hook of
-// the backward waits for the buckets and writes the averaged gradients back,
-// so when backward() returns the gradients are synchronised.
+// the backward waits for the buckets, so when backward() returns the
+// gradients are synchronised. The averaged gradients are views into the
+// buckets (PyTorch's gradient_as_bucket_view; copies when they travel
+// compressed): a gradient kept past the next synchronised backward is
+// overwritten by it, so clone one to keep it.
 //
 // Buckets start in reverse registration order (the order backward usually
 // produces gradients) and are rebuilt once, before the second synchronised

@@ -227,6 +227,31 @@ TEST(Engine, GradientsAccumulateAcrossBackwardCalls) {
   EXPECT_EQ(w.grad().to_vector<float>(), (std::vector<float>{5, 7, 9}));
 }
 
+// The engine takes an incoming gradient as the leaf's gradient when nothing
+// else sees it, and copies one that something else still holds: here one
+// tensor reaches two leaves (add's rule hands the same gradient to both) and
+// one is the saved input of a later rule. Accumulating into one leaf's
+// gradient in place must change nothing else.
+TEST(Engine, LeafGradientsNeverAliasEachOther) {
+  Tensor a = from_vector({1.f, 2.f}, {2}), b = from_vector({3.f, 4.f}, {2});
+  a.set_requires_grad(true);
+  b.set_requires_grad(true);
+  backward(sum(a + b));
+  EXPECT_FALSE(a.grad().storage() == b.grad().storage());
+  backward(sum(a * 3.0));  // adds into a's gradient in place
+  EXPECT_EQ(a.grad().to_vector<float>(), (std::vector<float>{4, 4}));
+  EXPECT_EQ(b.grad().to_vector<float>(), (std::vector<float>{1, 1}));
+
+  // A gradient the caller still holds (the seed) is not taken.
+  Tensor c = from_vector({1.f, 2.f}, {2});
+  c.set_requires_grad(true);
+  const Tensor seed = from_vector({5.f, 6.f}, {2});
+  backward(c, seed);
+  backward(c, seed);
+  EXPECT_EQ(c.grad().to_vector<float>(), (std::vector<float>{10, 12}));
+  EXPECT_EQ(seed.to_vector<float>(), (std::vector<float>{5, 6}));
+}
+
 TEST(Engine, SharedSubexpressionsSumTheirGradients) {
   Tensor x = from_vector({2.f}, {1});
   x.set_requires_grad(true);
