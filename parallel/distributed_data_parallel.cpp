@@ -111,13 +111,18 @@ void DistributedDataParallel::Reducer::build(const std::vector<size_t>& order) {
   const DType transit = options.compression.value_or(params.front().dtype());
   buckets.clear();
   bucket_of.assign(params.size(), 0);
+  // Each gradient starts 64 bytes into the bucket or a multiple of it: the
+  // averaged gradients stay in the bucket as the parameters' gradients, and
+  // kernels that read them (the fused optimizers) take 16-byte loads only
+  // from aligned tensors. The padding stays zero.
+  const int64_t align = std::max<int64_t>(1, 64 / static_cast<int64_t>(dtype_size(transit)));
   for (const auto& members : assignment) {
     Bucket b;
     int64_t total = 0;
     for (size_t index : members) {
       b.params.push_back(index);
       b.offsets.push_back(total);
-      total += params[index].numel();
+      total += (params[index].numel() + align - 1) / align * align;
       bucket_of[index] = buckets.size();
     }
     b.flat = zeros({total}, transit, params.front().device());
