@@ -1,7 +1,6 @@
 // Shape and layout ops: their gradients undo the rearrangement.
-#include <numeric>
-
 #include <algorithm>
+#include <numeric>
 
 #include "autograd/autocast_hook.h"
 #include "autograd/function.h"

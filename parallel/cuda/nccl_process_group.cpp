@@ -98,9 +98,9 @@ class NcclWork : public Work {
   //
   // While the caller's stream is being captured into a CUDA graph (a whole
   // DDP step, say) nothing runs yet and the host cannot wait: the stream
-  // only waits for the collective inside the graph. A failure of a replayed
-  // collective then shows at the host's next synchronization, not within
-  // the timeout.
+  // only waits for the collective inside the graph. A replayed collective
+  // has no timeout: if a peer dies during a replay, the host's next
+  // synchronization waits for it indefinitely.
   void wait() override {
     std::lock_guard lock(mutex_);
     if (completed_) return;

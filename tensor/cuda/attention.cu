@@ -341,8 +341,7 @@ __global__ void attention_delta_kernel(AttentionArgs a, AttentionGrads gr) {
   const T* out = head_of<T>(a.out, a.out_layout, bh, a.heads) + r * a.out_layout.row;
   float acc = 0.0f;
   for (int d = lane; d < D; d += 32) acc += Element<T>::load(dout[d]) * Element<T>::load(out[d]);
-#pragma unroll
-  for (int o = 16; o > 0; o /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+  acc = warp_sum(acc);
   if (lane == 0) gr.delta[row] = acc;
 }
 

@@ -24,12 +24,10 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     const T* x = logits + row * classes;
     float m = -INFINITY;
     for (int64_t c = lane; c < classes; c += 32) m = fmaxf(m, E::load(x[c]));
-#pragma unroll
-    for (int o = 16; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    m = warp_max(m);
     float s = 0.0f;
     for (int64_t c = lane; c < classes; c += 32) s += expf(E::load(x[c]) - m);
-#pragma unroll
-    for (int o = 16; o > 0; o /= 2) s += __shfl_xor_sync(0xffffffffu, s, o);
+    s = warp_sum(s);
     if (lane == 0) {
       const float lse = m + logf(s);
       const int64_t t = target[row];

@@ -11,12 +11,6 @@ namespace {
 
 constexpr int kWarpsPerBlock = 8;
 
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
 template <typename T, int kCols>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     layer_norm_forward_kernel(T* __restrict__ y, float* __restrict__ mean_out, float* __restrict__ rstd_out,
