@@ -27,6 +27,8 @@
 // Scores, softmax and all accumulations are f32; P and dS are rounded to the
 // input type for the tensor-core products, as in FlashAttention.
 #include <atomic>
+#include <cstring>
+#include <type_traits>
 
 #include "tensor/cuda/attention.h"
 #include "tensor/cuda/kernel_utils.cuh"
@@ -41,39 +43,31 @@ constexpr int kPad = 8;     // row padding (elements): ldmatrix's eight rows fal
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
+// Two floats rounded to T and packed in one register, the first in the low
+// half: the layout of mma.sync's 16-bit operands.
 template <typename T>
-struct Mma;
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  const T l = Element<T>::store(lo), h = Element<T>::store(hi);
+  uint16_t lo_bits, hi_bits;
+  memcpy(&lo_bits, &l, sizeof lo_bits);
+  memcpy(&hi_bits, &h, sizeof hi_bits);
+  return static_cast<uint32_t>(lo_bits) | (static_cast<uint32_t>(hi_bits) << 16);
+}
 
-template <>
-struct Mma<__half> {
-  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
-    const __half2 h = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&h);
-  }
-  // d += a (16x16, row) · b (16x8, col), f32 accumulators.
-  static __device__ __forceinline__ void run(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-};
+// d += a (16x16, row) · b (16x8, col) on tensor cores, f32 accumulators;
+// `type` is the inputs' PTX type.
+#define MPT_MMA_M16N8K16(type)                                                                                \
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." type "." type ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, " \
+               "{%8,%9}, {%0,%1,%2,%3};\n"                                                                  \
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                                              \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1))
 
-template <>
-struct Mma<__nv_bfloat16> {
-  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&h);
-  }
-  static __device__ __forceinline__ void run(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-};
+template <typename T>
+__device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  if constexpr (std::is_same_v<T, __half>) MPT_MMA_M16N8K16("f16");
+  else MPT_MMA_M16N8K16("bf16");
+}
+#undef MPT_MMA_M16N8K16
 
 __device__ __forceinline__ uint32_t shared_address(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -133,8 +127,8 @@ __device__ __forceinline__ void product_abt(float (&acc)[N][4], const T* tile_a,
     for (int n = 0; n < N; ++n) {
       uint32_t b[4];
       load_b_from_rows_of_bt(b, tile_bt, ld, n * 8, kk * 16, lane);
-      Mma<T>::run(acc[n], a0, b[0], b[1]);
-      Mma<T>::run(acc[n], a1, b[2], b[3]);
+      mma<T>(acc[n], a0, b[0], b[1]);
+      mma<T>(acc[n], a1, b[2], b[3]);
     }
   }
 }
@@ -147,15 +141,15 @@ __device__ __forceinline__ void product_pb(float (&acc)[D / 8][4], const float (
                                            int ld, int lane) {
 #pragma unroll
   for (int kk = 0; kk < kTile / 16; ++kk) {
-    const uint32_t a[4] = {Mma<T>::pack(p[2 * kk][0], p[2 * kk][1]), Mma<T>::pack(p[2 * kk][2], p[2 * kk][3]),
-                           Mma<T>::pack(p[2 * kk + 1][0], p[2 * kk + 1][1]),
-                           Mma<T>::pack(p[2 * kk + 1][2], p[2 * kk + 1][3])};
+    const uint32_t a[4] = {pack2<T>(p[2 * kk][0], p[2 * kk][1]), pack2<T>(p[2 * kk][2], p[2 * kk][3]),
+                           pack2<T>(p[2 * kk + 1][0], p[2 * kk + 1][1]),
+                           pack2<T>(p[2 * kk + 1][2], p[2 * kk + 1][3])};
 #pragma unroll
     for (int n = 0; n < D / 16; ++n) {
       uint32_t b[4];
       load_b_from_rows_of_b(b, tile_b, ld, kk * 16, n * 16, lane);
-      Mma<T>::run(acc[2 * n], a, b[0], b[1]);
-      Mma<T>::run(acc[2 * n + 1], a, b[2], b[3]);
+      mma<T>(acc[2 * n], a, b[0], b[1]);
+      mma<T>(acc[2 * n + 1], a, b[2], b[3]);
     }
   }
 }
@@ -198,7 +192,7 @@ __device__ __forceinline__ void store_rows(T* dst, int64_t row_stride, int r0, i
 #pragma unroll
     for (int n = 0; n < D / 8; ++n)
       *reinterpret_cast<uint32_t*>(dst + r * row_stride + n * 8 + 2 * t) =
-          Mma<T>::pack(acc[n][2 * half] * s, acc[n][2 * half + 1] * s);
+          pack2<T>(acc[n][2 * half] * s, acc[n][2 * half + 1] * s);
   }
 }
 
@@ -265,8 +259,8 @@ __global__ void __launch_bounds__(kBlockThreads)
       for (int n = 0; n < kTile / 8; ++n) {
         uint32_t b[4];
         load_b_from_rows_of_bt(b, tK, L::ld, n * 8, kk * 16, lane);
-        Mma<T>::run(s[n], qf[kk], b[0], b[1]);
-        Mma<T>::run(s[n], qf[kk + 1], b[2], b[3]);
+        mma<T>(s[n], qf[kk], b[0], b[1]);
+        mma<T>(s[n], qf[kk + 1], b[2], b[3]);
       }
 
     // Online softmax in base 2. Element (n, e) is row g + 8 * (e / 2), key
@@ -446,7 +440,7 @@ __global__ void __launch_bounds__(kBlockThreads)
 #pragma unroll
       for (int h = 0; h < 2; ++h)
         *reinterpret_cast<uint32_t*>(sdS + (warp * 16 + g + h * 8) * L::ld_ds + n * 8 + 2 * t) =
-            Mma<T>::pack(dp[n][2 * h], dp[n][2 * h + 1]);
+            pack2<T>(dp[n][2 * h], dp[n][2 * h + 1]);
 
     // dV += P^T dO, dK += dS^T Q.
     product_pb<T, D>(dv, s, tdO, L::ld, lane);
@@ -463,8 +457,8 @@ __global__ void __launch_bounds__(kBlockThreads)
       for (int n = 0; n < D / 16; ++n) {
         uint32_t b[4];
         load_b_from_rows_of_b(b, sK, L::ld, kk * 16, n * 16, lane);
-        Mma<T>::run(dq[2 * n], af, b[0], b[1]);
-        Mma<T>::run(dq[2 * n + 1], af, b[2], b[3]);
+        mma<T>(dq[2 * n], af, b[0], b[1]);
+        mma<T>(dq[2 * n + 1], af, b[2], b[3]);
       }
     }
 #pragma unroll
