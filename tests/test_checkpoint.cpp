@@ -32,14 +32,8 @@ using Bytes = std::vector<uint8_t>;
 
 class CheckpointTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / fmt::format("mpt-ckpt-test-{}-{}", getpid(),
-                                                   ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string file(const std::string& name) const { return (dir_ / name).string(); }
-  fs::path dir_;
+  std::string file(const std::string& name) const { return dir_.file(name); }
+  mpt::testing::TempDir dir_{"mpt-ckpt-test"};
 };
 
 Bytes read_bytes(const std::string& path) {
@@ -218,7 +212,7 @@ TEST_F(CheckpointTest, CrashDuringSaveLeavesThePreviousCheckpoint) {
   EXPECT_EQ(ckpt::read_checkpoint(path).step, 1);
   EXPECT_FALSE(temp_seen.empty());
   EXPECT_FALSE(fs::exists(temp_seen));  // cleaned up
-  EXPECT_EQ(std::distance(fs::directory_iterator(dir_), fs::directory_iterator()), 1);
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir_.path()), fs::directory_iterator()), 1);
 }
 
 TEST_F(CheckpointTest, KilledWhileWritingLeavesAWholeCheckpoint) {
@@ -239,7 +233,7 @@ TEST_F(CheckpointTest, KilledWhileWritingLeavesAWholeCheckpoint) {
   ckpt::save_checkpoint(path, version(1));
   auto temporaries = [&] {
     int n = 0;
-    for (const auto& e : fs::directory_iterator(dir_)) n += e.path().filename().string().find(".tmp.") != std::string::npos;
+    for (const auto& e : fs::directory_iterator(dir_.path())) n += e.path().filename().string().find(".tmp.") != std::string::npos;
     return n;
   };
 
@@ -263,7 +257,7 @@ TEST_F(CheckpointTest, KilledWhileWritingLeavesAWholeCheckpoint) {
       // Within a few milliseconds of the writer's temporary appearing: in
       // the middle of writing it (most of a save is spent before, building
       // the bytes and their checksum).
-      const fs::path temp = dir_ / fmt::format(".big.safetensors.tmp.{}", writer);
+      const fs::path temp = dir_.path() / fmt::format(".big.safetensors.tmp.{}", writer);
       const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
       while (!fs::exists(temp) && std::chrono::steady_clock::now() < until)
         std::this_thread::sleep_for(std::chrono::microseconds(100));

@@ -24,20 +24,6 @@ namespace {
 namespace fs = std::filesystem;
 using testing::expect_contains;
 
-class TempDir {
- public:
-  TempDir() {
-    path_ = fs::temp_directory_path() / fmt::format("mpt-data-test-{}-{}", getpid(), counter_++);
-    fs::create_directories(path_);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  fs::path path_;
-  static inline int counter_ = 0;
-};
-
 using Bytes = std::vector<uint8_t>;
 
 void write_plain(const std::string& path, const Bytes& bytes) {
@@ -76,7 +62,7 @@ std::string idx_error(const std::string& path) {
 // ---- IDX -----------------------------------------------------------------------------------
 
 TEST(IdxFile, ReadsPlainAndGzippedFiles) {
-  TempDir dir;
+  mpt::testing::TempDir dir{"mpt-data-test"};
   const Bytes bytes = idx_bytes({3, 2, 5});
   write_plain(dir.file("a.idx"), bytes);
   write_gz(dir.file("a.idx.gz"), bytes);
@@ -88,7 +74,7 @@ TEST(IdxFile, ReadsPlainAndGzippedFiles) {
 }
 
 TEST(IdxFile, MalformedFilesNameTheFileAndTheFault) {
-  TempDir dir;
+  mpt::testing::TempDir dir{"mpt-data-test"};
   const Bytes good = idx_bytes({4, 3});
   auto with = [&](const std::string& name, Bytes b, bool gz = true) {
     const std::string p = dir.file(name);
@@ -189,7 +175,7 @@ TEST(FashionMnist, FilesOfTheWrongKindAreRefusedNamingThem) {
       {images(4), labels(4, 10), {"t10k-labels-idx1-ubyte.gz", "label 10 at index 3", "0..9"}},
   };
   for (const Case& c : cases) {
-    TempDir dir;
+    mpt::testing::TempDir dir{"mpt-data-test"};
     write_gz(dir.file("t10k-images-idx3-ubyte.gz"), c.img);
     write_gz(dir.file("t10k-labels-idx1-ubyte.gz"), c.lab);
     if (c.says.empty()) {
@@ -231,7 +217,7 @@ TEST(CharDataset, WindowsAndShiftedTargets) {
 }
 
 TEST(CharDataset, UnusableTextFilesAreRefusedNamingThem) {
-  TempDir dir;
+  mpt::testing::TempDir dir{"mpt-data-test"};
   write_plain(dir.file("empty.txt"), {});
   write_plain(dir.file("short.txt"), {'a', 'b', 'c'});
   fs::create_directories(dir.file("folder.txt"));

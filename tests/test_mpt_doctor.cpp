@@ -56,12 +56,6 @@ class Listener {
 
 class MptDoctor : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / fmt::format("mpt-doctor-test-{}-{}", getpid(),
-                                                   ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
 
   // Runs mpt-doctor with exactly `variables` of the job's variables set
   // (the others removed from the environment); returns its exit status.
@@ -69,10 +63,10 @@ class MptDoctor : public ::testing::Test {
     const std::string cmd = fmt::format(
         "env -u MASTER_ADDR -u MASTER_PORT -u RANK -u WORLD_SIZE -u LOCAL_RANK -u LOCAL_WORLD_SIZE {} '{}' {} "
         ">'{}' 2>'{}'",
-        variables, mpt_doctor(), args, (dir_ / "out").string(), (dir_ / "err").string());
+        variables, mpt_doctor(), args, (dir_.path() / "out").string(), (dir_.path() / "err").string());
     const int rc = std::system(cmd.c_str());
-    stdout_ = slurp(dir_ / "out");
-    stderr_ = slurp(dir_ / "err");
+    stdout_ = slurp(dir_.path() / "out");
+    stderr_ = slurp(dir_.path() / "err");
     return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
   }
   nlohmann::json run_json(const std::string& variables, const std::string& args = "") {
@@ -104,7 +98,7 @@ class MptDoctor : public ::testing::Test {
     return false;
   }
 
-  fs::path dir_;
+  mpt::testing::TempDir dir_{"mpt-doctor-test"};
   std::string stdout_, stderr_;
   int rc_ = -1;
 };

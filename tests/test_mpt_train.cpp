@@ -37,14 +37,8 @@ class MptTrain : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!fs::exists(data::kFashionMnistDir)) GTEST_SKIP() << "skipped: Fashion-MNIST is not installed";
-    dir_ = fs::temp_directory_path() / fmt::format("mpt-train-test-{}-{}", getpid(),
-                                                   ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::create_directories(dir_);
   }
-  void TearDown() override {
-    if (!dir_.empty()) fs::remove_all(dir_);
-  }
-  std::string file(const std::string& name) const { return (dir_ / name).string(); }
+  std::string file(const std::string& name) const { return dir_.file(name); }
 
   // Runs mpt-train with `args`; returns its exit status, keeps its output.
   int run(const std::string& args) {
@@ -60,7 +54,7 @@ class MptTrain : public ::testing::Test {
     return std::string((std::istreambuf_iterator<char>(in)), {});
   }
 
-  fs::path dir_;
+  mpt::testing::TempDir dir_{"mpt-train-test"};
   std::string stdout_, stderr_;
 };
 

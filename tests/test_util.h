@@ -2,6 +2,7 @@
 // Helpers shared by the tests: fresh seeds (printed on failure), host
 // copies in f64, and error norms.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
@@ -25,6 +26,33 @@ inline std::string build_file(const std::string& relative_to_tests, const char* 
   }
   return configured;
 }
+
+// A fresh folder under the system's temporary directory, named after the
+// prefix, the process and the running test (and numbered, for several in
+// one test), removed with everything in it when the object goes.
+class TempDir {
+ public:
+  explicit TempDir(const std::string& prefix) {
+    static int count = 0;
+    const auto* test = ::testing::UnitTest::GetInstance()->current_test_info();
+    path_ = std::filesystem::temp_directory_path() /
+            (prefix + "-" + std::to_string(getpid()) + "-" + (test ? test->name() : "none") + "-" +
+             std::to_string(count++));
+    std::filesystem::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ignored;  // a destructor must not throw; a leftover folder is harmless
+    std::filesystem::remove_all(path_, ignored);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+
+  const std::filesystem::path& path() const { return path_; }
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  std::filesystem::path path_;
+};
 
 // A new seed every run, so each run checks fresh inputs; SCOPED_TRACE it.
 inline uint64_t fresh_seed() {
