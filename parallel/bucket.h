@@ -22,7 +22,9 @@ std::vector<std::vector<size_t>> assign_buckets(const std::vector<size_t>& order
 struct Bucket {
   std::vector<size_t> params;    // parameter indices, in bucket order
   std::vector<int64_t> offsets;  // element offset of each in `flat`
-  Tensor flat;                   // the communication buffer (transit dtype)
+  int64_t elements = 0;          // the buffer's size (gradients and padding)
+  DType dtype = DType::f32;      // the transit dtype
+  Tensor flat;                   // the communication buffer, while in use
   size_t pending = 0;            // gradients not yet ready this iteration
   WorkPtr work;                  // the running all-reduce, once launched
 };

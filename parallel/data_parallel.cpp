@@ -1,8 +1,5 @@
 #include "parallel/data_parallel.h"
 
-#include <exception>
-
-#include "amp/autocast.h"
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
 #include "autograd/ops.h"
@@ -21,48 +18,22 @@ std::vector<Tensor> values_of(const OrderedDict<Tensor>& dict) {
   return out;
 }
 
-// The per-thread state a worker must share with its caller.
-struct CallerState {
-  bool grad_enabled = mpt::grad_enabled();
-  amp::AutocastSettings autocast = amp::current_autocast_settings();
-};
-
 }  // namespace
 
-DataParallel::DataParallel(std::shared_ptr<nn::Module> module, const ModuleFactory& make_replica,
+DataParallel::DataParallel(std::shared_ptr<nn::Module> module, const ModuleFactory& make_replica_module,
                            std::vector<Device> devices)
     : devices_(std::move(devices)) {
   check<ValueError>(module != nullptr, "DataParallel: null module");
-  check<ValueError>(!devices_.empty(), "DataParallel: no devices given");
-  for (size_t i = 0; i < devices_.size(); ++i) {
-    check<DeviceError>(devices_[i].type == devices_[0].type, "DataParallel: devices mix {} and {}",
-                       devices_[0].str(), devices_[i].str());
-    for (size_t j = 0; j < i; ++j)
-      check<DeviceError>(devices_[i] != devices_[j], "DataParallel: device {} is listed twice", devices_[i].str());
-    check_device_available(devices_[i]);
-  }
-  for (const auto& [name, p] : module->named_parameters())
-    check<DeviceError>(p.device() == devices_[0],
-                       "DataParallel: parameter '{}' of the {} is on {}, but the module must live on devices[0] = "
-                       "{}; call module->to(\"{}\") (before creating the optimizer) and wrap it again",
-                       name, module->type_name(), p.device().str(), devices_[0].str(), devices_[0].str());
-
+  check_replica_devices(*module, devices_, "DataParallel");
   replicas_.push_back(std::move(module));
-  for (size_t i = 1; i < devices_.size(); ++i) {
-    auto replica = make_replica();
-    check<ValueError>(replica != nullptr, "DataParallel: the replica factory returned null for {}",
-                      devices_[i].str());
-    replica->to(devices_[i]);
-    replica->load_state_dict(replicas_[0]->state_dict());  // checks that the architectures agree
-    replica->train(replicas_[0]->is_training());
-    replicas_.push_back(std::move(replica));
-  }
+  for (size_t i = 1; i < devices_.size(); ++i)
+    replicas_.push_back(make_replica(make_replica_module, *replicas_[0], devices_[i], "DataParallel"));
   for (auto& r : replicas_) {
     params_.push_back(values_of(r->named_parameters()));
     buffers_.push_back(values_of(r->named_buffers()));
   }
   comm_ = new_local_communicator(devices_);
-  for (size_t i = 0; i < devices_.size(); ++i) workers_.push_back(std::make_unique<WorkQueue>());
+  threads_ = std::make_unique<DeviceThreads>(devices_);
 }
 
 DataParallel::~DataParallel() = default;
@@ -102,7 +73,6 @@ double DataParallel::forward_backward(const Tensor& input, const Tensor& target,
   for (size_t i = 1; i < n; ++i)
     for (auto& p : params_[i]) p.set_grad(Tensor());  // replicas hold only this step's gradients
 
-  const CallerState caller;
   // One scale() call for the batch (the scaler counts it once and places
   // its state); the devices then read the same scale.
   Tensor scale;
@@ -112,44 +82,30 @@ double DataParallel::forward_backward(const Tensor& input, const Tensor& target,
   }
   std::vector<Tensor> losses(n);
   std::vector<double> weights(n, 0.0);
-  std::vector<WorkPtr> works;
-  int64_t start = 0;
-  for (size_t i = 0; i < n; ++i) {
-    const int64_t rows = batch / static_cast<int64_t>(n) + (static_cast<int64_t>(i) < batch % static_cast<int64_t>(n));
-    const int64_t begin = start;
-    start += rows;
-    works.push_back(workers_[i]->enqueue([&, i, begin, rows] {
-      set_grad_enabled(caller.grad_enabled);
-      amp::AutocastSettingsGuard autocast(caller.autocast);
-      DeviceGuard on_device(devices_[i]);
-      const Tensor x = prim::to(prim::slice(input, 0, begin, begin + rows), devices_[i]);
-      const Tensor y = prim::to(prim::slice(target, 0, begin, begin + rows), devices_[i]);
-      const Tensor l = loss(replicas_[i]->forward(x), y);
-      check<ShapeError>(l.numel() == 1, "DataParallel: the loss on {} is {}, not a scalar", devices_[i].str(),
-                        describe(l));
-      // d(batch mean)/d(device mean) = rows / batch.
-      const double weight = static_cast<double>(rows) / static_cast<double>(batch);
-      if (timer && i == 0) timer->lap(StepPhase::forward);
-      losses[i] = detach(l);
-      weights[i] = weight;
-      if (grad_enabled()) {
-        Tensor seed = full(l.shape(), weight, l.dtype(), devices_[i]);
-        if (scale.defined()) seed = prim::mul(seed, prim::reshape(prim::to(prim::to(scale, devices_[i]), l.dtype()), {}));
-        backward(l, seed);
-      }
-      if (timer && i == 0) timer->lap(StepPhase::backward);
-    }));
+  std::vector<int64_t> begins(n + 1, 0);
+  for (size_t i = 0; i < n; ++i) {  // sizes differ by at most one row
+    const auto count = static_cast<int64_t>(n), index = static_cast<int64_t>(i);
+    begins[i + 1] = begins[i] + batch / count + (index < batch % count);
   }
-  // Every device finishes (the tasks use this frame) before an error is raised.
-  std::exception_ptr first_error;
-  for (auto& w : works) {
-    try {
-      w->wait();
-    } catch (...) {
-      if (!first_error) first_error = std::current_exception();
+  threads_->run([&](size_t i) {
+    const int64_t begin = begins[i], rows = begins[i + 1] - begins[i];
+    const Tensor x = prim::to(prim::slice(input, 0, begin, begin + rows), devices_[i]);
+    const Tensor y = prim::to(prim::slice(target, 0, begin, begin + rows), devices_[i]);
+    const Tensor l = loss(replicas_[i]->forward(x), y);
+    check<ShapeError>(l.numel() == 1, "DataParallel: the loss on {} is {}, not a scalar", devices_[i].str(),
+                      describe(l));
+    // d(batch mean)/d(device mean) = rows / batch.
+    const double weight = static_cast<double>(rows) / static_cast<double>(batch);
+    if (timer && i == 0) timer->lap(StepPhase::forward);
+    losses[i] = detach(l);
+    weights[i] = weight;
+    if (grad_enabled()) {
+      Tensor seed = full(l.shape(), weight, l.dtype(), devices_[i]);
+      if (scale.defined()) seed = prim::mul(seed, prim::reshape(prim::to(prim::to(scale, devices_[i]), l.dtype()), {}));
+      backward(l, seed);
     }
-  }
-  if (first_error) std::rethrow_exception(first_error);
+    if (timer && i == 0) timer->lap(StepPhase::backward);
+  });
 
   NoGradGuard no_grad;
   std::vector<std::vector<Tensor>> grads;

@@ -19,7 +19,8 @@
 #include "amp/grad_scaler.h"
 #include "models/module.h"
 #include "parallel/local_communicator.h"
-#include "parallel/work_queue.h"
+#include "parallel/device_threads.h"
+#include "parallel/replicas.h"
 
 namespace mpt::dist {
 
@@ -27,7 +28,7 @@ class DataParallel {
  public:
   // Builds a fresh module of the same architecture (its values are replaced
   // by the wrapped module's).
-  using ModuleFactory = std::function<std::shared_ptr<nn::Module>()>;
+  using ModuleFactory = dist::ModuleFactory;
   // The mean loss over the rows of one device's share of the batch.
   using LossFn = std::function<Tensor(const Tensor& output, const Tensor& target)>;
 
@@ -57,7 +58,7 @@ class DataParallel {
   std::vector<std::vector<Tensor>> params_;            // [replica][parameter]
   std::vector<std::vector<Tensor>> buffers_;
   std::unique_ptr<LocalCommunicator> comm_;
-  std::vector<std::unique_ptr<WorkQueue>> workers_;  // one thread per device
+  std::unique_ptr<DeviceThreads> threads_;
 };
 
 }  // namespace mpt::dist

@@ -1,7 +1,8 @@
 // The GPU side of data parallelism, on a machine with at least two GPUs
 // (skipped elsewhere): NCCL collectives against their written rules, DDP
-// over NCCL through mpt-run against one process, DataParallel over two
-// GPUs against one, and a bounded failure when a peer never joins.
+// over NCCL through mpt-run against one process, DataParallel and
+// ReplicaGroup over two GPUs against one, and a bounded failure when a peer
+// never joins.
 #include <atomic>
 #include <chrono>
 #include <thread>
@@ -17,6 +18,7 @@
 #include "parallel/child_process.h"
 #include "parallel/launch.h"
 #include "parallel/process_group.h"
+#include "parallel/replica_group.h"
 #include "parallel/tcp_store.h"
 #include "parallel/tiny_models.h"
 #include "tensor/device_guard.h"
@@ -271,6 +273,79 @@ TEST(DataParallelGpu, TwoGpusTrainLikeOne) {
   for (auto& p : reference->parameters())
     for (double v : p.to_vector<double>()) b.push_back(v);
   EXPECT_LE(mpt::testing::rel_error(a, b), 1e-5);
+}
+
+// ReplicaGroup over two GPUs, each replica's whole step (its share of the
+// batch copied from cuda:0, forward, backward with the bucket all-reduces,
+// its scaler, capturable AdamW) captured as a CUDA graph by its own thread:
+// the replicas train as one GPU does on the whole batch, eagerly, and stay
+// bit-identical.
+TEST(ReplicaGroupGpu, GraphedStepsOnTwoGpusTrainLikeOneGpu) {
+  SKIP_WITHOUT_TWO_GPUS();
+  const uint64_t seed = mpt::testing::fresh_seed();
+  SCOPED_TRACE(seed);
+  const Device d0("cuda:0"), d1("cuda:1");
+  const int steps = 8;
+  const int64_t batch = 16;
+  Generator data(seed);
+  std::vector<Tensor> xs, ys;  // whole batches on cuda:0
+  for (int s = 0; s < steps; ++s) {
+    xs.push_back(prim::to(randn({batch, 6}, DType::f32, kCPU, &data), d0));
+    ys.push_back(prim::to(randn({batch, 3}, DType::f32, kCPU, &data), d0));
+  }
+  const amp::GradScalerOptions so{.init_scale = 1024, .growth_interval = 3};
+  const optim::AdamWOptions ao{.lr = 1e-2};
+
+  auto model = mpt::testing::make_mlp(seed);
+  model->to(d0);
+  ReplicaGroupOptions options;
+  options.timeout = milliseconds(30000);  // a failing replica ends the test in bounded time
+  ReplicaGroup group(model, [&] { return mpt::testing::make_mlp(seed + 1); }, {d0, d1}, options);
+  std::vector<double> scales(2);
+  std::vector<int64_t> replays(2);
+  std::vector<std::string> fallbacks(2);
+  group.run([&](Replica& r) {
+    optim::AdamW opt(r.module->parameters(), ao);
+    opt.set_capturable(true);
+    amp::GradScaler scaler(so);
+    CapturedStep step(r.device, [&](const std::vector<Tensor>& in) {
+      opt.zero_grad();
+      backward(scaler.scale(mse_loss(r.ddp->forward(in[0]), in[1])));
+      scaler.step(opt);
+      scaler.update();
+    });
+    const int64_t rows = batch / 2, begin = static_cast<int64_t>(r.rank) * rows;
+    for (int s = 0; s < steps; ++s)
+      step.run({prim::slice(xs[s], 0, begin, begin + rows), prim::slice(ys[s], 0, begin, begin + rows)});
+    scales[r.rank] = scaler.get_scale();
+    replays[r.rank] = step.replays();
+    fallbacks[r.rank] = step.fallback_reason();
+  });
+
+  auto reference = mpt::testing::make_mlp(seed);
+  reference->to(d0);
+  optim::AdamW ref_opt(reference->parameters(), ao);
+  amp::GradScaler ref_scaler(so);
+  for (int s = 0; s < steps; ++s) {
+    ref_opt.zero_grad();
+    backward(ref_scaler.scale(mse_loss(reference->forward(xs[s]), ys[s])));
+    ref_scaler.step(ref_opt);
+    ref_scaler.update();
+  }
+  auto flat = [](nn::Module& m) {
+    std::vector<double> out;
+    for (auto& p : m.parameters())
+      for (double v : p.to_vector<double>()) out.push_back(v);
+    return out;
+  };
+  const std::vector<double> expected = flat(*reference);
+  for (size_t r = 0; r < 2; ++r) {
+    EXPECT_TRUE(fallbacks[r].empty()) << "replica " << r << ": " << fallbacks[r];
+    EXPECT_GE(replays[r], 4) << "replica " << r;
+    EXPECT_EQ(scales[r], ref_scaler.get_scale()) << "replica " << r;
+    EXPECT_LE(mpt::testing::rel_error(flat(*group.replica(r).module), expected), 1e-5) << "replica " << r;
+  }
+  EXPECT_EQ(flat(*group.replica(1).module), flat(*group.replica(0).module));
 }
 
 TEST(DataParallelGpu, AModuleLeftOnTheCpuIsAClearError) {

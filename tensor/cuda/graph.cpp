@@ -17,6 +17,7 @@ struct Graph::State {
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
   int pool = 0;  // the allocator's private pool for the graph's tensors
+  cudaEvent_t replayed = nullptr;  // recorded after each replay (replays run in launch order)
 };
 
 Graph::Graph(int device) : state_(std::make_unique<State>()) {
@@ -31,10 +32,13 @@ Graph::~Graph() {
   if (state_->graph) (void)cudaGraphDestroy(state_->graph);
   if (state_->pool) {
     // Replays still queued may use the pool's memory: let them finish first.
+    // An event, not the whole device: another thread may have to enqueue
+    // work on this device before they can end (an in-process NCCL peer).
     (void)cudaStreamSynchronize(state_->capture_stream);
-    (void)cudaDeviceSynchronize();
+    if (state_->replayed) (void)cudaEventSynchronize(state_->replayed);
     caching_allocator(state_->device).release_pool(state_->pool);
   }
+  if (state_->replayed) (void)cudaEventDestroy(state_->replayed);
   (void)cudaStreamDestroy(state_->capture_stream);
   (void)cudaGetLastError();
 }
@@ -76,7 +80,10 @@ void Graph::replay() {
   State& s = *state_;
   check(s.exec != nullptr, "cuda::Graph::replay: nothing was captured");
   DeviceGuard guard(cuda_device(s.device));
-  MPT_CUDA_CHECK(cudaGraphLaunch(s.exec, current_cuda_stream(s.device)));
+  const cudaStream_t stream = current_cuda_stream(s.device);
+  MPT_CUDA_CHECK(cudaGraphLaunch(s.exec, stream));
+  if (!s.replayed) MPT_CUDA_CHECK(cudaEventCreateWithFlags(&s.replayed, cudaEventDisableTiming));
+  MPT_CUDA_CHECK(cudaEventRecord(s.replayed, stream));
 }
 
 }  // namespace mpt::cuda

@@ -89,6 +89,11 @@ void memcpy_between(void* dst, const Device& dst_device, const void* src, const 
   if (dst_device.is_cpu()) {
     DeviceGuard guard(src_device);
     const cudaStream_t stream = cuda::current_cuda_stream(src_device.index);
+    // Wait for the stream first: a copy into pageable memory waits for the
+    // stream inside the driver, holding the device's lock, and another
+    // thread that must still enqueue work on this device for the stream's
+    // work to finish (a peer rank of an in-process NCCL group) would hang.
+    MPT_CUDA_CHECK(cudaStreamSynchronize(stream));
     MPT_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToHost, stream));
     MPT_CUDA_CHECK(cudaStreamSynchronize(stream));
     cuda::raise_index_check_failure(src_device.index);

@@ -5,8 +5,9 @@
 //
 // Modes, as torch_bench.py has them:
 //   single  one GPU;
-//   dp      DataParallel over every GPU of this process, the per-GPU batch
-//           times the GPU count fed from cuda:0 (as nn.DataParallel is fed);
+//   dp      every GPU of this process (ReplicaGroup: a thread and a replica
+//           per GPU), the per-GPU batch times the GPU count fed from cuda:0
+//           (as nn.DataParallel is fed);
 //   ddp     one process per GPU through mpt-run, the same per-GPU batch
 //           (weak scaling). Started without mpt-run's variables, mpt-bench
 //           starts itself through mpt-run.
@@ -34,9 +35,9 @@
 #include "models/cnn.h"
 #include "models/gpt.h"
 #include "models/mlp.h"
-#include "parallel/data_parallel.h"
 #include "parallel/device_routed_group.h"
 #include "parallel/distributed_data_parallel.h"
+#include "parallel/replica_group.h"
 #include "tensor/cuda/gemm.h"
 #include "tensor/device_guard.h"
 #include "tensor/graph.h"
@@ -144,31 +145,33 @@ struct Trainer {
     return so;
   }
 
-  // forward_backward runs under autocast and leaves scaled gradients; then
-  // the optimizer steps through the scaler. Times warm-up + timed steps with
-  // CUDA events around each step and returns the timed ones (ms). With
-  // `graph`, the whole step (zero_grad, forward, backward, unscale, AdamW,
-  // scale update) is recorded once as a CUDA graph after its eager warm-up
-  // and replayed (AdamW keeps its step counts on the device for that);
-  // `graphed` says whether it was.
-  std::vector<double> time_steps(const std::function<void()>& forward_backward, bool graph, bool& graphed) {
-    const std::function<void()> step = [&] {
+  // forward_backward(inputs) runs under autocast and leaves scaled
+  // gradients; then the optimizer steps through the scaler. Times warm-up +
+  // timed steps with CUDA events around each step and returns the timed
+  // ones (ms). With `graph`, the whole step (zero_grad, forward, backward,
+  // unscale, AdamW, scale update) is recorded once as a CUDA graph after its
+  // eager warm-up and replayed (AdamW keeps its step counts on the device
+  // for that); `graphed` says whether it was. `batch` is copied into the
+  // graph's fixed inputs before each replay (eager steps get it as it is).
+  std::vector<double> time_steps(const std::function<void(const std::vector<Tensor>&)>& forward_backward,
+                                 const std::vector<Tensor>& batch, bool graph, bool& graphed) {
+    const std::function<void(const std::vector<Tensor>&)> step = [&](const std::vector<Tensor>& inputs) {
       optimizer.zero_grad();
-      forward_backward();
+      forward_backward(inputs);
       scaler.step(optimizer);
       scaler.update();
     };
     std::unique_ptr<CapturedStep> captured;
     if (graph) {
       optimizer.set_capturable(true);
-      captured = std::make_unique<CapturedStep>(device, [&](const std::vector<Tensor>&) { step(); });
+      captured = std::make_unique<CapturedStep>(device, step);
     }
     std::vector<double> times;
     Event start(device, true), end(device, true);
     for (int i = 0; i < o.warmup + o.steps; ++i) {
       start.record();
-      if (captured) captured->run();
-      else step();
+      if (captured) captured->run(batch);
+      else step(batch);
       end.record();
       end.synchronize();
       if (i >= o.warmup) times.push_back(start.elapsed_ms(end));
@@ -210,7 +213,7 @@ int run_single(const Options& o) {
                              mib(m.allocated_bytes), mib(m.peak_allocated_bytes));
     reset_peak_memory_stats(device);
   };
-  auto forward_backward = [&] {
+  auto forward_backward = [&](const std::vector<Tensor>&) {
     trace("before forward");
     {
       amp::AutocastGuard guard(DeviceType::cuda, t.amp_dtype, t.autocast);
@@ -230,7 +233,7 @@ int run_single(const Options& o) {
 
   reset_peak_memory_stats(device);
   bool graphed = false;
-  const std::vector<double> times = t.time_steps(forward_backward, o.graph, graphed);
+  const std::vector<double> times = t.time_steps(forward_backward, {}, o.graph, graphed);
   const MemoryStats mem = memory_stats(device);
   if (o.memory_trace)
     std::cerr << fmt::format("end: allocated {:.1f} MiB, peak allocated {:.1f} MiB, reserved {:.1f} MiB\n",
@@ -244,23 +247,48 @@ int run_dp(const Options& o) {
   const int n = cuda_device_count();
   std::vector<Device> devices;
   for (int i = 0; i < n; ++i) devices.emplace_back(DeviceType::cuda, i);
-  // As torch_bench.py feeds nn.DataParallel: the whole batch on cuda:0.
+  // As torch_bench.py feeds nn.DataParallel: the whole batch on cuda:0;
+  // each replica copies its share to its GPU at the start of its step.
   Workload w = make(o.workload, devices[0], o.batch, n);
-  dist::DataParallel dp(w.model, [&] { return make(o.workload, devices[0], 1).model; }, devices);
-  Trainer t(o, devices[0], w.model->parameters());
-  const bool sequence = w.sequence;
-  const auto loss_fn = [sequence](const Tensor& out, const Tensor& y) { return loss_of(sequence, out, y); };
+  dist::ReplicaGroup group(w.model, [&] { return make(o.workload, devices[0], 1).model; }, devices);
+  const int64_t rows = w.x.shape()[0] / n;
+  std::vector<std::vector<double>> times(n);
+  std::vector<double> losses(n);
+  std::vector<char> graphed(n);
   for (const Device& d : devices) reset_peak_memory_stats(d);
+  group.run([&](dist::Replica& r) {
+    Trainer t(o, r.device, r.module->parameters());
+    const auto begin = static_cast<int64_t>(r.rank) * rows;
+    const Tensor x_share = prim::slice(w.x, 0, begin, begin + rows), y_share = prim::slice(w.y, 0, begin, begin + rows);
+    // Replica 0 reads its rows where they are; the others' steps copy theirs
+    // (into the graph's fixed inputs when captured).
+    const bool local = r.device == devices[0];
+    const std::vector<Tensor> share = local ? std::vector<Tensor>{} : std::vector<Tensor>{x_share, y_share};
+    Tensor loss;
+    bool replica_graphed = false;
+    // No found_inf all-reduce, as in ddp mode.
+    times[r.rank] = t.time_steps(
+        [&](const std::vector<Tensor>& in) {
+          const Tensor x = local ? x_share : prim::to(in[0], r.device), y = local ? y_share : prim::to(in[1], r.device);
+          {
+            amp::AutocastGuard guard(DeviceType::cuda, t.amp_dtype, t.autocast);
+            loss = loss_of(w.sequence, r.ddp->forward(x), y);
+          }
+          backward(t.scaler.scale(loss));
+        },
+        share, o.graph, replica_graphed);
+    losses[r.rank] = loss.item();
+    graphed[r.rank] = replica_graphed;
+  });
+  // The step is as slow as its slowest replica; the loss is the batch mean.
+  size_t slowest = 0;
+  for (int i = 1; i < n; ++i)
+    if (median(times[i]) > median(times[slowest])) slowest = i;
   double loss = 0;
-  bool graphed = false;  // DataParallel's step spans devices and threads: eager
-  const std::vector<double> times = t.time_steps(
-      [&] {
-        amp::AutocastGuard guard(DeviceType::cuda, t.amp_dtype, t.autocast);
-        loss = dp.forward_backward(w.x, w.y, loss_fn, &t.scaler);
-      },
-      false, graphed);
-  print_result(o, "dp", n, w.x.shape()[0], median(times), times, loss, mib(memory_stats(devices[0]).peak_allocated_bytes),
-               graphed);
+  for (double l : losses) loss += l / n;
+  const bool all_graphed = std::all_of(graphed.begin(), graphed.end(), [](char g) { return g != 0; });
+  print_result(o, "dp", n, w.x.shape()[0], median(times[slowest]), times[slowest], loss,
+               mib(memory_stats(devices[0]).peak_allocated_bytes), all_graphed);
   return 0;
 }
 
@@ -278,14 +306,14 @@ int run_ddp(const Options& o) {
   bool graphed = false;
   // Captured, the step's all-reduces are recorded into the graph with it.
   const std::vector<double> times = t.time_steps(
-      [&] {
+      [&](const std::vector<Tensor>&) {
         {
           amp::AutocastGuard guard(DeviceType::cuda, t.amp_dtype, t.autocast);
           loss = loss_of(w.sequence, ddp.forward(w.x), w.y);
         }
         backward(t.scaler.scale(loss));
       },
-      o.graph, graphed);
+      {}, o.graph, graphed);
   // The job is as slow as its slowest rank.
   Tensor slowest = full({1}, median(times), DType::f64, kCPU);
   world.group->allreduce(slowest, dist::ReduceOp::max)->wait();
@@ -322,7 +350,7 @@ int main(int argc, char** argv) {
   CLI::App app{"mpt-bench: the reference workloads, timed as shared/reference/torch_bench.py times them"};
   app.add_option("--workload", o.workload, "mlp_small, mlp_large, cnn or gpt_mini")
       ->check(CLI::IsMember({"mlp_small", "mlp_large", "cnn", "gpt_mini"}));
-  app.add_option("--mode", o.mode, "single (one GPU), dp (DataParallel over every GPU), ddp (a process per GPU)")
+  app.add_option("--mode", o.mode, "single (one GPU), dp (a replica and a thread per GPU of this process), ddp (a process per GPU)")
       ->check(CLI::IsMember({"single", "dp", "ddp"}));
   app.add_option("--precision", o.precision, "fp16 (autocast + loss scaler), bf16 (autocast) or fp32")
       ->check(CLI::IsMember({"fp16", "bf16", "fp32"}));
@@ -330,7 +358,7 @@ int main(int argc, char** argv) {
   app.add_option("--steps", o.steps, "timed steps (the median is reported)")->check(CLI::PositiveNumber);
   app.add_option("--batch", o.batch, "per-GPU batch (default: the workload's)")->check(CLI::NonNegativeNumber);
   app.add_option("--device", o.device, "CUDA device index (single mode)")->check(CLI::NonNegativeNumber);
-  app.add_flag("!--no-graph", o.graph, "single and ddp modes: run the step eagerly instead of replaying it as a CUDA graph");
+  app.add_flag("!--no-graph", o.graph, "run each step eagerly instead of replaying it as a CUDA graph");
   app.add_flag("--memory-trace", o.memory_trace, "single mode: print allocated memory after forward and backward");
   CLI11_PARSE(app, argc, argv);
   try {
