@@ -12,15 +12,9 @@
 
 using namespace mpt;
 using namespace mpt::dist;
+using mpt::testing::flat_parameters;
 
 namespace {
-
-std::vector<double> flat_parameters(nn::Module& m) {
-  std::vector<double> out;
-  for (auto& p : m.parameters())
-    for (double v : p.to_vector<double>()) out.push_back(v);
-  return out;
-}
 
 void train_and_compare(const std::vector<Device>& devices, int64_t batch) {
   const uint64_t seed = mpt::testing::fresh_seed();

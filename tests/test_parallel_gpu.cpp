@@ -27,6 +27,7 @@
 
 using namespace mpt;
 using namespace mpt::dist;
+using mpt::testing::flat_parameters;
 using std::chrono::milliseconds;
 
 #define SKIP_WITHOUT_TWO_GPUS()                                  \
@@ -224,12 +225,8 @@ TEST(NcclDdp, AStepCapturedAsACudaGraphMatchesEagerSteps) {
     EXPECT_TRUE(captured.fallback_reason().empty()) << captured.fallback_reason();
     EXPECT_GE(captured.replays(), 4);
     EXPECT_EQ(graphed.scaler.get_scale(), eager.scaler.get_scale());
-    std::vector<double> a, b;
-    for (auto& p : eager.model->parameters())
-      for (double v : p.to_vector<double>()) a.push_back(v);
-    for (auto& p : graphed.model->parameters())
-      for (double v : p.to_vector<double>()) b.push_back(v);
-    EXPECT_LE(mpt::testing::rel_error(b, a), 1e-6) << "rank " << g.rank();
+    EXPECT_LE(mpt::testing::rel_error(flat_parameters(*graphed.model), flat_parameters(*eager.model)), 1e-6)
+        << "rank " << g.rank();
     // Both ranks hold the same parameters: their mean is each one's own.
     for (auto& p : graphed.model->parameters()) {
       Tensor mean = prim::clone(p);
@@ -267,12 +264,7 @@ TEST(DataParallelGpu, TwoGpusTrainLikeOne) {
     backward(mse_loss(reference->forward(prim::to(x, d0)), prim::to(y, d0)));
     ref_opt.step();
   }
-  std::vector<double> a, b;
-  for (auto& p : model->parameters())
-    for (double v : p.to_vector<double>()) a.push_back(v);
-  for (auto& p : reference->parameters())
-    for (double v : p.to_vector<double>()) b.push_back(v);
-  EXPECT_LE(mpt::testing::rel_error(a, b), 1e-5);
+  EXPECT_LE(mpt::testing::rel_error(flat_parameters(*model), flat_parameters(*reference)), 1e-5);
 }
 
 // ReplicaGroup over two GPUs, each replica's whole step (its share of the
@@ -332,20 +324,14 @@ TEST(ReplicaGroupGpu, GraphedStepsOnTwoGpusTrainLikeOneGpu) {
     ref_scaler.step(ref_opt);
     ref_scaler.update();
   }
-  auto flat = [](nn::Module& m) {
-    std::vector<double> out;
-    for (auto& p : m.parameters())
-      for (double v : p.to_vector<double>()) out.push_back(v);
-    return out;
-  };
-  const std::vector<double> expected = flat(*reference);
+  const std::vector<double> expected = flat_parameters(*reference);
   for (size_t r = 0; r < 2; ++r) {
     EXPECT_TRUE(fallbacks[r].empty()) << "replica " << r << ": " << fallbacks[r];
     EXPECT_GE(replays[r], 4) << "replica " << r;
     EXPECT_EQ(scales[r], ref_scaler.get_scale()) << "replica " << r;
-    EXPECT_LE(mpt::testing::rel_error(flat(*group.replica(r).module), expected), 1e-5) << "replica " << r;
+    EXPECT_LE(mpt::testing::rel_error(flat_parameters(*group.replica(r).module), expected), 1e-5) << "replica " << r;
   }
-  EXPECT_EQ(flat(*group.replica(1).module), flat(*group.replica(0).module));
+  EXPECT_EQ(flat_parameters(*group.replica(1).module), flat_parameters(*group.replica(0).module));
 }
 
 TEST(DataParallelGpu, AModuleLeftOnTheCpuIsAClearError) {

@@ -17,15 +17,9 @@
 
 using namespace mpt;
 using namespace mpt::dist;
+using mpt::testing::flat_parameters;
 
 namespace {
-
-std::vector<double> flat_parameters(nn::Module& m) {
-  std::vector<double> out;
-  for (auto& p : m.parameters())
-    for (double v : p.to_vector<double>()) out.push_back(v);
-  return out;
-}
 
 // Replica r's rows of x, [r * rows, (r + 1) * rows), on its device.
 Tensor share_of(const Tensor& x, const Replica& r, int64_t rows) {

@@ -2,12 +2,21 @@
 // Small models for the data-parallel tests: seeded, so two processes (or a
 // process and its reference) build identical ones.
 #include <memory>
+#include <vector>
 
 #include "models/layers.h"
 #include "models/sequential.h"
 #include "tensor/random.h"
 
 namespace mpt::testing {
+
+// Every parameter's values, one after the other (to compare two models).
+inline std::vector<double> flat_parameters(nn::Module& m) {
+  std::vector<double> out;
+  for (auto& p : m.parameters())
+    for (double v : p.to_vector<double>()) out.push_back(v);
+  return out;
+}
 
 inline std::shared_ptr<nn::Sequential> make_mlp(uint64_t seed) {
   Generator gen(seed);
