@@ -18,10 +18,10 @@ ReplicaGroup::ReplicaGroup(std::shared_ptr<nn::Module> module, const ModuleFacto
   }
   threads_ = std::make_unique<DeviceThreads>(devices);
 
-  // The ranks meet over a store on the loopback interface, seen only by
-  // this host, on a port the system picks.
-  auto master = std::make_shared<TcpStore>("127.0.0.1", 0, true, options.timeout,
-                                           TcpStoreOptions{.bind_address = "127.0.0.1", .job_token = {}});
+  // The ranks meet over a store on the loopback interface, on a port the
+  // system picks, behind a token no other process knows.
+  const TcpStoreOptions store_options{.bind_address = "127.0.0.1", .job_token = random_job_token()};
+  auto master = std::make_shared<TcpStore>("127.0.0.1", 0, true, options.timeout, store_options);
   master_ = master;
   ProcessGroupOptions group_options;
   group_options.timeout = options.timeout;
@@ -31,7 +31,8 @@ ReplicaGroup::ReplicaGroup(std::shared_ptr<nn::Module> module, const ModuleFacto
   threads_->run([&](size_t i) {
     Replica& r = *replicas_[i];
     std::shared_ptr<Store> store =
-        i == 0 ? master_ : std::make_shared<TcpStore>("127.0.0.1", master->port(), false, options.timeout);
+        i == 0 ? master_
+               : std::make_shared<TcpStore>("127.0.0.1", master->port(), false, options.timeout, store_options);
     r.group = std::make_shared<DeviceRoutedGroup>(store, static_cast<int>(i), world, group_options);
     r.ddp = std::make_unique<DistributedDataParallel>(r.module, r.group, options.ddp);
   });

@@ -7,6 +7,7 @@
 #include <cstdio>
 
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <thread>
 
@@ -342,6 +343,16 @@ bool TcpStore::check(const std::vector<std::string>& keys) {
     if (!found) return false;
   }
   return true;
+}
+
+std::string random_job_token() {
+  std::ifstream urandom("/dev/urandom", std::ios::binary);
+  unsigned char bytes[16] = {};
+  urandom.read(reinterpret_cast<char*>(bytes), sizeof bytes);
+  check<IOError>(static_cast<bool>(urandom), "cannot read /dev/urandom for a job token");
+  std::string hex;
+  for (unsigned char b : bytes) hex += fmt::format("{:02x}", b);
+  return hex;
 }
 
 }  // namespace mpt::dist

@@ -21,6 +21,10 @@ namespace mpt::dist {
 
 class TcpStoreServer;
 
+// 128 random bits as hex (from /dev/urandom): a job token for a job whose
+// ranks all start on this host, so no other job can join it by mistake.
+std::string random_job_token();
+
 struct TcpStoreOptions {
   // Where the master's server listens: a name or address of this host;
   // empty: all interfaces.

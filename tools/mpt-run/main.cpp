@@ -13,24 +13,9 @@
 #include <fmt/format.h>
 
 #include <cstdlib>
-#include <fstream>
 
+#include "parallel/tcp_store.h"
 #include "supervisor.h"
-
-namespace {
-
-// 128 random bits as hex.
-std::string random_token() {
-  std::ifstream urandom("/dev/urandom", std::ios::binary);
-  unsigned char bytes[16] = {};
-  urandom.read(reinterpret_cast<char*>(bytes), sizeof bytes);
-  if (!urandom) throw std::runtime_error("mpt-run: cannot read /dev/urandom for a job token");
-  std::string hex;
-  for (unsigned char b : bytes) hex += fmt::format("{:02x}", b);
-  return hex;
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"Start a distributed job: one process per local device, torchrun's variables set"};
@@ -68,7 +53,7 @@ int main(int argc, char** argv) {
     if (const char* env = std::getenv("MPT_JOB_TOKEN")) job_token = env;
   try {
     // Several launchers must agree on the token, so only a lone one invents it.
-    if (job_token.empty() && nnodes == 1) job_token = random_token();
+    if (job_token.empty() && nnodes == 1) job_token = mpt::dist::random_job_token();
   } catch (const std::exception& e) {
     fmt::print(stderr, "{}\n", e.what());
     return 1;
