@@ -1,7 +1,7 @@
 #include "parallel/replica_group.h"
 
 #include "parallel/device_routed_group.h"
-#include "parallel/tcp_store.h"
+#include "parallel/loopback_stores.h"
 
 namespace mpt::dist {
 
@@ -18,22 +18,15 @@ ReplicaGroup::ReplicaGroup(std::shared_ptr<nn::Module> module, const ModuleFacto
   }
   threads_ = std::make_unique<DeviceThreads>(devices);
 
-  // The ranks meet over a store on the loopback interface, on a port the
-  // system picks, behind a token no other process knows.
-  const TcpStoreOptions store_options{.bind_address = "127.0.0.1", .job_token = random_job_token()};
-  auto master = std::make_shared<TcpStore>("127.0.0.1", 0, true, options.timeout, store_options);
-  master_ = master;
+  const int world = static_cast<int>(devices.size());
+  stores_ = loopback_stores(world, options.timeout);
   ProcessGroupOptions group_options;
   group_options.timeout = options.timeout;
   group_options.hostname = "127.0.0.1";
-  const int world = static_cast<int>(devices.size());
   // Together: each rank's group and DDP wait for the others to join.
   threads_->run([&](size_t i) {
     Replica& r = *replicas_[i];
-    std::shared_ptr<Store> store =
-        i == 0 ? master_
-               : std::make_shared<TcpStore>("127.0.0.1", master->port(), false, options.timeout, store_options);
-    r.group = std::make_shared<DeviceRoutedGroup>(store, static_cast<int>(i), world, group_options);
+    r.group = std::make_shared<DeviceRoutedGroup>(stores_[i], static_cast<int>(i), world, group_options);
     r.ddp = std::make_unique<DistributedDataParallel>(r.module, r.group, options.ddp);
   });
 }

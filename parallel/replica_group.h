@@ -64,7 +64,7 @@ class ReplicaGroup {
   nn::Module& module() { return *replicas_[0]->module; }
 
  private:
-  std::shared_ptr<Store> master_;  // where the ranks met; outlives their groups
+  std::vector<std::shared_ptr<Store>> stores_;  // where the ranks met; outlive their groups
   std::vector<std::unique_ptr<Replica>> replicas_;
   std::unique_ptr<DeviceThreads> threads_;
 };

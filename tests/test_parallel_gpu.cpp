@@ -17,9 +17,9 @@
 #include "parallel/distributed_error.h"
 #include "parallel/child_process.h"
 #include "parallel/launch.h"
+#include "parallel/loopback_stores.h"
 #include "parallel/process_group.h"
 #include "parallel/replica_group.h"
-#include "parallel/tcp_store.h"
 #include "parallel/tiny_models.h"
 #include "tensor/device_guard.h"
 #include "tensor/graph.h"
@@ -39,17 +39,15 @@ namespace {
 // One thread per GPU, each a rank of an NCCL group.
 void with_gpu_ranks(int world, const std::function<void(ProcessGroup&, const Device&)>& body,
                     Millis timeout = milliseconds(60000)) {
-  auto master = std::make_shared<TcpStore>("127.0.0.1", 0, true, timeout);
+  const auto stores = loopback_stores(world, timeout);
   std::vector<std::exception_ptr> errors(world);
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r)
     threads.emplace_back([&, r] {
       try {
-        std::shared_ptr<Store> store = r == 0 ? std::static_pointer_cast<Store>(master)
-                                              : std::make_shared<TcpStore>("127.0.0.1", master->port(), false, timeout);
         ProcessGroupOptions options;
         options.timeout = timeout;
-        auto group = new_process_group(store, r, world, DeviceType::cuda, options, r);
+        auto group = new_process_group(stores[r], r, world, DeviceType::cuda, options, r);
         body(*group, Device(DeviceType::cuda, r));
       } catch (...) {
         errors[r] = std::current_exception();

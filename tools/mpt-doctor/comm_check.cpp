@@ -9,8 +9,8 @@
 #include <fmt/format.h>
 
 #include "parallel/local_communicator.h"
+#include "parallel/loopback_stores.h"
 #include "parallel/process_group.h"
-#include "parallel/tcp_store.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
 #include "tensor/stream.h"
@@ -84,18 +84,15 @@ void gloo_check(Report& report, const CommOptions& o) {
   std::vector<std::string> failures(n);
   bool not_built = false;
   try {
-    auto master = std::make_shared<dist::TcpStore>("127.0.0.1", 0, true, o.timeout);
+    const auto stores = dist::loopback_stores(n, o.timeout);
     std::vector<std::thread> threads;
     for (int r = 0; r < n; ++r)
       threads.emplace_back([&, r] {
         try {
-          std::shared_ptr<dist::Store> store =
-              r == 0 ? std::static_pointer_cast<dist::Store>(master)
-                     : std::make_shared<dist::TcpStore>("127.0.0.1", master->port(), false, o.timeout);
           dist::ProcessGroupOptions options;
           options.timeout = o.timeout;
           options.hostname = "127.0.0.1";
-          auto group = dist::new_process_group(store, r, n, DeviceType::cpu, options);
+          auto group = dist::new_process_group(stores[r], r, n, DeviceType::cpu, options);
           for (size_t bytes : o.sizes) {
             const int64_t elements = static_cast<int64_t>(std::max<size_t>(bytes / 4, 1));
             Timing t{static_cast<size_t>(elements) * 4, 0, ""};
