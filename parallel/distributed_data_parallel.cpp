@@ -276,12 +276,11 @@ void DistributedDataParallel::Reducer::finalize() {
       Tensor& p = params[i];
       Tensor slot = prim::view(prim::slice(b.flat, 0, b.offsets[k], b.offsets[k] + p.numel()), p.shape());
       Tensor g = p.grad();
-      // The averaged gradient stays where the all-reduce left it: the
-      // parameter's gradient becomes a view into the bucket (no copy back)
-      // unless it travelled compressed.
+      // The averaged gradient stays where the all-reduce left it: launch()
+      // already made the parameter's gradient a view into the bucket, unless
+      // it travelled compressed and comes back to its own dtype here.
       if (g.defined()) {
-        if (slot.dtype() == p.dtype()) p.set_grad(slot);
-        else prim::copy_(g, slot);
+        if (slot.dtype() != p.dtype()) prim::copy_(g, slot);
       } else if (used_anywhere[i] != 0) {
         p.set_grad(prim::to(prim::clone(slot), p.dtype()));
       }

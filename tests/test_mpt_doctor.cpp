@@ -56,7 +56,6 @@ class Listener {
 
 class MptDoctor : public ::testing::Test {
  protected:
-
   // Runs mpt-doctor with exactly `variables` of the job's variables set
   // (the others removed from the environment); returns its exit status.
   int run(const std::string& variables, const std::string& args) {

@@ -55,7 +55,7 @@ int main(int argc, char** argv) {
     // Several launchers must agree on the token, so only a lone one invents it.
     if (job_token.empty() && nnodes == 1) job_token = mpt::dist::random_job_token();
   } catch (const std::exception& e) {
-    fmt::print(stderr, "{}\n", e.what());
+    fmt::print(stderr, "mpt-run: {}\n", e.what());
     return 1;
   }
 
