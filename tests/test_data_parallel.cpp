@@ -19,10 +19,8 @@ namespace {
 void train_and_compare(const std::vector<Device>& devices, int64_t batch) {
   const uint64_t seed = mpt::testing::fresh_seed();
   SCOPED_TRACE(seed);
-  Generator data(seed);
   const int steps = 3;
-  const Tensor X = randn({steps * batch, 6}, DType::f32, kCPU, &data);
-  const Tensor Y = randn({steps * batch, 3}, DType::f32, kCPU, &data);
+  const mpt::testing::MlpBatches data(steps, batch, seed);
   auto loss = [](const Tensor& out, const Tensor& y) { return mse_loss(out, y); };
 
   auto model = mpt::testing::make_mlp(seed);
@@ -34,8 +32,7 @@ void train_and_compare(const std::vector<Device>& devices, int64_t batch) {
   optim::SGD ref_opt(reference->parameters(), {.lr = 0.1, .momentum = 0.9});
 
   for (int s = 0; s < steps; ++s) {
-    const Tensor x = prim::slice(X, 0, s * batch, (s + 1) * batch);
-    const Tensor y = prim::slice(Y, 0, s * batch, (s + 1) * batch);
+    const Tensor x = data.x(s), y = data.y(s);
     opt.zero_grad();
     const double l = dp.forward_backward(x, y, loss);
     opt.step();
@@ -59,11 +56,8 @@ TEST(DataParallel, TwoVirtualCpuDevicesTrainLikeOne) { train_and_compare({Device
 TEST(DataParallel, AutocastAndOneScalerTrainLikeOneDevice) {
   const uint64_t seed = mpt::testing::fresh_seed();
   SCOPED_TRACE(seed);
-  Generator data(seed);
   const int steps = 5;
-  const int64_t batch = 8;
-  const Tensor X = randn({steps * batch, 6}, DType::f32, kCPU, &data);
-  const Tensor Y = randn({steps * batch, 3}, DType::f32, kCPU, &data);
+  const mpt::testing::MlpBatches data(steps, 8, seed);
   auto loss = [](const Tensor& out, const Tensor& y) { return mse_loss(out, y); };
   amp::GradScalerOptions so;
   so.init_scale = 1024;
@@ -80,8 +74,7 @@ TEST(DataParallel, AutocastAndOneScalerTrainLikeOneDevice) {
   amp::GradScaler ref_scaler(so);
 
   for (int s = 0; s < steps; ++s) {
-    const Tensor x = prim::slice(X, 0, s * batch, (s + 1) * batch);
-    const Tensor y = prim::slice(Y, 0, s * batch, (s + 1) * batch);
+    const Tensor x = data.x(s), y = data.y(s);
     {
       amp::AutocastGuard autocast(DeviceType::cpu, DType::f16);
       opt.zero_grad();

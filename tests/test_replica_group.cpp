@@ -39,13 +39,11 @@ ReplicaGroupOptions test_options() {
 TEST(ReplicaGroup, ReplicasOnVirtualCpuDevicesTrainLikeOneDevice) {
   const uint64_t seed = mpt::testing::fresh_seed();
   SCOPED_TRACE(seed);
-  Generator data(seed);
   const int steps = 4;
   const int64_t batch = 12;
   const std::vector<Device> devices{Device("cpu:0"), Device("cpu:1"), Device("cpu:2")};
   const int64_t rows = batch / static_cast<int64_t>(devices.size());
-  const Tensor X = randn({steps * batch, 6}, DType::f32, kCPU, &data);
-  const Tensor Y = randn({steps * batch, 3}, DType::f32, kCPU, &data);
+  const mpt::testing::MlpBatches data(steps, batch, seed);
 
   // The replicas start from different values: DDP gives them replica 0's.
   ReplicaGroup group(mpt::testing::make_mlp(seed), [&] { return mpt::testing::make_mlp(seed + 1); }, devices,
@@ -58,8 +56,7 @@ TEST(ReplicaGroup, ReplicasOnVirtualCpuDevicesTrainLikeOneDevice) {
   optim::AdamW ref_opt(reference->parameters(), optim::AdamWOptions{.lr = 1e-2});
 
   for (int s = 0; s < steps; ++s) {
-    const Tensor x = prim::slice(X, 0, s * batch, (s + 1) * batch);
-    const Tensor y = prim::slice(Y, 0, s * batch, (s + 1) * batch);
+    const Tensor x = data.x(s), y = data.y(s);
     group.run([&](Replica& r) {
       opts[r.rank]->zero_grad();
       backward(mse_loss(r.ddp->forward(share_of(x, r, rows)), share_of(y, r, rows)));
@@ -83,11 +80,9 @@ TEST(ReplicaGroup, ReplicasOnVirtualCpuDevicesTrainLikeOneDevice) {
 TEST(ReplicaGroup, AutocastAndAScalerPerReplicaFollowOneDevice) {
   const uint64_t seed = mpt::testing::fresh_seed();
   SCOPED_TRACE(seed);
-  Generator data(seed);
   const int steps = 5;
   const int64_t batch = 8;
-  const Tensor X = randn({steps * batch, 6}, DType::f32, kCPU, &data);
-  const Tensor Y = randn({steps * batch, 3}, DType::f32, kCPU, &data);
+  const mpt::testing::MlpBatches data(steps, batch, seed);
   amp::GradScalerOptions so;
   so.init_scale = 1024;
   so.growth_interval = 2;
@@ -107,8 +102,7 @@ TEST(ReplicaGroup, AutocastAndAScalerPerReplicaFollowOneDevice) {
   amp::GradScaler ref_scaler(so);
 
   for (int s = 0; s < steps; ++s) {
-    const Tensor x = prim::slice(X, 0, s * batch, (s + 1) * batch);
-    const Tensor y = prim::slice(Y, 0, s * batch, (s + 1) * batch);
+    const Tensor x = data.x(s), y = data.y(s);
     amp::AutocastGuard autocast(DeviceType::cpu, DType::f16);
     group.run([&](Replica& r) {
       Trainer& t = trainers[r.rank];

@@ -6,6 +6,7 @@
 
 #include "models/layers.h"
 #include "models/sequential.h"
+#include "tensor/ops.h"
 #include "tensor/random.h"
 
 namespace mpt::testing {
@@ -17,6 +18,21 @@ inline std::vector<double> flat_parameters(nn::Module& m) {
     for (double v : p.to_vector<double>()) out.push_back(v);
   return out;
 }
+
+// `steps` batches of `batch` rows for make_mlp's models: inputs of 6
+// features and regression targets of 3, drawn from `seed`.
+struct MlpBatches {
+  MlpBatches(int steps, int64_t batch, uint64_t seed) : batch(batch) {
+    Generator data(seed);
+    X = randn({steps * batch, 6}, DType::f32, kCPU, &data);
+    Y = randn({steps * batch, 3}, DType::f32, kCPU, &data);
+  }
+  Tensor x(int step) const { return prim::slice(X, 0, step * batch, (step + 1) * batch); }
+  Tensor y(int step) const { return prim::slice(Y, 0, step * batch, (step + 1) * batch); }
+
+  int64_t batch;
+  Tensor X, Y;
+};
 
 inline std::shared_ptr<nn::Sequential> make_mlp(uint64_t seed) {
   Generator gen(seed);
