@@ -18,8 +18,9 @@ bool needs_grad(const std::vector<Tensor>& inputs) {
   return false;
 }
 
-void record(const char* name, std::vector<Tensor>& outs, const std::vector<Tensor>& inputs, FunctionNode::Rule rule) {
-  auto node = std::make_shared<FunctionNode>(name, std::move(rule));
+void record(const char* name, std::vector<Tensor>& outs, const std::vector<Tensor>& inputs, FunctionNode::Rule rule,
+            FunctionNode::Saves saves) {
+  auto node = std::make_shared<FunctionNode>(name, std::move(rule), saves);
   node->set_num_outputs(static_cast<uint32_t>(outs.size()));
   if (!outs.empty() && outs[0].defined() && outs[0].device().is_cuda())
     node->set_stream(current_stream(outs[0].device()));
@@ -37,9 +38,10 @@ void record(const char* name, std::vector<Tensor>& outs, const std::vector<Tenso
   }
 }
 
-void record(const char* name, Tensor& out, const std::vector<Tensor>& inputs, FunctionNode::Rule rule) {
+void record(const char* name, Tensor& out, const std::vector<Tensor>& inputs, FunctionNode::Rule rule,
+            FunctionNode::Saves saves) {
   std::vector<Tensor> outs{out};
-  record(name, outs, inputs, std::move(rule));
+  record(name, outs, inputs, std::move(rule), saves);
   out = outs[0];
 }
 

@@ -21,7 +21,10 @@ bool needs_grad(const std::vector<Tensor>& inputs);
 // Makes `out` (or each of `outs`) the output of a new node with `rule`.
 // The rule receives one gradient per output (undefined = zero) and returns
 // one per input, in order (undefined where an input gets none).
-void record(const char* name, Tensor& out, const std::vector<Tensor>& inputs, FunctionNode::Rule rule);
-void record(const char* name, std::vector<Tensor>& outs, const std::vector<Tensor>& inputs, FunctionNode::Rule rule);
+// `saves` says whether the rule captured tensors (see FunctionNode).
+void record(const char* name, Tensor& out, const std::vector<Tensor>& inputs, FunctionNode::Rule rule,
+            FunctionNode::Saves saves = FunctionNode::Saves::tensors);
+void record(const char* name, std::vector<Tensor>& outs, const std::vector<Tensor>& inputs, FunctionNode::Rule rule,
+            FunctionNode::Saves saves = FunctionNode::Saves::tensors);
 
 }  // namespace mpt

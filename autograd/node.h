@@ -58,12 +58,21 @@ class Node {
 class FunctionNode final : public Node {
  public:
   using Rule = std::function<std::vector<Tensor>(const std::vector<Tensor>& grads)>;
-  FunctionNode(std::string name, Rule rule) : Node(std::move(name)), rule_(std::move(rule)) {}
+  // Whether the rule captured tensors. One that captured none has nothing to
+  // free and may run in any number of backward passes: autocast's cached
+  // weight cast is shared by every forward in its region (gradient
+  // accumulation), as PyTorch's cast node is.
+  enum class Saves { tensors, nothing };
+  FunctionNode(std::string name, Rule rule, Saves saves = Saves::tensors)
+      : Node(std::move(name)), rule_(std::move(rule)), saves_(saves) {}
   std::vector<Tensor> apply(std::vector<Tensor>&& grads) override;
-  void release() override { rule_ = nullptr; }
+  void release() override {
+    if (saves_ == Saves::tensors) rule_ = nullptr;
+  }
 
  private:
   Rule rule_;
+  Saves saves_;
 };
 
 // The sink for a leaf: adds the incoming gradient to leaf.grad and then

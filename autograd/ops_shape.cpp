@@ -129,7 +129,9 @@ std::vector<Tensor> split(const Tensor& x, int64_t size, int64_t dim) {
 Tensor to(const Tensor& x, DType dtype) {
   Tensor out = prim::to(x, dtype);
   if (needs_grad({x}) && dtype != x.dtype())
-    record("to_dtype", out, {x}, [from = x.dtype()](const Grads& g) { return Grads{prim::to(g[0], from)}; });
+    record(
+        "to_dtype", out, {x}, [from = x.dtype()](const Grads& g) { return Grads{prim::to(g[0], from)}; },
+        FunctionNode::Saves::nothing);
   return out;
 }
 

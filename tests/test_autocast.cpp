@@ -136,6 +136,30 @@ TEST(Autocast, WeightCastCacheIsHitWithinTheOutermostRegion) {
   }
 }
 
+// Gradient accumulation inside one region: both forwards use the one cached
+// cast of w, so both backward passes run through its cast node, and w's
+// gradient is the sum of what each pass gives on its own.
+TEST(Autocast, TwoBackwardPassesThroughTheCachedCastAccumulate) {
+  Tensor w = rand_f32({4, 4}, 21).set_requires_grad(true);
+  const Tensor a = rand_f32({2, 4}, 22), b = rand_f32({3, 4}, 23);
+  std::vector<float> expected(16, 0.0f);
+  for (const Tensor& x : {a, b}) {
+    AutocastGuard autocast(DeviceType::cpu);  // a region of its own: a fresh cast
+    w.set_grad(Tensor());
+    backward(sum(linear(x, w)));
+    const auto g = w.grad().to_vector<float>();
+    for (size_t i = 0; i < g.size(); ++i) expected[i] += g[i];
+  }
+  w.set_grad(Tensor());
+  {
+    AutocastGuard autocast(DeviceType::cpu);
+    backward(sum(linear(a, w)));
+    backward(sum(linear(b, w)));
+    EXPECT_EQ(amp::weight_cast_cache_stats().entries, 1);  // one cast served both
+  }
+  EXPECT_EQ(w.grad().to_vector<float>(), expected);
+}
+
 TEST(Autocast, NoCachingUnderNoGrad) {
   Tensor w = rand_f32({4, 4}, 16).set_requires_grad(true);
   const Tensor x = rand_f32({2, 4}, 17);
