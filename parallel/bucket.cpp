@@ -1,5 +1,8 @@
 #include "parallel/bucket.h"
 
+#include "parallel/bucket_cuda.h"
+#include "tensor/ops.h"
+
 namespace mpt::dist {
 
 std::vector<std::vector<size_t>> assign_buckets(const std::vector<size_t>& order, const std::vector<size_t>& bytes,
@@ -22,6 +25,33 @@ std::vector<std::vector<size_t>> assign_buckets(const std::vector<size_t>& order
   }
   if (!current.empty()) buckets.push_back(std::move(current));
   return buckets;
+}
+
+void fill_slots(const std::vector<Tensor>& slots, const std::vector<Tensor>& grads, double scale) {
+  check(slots.size() == grads.size(), "fill_slots: {} slots for {} gradients", slots.size(), grads.size());
+  std::vector<Tensor> batched_slots, batched_grads;
+  for (size_t i = 0; i < slots.size(); ++i) {
+    const Tensor &slot = slots[i], &g = grads[i];
+    const bool batched = slot.device().is_cuda() && g.device() == slot.device() && g.dtype() == slot.dtype() &&
+                         g.is_contiguous() && slot.is_contiguous() &&
+                         (slot.dtype() == DType::f32 || slot.dtype() == DType::f16 || slot.dtype() == DType::bf16);
+    if (batched) {
+      batched_slots.push_back(slot);
+      batched_grads.push_back(g);
+    } else {
+      prim::unary_(UnaryOp::affine, slot, g, scale, 0.0);
+    }
+  }
+  // The batch is one dtype in practice (the bucket's); split by dtype anyway.
+  for (DType dtype : {DType::f32, DType::f16, DType::bf16}) {
+    std::vector<Tensor> s, g;
+    for (size_t i = 0; i < batched_slots.size(); ++i)
+      if (batched_slots[i].dtype() == dtype) {
+        s.push_back(batched_slots[i]);
+        g.push_back(batched_grads[i]);
+      }
+    if (!s.empty()) cuda::scaled_copy_list(s, g, scale);
+  }
 }
 
 }  // namespace mpt::dist

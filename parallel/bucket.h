@@ -29,4 +29,9 @@ struct Bucket {
   WorkPtr work;                  // the running all-reduce, once launched
 };
 
+// slots[i] = grads[i] * scale, each pair of one shape. On a GPU the pairs
+// that are contiguous and of one floating dtype are copied by one kernel
+// launch; the others (and CPU tensors) one at a time.
+void fill_slots(const std::vector<Tensor>& slots, const std::vector<Tensor>& grads, double scale);
+
 }  // namespace mpt::dist

@@ -224,6 +224,7 @@ void DistributedDataParallel::Reducer::launch(Bucket& bucket) {
   // Divide before the all-reduce: the sum of averages cannot overflow a
   // 16-bit transit type where the plain sum might.
   const double scale = 1.0 / group->size();
+  std::vector<Tensor> slots, grads;  // filled together, in one pass
   for (size_t k = 0; k < bucket.params.size(); ++k) {
     Tensor& p = params[bucket.params[k]];
     Tensor slot = prim::view(prim::slice(bucket.flat, 0, bucket.offsets[k], bucket.offsets[k] + p.numel()), p.shape());
@@ -231,16 +232,18 @@ void DistributedDataParallel::Reducer::launch(Bucket& bucket) {
     if (!g.defined()) {
       prim::fill_(slot, 0.0);
     } else if (g.dtype() == slot.dtype()) {
-      prim::unary_(UnaryOp::affine, slot, g, scale, 0.0);  // one pass
+      slots.push_back(slot);
+      grads.push_back(g);
       // From here on the gradient lives in the bucket (averaged once the
       // all-reduce ends), so backward's own copy goes back to the allocator
-      // now, not when backward ends: otherwise every gradient is held twice
-      // at the end of backward.
+      // once the fill has read it, not when backward ends: otherwise every
+      // gradient is held twice at the end of backward.
       p.set_grad(slot);
     } else {
       prim::copy_(slot, prim::mul_scalar(g, scale));
     }
   }
+  fill_slots(slots, grads, scale);
   NvtxRange range("ddp: all-reduce bucket");
   bucket.work = group->allreduce(bucket.flat, ReduceOp::sum);
 }

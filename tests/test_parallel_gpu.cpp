@@ -15,6 +15,7 @@
 #include "parallel/data_parallel.h"
 #include "parallel/distributed_data_parallel.h"
 #include "parallel/distributed_error.h"
+#include "parallel/bucket.h"
 #include "parallel/child_process.h"
 #include "parallel/launch.h"
 #include "parallel/loopback_stores.h"
@@ -65,6 +66,38 @@ std::vector<double> input_of(int rank, int n) {
 }
 
 }  // namespace
+
+// DDP's bucket fill on a GPU (one launch for many gradients) against the
+// CPU's one-at-a-time rule, on fresh random gradients: 45 of them (more than
+// one launch holds), sizes that span several chunks or are not a multiple of
+// a 16-byte pack, slots at offsets that break 16-byte alignment, and f16.
+TEST(DdpBucketFill, OneLaunchMatchesTheCpuForManyOddTensors) {
+  MPT_SKIP_WITHOUT_CUDA();
+  const uint64_t seed = mpt::testing::fresh_seed();
+  SCOPED_TRACE(seed);
+  Generator gen(seed);
+  const Device gpu(DeviceType::cuda, 0);
+  for (DType dtype : {DType::f32, DType::f16}) {
+    std::vector<int64_t> sizes;
+    for (int i = 0; i < 45; ++i) sizes.push_back(i % 9 == 0 ? 200003 : 1 + 37 * i);
+    int64_t total = 1;  // slot 0 starts one element in: misaligned
+    for (int64_t n : sizes) total += n;
+    const Tensor flat_cpu = zeros({total}, dtype, kCPU), flat_gpu = zeros({total}, dtype, gpu);
+    std::vector<Tensor> slots_cpu, slots_gpu, grads_cpu, grads_gpu;
+    int64_t offset = 1;
+    for (int64_t n : sizes) {
+      const Tensor g = prim::to(randn({n}, DType::f32, kCPU, &gen), dtype);
+      grads_cpu.push_back(g);
+      grads_gpu.push_back(prim::to(g, gpu));
+      slots_cpu.push_back(prim::slice(flat_cpu, 0, offset, offset + n));
+      slots_gpu.push_back(prim::slice(flat_gpu, 0, offset, offset + n));
+      offset += n;
+    }
+    fill_slots(slots_cpu, grads_cpu, 1.0 / 3.0);
+    fill_slots(slots_gpu, grads_gpu, 1.0 / 3.0);
+    EXPECT_EQ(prim::to(flat_gpu, kCPU).to_vector<float>(), flat_cpu.to_vector<float>()) << dtype_name(dtype);
+  }
+}
 
 TEST(NcclProcessGroup, CollectivesFollowTheirRules) {
   SKIP_WITHOUT_TWO_GPUS();

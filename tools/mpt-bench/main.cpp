@@ -59,6 +59,7 @@ struct Options {
   int device = 0;
   bool graph = true;
   bool memory_trace = false;
+  dist::DdpOptions ddp;  // dp and ddp: the gradient buckets
 };
 
 struct Workload {
@@ -250,7 +251,7 @@ int run_dp(const Options& o) {
   // As torch_bench.py feeds nn.DataParallel: the whole batch on cuda:0;
   // each replica copies its share to its GPU at the start of its step.
   Workload w = make(o.workload, devices[0], o.batch, n);
-  dist::ReplicaGroup group(w.model, [&] { return make(o.workload, devices[0], 1).model; }, devices);
+  dist::ReplicaGroup group(w.model, [&] { return make(o.workload, devices[0], 1).model; }, devices, {.ddp = o.ddp});
   const int64_t rows = w.x.shape()[0] / n;
   std::vector<std::vector<double>> times(n);
   std::vector<double> losses(n);
@@ -297,7 +298,7 @@ int run_ddp(const Options& o) {
   const Device device(DeviceType::cuda, world.config.local_rank);
   DeviceGuard on_device(device);
   Workload w = make(o.workload, device, o.batch);
-  dist::DistributedDataParallel ddp(w.model, world.group);
+  dist::DistributedDataParallel ddp(w.model, world.group, o.ddp);
   Trainer t(o, device, w.model->parameters());
   // No found_inf all-reduce, as in torch_bench.py: DDP leaves every rank
   // the same averaged gradients, so every rank finds the same overflows.
@@ -360,7 +361,20 @@ int main(int argc, char** argv) {
   app.add_option("--device", o.device, "CUDA device index (single mode)")->check(CLI::NonNegativeNumber);
   app.add_flag("!--no-graph", o.graph, "run each step eagerly instead of replaying it as a CUDA graph");
   app.add_flag("--memory-trace", o.memory_trace, "single mode: print allocated memory after forward and backward");
+  double bucket_mb = 25, first_bucket_mb = 1;
+  app.add_option("--bucket-mb", bucket_mb, "dp and ddp: gradient bucket size in MiB (PyTorch's bucket_cap_mb)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--first-bucket-mb", first_bucket_mb, "dp and ddp: size of the first bucket, which starts soonest")
+      ->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
+  // Every collective of a timed step is replayed inside its graph, and the
+  // few outside one (set-up, the final median) run only when no graph is in
+  // flight, so NCCL need not order graphed against ungraphed operations of
+  // a communicator; that ordering added 0.1 ms to gpt_mini's ddp step. A
+  // value in the environment wins. (Set before mpt-run starts the ranks.)
+  setenv("NCCL_GRAPH_MIXING_SUPPORT", "0", /*overwrite=*/0);
+  o.ddp.bucket_bytes = static_cast<size_t>(bucket_mb * 1048576.0);
+  o.ddp.first_bucket_bytes = static_cast<size_t>(first_bucket_mb * 1048576.0);
   try {
     if (cuda_device_count() == 0) {
       std::cerr << "mpt-bench: skipped: no CUDA device\n";

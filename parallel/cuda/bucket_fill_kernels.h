@@ -1,0 +1,17 @@
+#pragma once
+// Launcher for DDP's bucket fill, on plain pointers (the .cu file stays free
+// of Tensor, and so of fmt, which nvcc's C++20 mode cannot compile).
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "tensor/dtype.h"
+
+namespace mpt::dist::cuda {
+
+// dsts[i][j] = srcs[i][j] * scale for j < sizes[i]: contiguous tensors of one
+// floating `dtype`, in as few launches as the kernel's parameter space allows.
+void launch_scaled_copy_list(DType dtype, const void* const* srcs, void* const* dsts, const int64_t* sizes,
+                             size_t count, float scale, cudaStream_t stream);
+
+}  // namespace mpt::dist::cuda
