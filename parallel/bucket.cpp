@@ -6,23 +6,17 @@
 namespace mpt::dist {
 
 std::vector<std::vector<size_t>> assign_buckets(const std::vector<size_t>& order, const std::vector<size_t>& bytes,
-                                                size_t first_cap, size_t cap, size_t last_cap) {
-  check<ValueError>(first_cap > 0 && cap > 0 && last_cap > 0,
-                    "assign_buckets: bucket caps must be positive (got {}, {} and {})", first_cap, cap, last_cap);
-  for (size_t index : order)
-    check<ValueError>(index < bytes.size(), "assign_buckets: parameter index {} outside 0..{}", index,
-                      bytes.size() - 1);
-  // The last bucket: parameters from the end of the order until it holds
-  // at least last_cap.
-  size_t tail_begin = order.size(), tail_bytes = 0;
-  while (tail_begin > 0 && tail_bytes < last_cap) tail_bytes += bytes[order[--tail_begin]];
-
+                                                size_t first_cap, size_t cap) {
+  check<ValueError>(first_cap > 0 && cap > 0, "assign_buckets: bucket caps must be positive (got {} and {})",
+                    first_cap, cap);
   std::vector<std::vector<size_t>> buckets;
   std::vector<size_t> current;
   size_t filled = 0;
-  for (size_t k = 0; k < tail_begin; ++k) {
-    current.push_back(order[k]);
-    filled += bytes[order[k]];
+  for (size_t index : order) {
+    check<ValueError>(index < bytes.size(), "assign_buckets: parameter index {} outside 0..{}", index,
+                      bytes.size() - 1);
+    current.push_back(index);
+    filled += bytes[index];
     if (filled >= (buckets.empty() ? first_cap : cap)) {
       buckets.push_back(std::move(current));
       current.clear();
@@ -30,7 +24,6 @@ std::vector<std::vector<size_t>> assign_buckets(const std::vector<size_t>& order
     }
   }
   if (!current.empty()) buckets.push_back(std::move(current));
-  if (tail_begin < order.size()) buckets.emplace_back(order.begin() + static_cast<std::ptrdiff_t>(tail_begin), order.end());
   return buckets;
 }
 

@@ -2,11 +2,8 @@
 // How DDP groups gradients for communication: parameters in the order their
 // gradients are expected to become ready, packed into buckets of about
 // first_cap bytes (the first: communication starts early) then cap bytes
-// (later ones: fewer, larger messages), and a last bucket of about last_cap
-// bytes: nothing is left to overlap its all-reduce once backward ends, so
-// its size is the step's exposed communication. A bucket closes once it
-// reaches its cap, so every bucket holds at least one parameter. The last
-// bucket is taken from the end of the order first; the rest fill forwards.
+// (later ones: fewer, larger messages). A bucket closes once it reaches its
+// cap, so every bucket holds at least one parameter.
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -19,7 +16,7 @@ namespace mpt::dist {
 // Parameter indices per bucket. `order` lists parameter indices, `bytes[i]`
 // is parameter i's gradient size.
 std::vector<std::vector<size_t>> assign_buckets(const std::vector<size_t>& order, const std::vector<size_t>& bytes,
-                                                size_t first_cap, size_t cap, size_t last_cap);
+                                                size_t first_cap, size_t cap);
 
 // One bucket's flat buffer and where each of its gradients sits in it.
 struct Bucket {

@@ -107,8 +107,7 @@ void check_same_parameters(ProcessGroup& group, const std::vector<std::string>& 
 void DistributedDataParallel::Reducer::build(const std::vector<size_t>& order) {
   std::vector<size_t> bytes;
   for (const auto& p : params) bytes.push_back(p.nbytes());
-  const auto assignment = assign_buckets(order, bytes, options.first_bucket_bytes, options.bucket_bytes,
-                                         options.last_bucket_bytes);
+  const auto assignment = assign_buckets(order, bytes, options.first_bucket_bytes, options.bucket_bytes);
   const DType transit = options.compression.value_or(params.front().dtype());
   buckets.clear();
   bucket_of.assign(params.size(), 0);

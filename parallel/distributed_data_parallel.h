@@ -36,7 +36,6 @@ namespace mpt::dist {
 struct DdpOptions {
   size_t first_bucket_bytes = size_t(1) << 20;  // 1 MiB
   size_t bucket_bytes = size_t(25) << 20;       // 25 MiB
-  size_t last_bucket_bytes = size_t(1) << 20;   // 1 MiB: its all-reduce is what backward cannot hide
   // Find, at each forward, the parameters the output does not depend on and
   // count them as ready (their gradient contributes zero). Without it, such
   // a parameter makes the next forward() fail, naming it.

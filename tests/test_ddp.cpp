@@ -73,7 +73,7 @@ TEST(Ddp, GradientsAreTheAverageOfTheRanksGradients) {
     }
 
     auto model = mpt::testing::make_mlp(seed);
-    DistributedDataParallel ddp(model, borrowed(g), {.first_bucket_bytes = 200, .bucket_bytes = 600, .last_bucket_bytes = 200});
+    DistributedDataParallel ddp(model, borrowed(g), {.first_bucket_bytes = 200, .bucket_bytes = 600});
     for (int step = 0; step < 2; ++step) {  // the second runs on rebuilt buckets
       model->zero_grad();
       backward(mse_loss(ddp(x), y));
@@ -93,7 +93,7 @@ TEST(Ddp, GradientsAreTheAverageOfTheRanksGradients) {
 TEST(Ddp, GradientsAreAlignedViewsIntoTheBuckets) {
   with_ranks(2, [&](ProcessGroup& g) {
     auto model = mpt::testing::make_mlp(7);  // sizes 144, 24, 384, 16, 48, 3: some not multiples of 16
-    DistributedDataParallel ddp(model, borrowed(g), {.first_bucket_bytes = 200, .bucket_bytes = 600, .last_bucket_bytes = 200});
+    DistributedDataParallel ddp(model, borrowed(g), {.first_bucket_bytes = 200, .bucket_bytes = 600});
     Generator gen(11 + g.rank());
     const auto params = model->parameters();
     for (int step = 0; step < 3; ++step) {
@@ -125,7 +125,7 @@ TEST(Ddp, AllReducesStartWhileBackwardIsStillRunning) {
     int launched_before_last_gradient = -1;
     model->parameters()[0].autograd_meta().post_accumulate_hooks.push_back(
         [&](const Tensor&) { launched_before_last_gradient = counting->allreduces; });
-    DistributedDataParallel ddp(model, counting, {.first_bucket_bytes = 200, .bucket_bytes = 600, .last_bucket_bytes = 200});
+    DistributedDataParallel ddp(model, counting, {.first_bucket_bytes = 200, .bucket_bytes = 600});
     const int buckets = static_cast<int>(ddp.bucket_assignment().size());
     ASSERT_GE(buckets, 3);
     const int before = counting->allreduces;

@@ -89,7 +89,6 @@ int train_and_compare(ProcessGroup& pg, int window, std::optional<DType> compres
   DdpOptions options;
   options.first_bucket_bytes = 256;  // several buckets even for this small model
   options.bucket_bytes = 1024;
-  options.last_bucket_bytes = 256;
   options.compression = compression;
   auto counting = std::make_shared<testing::CountingGroup>(pg);
   DistributedDataParallel ddp(model, counting, options);

@@ -361,13 +361,10 @@ int main(int argc, char** argv) {
   app.add_option("--device", o.device, "CUDA device index (single mode)")->check(CLI::NonNegativeNumber);
   app.add_flag("!--no-graph", o.graph, "run each step eagerly instead of replaying it as a CUDA graph");
   app.add_flag("--memory-trace", o.memory_trace, "single mode: print allocated memory after forward and backward");
-  double bucket_mb = 25, first_bucket_mb = 1, last_bucket_mb = 1;
+  double bucket_mb = 25, first_bucket_mb = 1;
   app.add_option("--bucket-mb", bucket_mb, "dp and ddp: gradient bucket size in MiB (PyTorch's bucket_cap_mb)")
       ->check(CLI::PositiveNumber);
   app.add_option("--first-bucket-mb", first_bucket_mb, "dp and ddp: size of the first bucket, which starts soonest")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--last-bucket-mb", last_bucket_mb,
-                 "dp and ddp: size of the last bucket, whose all-reduce backward cannot hide")
       ->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
   // Every collective of a timed step is replayed inside its graph, and the
@@ -378,7 +375,6 @@ int main(int argc, char** argv) {
   setenv("NCCL_GRAPH_MIXING_SUPPORT", "0", /*overwrite=*/0);
   o.ddp.bucket_bytes = static_cast<size_t>(bucket_mb * 1048576.0);
   o.ddp.first_bucket_bytes = static_cast<size_t>(first_bucket_mb * 1048576.0);
-  o.ddp.last_bucket_bytes = static_cast<size_t>(last_bucket_mb * 1048576.0);
   try {
     if (cuda_device_count() == 0) {
       std::cerr << "mpt-bench: skipped: no CUDA device\n";
