@@ -4,6 +4,7 @@
 // one tensor), and the one-thread scale update.
 #include "amp/cuda/unscale_kernels.h"
 #include "tensor/cuda/kernel_utils.cuh"
+#include "tensor/cuda/multi_tensor.cuh"
 
 namespace mpt::amp::cuda {
 namespace {
@@ -62,34 +63,16 @@ template <typename T>
 void unscale_list(void* const* grads, const int64_t* sizes, size_t count, float* found_inf, const float* inv_scale,
                   cudaStream_t stream) {
   TensorChunks list;
-  int tensors = 0, blocks = 0;
-  auto launch = [&] {
-    if (blocks == 0) return;
-    unscale_kernel<T><<<blocks, kBlockThreads, 0, stream>>>(list, found_inf, inv_scale);
-    MPT_CUDA_CHECK_LAUNCH("unscale_kernel");
-    tensors = blocks = 0;
-  };
-  for (size_t i = 0; i < count; ++i) {
-    const int64_t n = sizes[i];
-    if (n == 0) continue;
-    int slot = -1;  // tensor i's slot in the current launch, once registered
-    const int64_t chunks = (n + kChunk - 1) / kChunk;
-    for (int64_t c = 0; c < chunks; ++c) {
-      if (slot < 0) {
-        if (tensors == kMaxTensors) launch();
-        slot = tensors++;
+  mpt::cuda::plan_chunked_launches(
+      list, sizes, count, kChunk, kMaxTensors,
+      [&](int slot, size_t i) {
         list.addresses[slot] = grads[i];
-        list.sizes[slot] = n;
-      }
-      list.block_to_tensor[blocks] = static_cast<unsigned char>(slot);
-      list.block_to_chunk[blocks] = static_cast<int>(c);
-      if (++blocks == kMaxBlocks) {
-        launch();
-        slot = -1;
-      }
-    }
-  }
-  launch();
+        list.sizes[slot] = sizes[i];
+      },
+      [&](int blocks) {
+        unscale_kernel<T><<<blocks, kBlockThreads, 0, stream>>>(list, found_inf, inv_scale);
+        MPT_CUDA_CHECK_LAUNCH("unscale_kernel");
+      });
 }
 
 __global__ void update_scale_kernel(float* scale, int64_t* growth_tracker, int32_t* hysteresis_left,

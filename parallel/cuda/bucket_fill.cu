@@ -6,6 +6,7 @@
 // (gpt_mini: 77 gradients, about 2 us each inside a replayed graph).
 #include "parallel/cuda/bucket_fill_kernels.h"
 #include "tensor/cuda/kernel_utils.cuh"
+#include "tensor/cuda/multi_tensor.cuh"
 
 namespace mpt::dist::cuda {
 namespace {
@@ -60,35 +61,17 @@ template <typename T>
 void scaled_copy_list(const void* const* srcs, void* const* dsts, const int64_t* sizes, size_t count, float scale,
                       cudaStream_t stream) {
   CopyChunks list;
-  int tensors = 0, blocks = 0;
-  auto launch = [&] {
-    if (blocks == 0) return;
-    scaled_copy_kernel<T><<<blocks, kBlockThreads, 0, stream>>>(list, scale);
-    MPT_CUDA_CHECK_LAUNCH("scaled_copy_kernel");
-    tensors = blocks = 0;
-  };
-  for (size_t i = 0; i < count; ++i) {
-    const int64_t n = sizes[i];
-    if (n == 0) continue;
-    int slot = -1;  // tensor i's slot in the current launch, once registered
-    const int64_t chunks = (n + kChunk - 1) / kChunk;
-    for (int64_t c = 0; c < chunks; ++c) {
-      if (slot < 0) {
-        if (tensors == kMaxTensors) launch();
-        slot = tensors++;
+  mpt::cuda::plan_chunked_launches(
+      list, sizes, count, kChunk, kMaxTensors,
+      [&](int slot, size_t i) {
         list.srcs[slot] = srcs[i];
         list.dsts[slot] = dsts[i];
-        list.sizes[slot] = n;
-      }
-      list.block_to_tensor[blocks] = static_cast<unsigned char>(slot);
-      list.block_to_chunk[blocks] = static_cast<int>(c);
-      if (++blocks == kMaxBlocks) {
-        launch();
-        slot = -1;
-      }
-    }
-  }
-  launch();
+        list.sizes[slot] = sizes[i];
+      },
+      [&](int blocks) {
+        scaled_copy_kernel<T><<<blocks, kBlockThreads, 0, stream>>>(list, scale);
+        MPT_CUDA_CHECK_LAUNCH("scaled_copy_kernel");
+      });
 }
 
 }  // namespace

@@ -1,0 +1,47 @@
+#pragma once
+// The host side of multi-tensor launches (PyTorch's multi_tensor_apply):
+// tensors are cut into chunks, each block of a launch takes one chunk of
+// one tensor, and the launch's tables travel in the kernel's parameters, so
+// one launch holds at most max_tensors tensors and as many chunks as
+// list.block_to_tensor has entries.
+#include <cstddef>
+#include <cstdint>
+#include <iterator>
+
+namespace mpt::cuda {
+
+// For each tensor i with sizes[i] > 0: add_tensor(slot, i) when it takes a
+// slot of the current launch, then its chunks go into list.block_to_tensor
+// and list.block_to_chunk; launch(blocks) runs a full launch and the last.
+template <typename List, typename AddTensor, typename Launch>
+void plan_chunked_launches(List& list, const int64_t* sizes, size_t count, int64_t chunk, int max_tensors,
+                           AddTensor add_tensor, Launch launch) {
+  const int max_blocks = static_cast<int>(std::size(list.block_to_tensor));
+  int tensors = 0, blocks = 0;
+  auto flush = [&] {
+    if (blocks > 0) launch(blocks);
+    tensors = blocks = 0;
+  };
+  for (size_t i = 0; i < count; ++i) {
+    const int64_t n = sizes[i];
+    if (n == 0) continue;
+    int slot = -1;  // tensor i's slot in the current launch, once registered
+    const int64_t chunks = (n + chunk - 1) / chunk;
+    for (int64_t c = 0; c < chunks; ++c) {
+      if (slot < 0) {
+        if (tensors == max_tensors) flush();
+        slot = tensors++;
+        add_tensor(slot, i);
+      }
+      list.block_to_tensor[blocks] = static_cast<unsigned char>(slot);
+      list.block_to_chunk[blocks] = static_cast<int>(c);
+      if (++blocks == max_blocks) {
+        flush();
+        slot = -1;
+      }
+    }
+  }
+  flush();
+}
+
+}  // namespace mpt::cuda
