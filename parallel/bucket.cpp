@@ -12,16 +12,19 @@ std::vector<std::vector<size_t>> assign_buckets(const std::vector<size_t>& order
   std::vector<std::vector<size_t>> buckets;
   std::vector<size_t> current;
   size_t filled = 0;
+  auto close = [&] {
+    buckets.push_back(std::move(current));
+    current.clear();
+    filled = 0;
+  };
   for (size_t index : order) {
     check<ValueError>(index < bytes.size(), "assign_buckets: parameter index {} outside 0..{}", index,
                       bytes.size() - 1);
+    const bool alone = bytes[index] >= cap;
+    if (alone && !current.empty()) close();
     current.push_back(index);
     filled += bytes[index];
-    if (filled >= (buckets.empty() ? first_cap : cap)) {
-      buckets.push_back(std::move(current));
-      current.clear();
-      filled = 0;
-    }
+    if (alone || filled >= (buckets.empty() ? first_cap : cap)) close();
   }
   if (!current.empty()) buckets.push_back(std::move(current));
   return buckets;
@@ -32,6 +35,8 @@ void fill_slots(const std::vector<Tensor>& slots, const std::vector<Tensor>& gra
   std::vector<Tensor> batched_slots, batched_grads;
   for (size_t i = 0; i < slots.size(); ++i) {
     const Tensor &slot = slots[i], &g = grads[i];
+    check<ShapeError>(slot.shape() == g.shape(), "fill_slots: gradient {} does not fit its slot {}", describe(g),
+                      describe(slot));
     const bool batched = slot.device().is_cuda() && g.device() == slot.device() && g.dtype() == slot.dtype() &&
                          g.is_contiguous() && slot.is_contiguous() &&
                          (slot.dtype() == DType::f32 || slot.dtype() == DType::f16 || slot.dtype() == DType::bf16);

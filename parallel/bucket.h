@@ -3,7 +3,9 @@
 // gradients are expected to become ready, packed into buckets of about
 // first_cap bytes (the first: communication starts early) then cap bytes
 // (later ones: fewer, larger messages). A bucket closes once it reaches its
-// cap, so every bucket holds at least one parameter.
+// cap, so every bucket holds at least one parameter. A gradient of at least
+// cap bytes gets a bucket of its own: DDP all-reduces it where it lies
+// instead of copying it into a bucket buffer (mlp_large: 805 MB a step).
 #include <cstddef>
 #include <cstdint>
 #include <vector>

@@ -220,6 +220,20 @@ void DistributedDataParallel::Reducer::mark_ready(size_t index) {
 
 void DistributedDataParallel::Reducer::launch(Bucket& bucket) {
   NoGradGuard no_grad;
+  if (bucket.params.size() == 1) {
+    // A gradient alone in its bucket (a large one, see assign_buckets) is
+    // averaged where it lies: no buffer and no copy. Only f32 and f64: the
+    // collective's average may sum before it divides, which could overflow
+    // a 16-bit type.
+    const Tensor g = params[bucket.params[0]].grad();
+    if (g.defined() && g.dtype() == bucket.dtype && g.is_contiguous() &&
+        (g.dtype() == DType::f32 || g.dtype() == DType::f64)) {
+      bucket.flat = prim::view(g, {g.numel()});
+      NvtxRange range("ddp: all-reduce gradient in place");
+      bucket.work = group->allreduce(bucket.flat, ReduceOp::avg);
+      return;
+    }
+  }
   if (!bucket.flat.defined()) bucket.flat = Tensor::empty({bucket.elements}, bucket.dtype, params.front().device());
   // Divide before the all-reduce: the sum of averages cannot overflow a
   // 16-bit transit type where the plain sum might.

@@ -116,6 +116,35 @@ TEST(Ddp, GradientsAreAlignedViewsIntoTheBuckets) {
   });
 }
 
+// A gradient of at least the bucket cap has a bucket of its own and is
+// averaged where backward left it: the parameter's gradient after backward
+// is the tensor backward accumulated, holding the average.
+TEST(Ddp, AGradientAloneInItsBucketIsAveragedInPlace) {
+  with_ranks(2, [&](ProcessGroup& g) {
+    auto model = mpt::testing::make_mlp(5);  // parameter 2: 16 x 24 floats = 1536 bytes, above the cap
+    auto param = model->parameters()[2];
+    // A hook placed before DDP's sees the gradient as backward left it.
+    const void* accumulated = nullptr;
+    param.autograd_meta().post_accumulate_hooks.push_back(
+        [&](const Tensor& p) { accumulated = p.grad().data_ptr(); });
+    DistributedDataParallel ddp(model, borrowed(g), {.first_bucket_bytes = 200, .bucket_bytes = 600});
+    bool alone = false;
+    for (const auto& bucket : ddp.bucket_assignment()) alone |= bucket == std::vector<size_t>{2};
+    ASSERT_TRUE(alone);
+
+    Generator gen(21 + g.rank());
+    const Tensor x = randn({5, 6}, DType::f32, kCPU, &gen), y = randn({5, 3}, DType::f32, kCPU, &gen);
+    auto local = mpt::testing::make_mlp(5);
+    backward(mse_loss(local->forward(x), y));
+    Tensor expected = local->parameters()[2].grad();
+    g.allreduce(expected, dist::ReduceOp::avg)->wait();
+
+    backward(mse_loss(ddp(x), y));
+    EXPECT_EQ(param.grad().data_ptr(), accumulated);
+    EXPECT_LE(mpt::testing::rel_error(param.grad().to_vector<double>(), expected.to_vector<double>()), 1e-6);
+  });
+}
+
 TEST(Ddp, AllReducesStartWhileBackwardIsStillRunning) {
   with_ranks(2, [&](ProcessGroup& g) {
     auto counting = std::make_shared<mpt::testing::CountingGroup>(g);

@@ -171,13 +171,17 @@ TEST(GlooProcessGroup, APeerThatLeavesIsAnErrorNotAHang) {
 }
 
 TEST(Buckets, FollowTheOrderAndCloseAtTheirCap) {
-  // Sizes 100..; first cap 250, then 400: written out by hand from the rule
-  // "add the parameter, close the bucket once it holds at least the cap".
-  const std::vector<size_t> bytes = {100, 200, 300, 50, 500, 10};
+  // First cap 250, then 400: written out by hand from the rule "add the
+  // parameter, close the bucket once it holds at least the cap".
+  const std::vector<size_t> bytes = {100, 200, 300, 50, 390, 10};
   const std::vector<size_t> order = {5, 4, 3, 2, 1, 0};
-  const auto b = assign_buckets(order, bytes, 250, 400);
   const std::vector<std::vector<size_t>> expected = {{5, 4}, {3, 2, 1}, {0}};
-  EXPECT_EQ(b, expected);
+  EXPECT_EQ(assign_buckets(order, bytes, 250, 400), expected);
+  // A gradient of at least the cap (parameter 4: 500 bytes) goes alone,
+  // closing the bucket before it early.
+  const std::vector<size_t> with_large = {100, 200, 300, 50, 500, 10};
+  const std::vector<std::vector<size_t>> expected_large = {{5}, {4}, {3, 2, 1}, {0}};
+  EXPECT_EQ(assign_buckets(order, with_large, 250, 400), expected_large);
   EXPECT_THROW(assign_buckets(order, bytes, 0, 1), ValueError);
 }
 
