@@ -18,9 +18,9 @@
 #include "parallel/bucket.h"
 #include "parallel/child_process.h"
 #include "parallel/launch.h"
-#include "parallel/loopback_stores.h"
 #include "parallel/process_group.h"
 #include "parallel/replica_group.h"
+#include "parallel/thread_ranks.h"
 #include "parallel/tiny_models.h"
 #include "tensor/device_guard.h"
 #include "tensor/graph.h"
@@ -40,23 +40,7 @@ namespace {
 // One thread per GPU, each a rank of an NCCL group.
 void with_gpu_ranks(int world, const std::function<void(ProcessGroup&, const Device&)>& body,
                     Millis timeout = milliseconds(60000)) {
-  const auto stores = loopback_stores(world, timeout);
-  std::vector<std::exception_ptr> errors(world);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        ProcessGroupOptions options;
-        options.timeout = timeout;
-        auto group = new_process_group(stores[r], r, world, DeviceType::cuda, options, r);
-        body(*group, Device(DeviceType::cuda, r));
-      } catch (...) {
-        errors[r] = std::current_exception();
-      }
-    });
-  for (auto& t : threads) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
+  mpt::testing::with_device_ranks(world, DeviceType::cuda, body, timeout);
 }
 
 std::vector<double> input_of(int rank, int n) {

@@ -1,6 +1,7 @@
 #pragma once
-// Ranks as threads of one process: each thread joins a Gloo group over its
-// own TcpStore connection and real TCP connections, then runs the test's body.
+// Ranks as threads of one process: each thread joins a group (Gloo over real
+// TCP connections, or NCCL) through its own TcpStore connection, then runs
+// the test's body.
 #include <exception>
 #include <functional>
 #include <memory>
@@ -15,9 +16,10 @@ namespace mpt::testing {
 using dist::Millis;
 using dist::ProcessGroup;
 
-// Runs body(group) on `world` ranks, each in its own thread.
-inline void with_ranks(int world, const std::function<void(ProcessGroup&)>& body,
-                       Millis timeout = std::chrono::milliseconds(10000)) {
+// Runs body(group, device) on `world` ranks, each in its own thread: Gloo
+// ranks on the CPU, or NCCL ranks with rank r driving cuda:r.
+inline void with_device_ranks(int world, DeviceType type,
+                              const std::function<void(ProcessGroup&, const Device&)>& body, Millis timeout) {
   const auto stores = dist::loopback_stores(world, timeout);
   std::vector<std::exception_ptr> errors(world);
   std::vector<std::thread> threads;
@@ -26,9 +28,10 @@ inline void with_ranks(int world, const std::function<void(ProcessGroup&)>& body
       try {
         dist::ProcessGroupOptions options;
         options.timeout = timeout;
-        options.hostname = "127.0.0.1";
-        auto group = dist::new_process_group(stores[r], r, world, DeviceType::cpu, options);
-        body(*group);
+        if (type == DeviceType::cpu) options.hostname = "127.0.0.1";
+        const Device device(type, type == DeviceType::cpu ? 0 : r);  // rank r drives cuda:r
+        auto group = dist::new_process_group(stores[r], r, world, type, options, device.index);
+        body(*group, device);
       } catch (...) {
         errors[r] = std::current_exception();
       }
@@ -36,6 +39,13 @@ inline void with_ranks(int world, const std::function<void(ProcessGroup&)>& body
   for (auto& t : threads) t.join();
   for (auto& e : errors)
     if (e) std::rethrow_exception(e);
+}
+
+// Runs body(group) on `world` Gloo ranks, each in its own thread.
+inline void with_ranks(int world, const std::function<void(ProcessGroup&)>& body,
+                       Millis timeout = std::chrono::milliseconds(10000)) {
+  with_device_ranks(
+      world, DeviceType::cpu, [&](ProcessGroup& group, const Device&) { body(group); }, timeout);
 }
 
 }  // namespace mpt::testing
