@@ -1,11 +1,12 @@
 #pragma once
 // The gradients data parallelism over equal shards must produce, computed on
-// one device: each shard's scaled mean loss is differentiated on its own and
-// the gradients are averaged. Under f16 autocast this, not one backward over
-// the whole batch, is the exact reference: a weight gradient is a sum over
-// rows rounded to f16, and a shard rounds its partial sum before the average
-// adds it to the others. (Halving is exact, so the order of the scaling and
-// the sum does not matter.)
+// one device: each shard's scaled mean loss (mse, as the tests' regressions
+// use) is differentiated on its own and the gradients are averaged. Under
+// f16 autocast this, not one backward over the whole batch, is the exact
+// reference: a weight gradient is a sum over rows rounded to f16, and a
+// shard rounds its partial sum before the average adds it to the others.
+// (Halving is exact, so the order of the scaling and the sum does not
+// matter.)
 #include <vector>
 
 #include "amp/grad_scaler.h"
