@@ -32,14 +32,16 @@ std::vector<std::vector<size_t>> assign_buckets(const std::vector<size_t>& order
 
 void fill_slots(const std::vector<Tensor>& slots, const std::vector<Tensor>& grads, double scale) {
   check(slots.size() == grads.size(), "fill_slots: {} slots for {} gradients", slots.size(), grads.size());
+  // One launch takes pairs of one dtype: a bucket's (the first slot's).
   std::vector<Tensor> batched_slots, batched_grads;
   for (size_t i = 0; i < slots.size(); ++i) {
     const Tensor &slot = slots[i], &g = grads[i];
     check<ShapeError>(slot.shape() == g.shape(), "fill_slots: gradient {} does not fit its slot {}", describe(g),
                       describe(slot));
-    const bool batched = slot.device().is_cuda() && g.device() == slot.device() && g.dtype() == slot.dtype() &&
-                         g.is_contiguous() && slot.is_contiguous() &&
-                         (slot.dtype() == DType::f32 || slot.dtype() == DType::f16 || slot.dtype() == DType::bf16);
+    const DType dtype = slot.dtype();
+    const bool batched = slot.device().is_cuda() && g.device() == slot.device() && g.dtype() == dtype &&
+                         dtype == slots.front().dtype() && g.is_contiguous() && slot.is_contiguous() &&
+                         (dtype == DType::f32 || dtype == DType::f16 || dtype == DType::bf16);
     if (batched) {
       batched_slots.push_back(slot);
       batched_grads.push_back(g);
@@ -47,16 +49,7 @@ void fill_slots(const std::vector<Tensor>& slots, const std::vector<Tensor>& gra
       prim::unary_(UnaryOp::affine, slot, g, scale, 0.0);
     }
   }
-  // The batch is one dtype in practice (the bucket's); split by dtype anyway.
-  for (DType dtype : {DType::f32, DType::f16, DType::bf16}) {
-    std::vector<Tensor> s, g;
-    for (size_t i = 0; i < batched_slots.size(); ++i)
-      if (batched_slots[i].dtype() == dtype) {
-        s.push_back(batched_slots[i]);
-        g.push_back(batched_grads[i]);
-      }
-    if (!s.empty()) cuda::scaled_copy_list(s, g, scale);
-  }
+  if (!batched_slots.empty()) cuda::scaled_copy_list(batched_slots, batched_grads, scale);
 }
 
 }  // namespace mpt::dist

@@ -31,9 +31,10 @@ struct Bucket {
   WorkPtr work;                  // the running all-reduce, once launched
 };
 
-// slots[i] = grads[i] * scale, each pair of one shape. On a GPU the pairs
-// that are contiguous and of one floating dtype are copied by one kernel
-// launch; the others (and CPU tensors) one at a time.
+// slots[i] = grads[i] * scale, each pair of one shape. On a GPU the
+// contiguous pairs of the first slot's floating dtype (a bucket's slots all
+// share one) are copied by one kernel launch; the others (and CPU tensors)
+// one at a time.
 void fill_slots(const std::vector<Tensor>& slots, const std::vector<Tensor>& grads, double scale);
 
 }  // namespace mpt::dist
