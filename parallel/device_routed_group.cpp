@@ -47,11 +47,6 @@ WorkPtr DeviceRoutedGroup::reduce_scatter(const Tensor& output, const Tensor& in
   return backend_for(input.device()).reduce_scatter(output, input, op);
 }
 
-int DeviceRoutedGroup::collective_sms(const Device& device) {
-  std::lock_guard lock(mutex_);
-  return device.is_cuda() && cuda_ ? cuda_->collective_sms(device) : 0;
-}
-
 WorkPtr DeviceRoutedGroup::barrier() { return backend_for(kCPU).barrier(); }
 
 Distributed init_process_group(const std::string& url, const ProcessGroupOptions& options, const EnvLookup& env) {

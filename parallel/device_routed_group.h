@@ -23,9 +23,6 @@ class DeviceRoutedGroup : public ProcessGroup {
   WorkPtr reduce_scatter(const Tensor& output, const Tensor& input, ReduceOp op) override;
   // On the CPU group (made on demand).
   WorkPtr barrier() override;
-  // The NCCL group's, once a collective has made it (0 before: asking makes
-  // no group, since making one is itself collective).
-  int collective_sms(const Device& device) override;
 
   // The backend serving tensors on `device`, made on first use.
   ProcessGroup& backend_for(const Device& device);

@@ -9,7 +9,6 @@
 #include "autograd/grad_mode.h"
 #include "autograd/node.h"
 #include "parallel/distributed_error.h"
-#include "tensor/matmul_sm_reserve.h"
 #include "tensor/nvtx.h"
 #include "tensor/ops.h"
 #include "tensor/step_timer.h"
@@ -35,7 +34,6 @@ struct DistributedDataParallel::Reducer {
   bool rebuilt = false;
   std::vector<size_t> ready_order;  // recorded until the rebuild
   bool order_complete = false;
-  std::optional<MatmulSmReserve> reserve_before;  // this thread's, while backward overlaps collectives
 
   void build(const std::vector<size_t>& order);
   void prepare();
@@ -43,8 +41,6 @@ struct DistributedDataParallel::Reducer {
   void on_gradient_ready(size_t index);
   void mark_ready(size_t index);
   void launch(Bucket& bucket);
-  void reserve_sms_for_collectives();
-  void release_sms();
   void finalize();
   std::string not_ready_names() const;
 };
@@ -141,7 +137,6 @@ std::string DistributedDataParallel::Reducer::not_ready_names() const {
 }
 
 void DistributedDataParallel::Reducer::prepare() {
-  release_sms();  // left set by a backward that did not finish
   if (started) {
     // The previous backward left buckets waiting for gradients that never
     // came; the other ranks may be stuck on them too.
@@ -223,23 +218,8 @@ void DistributedDataParallel::Reducer::mark_ready(size_t index) {
   if (next_to_launch == buckets.size()) finalize();
 }
 
-void DistributedDataParallel::Reducer::reserve_sms_for_collectives() {
-  if (group->size() == 1) return;  // nothing to overlap
-  const int sms = options.overlap_sms >= 0 ? options.overlap_sms : group->collective_sms(params.front().device());
-  if (sms <= 0) return;
-  if (!reserve_before) reserve_before = matmul_sm_reserve();
-  set_matmul_sm_reserve({sms, options.overlap_matmuls});
-}
-
-void DistributedDataParallel::Reducer::release_sms() {
-  if (!reserve_before) return;
-  set_matmul_sm_reserve(*reserve_before);
-  reserve_before.reset();
-}
-
 void DistributedDataParallel::Reducer::launch(Bucket& bucket) {
   NoGradGuard no_grad;
-  reserve_sms_for_collectives();
   if (bucket.params.size() == 1) {
     // A gradient alone in its bucket (a large one, see assign_buckets) is
     // averaged where it lies: no buffer and no copy. Only f32 and f64: the
@@ -286,7 +266,6 @@ void DistributedDataParallel::Reducer::finalize() {
   NoGradGuard no_grad;
   started = false;
   expecting = false;
-  release_sms();  // backward has issued its last matmul
   if (!rebuilt) order_complete = ready_order.size() == params.size();
   // The backward's own work ends here; what the step waits for from now on
   // is communication that backward did not hide.

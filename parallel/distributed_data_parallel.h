@@ -43,13 +43,6 @@ struct DdpOptions {
   // Gradients travel as f16 or bf16 (halving traffic) and come back to f32.
   std::optional<DType> compression;
   bool broadcast_buffers = true;  // at construction, with the parameters
-  // Once a bucket is launched, the matmuls backward issues leave the
-  // collectives this many SMs (tensor/matmul_sm_reserve.h), so the two run
-  // side by side instead of one after the other. -1: as many as one of the
-  // group's collectives takes (ProcessGroup::collective_sms); 0: none.
-  int overlap_sms = -1;
-  // How many matmuls after each launch leave them; -1: all, to the end of backward.
-  int64_t overlap_matmuls = -1;
 };
 
 class DistributedDataParallel {

@@ -52,11 +52,6 @@ class ProcessGroup {
   virtual WorkPtr reduce_scatter(const Tensor& output, const Tensor& input, ReduceOp op = ReduceOp::sum) = 0;
   virtual WorkPtr barrier() = 0;
 
-  // SMs one collective of this group may hold on `device` while it runs
-  // (its CTAs): what the matmuls overlapping it should leave free (see
-  // tensor/matmul_sm_reserve.h). 0: none (collectives on the CPU).
-  virtual int collective_sms(const Device& /*device*/) { return 0; }
-
  protected:
   ProcessGroup(int rank, int size) : rank_(rank), size_(size) {}
 
@@ -72,12 +67,6 @@ struct ProcessGroupOptions {
   std::string interface;
   // Gloo: this host's address as peers should reach it; overrides interface.
   std::string hostname;
-  // NCCL: the most CTAs (one SM each) a collective may take; 0: NCCL's own
-  // limit. The environment's NCCL_MAX_CTAS wins, as NCCL reads it last.
-  // Bounded, the matmuls that overlap a collective know how many SMs to
-  // leave it; 16 carry the 2-GPU NVLink all-reduces of the benchmark as
-  // fast as NCCL's default did.
-  int nccl_max_ctas = 16;
 };
 
 // A group over `store` (whose ranks have already met, see rendezvous()) for

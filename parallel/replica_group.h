@@ -42,7 +42,6 @@ struct Replica {
 struct ReplicaGroupOptions {
   DdpOptions ddp;
   Millis timeout = kDefaultTimeout;  // for every collective of the group
-  int nccl_max_ctas = ProcessGroupOptions{}.nccl_max_ctas;  // see ProcessGroupOptions
 };
 
 class ReplicaGroup {

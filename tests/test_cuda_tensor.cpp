@@ -13,9 +13,7 @@
 #include <vector>
 
 #include "tensor/cuda/gemm.h"
-#include "tensor/cuda_info.h"
 #include "tensor/device_guard.h"
-#include "tensor/matmul_sm_reserve.h"
 #include "tensor/memory.h"
 #include "tensor/ops.h"
 #include "tensor/pinned.h"
@@ -517,28 +515,6 @@ TEST_F(CudaTensor, Tf32IsOptIn) {
   // TF32 keeps 10 mantissa bits: about 1e-3 relative per product.
   expect_close(fast, ref, 0, 0.5, "tf32");
   expect_close(host_f64(prim::matmul(gpu(a), gpu(b))), ref, 0, 1e-3, "f32 after tf32 is switched off");
-}
-
-TEST_F(CudaTensor, MatmulsLeavingSmsFreeMatchTheCpuAndCountDown) {
-  SCOPED_TRACE(trace());
-  const int sms = cuda::device_properties(0).multiprocessors;
-  for (DType dt : {DType::f16, DType::f32}) {
-    // Large enough for cuBLASLt's persistent kernels, whose grid follows the SM count.
-    Tensor a = randn({512, 384}, dt), b = randn({384, 640}, dt);
-    const Tensor cpu = prim::matmul(a, b);
-    // Up to one SM left: the most a reserve can take.
-    for (int reserve : {16, sms / 2, sms - 1}) {
-      set_matmul_sm_reserve({reserve, 2});
-      const Tensor first = prim::matmul(gpu(a), gpu(b));
-      EXPECT_EQ(matmul_sm_reserve().matmuls, 1) << "each GPU matmul counts against the reserve";
-      const Tensor second = prim::matmul(gpu(b), gpu(prim::transpose(b, 0, 1)));
-      EXPECT_EQ(matmul_sm_reserve().matmuls, 0);
-      set_matmul_sm_reserve({});
-      const std::string what = fmt::format("{} with {} of {} SMs left free", dtype_name(dt), reserve, sms);
-      expect_matmul_close(first, cpu, a, b, what);
-      expect_matmul_close(second, prim::matmul(b, prim::transpose(b, 0, 1)), b, prim::transpose(b, 0, 1), what);
-    }
-  }
 }
 
 // ---- random numbers -------------------------------------------------------------

@@ -1,8 +1,6 @@
 // DistributedDataParallel with ranks as threads (Gloo over loopback): the
 // construction-time checks, averaging against an explicit all-reduce of
 // locally computed gradients, and communication starting during backward.
-#include <fmt/format.h>
-
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
 #include "autograd/ops.h"
@@ -10,7 +8,6 @@
 #include "parallel/distributed_data_parallel.h"
 #include "parallel/thread_ranks.h"
 #include "parallel/tiny_models.h"
-#include "tensor/matmul_sm_reserve.h"
 #include "test_util.h"
 
 using namespace mpt;
@@ -165,43 +162,6 @@ TEST(Ddp, AllReducesStartWhileBackwardIsStillRunning) {
     EXPECT_EQ(counting->allreduces - before, buckets);
     EXPECT_GE(launched_before_last_gradient - before, buckets - 1);
   });
-}
-
-TEST(Ddp, BackwardsMatmulsLeaveTheCollectivesTheirSmsFromTheFirstLaunchToTheEnd) {
-  struct Case {
-    int overlap_sms;
-    int64_t overlap_matmuls;
-    MatmulSmReserve expected;  // in the last gradient's hook
-  };
-  // The group claims 12 SMs per collective.
-  for (const Case& c : {Case{-1, -1, {12, -1}}, Case{5, 2, {5, 2}}, Case{0, -1, {0, -1}}}) {
-    with_ranks(2, [&](ProcessGroup& g) {
-      auto counting = std::make_shared<mpt::testing::CountingGroup>(g);
-      counting->sms = 12;
-      auto model = mpt::testing::make_mlp(3);
-      auto params = model->parameters();
-      // Hooks placed before DDP's run first: the first gradient of backward
-      // sees no bucket launched yet, the last one sees several.
-      MatmulSmReserve at_first{-2, -2}, at_last{-2, -2};
-      params.back().autograd_meta().post_accumulate_hooks.push_back(
-          [&](const Tensor&) { at_first = matmul_sm_reserve(); });
-      params.front().autograd_meta().post_accumulate_hooks.push_back(
-          [&](const Tensor&) { at_last = matmul_sm_reserve(); });
-      DistributedDataParallel ddp(model, counting,
-                                  {.first_bucket_bytes = 200, .bucket_bytes = 600, .overlap_sms = c.overlap_sms,
-                                   .overlap_matmuls = c.overlap_matmuls});
-      set_matmul_sm_reserve({3, 4});  // the thread's own, restored when backward ends
-      backward(mse_loss(ddp(randn({4, 6})), randn({4, 3})));
-      const std::string what = fmt::format("overlap_sms {}, overlap_matmuls {}", c.overlap_sms, c.overlap_matmuls);
-      EXPECT_EQ(at_first.sms, 3) << what;
-      EXPECT_EQ(at_first.matmuls, 4) << what;
-      EXPECT_EQ(at_last.sms, c.expected.sms == 0 ? 3 : c.expected.sms) << what;
-      EXPECT_EQ(at_last.matmuls, c.expected.sms == 0 ? 4 : c.expected.matmuls) << what;
-      EXPECT_EQ(matmul_sm_reserve().sms, 3) << what;
-      EXPECT_EQ(matmul_sm_reserve().matmuls, 4) << what;
-      set_matmul_sm_reserve({});
-    });
-  }
 }
 
 TEST(Ddp, FoundInfIsTheMaximumOverRanks) {

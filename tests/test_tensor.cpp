@@ -1,9 +1,6 @@
 // Tensor basics: layout, views sharing storage, host round trips, errors.
 #include <gtest/gtest.h>
 
-#include <thread>
-
-#include "tensor/matmul_sm_reserve.h"
 #include "tensor/ops.h"
 #include "tensor/pinned.h"
 #include "tests/test_util.h"
@@ -151,24 +148,6 @@ TEST(Tensor, RandomIsSeededAndCounterBased) {
   EXPECT_NEAR(prim::mean(u).item(), 2.0, 0.03);
   EXPECT_GE(prim::amin(u).item(), -2.0);
   EXPECT_LT(prim::amax(u).item(), 6.0);
-}
-
-TEST(MatmulSmReserve, CountsDownTheMatmulsItAppliesToOnThisThreadOnly) {
-  EXPECT_EQ(take_matmul_sm_reserve(), 0) << "no reserve by default";
-  set_matmul_sm_reserve({7, 2});
-  EXPECT_EQ(take_matmul_sm_reserve(), 7);
-  EXPECT_EQ(take_matmul_sm_reserve(), 7);
-  EXPECT_EQ(take_matmul_sm_reserve(), 0) << "after its two matmuls";
-  EXPECT_EQ(matmul_sm_reserve().matmuls, 0);
-
-  set_matmul_sm_reserve({5, -1});
-  for (int i = 0; i < 3; ++i) EXPECT_EQ(take_matmul_sm_reserve(), 5);
-  EXPECT_EQ(matmul_sm_reserve().matmuls, -1) << "an open-ended reserve is not counted";
-  int other_thread = -1;
-  std::thread([&] { other_thread = take_matmul_sm_reserve(); }).join();
-  EXPECT_EQ(other_thread, 0);
-  set_matmul_sm_reserve({});
-  EXPECT_EQ(take_matmul_sm_reserve(), 0);
 }
 
 }  // namespace

@@ -179,8 +179,6 @@ class NcclProcessGroup : public ProcessGroup {
     }
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;  // every wait below is ours, and bounded
-    if (options.nccl_max_ctas > 0) config.maxCTAs = options.nccl_max_ctas;
-    max_ctas_ = nccl::effective_max_ctas(options.nccl_max_ctas);
     MPT_NCCL_CHECK(ncclCommInitRankConfig(comm_->slot(), size, id, rank, &config));
     aborting_on_failure(*comm_, [&] {
       nccl::wait_for({comm_->get()}, timeout_,
@@ -196,10 +194,6 @@ class NcclProcessGroup : public ProcessGroup {
   }
 
   std::string backend_name() const override { return "nccl"; }
-
-  int collective_sms(const Device& device) override {
-    return device.is_cuda() && device.index == device_ ? max_ctas_ : 0;
-  }
 
   WorkPtr allreduce(const Tensor& t, ReduceOp op) override {
     check_tensor("allreduce", t);
@@ -299,7 +293,6 @@ class NcclProcessGroup : public ProcessGroup {
 
   int device_;
   Millis timeout_;
-  int max_ctas_ = 0;
   std::shared_ptr<Communicator> comm_;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t ready_ = nullptr;

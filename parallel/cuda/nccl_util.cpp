@@ -1,6 +1,5 @@
 #include "parallel/cuda/nccl_util.h"
 
-#include <cstdlib>
 #include <thread>
 
 #include "parallel/distributed_error.h"
@@ -40,15 +39,6 @@ void check_version() {
                           "NCCL: mptrain was compiled against nccl.h {} but the loaded libnccl is {}; make "
                           "LD_LIBRARY_PATH point at a matching libnccl.so, or rebuild against this one",
                           nccl_version_text(NCCL_VERSION_CODE), nccl_version_text(loaded));
-}
-
-int effective_max_ctas(int configured) {
-  if (const char* env = std::getenv("NCCL_MAX_CTAS")) {
-    char* end = nullptr;
-    const long v = std::strtol(env, &end, 10);
-    if (end != env && *end == '\0' && v > 0) return static_cast<int>(v);
-  }
-  return configured > 0 ? configured : 32;
 }
 
 void wait_for(const std::vector<ncclComm_t>& comms, Millis timeout, const std::string& what) {

@@ -19,10 +19,6 @@ ncclRedOp_t red_op(ReduceOp op);
 // version nccl.h described at compile time (mixing them corrupts memory
 // instead of failing cleanly).
 void check_version();
-// The most CTAs a collective of a communicator configured with maxCTAs =
-// `configured` (0: unset) takes: NCCL_MAX_CTAS from the environment wins,
-// then the configured value, then NCCL's documented default (32).
-int effective_max_ctas(int configured);
 // Polls ncclCommGetAsyncError on every comm until none is in progress, or
 // throws TimeoutError (DistributedError on an async error); the caller
 // then aborts the communicators (ncclCommAbort). `what` names the operation

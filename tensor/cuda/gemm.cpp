@@ -33,7 +33,6 @@
 #include "tensor/cuda/runtime.h"
 #include "tensor/device_guard.h"
 #include "tensor/error.h"
-#include "tensor/matmul_sm_reserve.h"
 
 namespace mpt::cuda {
 namespace {
@@ -97,7 +96,6 @@ struct PlanKey {
   int64_t ld_a, ld_b, ld_d, stride_a, stride_b, stride_d;
   uint32_t align_a, align_b, align_d;
   int32_t epilogue;  // cublasLtEpilogue_t
-  int32_t sm_target;  // SMs the algorithm is chosen for; 0: the whole device
   bool operator==(const PlanKey& o) const { return std::memcmp(this, &o, sizeof(PlanKey)) == 0; }
 };
 
@@ -161,12 +159,6 @@ std::shared_ptr<const Plan> build_plan(const PlanKey& key, cublasLtHandle_t hand
   if (key.epilogue != CUBLASLT_EPILOGUE_DEFAULT)
     MPT_CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &key.epilogue,
                                                       sizeof(key.epilogue)));
-
-  // Chosen and launched for fewer SMs than the device has: kernels holding
-  // the others (a collective) then run beside it (see matmul_sm_reserve.h).
-  if (key.sm_target > 0)
-    MPT_CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &key.sm_target,
-                                                      sizeof(key.sm_target)));
 
   // cuBLAS A = b^T: op(A) is [n, k]; B = a^T: op(B) is [k, m]; D = out^T: [n, m].
   const bool ta = key.op_a == CUBLAS_OP_T, tb = key.op_b == CUBLAS_OP_T;
@@ -319,8 +311,6 @@ void gemm(const GemmArgs& g) {
   key.epilogue = !epilogue_vector || alignment_of(epilogue_vector) < 16 ? CUBLASLT_EPILOGUE_DEFAULT
                  : g.bias.data                                           ? CUBLASLT_EPILOGUE_BIAS
                                                                          : CUBLASLT_EPILOGUE_BGRADB;
-  if (const int reserve = take_matmul_sm_reserve(); reserve > 0)
-    key.sm_target = std::max(1, multiprocessor_count(key.device) - reserve);
 
   const cublasLtHandle_t handle = lt_handle(key.device);
   std::shared_ptr<const Plan> plan = find_plan(key, handle);

@@ -1,7 +1,6 @@
 #pragma once
 // Forwards to a real group and counts the all-reduces, so tests can see
-// when DDP communicates (during backward, not inside no_sync()). It also
-// claims its collectives hold `sms` SMs, to see what DDP does with that.
+// when DDP communicates (during backward, not inside no_sync()).
 #include <atomic>
 
 #include "parallel/process_group.h"
@@ -22,10 +21,8 @@ class CountingGroup : public dist::ProcessGroup {
     return inner_.reduce_scatter(o, i, op);
   }
   dist::WorkPtr barrier() override { return inner_.barrier(); }
-  int collective_sms(const Device&) override { return sms; }
 
   std::atomic<int> allreduces{0};
-  int sms = 0;
 
  private:
   dist::ProcessGroup& inner_;

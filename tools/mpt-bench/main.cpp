@@ -60,7 +60,6 @@ struct Options {
   bool graph = true;
   bool memory_trace = false;
   dist::DdpOptions ddp;  // dp and ddp: the gradient buckets
-  int nccl_max_ctas = dist::ProcessGroupOptions{}.nccl_max_ctas;
 };
 
 struct Workload {
@@ -252,8 +251,7 @@ int run_dp(const Options& o) {
   // As torch_bench.py feeds nn.DataParallel: the whole batch on cuda:0;
   // each replica copies its share to its GPU at the start of its step.
   Workload w = make(o.workload, devices[0], o.batch, n);
-  dist::ReplicaGroup group(w.model, [&] { return make(o.workload, devices[0], 1).model; }, devices,
-                            {.ddp = o.ddp, .nccl_max_ctas = o.nccl_max_ctas});
+  dist::ReplicaGroup group(w.model, [&] { return make(o.workload, devices[0], 1).model; }, devices, {.ddp = o.ddp});
   const int64_t rows = w.x.shape()[0] / n;
   std::vector<std::vector<double>> times(n);
   std::vector<double> losses(n);
@@ -296,9 +294,7 @@ int run_dp(const Options& o) {
 }
 
 int run_ddp(const Options& o) {
-  dist::ProcessGroupOptions group_options;
-  group_options.nccl_max_ctas = o.nccl_max_ctas;
-  dist::Distributed world = dist::init_process_group("env://", group_options);
+  dist::Distributed world = dist::init_process_group("env://");
   const Device device(DeviceType::cuda, world.config.local_rank);
   DeviceGuard on_device(device);
   Workload w = make(o.workload, device, o.batch);
@@ -370,14 +366,6 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--first-bucket-mb", first_bucket_mb, "dp and ddp: size of the first bucket, which starts soonest")
       ->check(CLI::PositiveNumber);
-  app.add_option("--nccl-max-ctas", o.nccl_max_ctas, "dp and ddp: most SMs an NCCL collective takes (0: NCCL's limit)")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--overlap-sms", o.ddp.overlap_sms,
-                 "dp and ddp: SMs backward's matmuls leave to the all-reduces (-1: as many as NCCL takes)")
-      ->check(CLI::Range(-1, 1024));
-  app.add_option("--overlap-matmuls", o.ddp.overlap_matmuls,
-                 "dp and ddp: matmuls after each bucket's launch that leave them (-1: all until backward ends)")
-      ->check(CLI::Range(int64_t(-1), INT64_MAX));
   CLI11_PARSE(app, argc, argv);
   // Every collective of a timed step is replayed inside its graph, and the
   // few outside one (set-up, the final median) run only when no graph is in
