@@ -17,6 +17,7 @@
 #include "models/adamw.h"
 #include "models/layers.h"
 #include "models/sequential.h"
+#include "tensor/cuda/graph.h"
 #include "tensor/graph.h"
 #include "tensor/memory.h"
 #include "tests/test_util.h"
@@ -146,6 +147,53 @@ TEST(CudaGraph, StepThatSynchronizesFallsBackToEager) {
   EXPECT_EQ(captured.replays(), 0);
   EXPECT_NE(captured.fallback_reason(), "");
   expect_same_training(graphed, eager);
+}
+
+// What a collective registers while its step is captured: called around
+// every replay of that graph, once however often it was registered.
+struct CountingWatch : cuda::ReplayWatch {
+  int before = 0, launched = 0;
+  bool refuse = false;
+  void before_replay() override {
+    ++before;
+    if (refuse) throw Refused("an earlier replay failed");
+  }
+  void replay_launched(int device) override {
+    EXPECT_EQ(device, 0);
+    ++launched;
+  }
+  struct Refused : Error {
+    using Error::Error;
+  };
+};
+
+TEST(CudaGraph, ReplayWatchesRegisteredDuringTheCaptureFrameEveryReplay) {
+  MPT_SKIP_WITHOUT_CUDA();
+  auto watch = std::make_shared<CountingWatch>();
+  auto ignored = std::make_shared<CountingWatch>();
+  cuda::watch_replays(ignored);  // outside a capture: nothing to watch
+  Tensor x = full({64}, 1.0, DType::f32, kGPU);
+  CapturedStep captured(
+      kGPU,
+      [&](const std::vector<Tensor>&) {
+        cuda::watch_replays(watch);
+        prim::copy_(x, prim::mul_scalar(x, 2.0));
+        cuda::watch_replays(watch);
+      },
+      1);
+  for (int i = 0; i < 4; ++i) captured.run();  // eager, then captured and replayed 3 times
+  EXPECT_EQ(captured.replays(), 3);
+  EXPECT_EQ(watch->before, 3);
+  EXPECT_EQ(watch->launched, 3);
+  EXPECT_EQ(ignored->before + ignored->launched, 0);
+  EXPECT_EQ(x.to_vector<double>().front(), 16.0);
+
+  // A watch that refuses stops the replay before it is launched.
+  watch->refuse = true;
+  EXPECT_THROW(captured.run(), CountingWatch::Refused);
+  EXPECT_EQ(watch->launched, 3);
+  EXPECT_EQ(captured.replays(), 3);
+  EXPECT_EQ(x.to_vector<double>().front(), 16.0);
 }
 
 TEST(CudaIndexCheck, BadIndexIsReportedAtTheNextSynchronization) {

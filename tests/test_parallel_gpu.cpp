@@ -148,38 +148,100 @@ TEST(NcclProcessGroup, APeerThatNeverCallsTimesOut) {
   EXPECT_LT(took, 30.0);
 }
 
-TEST(NcclDdp, AKilledRankEndsTheOtherWithAnAbortedCommunicator) {
-  // Two ranks started directly (nobody stops the survivor for it), DDP over
-  // NCCL; rank 1 is killed mid-training. Rank 0 must notice through
-  // NCCL's asynchronous error or its timeout, abort the communicator and
-  // fail, not hang.
+// A collective recorded into a CUDA graph has no host call to time out at
+// replay: the group's watchdog bounds every replay instead. Rank 1 stops
+// replaying; rank 0's next replay waits on the GPU for it until the
+// watchdog aborts the communicator, which ends the waiting kernel (so the
+// host's synchronization returns), and the replay after says why.
+TEST(NcclProcessGroup, AReplayedCollectiveWhosePeerStopsEndsWithinTheTimeout) {
   SKIP_WITHOUT_TWO_GPUS();
+  std::string message;
+  double waited_s = -1;
+  std::atomic<bool> done{false};
+  with_gpu_ranks(
+      2,
+      [&](ProcessGroup& g, const Device& dev) {
+        DeviceGuard on_device(dev);
+        Tensor t = full({1024}, 1.0, DType::f32, dev);
+        CapturedStep captured(
+            dev, [&](const std::vector<Tensor>&) { g.allreduce(t, dist::ReduceOp::avg)->wait(); }, 1);
+        for (int i = 0; i < 4; ++i) captured.run();
+        EXPECT_EQ(captured.replays(), 3);
+        EXPECT_EQ(t.to_vector<double>(), std::vector<double>(1024, 1.0));
+        if (g.rank() == 1) {
+          while (!done) std::this_thread::sleep_for(milliseconds(5));
+          return;
+        }
+        const auto start = std::chrono::steady_clock::now();
+        captured.run();  // rank 1 never joins this one
+        try {
+          (void)t.to_vector<double>();  // returns once the watchdog has aborted the communicator
+        } catch (const Error&) {
+        }
+        waited_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        try {
+          captured.run();
+        } catch (const DistributedError& e) {
+          message = e.what();
+        }
+        done = true;
+      },
+      milliseconds(3000));
+  std::printf("rank 0's hung replay ended after %.2f s (timeout 3 s)\n", waited_s);
+  EXPECT_NE(message.find("replayed in a CUDA graph on rank 0 of 2"), std::string::npos) << message;
+  EXPECT_NE(message.find("timeout 3000 ms"), std::string::npos) << message;
+  EXPECT_NE(message.find("communicator aborted"), std::string::npos) << message;
+  EXPECT_GE(waited_s, 2.9);
+  EXPECT_LT(waited_s, 30.0);
+}
+
+namespace {
+
+// Two ranks started directly (nobody stops the survivor for it), DDP over
+// NCCL; rank 1 is killed mid-training. Rank 0 must notice through NCCL's
+// asynchronous error or its timeout, abort the communicator and fail, not
+// hang: with eager steps, and with steps replayed as CUDA graphs, whose
+// collectives only the replay watchdog sees.
+void expect_killed_rank_ends_the_other(const std::string& mode) {
   const int timeout_s = 20;
   const std::string port = std::to_string(mpt::testing::free_port());
   std::vector<std::unique_ptr<mpt::testing::ChildProcess>> ranks;
   for (int r = 0; r < 2; ++r)
     ranks.push_back(std::make_unique<mpt::testing::ChildProcess>(
-        std::vector<std::string>{mpt::testing::ddp_worker_path(), "train", "cuda"},
+        std::vector<std::string>{mpt::testing::ddp_worker_path(), mode, "cuda"},
         std::map<std::string, std::string>{{"RANK", std::to_string(r)},
                                            {"WORLD_SIZE", "2"},
                                            {"MASTER_ADDR", "127.0.0.1"},
                                            {"MASTER_PORT", port},
                                            {"MPT_TEST_TIMEOUT_S", std::to_string(timeout_s)}},
-        fmt::format("/tmp/mpt-nccl-kill-{}-{}.log", ::getpid(), r)));
+        fmt::format("/tmp/mpt-nccl-kill-{}-{}-{}.log", mode, ::getpid(), r)));
   ASSERT_TRUE(ranks[1]->wait_for_output("rank 1: step 30", 120)) << ranks[1]->output() << ranks[0]->output();
   ranks[1]->signal(SIGKILL);
   const auto killed_at = std::chrono::steady_clock::now();
   const auto status = ranks[0]->wait(timeout_s + 10);
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
   const std::string out = ranks[0]->output();
-  for (int r = 0; r < 2; ++r) std::remove(fmt::format("/tmp/mpt-nccl-kill-{}-{}.log", ::getpid(), r).c_str());
+  for (int r = 0; r < 2; ++r) std::remove(fmt::format("/tmp/mpt-nccl-kill-{}-{}-{}.log", mode, ::getpid(), r).c_str());
   std::cout << out;  // the survivor's message, for the report
-  std::printf("faults injected: 1, rank 0 ended %.2f s after the kill (timeout %d s)\n", took, timeout_s);
+  std::printf("%s: faults injected: 1, rank 0 ended %.2f s after the kill (timeout %d s)\n", mode.c_str(), took,
+              timeout_s);
   ASSERT_TRUE(status.has_value()) << "rank 0 still runs " << took << " s after rank 1 was killed:\n" << out;
   EXPECT_TRUE(mpt::testing::exited_with_failure(*status)) << out;
   EXPECT_NE(out.find("NCCL"), std::string::npos) << out;
   EXPECT_NE(out.find("communicator aborted"), std::string::npos) << out;
   EXPECT_LT(took, timeout_s + 5);
+}
+
+}  // namespace
+
+TEST(NcclDdp, AKilledRankEndsTheOtherWithAnAbortedCommunicator) {
+  SKIP_WITHOUT_TWO_GPUS();
+  expect_killed_rank_ends_the_other("train");
+}
+
+TEST(NcclDdp, AKilledRankEndsTheOtherWhenStepsAreReplayedGraphs) {
+  SKIP_WITHOUT_TWO_GPUS();
+  expect_killed_rank_ends_the_other("train_graphed");
 }
 
 TEST(NcclDdp, TwoGpusMatchOneProcess) {

@@ -4,13 +4,19 @@
 // GPU) for the work queued so far on the caller's current stream, runs on
 // the communication stream, and records an event that Work::wait() polls
 // together with ncclCommGetAsyncError: a dead peer or a stuck collective
-// ends in an error within the timeout, never in a hang.
+// ends in an error within the timeout, never in a hang. Collectives
+// recorded into a CUDA graph get the same bound at each replay, from a
+// watchdog thread (ReplayWatchdog).
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <algorithm>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "parallel/cuda/nccl_util.h"
@@ -18,6 +24,7 @@
 #include "parallel/nccl_process_group.h"
 #include "parallel/rendezvous.h"
 #include "tensor/cuda/check.h"
+#include "tensor/cuda/graph.h"
 #include "tensor/cuda/runtime.h"
 #include "tensor/device_guard.h"
 
@@ -36,6 +43,28 @@ class Communicator {
   }
   ncclComm_t get() const { return comm_; }
   ncclComm_t* slot() { return &comm_; }
+
+  // Runs f() under the lock abort() takes, so that no other thread (the
+  // replay watchdog) frees the communicator while f enqueues on it.
+  template <typename F>
+  void use(const std::string& what, F&& f) {
+    std::lock_guard lock(mutex_);
+    check<DistributedError>(aborted_because_.empty(),
+                            "NCCL {}: the communicator was aborted by an earlier failure ({}); make a new process "
+                            "group",
+                            what, aborted_because_);
+    f();
+  }
+
+  // NCCL's asynchronous error state (ncclInProgress while a non-blocking
+  // call is still enqueuing), read under the same lock; empty once aborted.
+  std::optional<ncclResult_t> async_error() {
+    std::lock_guard lock(mutex_);
+    if (!aborted_because_.empty()) return std::nullopt;
+    ncclResult_t state = ncclSuccess;
+    const ncclResult_t asked = ncclCommGetAsyncError(comm_, &state);
+    return asked != ncclSuccess ? asked : state;
+  }
 
   // Aborts once; `why` is kept for later calls.
   void abort(const std::string& why) {
@@ -98,9 +127,8 @@ class NcclWork : public Work {
   //
   // While the caller's stream is being captured into a CUDA graph (a whole
   // DDP step, say) nothing runs yet and the host cannot wait: the stream
-  // only waits for the collective inside the graph. A replayed collective
-  // has no timeout: if a peer dies during a replay, the host's next
-  // synchronization waits for it indefinitely.
+  // only waits for the collective inside the graph, and the group's
+  // ReplayWatchdog bounds each replay instead.
   void wait() override {
     std::lock_guard lock(mutex_);
     if (completed_) return;
@@ -122,8 +150,11 @@ class NcclWork : public Work {
         const cudaError_t q = cudaEventQuery(done_);
         if (q == cudaSuccess) break;
         if (q != cudaErrorNotReady) MPT_CUDA_CHECK(q);
-        ncclResult_t state = ncclSuccess;
-        MPT_NCCL_CHECK(ncclCommGetAsyncError(comm_->get(), &state));
+        const std::optional<ncclResult_t> failed = comm_->async_error();
+        if (!failed)
+          throw DistributedError(fmt::format("NCCL {}: the communicator was aborted meanwhile ({})", what_,
+                                             comm_->aborted_because()));
+        const ncclResult_t state = *failed;
         if (state != ncclSuccess && state != ncclInProgress)
           throw DistributedError(
               fmt::format("NCCL {}: {} (a peer failed or the network broke)", what_, ncclGetErrorString(state)));
@@ -156,6 +187,133 @@ class NcclWork : public Work {
   bool completed_ = false;
 };
 
+// The replays of CUDA graphs that hold this group's collectives (a whole
+// DDP step, say): each launch records an event, and a thread waits for
+// them in order, as Work::wait() waits for an eager collective. A replay
+// that meets NCCL's asynchronous error or outlasts the timeout aborts the
+// communicator: that ends the kernels still waiting for a dead peer, so the
+// host's pending synchronization returns, and the next replay or
+// collective fails saying why.
+class ReplayWatchdog : public cuda::ReplayWatch {
+ public:
+  // Holds the communicator weakly: a graph kept after its group must not
+  // keep the communicator, whose destruction the group's owner times.
+  ReplayWatchdog(int device, std::weak_ptr<Communicator> comm, Millis timeout, std::string who)
+      : device_(device), comm_(std::move(comm)), timeout_(timeout), who_(std::move(who)) {}
+
+  ~ReplayWatchdog() override {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    wake_.notify_one();
+    if (thread_.joinable()) thread_.join();
+    // Destroying an event a replay will still record is allowed.
+    for (const Pending& p : pending_) cudaEventDestroy(p.event);
+    for (cudaEvent_t e : spare_) cudaEventDestroy(e);
+  }
+
+  void before_replay() override {
+    const auto comm = comm_.lock();
+    check<DistributedError>(comm != nullptr,
+                            "NCCL collectives replayed in a CUDA graph on {}: their process group is gone", who_);
+    const std::string why = comm->aborted_because();
+    check<DistributedError>(why.empty(),
+                            "NCCL collectives replayed in a CUDA graph on {}: the communicator was aborted by an "
+                            "earlier failure ({}); make a new process group",
+                            who_, why);
+  }
+
+  void replay_launched(int device) override {
+    std::unique_lock lock(mutex_);
+    cudaEvent_t event = nullptr;
+    if (spare_.empty()) {
+      MPT_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+    } else {
+      event = spare_.back();
+      spare_.pop_back();
+    }
+    MPT_CUDA_CHECK(cudaEventRecord(event, cuda::current_cuda_stream(device)));
+    pending_.push_back({event, Clock::now()});
+    if (!thread_.joinable()) thread_ = std::thread([this] { watch(); });
+    lock.unlock();
+    wake_.notify_one();
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  struct Pending {
+    cudaEvent_t event;
+    Clock::time_point since;  // when it was launched or its predecessor ended, whichever is later
+  };
+
+  void watch() {
+    (void)cudaSetDevice(device_);
+    std::unique_lock lock(mutex_);
+    while (!stop_) {
+      if (pending_.empty()) {
+        wake_.wait(lock);
+        continue;
+      }
+      const Pending oldest = pending_.front();
+      lock.unlock();
+      std::string failure;
+      const Replay state = check_replay(oldest, failure);
+      lock.lock();
+      if (state == Replay::done) {
+        pending_.pop_front();
+        spare_.push_back(oldest.event);
+        if (!pending_.empty()) pending_.front().since = std::max(pending_.front().since, Clock::now());
+      } else if (state == Replay::failed) {
+        lock.unlock();
+        if (const auto comm = comm_.lock())
+          comm->abort(fmt::format("{}; communicator aborted; {}", failure, comm->who_left()));
+        lock.lock();
+        // The aborted kernels end, and with them the replays; nothing to watch any more.
+        for (const Pending& p : pending_) spare_.push_back(p.event);
+        pending_.clear();
+      } else {
+        wake_.wait_for(lock, std::chrono::milliseconds(1));
+      }
+    }
+  }
+
+  enum class Replay { running, done, failed };
+  Replay check_replay(const Pending& p, std::string& failure) {
+    const cudaError_t q = cudaEventQuery(p.event);
+    if (q == cudaSuccess) return Replay::done;
+    const std::string what = fmt::format("NCCL collectives replayed in a CUDA graph on {}", who_);
+    if (q != cudaErrorNotReady) {
+      failure = fmt::format("{}: {}", what, cudaGetErrorString(q));
+      return Replay::failed;
+    }
+    const auto comm = comm_.lock();
+    const std::optional<ncclResult_t> error = comm ? comm->async_error() : std::nullopt;
+    if (!error) return Replay::done;  // the group is gone or already aborted: nothing left to abort
+    const ncclResult_t state = *error;
+    if (state != ncclSuccess && state != ncclInProgress) {
+      failure = fmt::format("{}: {} (a peer failed or the network broke)", what, ncclGetErrorString(state));
+      return Replay::failed;
+    }
+    const auto waited = std::chrono::duration_cast<Millis>(Clock::now() - p.since);
+    if (waited < timeout_) return Replay::running;
+    failure = fmt::format("{}: a replay not finished after {} ms (timeout {} ms; a peer may be dead or stalled)", what,
+                          waited.count(), timeout_.count());
+    return Replay::failed;
+  }
+
+  const int device_;
+  const std::weak_ptr<Communicator> comm_;
+  const Millis timeout_;
+  const std::string who_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<Pending> pending_;
+  std::vector<cudaEvent_t> spare_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
 class NcclProcessGroup : public ProcessGroup {
  public:
   NcclProcessGroup(const std::shared_ptr<Store>& store, int rank, int size, int device,
@@ -186,6 +344,8 @@ class NcclProcessGroup : public ProcessGroup {
     });
     MPT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     MPT_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+    replay_watchdog_ = std::make_shared<ReplayWatchdog>(device_, comm_, timeout_,
+                                                        fmt::format("rank {} of {} (cuda:{})", rank, size, device));
   }
 
   ~NcclProcessGroup() override {
@@ -279,12 +439,19 @@ class NcclProcessGroup : public ProcessGroup {
                             "NCCL {}: the communicator was aborted by an earlier failure ({}); make a new process "
                             "group",
                             what, earlier);
-    MPT_CUDA_CHECK(cudaEventRecord(ready_, cuda::current_cuda_stream(device_)));
+    const cudaStream_t caller = cuda::current_cuda_stream(device_);
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    MPT_CUDA_CHECK(cudaStreamIsCapturing(caller, &capture));
+    // Recorded into a graph: its replays are watched instead of this Work.
+    if (capture == cudaStreamCaptureStatusActive) cuda::watch_replays(replay_watchdog_);
+    MPT_CUDA_CHECK(cudaEventRecord(ready_, caller));
     MPT_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
     auto work = std::make_shared<NcclWork>(device_, comm_, timeout_, what, std::move(keep_alive));
     aborting_on_failure(*comm_, [&] {
-      enqueue(stream_);
-      nccl::wait_for({comm_->get()}, timeout_, what);  // a non-blocking comm may still be enqueuing
+      comm_->use(what, [&] {
+        enqueue(stream_);
+        nccl::wait_for({comm_->get()}, timeout_, what);  // a non-blocking comm may still be enqueuing
+      });
     });
     if (then) then(stream_);
     MPT_CUDA_CHECK(cudaEventRecord(work->event(), stream_));
@@ -296,6 +463,7 @@ class NcclProcessGroup : public ProcessGroup {
   std::shared_ptr<Communicator> comm_;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t ready_ = nullptr;
+  std::shared_ptr<ReplayWatchdog> replay_watchdog_;
   std::mutex mutex_;
 };
 

@@ -2,6 +2,8 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+
 #include "tensor/cuda/caching_allocator.h"
 #include "tensor/cuda/check.h"
 #include "tensor/cuda/runtime.h"
@@ -18,7 +20,20 @@ struct Graph::State {
   cudaGraphExec_t exec = nullptr;
   int pool = 0;  // the allocator's private pool for the graph's tensors
   cudaEvent_t replayed = nullptr;  // recorded after each replay (replays run in launch order)
+  std::vector<std::shared_ptr<ReplayWatch>> watches;
 };
+
+namespace {
+// The watches of the graph whose capture runs on this thread (captures are
+// thread-local).
+thread_local std::vector<std::shared_ptr<ReplayWatch>>* t_capturing = nullptr;
+}  // namespace
+
+void watch_replays(const std::shared_ptr<ReplayWatch>& watch) {
+  if (!t_capturing || !watch) return;
+  auto& watches = *t_capturing;
+  if (std::find(watches.begin(), watches.end(), watch) == watches.end()) watches.push_back(watch);
+}
 
 Graph::Graph(int device) : state_(std::make_unique<State>()) {
   state_->device = device;
@@ -59,10 +74,15 @@ void Graph::capture(const std::function<void()>& work) {
   CachingAllocator& allocator = caching_allocator(s.device);
   s.pool = allocator.begin_capture(s.capture_stream);
   MPT_CUDA_CHECK(cudaStreamBeginCapture(s.capture_stream, cudaStreamCaptureModeThreadLocal));
+  s.watches.clear();
+  t_capturing = &s.watches;
   try {
     StreamGuard on_capture_stream(capturing);
     work();
+    t_capturing = nullptr;
   } catch (...) {
+    t_capturing = nullptr;
+    s.watches.clear();
     cudaGraph_t abandoned = nullptr;
     (void)cudaStreamEndCapture(s.capture_stream, &abandoned);
     if (abandoned) (void)cudaGraphDestroy(abandoned);
@@ -81,9 +101,11 @@ void Graph::replay() {
   check(s.exec != nullptr, "cuda::Graph::replay: nothing was captured");
   DeviceGuard guard(cuda_device(s.device));
   const cudaStream_t stream = current_cuda_stream(s.device);
+  for (const auto& w : s.watches) w->before_replay();
   MPT_CUDA_CHECK(cudaGraphLaunch(s.exec, stream));
   if (!s.replayed) MPT_CUDA_CHECK(cudaEventCreateWithFlags(&s.replayed, cudaEventDisableTiming));
   MPT_CUDA_CHECK(cudaEventRecord(s.replayed, stream));
+  for (const auto& w : s.watches) w->replay_launched(s.device);
 }
 
 }  // namespace mpt::cuda

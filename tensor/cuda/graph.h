@@ -5,8 +5,28 @@
 // (tensor/graph.cpp) can hold one; a CPU-only build's stub throws.
 #include <functional>
 #include <memory>
+#include <vector>
 
 namespace mpt::cuda {
+
+// Work inside a graph that the host must keep an eye on at each replay: a
+// collective waits forever on the GPU for a peer that died, and no host
+// call of the replayed step is there to time out. Registered while the
+// graph is captured (watch_replays), kept as long as the graph.
+class ReplayWatch {
+ public:
+  virtual ~ReplayWatch() = default;
+  // Before each launch; throwing stops it (an earlier replay failed).
+  virtual void before_replay() = 0;
+  // After each launch on `device`'s current stream.
+  virtual void replay_launched(int device) = 0;
+};
+
+// Called by code running inside Graph::capture on the capturing thread: the
+// graph calls `watch` around each of its replays (once, however often it is
+// registered). Outside a capture it does nothing: eager work is waited for
+// by whoever enqueued it.
+void watch_replays(const std::shared_ptr<ReplayWatch>& watch);
 
 class Graph {
  public:
@@ -21,7 +41,8 @@ class Graph {
   // forbids (a host synchronization, say), the capture is abandoned and
   // CudaError/the exception propagates; the graph stays empty.
   void capture(const std::function<void()>& work);
-  // Launches the captured work on the device's current stream.
+  // Launches the captured work on the device's current stream, between the
+  // calls of the ReplayWatches registered during the capture.
   void replay();
 
  private:

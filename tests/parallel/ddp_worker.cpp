@@ -13,8 +13,9 @@
 //             10 steps: a run to hurt from outside (kill a rank, cut the
 //             link); a collective that fails ends it with status 3 and the
 //             error, which names the rank that went away
+//   train_graphed  the same with each step replayed as a CUDA graph (GPU)
 // MPT_TEST_TIMEOUT_S sets the collectives' timeout (default 30 s).
-// A second argument "cuda" runs plain/accum/compress/train on GPU LOCAL_RANK
+// A second argument "cuda" runs plain/accum/compress/train(_graphed) on GPU LOCAL_RANK
 // over NCCL. Exit status 0 means every check passed; messages say what failed.
 #include <unistd.h>
 
@@ -35,6 +36,7 @@
 #include "parallel/device_routed_group.h"
 #include "parallel/counting_group.h"
 #include "parallel/tiny_models.h"
+#include "tensor/graph.h"
 #include "tensor/ops.h"
 
 using namespace mpt;
@@ -187,19 +189,31 @@ int unused_parameters(ProcessGroup& pg) {
 
 // A long run with nothing to compare: it ends when the time is up or a
 // collective fails (the error leaves through main's handler).
-int train_until_stopped(ProcessGroup& pg, const std::shared_ptr<ProcessGroup>& shared, const Device& device) {
+// `graphed`: each step replayed as a CUDA graph (CapturedStep), its
+// all-reduces inside.
+int train_until_stopped(ProcessGroup& pg, const std::shared_ptr<ProcessGroup>& shared, const Device& device,
+                        bool graphed) {
   auto model = testing::make_mlp(7);
   model->to(device);
   DistributedDataParallel ddp(model, shared);
   optim::SGD opt(model->parameters(), {.lr = 0.01});
+  auto step_on = [&](const std::vector<Tensor>& in) {
+    backward(mse_loss(ddp(in[0]), in[1]));
+    opt.step();
+    opt.zero_grad();
+  };
+  CapturedStep captured(device, step_on);
   Generator gen(100 + pg.rank());
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   for (int step = 0; std::chrono::steady_clock::now() < until; ++step) {
     const Tensor x = prim::to(randn({kRowsPerRank, 6}, DType::f32, kCPU, &gen), device);
     const Tensor y = prim::to(randn({kRowsPerRank, 3}, DType::f32, kCPU, &gen), device);
-    backward(mse_loss(ddp(x), y));
-    opt.step();
-    opt.zero_grad();
+    if (graphed) captured.run({x, y});
+    else step_on({x, y});
+    if (graphed && step == 5 && !captured.captured()) {
+      fmt::print(stderr, "rank {}: the step was not captured: {}\n", pg.rank(), captured.fallback_reason());
+      return 4;
+    }
     if (step % 10 == 0) {
       fmt::print("rank {}: step {}\n", pg.rank(), step);
       std::fflush(stdout);
@@ -241,7 +255,8 @@ int main(int argc, char** argv) {
       ::sleep(60);  // a long step: mpt-run must stop this rank, not wait for it
       return 0;
     }
-    if (mode == "train") return train_until_stopped(*pg, pg, device);
+    if (mode == "train") return train_until_stopped(*pg, pg, device, false);
+    if (mode == "train_graphed") return train_until_stopped(*pg, pg, device, true);
     if (mode == "sleep") {  // both ranks busy until stopped from outside
       pg->barrier()->wait();
       ::sleep(60);
