@@ -21,6 +21,10 @@
 //    why. The failed attempt enqueued nothing, but host-side state the step
 //    changed before the failure (counters, say) stays changed.
 //  - on the CPU every step is eager.
+// A step with collectives inside (DDP's all-reduces) is watched at every
+// replay as they are when eager: a dead peer ends it within the group's
+// timeout, and run() first waits for the previous replay (the collectives
+// register a cuda::ReplayWatch while the step is captured).
 // Hyper-parameters the step passes to kernels as values (a learning rate
 // from a schedule, say) are frozen into the graph: call reset() after
 // changing them.

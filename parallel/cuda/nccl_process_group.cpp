@@ -11,6 +11,7 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -188,12 +189,16 @@ class NcclWork : public Work {
 };
 
 // The replays of CUDA graphs that hold this group's collectives (a whole
-// DDP step, say): each launch records an event, and a thread waits for
-// them in order, as Work::wait() waits for an eager collective. A replay
-// that meets NCCL's asynchronous error or outlasts the timeout aborts the
-// communicator: that ends the kernels still waiting for a dead peer, so the
-// host's pending synchronization returns, and the next replay or
-// collective fails saying why.
+// DDP step, say), watched as Work::wait() watches an eager collective: an
+// event recorded after each launch, NCCL's asynchronous error and the
+// timeout. A replay that fails or outlasts the timeout aborts the
+// communicator, which ends the kernels still waiting for a dead peer.
+//
+// Two parties watch. The host, before each replay, waits for the previous
+// one: only one replay is ever queued, because ncclCommAbort frees what the
+// kernels of replays queued behind a hung one would use. A thread watches
+// while the host is busy elsewhere (blocked in a synchronization that only
+// returns once the kernels end, say), and says on stderr why it aborted.
 class ReplayWatchdog : public cuda::ReplayWatch {
  public:
   // Holds the communicator weakly: a graph kept after its group must not
@@ -213,15 +218,22 @@ class ReplayWatchdog : public cuda::ReplayWatch {
     for (cudaEvent_t e : spare_) cudaEventDestroy(e);
   }
 
+  // Waits for the previous replay (polling, as Work::wait() does: a small
+  // model's step is over in microseconds); throws once the communicator is
+  // aborted.
   void before_replay() override {
-    const auto comm = comm_.lock();
-    check<DistributedError>(comm != nullptr,
-                            "NCCL collectives replayed in a CUDA graph on {}: their process group is gone", who_);
-    const std::string why = comm->aborted_because();
-    check<DistributedError>(why.empty(),
-                            "NCCL collectives replayed in a CUDA graph on {}: the communicator was aborted by an "
-                            "earlier failure ({}); make a new process group",
-                            who_, why);
+    check_not_aborted();
+    const auto start = Clock::now();
+    std::unique_lock lock(mutex_);
+    while (!pending_.empty()) {
+      if (settle_oldest(lock) != Replay::running) continue;
+      lock.unlock();
+      if (Clock::now() - start < Millis(2)) std::this_thread::yield();
+      else std::this_thread::sleep_for(std::chrono::microseconds(100));
+      lock.lock();
+    }
+    lock.unlock();
+    check_not_aborted();
   }
 
   void replay_launched(int device) override {
@@ -246,39 +258,50 @@ class ReplayWatchdog : public cuda::ReplayWatch {
     cudaEvent_t event;
     Clock::time_point since;  // when it was launched or its predecessor ended, whichever is later
   };
+  enum class Replay { running, done, failed };
+
+  void check_not_aborted() const {
+    const auto comm = comm_.lock();
+    check<DistributedError>(comm != nullptr,
+                            "NCCL collectives replayed in a CUDA graph on {}: their process group is gone", who_);
+    const std::string why = comm->aborted_because();
+    check<DistributedError>(why.empty(),
+                            "NCCL collectives replayed in a CUDA graph on {}: the communicator was aborted by an "
+                            "earlier failure ({}); make a new process group",
+                            who_, why);
+  }
 
   void watch() {
     (void)cudaSetDevice(device_);
     std::unique_lock lock(mutex_);
     while (!stop_) {
-      if (pending_.empty()) {
-        wake_.wait(lock);
-        continue;
-      }
-      const Pending oldest = pending_.front();
-      lock.unlock();
-      std::string failure;
-      const Replay state = check_replay(oldest, failure);
-      lock.lock();
-      if (state == Replay::done) {
-        pending_.pop_front();
-        spare_.push_back(oldest.event);
-        if (!pending_.empty()) pending_.front().since = std::max(pending_.front().since, Clock::now());
-      } else if (state == Replay::failed) {
-        lock.unlock();
-        if (const auto comm = comm_.lock())
-          comm->abort(fmt::format("{}; communicator aborted; {}", failure, comm->who_left()));
-        lock.lock();
-        // The aborted kernels end, and with them the replays; nothing to watch any more.
-        for (const Pending& p : pending_) spare_.push_back(p.event);
-        pending_.clear();
-      } else {
-        wake_.wait_for(lock, std::chrono::milliseconds(1));
-      }
+      if (pending_.empty()) wake_.wait(lock);
+      else if (settle_oldest(lock) == Replay::running) wake_.wait_for(lock, std::chrono::milliseconds(1));
     }
   }
 
-  enum class Replay { running, done, failed };
+  // Looks once at the oldest queued replay (`lock` holds mutex_, released
+  // meanwhile): popped once it ended; on a failure the communicator is
+  // aborted and nothing is left to watch.
+  Replay settle_oldest(std::unique_lock<std::mutex>& lock) {
+    const Pending oldest = pending_.front();
+    lock.unlock();
+    std::string failure;
+    const Replay state = check_replay(oldest, failure);
+    if (state == Replay::failed) give_up(failure);
+    lock.lock();
+    const bool still_oldest = !pending_.empty() && pending_.front().event == oldest.event;
+    if (state == Replay::done && still_oldest) {
+      pending_.pop_front();
+      spare_.push_back(oldest.event);
+      if (!pending_.empty()) pending_.front().since = std::max(pending_.front().since, Clock::now());
+    } else if (state == Replay::failed) {
+      for (const Pending& p : pending_) spare_.push_back(p.event);
+      pending_.clear();
+    }
+    return state;
+  }
+
   Replay check_replay(const Pending& p, std::string& failure) {
     const cudaError_t q = cudaEventQuery(p.event);
     if (q == cudaSuccess) return Replay::done;
@@ -302,14 +325,27 @@ class ReplayWatchdog : public cuda::ReplayWatch {
     return Replay::failed;
   }
 
+  // Aborts the communicator once, whichever party saw the failure first.
+  void give_up(const std::string& failure) {
+    if (gave_up_.exchange(true)) return;
+    const auto comm = comm_.lock();
+    if (!comm) return;
+    const std::string why = fmt::format("{}; communicator aborted; {}", failure, comm->who_left());
+    // Said at once: a host blocked in a synchronization gets no error when
+    // the aborted kernels end; the next replay or collective throws this.
+    fmt::print(stderr, "mptrain: {}\n", why);
+    comm->abort(why);
+  }
+
   const int device_;
   const std::weak_ptr<Communicator> comm_;
   const Millis timeout_;
   const std::string who_;
   std::mutex mutex_;
-  std::condition_variable wake_;
+  std::condition_variable wake_;  // a replay was launched, or stop
   std::deque<Pending> pending_;
   std::vector<cudaEvent_t> spare_;
+  std::atomic<bool> gave_up_{false};
   bool stop_ = false;
   std::thread thread_;
 };

@@ -16,7 +16,8 @@ namespace mpt::cuda {
 class ReplayWatch {
  public:
   virtual ~ReplayWatch() = default;
-  // Before each launch; throwing stops it (an earlier replay failed).
+  // Before each launch; it may wait (for an earlier replay to end), and
+  // throwing stops the launch (an earlier replay failed).
   virtual void before_replay() = 0;
   // After each launch on `device`'s current stream.
   virtual void replay_launched(int device) = 0;
