@@ -162,6 +162,7 @@ struct CountingWatch : cuda::ReplayWatch {
     EXPECT_EQ(device, 0);
     ++launched;
   }
+  bool replays_abandoned() const override { return false; }
   struct Refused : Error {
     using Error::Error;
   };

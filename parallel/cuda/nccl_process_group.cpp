@@ -36,7 +36,7 @@ namespace {
 // The group's communicator. A failure (an asynchronous error, or a wait
 // past the timeout) aborts it, so no kernel stays stuck waiting for a peer;
 // an aborted communicator must be neither used nor destroyed again.
-class Communicator {
+class Communicator : public std::enable_shared_from_this<Communicator> {
  public:
   Communicator(std::shared_ptr<Store> store, int world_size) : store_(std::move(store)), world_size_(world_size) {}
   ~Communicator() {
@@ -73,6 +73,17 @@ class Communicator {
     if (!aborted_because_.empty() || comm_ == nullptr) return;
     ncclCommAbort(comm_);
     aborted_because_ = why;
+  }
+
+  // The same, with ncclCommAbort on a thread nobody waits for: with a CUDA
+  // graph's kernels waiting for a peer that died, it does not return (seen
+  // with NCCL 2.28 on two H200s). Marked aborted at once, so nothing here
+  // uses the communicator again; the thread keeps it alive.
+  void abort_in_background(const std::string& why) {
+    std::lock_guard lock(mutex_);
+    if (!aborted_because_.empty() || comm_ == nullptr) return;
+    aborted_because_ = why;
+    std::thread([self = shared_from_this()] { ncclCommAbort(self->comm_); }).detach();
   }
   std::string aborted_because() {
     std::lock_guard lock(mutex_);
@@ -236,6 +247,8 @@ class ReplayWatchdog : public cuda::ReplayWatch {
     check_not_aborted();
   }
 
+  bool replays_abandoned() const override { return gave_up_; }
+
   void replay_launched(int device) override {
     std::unique_lock lock(mutex_);
     cudaEvent_t event = nullptr;
@@ -334,7 +347,7 @@ class ReplayWatchdog : public cuda::ReplayWatch {
     // Said at once: a host blocked in a synchronization gets no error when
     // the aborted kernels end; the next replay or collective throws this.
     fmt::print(stderr, "mptrain: {}\n", why);
-    comm->abort(why);
+    comm->abort_in_background(why);
   }
 
   const int device_;

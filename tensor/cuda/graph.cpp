@@ -45,7 +45,11 @@ Graph::~Graph() {
   // Errors are ignored: a destructor cannot throw (and at exit the driver may be gone).
   if (state_->exec) (void)cudaGraphExecDestroy(state_->exec);
   if (state_->graph) (void)cudaGraphDestroy(state_->graph);
-  if (state_->pool) {
+  const bool abandoned = std::any_of(state_->watches.begin(), state_->watches.end(),
+                                     [](const auto& w) { return w->replays_abandoned(); });
+  // Replays that may never end keep their memory: better leaked than handed
+  // to new tensors under kernels that still run.
+  if (state_->pool && !abandoned) {
     // Replays still queued may use the pool's memory: let them finish first.
     // An event, not the whole device: another thread may have to enqueue
     // work on this device before they can end (an in-process NCCL peer).

@@ -21,6 +21,9 @@ class ReplayWatch {
   virtual void before_replay() = 0;
   // After each launch on `device`'s current stream.
   virtual void replay_launched(int device) = 0;
+  // True once the watch gave up on the replays (a peer died): they may
+  // never end, so the graph neither waits for them nor frees their memory.
+  virtual bool replays_abandoned() const = 0;
 };
 
 // Called by code running inside Graph::capture on the capturing thread: the
