@@ -203,13 +203,16 @@ class NcclWork : public Work {
 // DDP step, say), watched as Work::wait() watches an eager collective: an
 // event recorded after each launch, NCCL's asynchronous error and the
 // timeout. A replay that fails or outlasts the timeout aborts the
-// communicator, which ends the kernels still waiting for a dead peer.
+// communicator in the background (see abort_in_background), says why on
+// stderr at once, and leaves its graph to give up the replays' memory; the
+// next replay or collective throws the reason.
 //
 // Two parties watch. The host, before each replay, waits for the previous
-// one: only one replay is ever queued, because ncclCommAbort frees what the
-// kernels of replays queued behind a hung one would use. A thread watches
-// while the host is busy elsewhere (blocked in a synchronization that only
-// returns once the kernels end, say), and says on stderr why it aborted.
+// one: only one replay is ever queued, because an abort that ends a stalled
+// peer's kernels frees what the kernels of replays queued behind them would
+// use (and a host far ahead of the GPU blocks inside a launch). A thread
+// watches while the host is busy elsewhere (blocked in a synchronization,
+// say).
 class ReplayWatchdog : public cuda::ReplayWatch {
  public:
   // Holds the communicator weakly: a graph kept after its group must not
