@@ -347,8 +347,9 @@ class ReplayWatchdog : public cuda::ReplayWatch {
     const auto comm = comm_.lock();
     if (!comm) return;
     const std::string why = fmt::format("{}; communicator aborted; {}", failure, comm->who_left());
-    // Said at once: a host blocked in a synchronization gets no error when
-    // the aborted kernels end; the next replay or collective throws this.
+    // Said at once: a host blocked in a synchronization gets no error (it
+    // returns when the aborted kernels end, or, with a peer that died, may
+    // not return at all); the next replay or collective throws this.
     fmt::print(stderr, "mptrain: {}\n", why);
     comm->abort_in_background(why);
   }
