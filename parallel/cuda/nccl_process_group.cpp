@@ -46,7 +46,7 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   ncclComm_t* slot() { return &comm_; }
 
   // Runs f() under the lock abort() takes, so that no other thread (the
-  // replay watchdog) frees the communicator while f enqueues on it.
+  // replay watchdog) aborts the communicator while f enqueues on it.
   template <typename F>
   void use(const std::string& what, F&& f) {
     std::lock_guard lock(mutex_);
@@ -67,19 +67,13 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
     return asked != ncclSuccess ? asked : state;
   }
 
-  // Aborts once; `why` is kept for later calls.
+  // Aborts once; `why` is kept for later calls. ncclCommAbort runs on a
+  // thread nobody waits for: while a CUDA graph's kernels wait for a peer
+  // that died it does not return (seen with NCCL 2.28 on two H200s), and
+  // the failure must still reach the caller within its timeout. Marked
+  // aborted at once, so nothing here uses the communicator again; the
+  // thread keeps it alive until NCCL is done with it.
   void abort(const std::string& why) {
-    std::lock_guard lock(mutex_);
-    if (!aborted_because_.empty() || comm_ == nullptr) return;
-    ncclCommAbort(comm_);
-    aborted_because_ = why;
-  }
-
-  // The same, with ncclCommAbort on a thread nobody waits for: with a CUDA
-  // graph's kernels waiting for a peer that died, it does not return (seen
-  // with NCCL 2.28 on two H200s). Marked aborted at once, so nothing here
-  // uses the communicator again; the thread keeps it alive.
-  void abort_in_background(const std::string& why) {
     std::lock_guard lock(mutex_);
     if (!aborted_because_.empty() || comm_ == nullptr) return;
     aborted_because_ = why;
@@ -203,7 +197,7 @@ class NcclWork : public Work {
 // DDP step, say), watched as Work::wait() watches an eager collective: an
 // event recorded after each launch, NCCL's asynchronous error and the
 // timeout. A replay that fails or outlasts the timeout aborts the
-// communicator in the background (see abort_in_background), says why on
+// communicator (in the background, see Communicator::abort), says why on
 // stderr at once, and leaves its graph to give up the replays' memory; the
 // next replay or collective throws the reason.
 //
@@ -351,7 +345,7 @@ class ReplayWatchdog : public cuda::ReplayWatch {
     // returns when the aborted kernels end, or, with a peer that died, may
     // not return at all); the next replay or collective throws this.
     fmt::print(stderr, "mptrain: {}\n", why);
-    comm->abort_in_background(why);
+    comm->abort(why);
   }
 
   const int device_;
