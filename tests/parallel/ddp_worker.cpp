@@ -210,12 +210,6 @@ int train_until_stopped(ProcessGroup& pg, const std::shared_ptr<ProcessGroup>& s
     const Tensor y = prim::to(randn({kRowsPerRank, 3}, DType::f32, kCPU, &gen), device);
     if (graphed) captured.run({x, y});
     else step_on({x, y});
-    if (graphed && step >= 30) {
-      // Where the host is once its peer is gone: each replay is queued
-      // ahead of the GPU until the watchdog holds it back.
-      fmt::print("rank {}: step {} queued\n", pg.rank(), step);
-      std::fflush(stdout);
-    }
     if (graphed && step == 5 && !captured.captured()) {
       fmt::print(stderr, "rank {}: the step was not captured: {}\n", pg.rank(), captured.fallback_reason());
       return 4;
