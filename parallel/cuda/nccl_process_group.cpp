@@ -109,6 +109,42 @@ void aborting_on_failure(Communicator& comm, F&& f) {
   }
 }
 
+using Clock = std::chrono::steady_clock;
+
+// One look at collectives that record `event` when they are done (an eager
+// collective, or a graph's replay): true once they are. A peer that died or
+// a network that broke shows up in NCCL's asynchronous error, not in the
+// event, which would never complete; so: DistributedError on that error or
+// an aborted communicator, TimeoutError past `timeout` since `since`.
+// `what` names them in the message.
+bool collectives_done(cudaEvent_t event, Communicator& comm, Clock::time_point since, Millis timeout,
+                      const std::string& what) {
+  const cudaError_t q = cudaEventQuery(event);
+  if (q == cudaSuccess) return true;
+  if (q != cudaErrorNotReady) MPT_CUDA_CHECK(q);
+  const std::optional<ncclResult_t> state = comm.async_error();
+  if (!state)
+    throw DistributedError(
+        fmt::format("NCCL {}: the communicator was aborted meanwhile ({})", what, comm.aborted_because()));
+  if (*state != ncclSuccess && *state != ncclInProgress)
+    throw DistributedError(
+        fmt::format("NCCL {}: {} (a peer failed or the network broke)", what, ncclGetErrorString(*state)));
+  const auto waited = std::chrono::duration_cast<Millis>(Clock::now() - since);
+  if (waited >= timeout)
+    throw TimeoutError(fmt::format("NCCL {}: not finished after {} ms (timeout {} ms; a peer may be dead or stalled)",
+                                   what, waited.count(), timeout.count()));
+  return false;
+}
+
+// Between two looks of a wait that began at `start`. Collectives of a
+// training step take microseconds: poll without sleeping at first (a 100 us
+// sleep would be most of a small model's step), then back off so a long
+// wait does not burn a core.
+void pause_between_looks(Clock::time_point start) {
+  if (Clock::now() - start < Millis(2)) std::this_thread::yield();
+  else std::this_thread::sleep_for(std::chrono::microseconds(100));
+}
+
 class NcclWork : public Work {
  public:
   NcclWork(int device, std::shared_ptr<Communicator> comm, Millis timeout, std::string what,
@@ -127,9 +163,8 @@ class NcclWork : public Work {
     return completed_ || cudaEventQuery(done_) == cudaSuccess;
   }
 
-  // Polls the event and the communicator's asynchronous error together:
-  // a peer that died or a network that broke shows up there, not in the
-  // event, which would never complete.
+  // Polls the event and the communicator's asynchronous error together
+  // (collectives_done).
   //
   // While the caller's stream is being captured into a CUDA graph (a whole
   // DDP step, say) nothing runs yet and the host cannot wait: the stream
@@ -150,31 +185,9 @@ class NcclWork : public Work {
       keep_alive_.clear();  // the graph's own memory pool holds the tensors
       return;
     }
-    const auto start = std::chrono::steady_clock::now();
+    const auto start = Clock::now();
     aborting_on_failure(*comm_, [&] {
-      for (;;) {
-        const cudaError_t q = cudaEventQuery(done_);
-        if (q == cudaSuccess) break;
-        if (q != cudaErrorNotReady) MPT_CUDA_CHECK(q);
-        const std::optional<ncclResult_t> failed = comm_->async_error();
-        if (!failed)
-          throw DistributedError(fmt::format("NCCL {}: the communicator was aborted meanwhile ({})", what_,
-                                             comm_->aborted_because()));
-        const ncclResult_t state = *failed;
-        if (state != ncclSuccess && state != ncclInProgress)
-          throw DistributedError(
-              fmt::format("NCCL {}: {} (a peer failed or the network broke)", what_, ncclGetErrorString(state)));
-        const auto waited = std::chrono::duration_cast<Millis>(std::chrono::steady_clock::now() - start);
-        if (waited >= timeout_)
-          throw TimeoutError(fmt::format("NCCL {}: not finished after {} ms (timeout {} ms; a peer may be dead or "
-                                         "stalled)",
-                                         what_, waited.count(), timeout_.count()));
-        // Collectives of a training step take microseconds: poll without
-        // sleeping at first (a 100 us sleep would be most of a small
-        // model's step), then back off so a long wait does not burn a core.
-        if (waited < Millis(2)) std::this_thread::yield();
-        else std::this_thread::sleep_for(std::chrono::microseconds(100));
-      }
+      while (!collectives_done(done_, *comm_, start, timeout_, what_)) pause_between_looks(start);
     });
     // Later kernels on the caller's stream see the result.
     MPT_CUDA_CHECK(cudaStreamWaitEvent(caller, done_, 0));
@@ -211,8 +224,9 @@ class ReplayWatchdog : public cuda::ReplayWatch {
  public:
   // Holds the communicator weakly: a graph kept after its group must not
   // keep the communicator, whose destruction the group's owner times.
-  ReplayWatchdog(int device, std::weak_ptr<Communicator> comm, Millis timeout, std::string who)
-      : device_(device), comm_(std::move(comm)), timeout_(timeout), who_(std::move(who)) {}
+  ReplayWatchdog(int device, std::weak_ptr<Communicator> comm, Millis timeout, const std::string& who)
+      : device_(device), comm_(std::move(comm)), timeout_(timeout),
+        what_(fmt::format("collectives replayed in a CUDA graph on {}", who)) {}
 
   ~ReplayWatchdog() override {
     {
@@ -236,8 +250,7 @@ class ReplayWatchdog : public cuda::ReplayWatch {
     while (!pending_.empty()) {
       if (settle_oldest(lock) != Replay::running) continue;
       lock.unlock();
-      if (Clock::now() - start < Millis(2)) std::this_thread::yield();
-      else std::this_thread::sleep_for(std::chrono::microseconds(100));
+      pause_between_looks(start);
       lock.lock();
     }
     lock.unlock();
@@ -263,7 +276,6 @@ class ReplayWatchdog : public cuda::ReplayWatch {
   }
 
  private:
-  using Clock = std::chrono::steady_clock;
   struct Pending {
     cudaEvent_t event;
     Clock::time_point since;  // when it was launched or its predecessor ended, whichever is later
@@ -272,13 +284,11 @@ class ReplayWatchdog : public cuda::ReplayWatch {
 
   void check_not_aborted() const {
     const auto comm = comm_.lock();
-    check<DistributedError>(comm != nullptr,
-                            "NCCL collectives replayed in a CUDA graph on {}: their process group is gone", who_);
+    check<DistributedError>(comm != nullptr, "NCCL {}: their process group is gone", what_);
     const std::string why = comm->aborted_because();
     check<DistributedError>(why.empty(),
-                            "NCCL collectives replayed in a CUDA graph on {}: the communicator was aborted by an "
-                            "earlier failure ({}); make a new process group",
-                            who_, why);
+                            "NCCL {}: the communicator was aborted by an earlier failure ({}); make a new process group",
+                            what_, why);
   }
 
   void watch() {
@@ -313,26 +323,15 @@ class ReplayWatchdog : public cuda::ReplayWatch {
   }
 
   Replay check_replay(const Pending& p, std::string& failure) {
-    const cudaError_t q = cudaEventQuery(p.event);
-    if (q == cudaSuccess) return Replay::done;
-    const std::string what = fmt::format("NCCL collectives replayed in a CUDA graph on {}", who_);
-    if (q != cudaErrorNotReady) {
-      failure = fmt::format("{}: {}", what, cudaGetErrorString(q));
-      return Replay::failed;
-    }
     const auto comm = comm_.lock();
-    const std::optional<ncclResult_t> error = comm ? comm->async_error() : std::nullopt;
-    if (!error) return Replay::done;  // the group is gone or already aborted: nothing left to abort
-    const ncclResult_t state = *error;
-    if (state != ncclSuccess && state != ncclInProgress) {
-      failure = fmt::format("{}: {} (a peer failed or the network broke)", what, ncclGetErrorString(state));
+    // The group is gone, or an eager collective's failure aborted it: nothing left to abort.
+    if (!comm || !comm->aborted_because().empty()) return Replay::done;
+    try {
+      return collectives_done(p.event, *comm, p.since, timeout_, what_) ? Replay::done : Replay::running;
+    } catch (const Error& e) {
+      failure = e.what();
       return Replay::failed;
     }
-    const auto waited = std::chrono::duration_cast<Millis>(Clock::now() - p.since);
-    if (waited < timeout_) return Replay::running;
-    failure = fmt::format("{}: a replay not finished after {} ms (timeout {} ms; a peer may be dead or stalled)", what,
-                          waited.count(), timeout_.count());
-    return Replay::failed;
   }
 
   // Aborts the communicator once, whichever party saw the failure first.
@@ -351,7 +350,7 @@ class ReplayWatchdog : public cuda::ReplayWatch {
   const int device_;
   const std::weak_ptr<Communicator> comm_;
   const Millis timeout_;
-  const std::string who_;
+  const std::string what_;  // names the replays in messages
   std::mutex mutex_;
   std::condition_variable wake_;  // a replay was launched, or stop
   std::deque<Pending> pending_;
