@@ -31,9 +31,11 @@ struct Bucket {
   WorkPtr work;                  // the running all-reduce, once launched
 };
 
-// slots[i] = grads[i] * scale, each pair of one shape. On a GPU the
-// contiguous pairs of the first slot's floating dtype (a bucket's slots all
-// share one) are copied by one kernel launch; the others (and CPU tensors)
+// slots[i] = grads[i] * scale (computed in f32 for 16-bit types), each pair
+// of one shape; a slot may have another floating dtype than its gradient
+// (compressed transit, and back). On a GPU the contiguous pairs with the
+// first pair's two dtypes (a bucket's slots share one, its gradients
+// another) are copied by one kernel launch; the others (and CPU tensors)
 // one at a time.
 void fill_slots(const std::vector<Tensor>& slots, const std::vector<Tensor>& grads, double scale);
 

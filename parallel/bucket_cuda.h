@@ -7,8 +7,9 @@
 
 namespace mpt::dist::cuda {
 
-// slots[i] = grads[i] * scale: contiguous tensors of one floating dtype on
-// one GPU, on that device's current stream.
+// slots[i] = grads[i] * scale: contiguous tensors on one GPU, the gradients
+// of one floating dtype and the slots of one (the same or not), on that
+// device's current stream.
 void scaled_copy_list(const std::vector<Tensor>& slots, const std::vector<Tensor>& grads, double scale);
 
 }  // namespace mpt::dist::cuda

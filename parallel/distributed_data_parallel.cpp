@@ -245,17 +245,16 @@ void DistributedDataParallel::Reducer::launch(Bucket& bucket) {
     const Tensor g = p.grad();
     if (!g.defined()) {
       prim::fill_(slot, 0.0);
-    } else if (g.dtype() == slot.dtype()) {
-      slots.push_back(slot);
-      grads.push_back(g);
-      // From here on the gradient lives in the bucket (averaged once the
-      // all-reduce ends), so backward's own copy goes back to the allocator
-      // once the fill has read it, not when backward ends: otherwise every
-      // gradient is held twice at the end of backward.
-      p.set_grad(slot);
-    } else {
-      prim::copy_(slot, prim::mul_scalar(g, scale));
+      continue;
     }
+    slots.push_back(slot);
+    grads.push_back(g);
+    // From here on the gradient lives in the bucket (averaged once the
+    // all-reduce ends), so backward's own copy goes back to the allocator
+    // once the fill has read it, not when backward ends: otherwise every
+    // gradient is held twice at the end of backward. A compressed one keeps
+    // its own tensor, which finalize() fills from the bucket.
+    if (g.dtype() == slot.dtype()) p.set_grad(slot);
   }
   fill_slots(slots, grads, scale);
   NvtxRange range("ddp: all-reduce bucket");
@@ -287,21 +286,26 @@ void DistributedDataParallel::Reducer::finalize() {
     group->allreduce(t, ReduceOp::max)->wait();
     used_anywhere = t.to_vector<float>();
   }
+  // The averaged gradient stays where the all-reduce left it: launch()
+  // already made the parameter's gradient a view into the bucket, unless it
+  // travelled compressed and comes back to its own dtype here (one launch
+  // for all of them).
+  std::vector<Tensor> decompressed, averaged;
   for (auto& b : buckets)
     for (size_t k = 0; k < b.params.size(); ++k) {
       const size_t i = b.params[k];
       Tensor& p = params[i];
       Tensor slot = prim::view(prim::slice(b.flat, 0, b.offsets[k], b.offsets[k] + p.numel()), p.shape());
       Tensor g = p.grad();
-      // The averaged gradient stays where the all-reduce left it: launch()
-      // already made the parameter's gradient a view into the bucket, unless
-      // it travelled compressed and comes back to its own dtype here.
       if (g.defined()) {
-        if (slot.dtype() != p.dtype()) prim::copy_(g, slot);
+        if (slot.dtype() == g.dtype()) continue;
+        decompressed.push_back(g);
+        averaged.push_back(slot);
       } else if (used_anywhere[i] != 0) {
         p.set_grad(prim::to(prim::clone(slot), p.dtype()));
       }
     }
+  fill_slots(decompressed, averaged, 1.0);
 }
 
 DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> module,

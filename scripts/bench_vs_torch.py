@@ -73,6 +73,9 @@ def main():
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--log", default=os.path.join(os.environ["OUT"], "bench.jsonl") if "OUT" in os.environ else None)
     ap.add_argument("--ceilings", action="store_true", help="also run ceilings.py (GEMM rate, copy bandwidth)")
+    ap.add_argument("--grad-transits", nargs="*", default=[], choices=["f16", "bf16"],
+                    help="also run mptrain's dp and ddp with gradients all-reduced in these dtypes (the reference "
+                         "has no such mode: compared with mptrain's own single-GPU run only)")
     a = ap.parse_args()
 
     ref = find_reference(a.build)
@@ -92,6 +95,15 @@ def main():
             torch.setdefault("impl", "pytorch")
             records += [torch, ours]
             rows.append((w, m, torch, ours))
+    compressed = []  # (workload, mode, transit, record)
+    for transit in a.grad_transits:
+        for w in a.workloads:
+            for m in (m for m in a.modes if m != "single"):
+                ours_cmd = [os.path.join(a.build, "tools", "mpt-bench", "mpt-bench"), "--workload", w, "--mode", m,
+                            "--grad-transit", transit]
+                ours = run_json(ours_cmd + common, env)[-1]
+                records.append(ours)
+                compressed.append((w, m, transit, ours))
 
     if a.log:
         with open(a.log, "w") as f:
@@ -109,6 +121,7 @@ def main():
         print(f"| {w} | {m} | {tm} | {om} | {ratio} | {t.get('peak_mem_mb', '-')} | {o.get('peak_mem_mb', '-')} |"
               + (f" {err}" if err else ""))
     print_scaling(rows)
+    print_compressed_scaling(rows, compressed)
     print_gemm_rate(rows, records)
 
 
@@ -144,6 +157,15 @@ def print_gemm_rate(rows, records):
         print("\n".join(lines))
 
 
+def scaling(mode, run, single):
+    """ddp: single step time / ddp step time; dp: samples/s over single's."""
+    if "step_ms_median" not in run or "step_ms_median" not in single:
+        return "n/a"
+    if mode == "ddp":
+        return f"{single['step_ms_median'] / run['step_ms_median']:.2f}"
+    return f"{run['samples_per_s'] / single['samples_per_s']:.2f}x"
+
+
 def print_scaling(rows):
     """Multi-GPU modes against each side's own single-GPU run: ddp's weak
     scaling efficiency (single step time / ddp step time, same per-GPU
@@ -153,21 +175,28 @@ def print_scaling(rows):
     for w, m, t, o in rows:
         if m == "single":
             continue
-        cells = []
-        for impl, r in (("pytorch", t), ("mptrain", o)):
-            base = single.get((w, impl), {})
-            if "step_ms_median" not in r or "step_ms_median" not in base:
-                cells.append("n/a")
-            elif m == "ddp":
-                cells.append(f"{base['step_ms_median'] / r['step_ms_median']:.2f}")
-            else:
-                cells.append(f"{r['samples_per_s'] / base['samples_per_s']:.2f}x")
-        lines.append(f"| {w} | {m} | {r.get('gpus', '-')} | {cells[0]} | {cells[1]} |")
+        cells = [scaling(m, r, single.get((w, impl), {})) for impl, r in (("pytorch", t), ("mptrain", o))]
+        lines.append(f"| {w} | {m} | {o.get('gpus', '-')} | {cells[0]} | {cells[1]} |")
     if lines:
         print("\n| workload | mode | GPUs | PyTorch vs its single GPU | mptrain vs its single GPU |")
         print("|---|---|---|---|---|")
         print("\n".join(lines))
         print("(ddp: weak-scaling efficiency, single step time / ddp step time; dp: throughput over one GPU)")
+
+
+def print_compressed_scaling(rows, compressed):
+    """mptrain's dp and ddp with 16-bit gradient transit against its own
+    single-GPU run of this call, beside the f32 transit's figure."""
+    if not compressed:
+        return
+    single = {w: o for w, m, t, o in rows if m == "single"}
+    plain = {(w, m): o for w, m, t, o in rows}
+    print("\n| workload | mode | gradient transit | mptrain ms/step | vs its single GPU | with f32 transit |")
+    print("|---|---|---|---|---|---|")
+    for w, m, transit, r in compressed:
+        cells = [scaling(m, run, single.get(w, {})) for run in (r, plain.get((w, m), {}))]
+        err = f" {r['error']}" if "error" in r else ""
+        print(f"| {w} | {m} | {transit} | {r.get('step_ms_median', 'n/a')} | {cells[0]} | {cells[1]} |{err}")
 
 
 if __name__ == "__main__":

@@ -74,6 +74,14 @@ std::map<std::string, std::vector<double>> tensors_of(const std::string& path) {
   return out;
 }
 
+// Every model weight of a checkpoint, in name order, as one list.
+std::vector<double> model_values(const std::string& path) {
+  std::vector<double> out;
+  for (const auto& [key, values] : tensors_of(path))
+    if (key.rfind("model:", 0) == 0) out.insert(out.end(), values.begin(), values.end());
+  return out;
+}
+
 TEST_F(MptTrain, AShortRunLearns) {
   const std::string metrics = file("m.jsonl");
   ASSERT_EQ(run(fmt::format("--steps 60 --log-every 20 --eval-batches 4 --metrics '{}'", metrics)), 0) << stderr_;
@@ -201,11 +209,7 @@ TEST_F(MptTrain, DataParallelOverTwoCpuDevicesMatchesOneDevice) {
   const std::string common = "--precision fp32 --batch-size 32 --accumulation 2 --steps 4 --eval-batches 1 --seed 2";
   ASSERT_EQ(run(fmt::format("{} --parallel none --checkpoint '{}'", common, file("one.safetensors"))), 0) << stderr_;
   ASSERT_EQ(run(fmt::format("{} --parallel dp --checkpoint '{}'", common, file("dp.safetensors"))), 0) << stderr_;
-  std::vector<double> one, dp;
-  for (const auto& [key, values] : tensors_of(file("one.safetensors")))
-    if (key.rfind("model:", 0) == 0) one.insert(one.end(), values.begin(), values.end());
-  for (const auto& [key, values] : tensors_of(file("dp.safetensors")))
-    if (key.rfind("model:", 0) == 0) dp.insert(dp.end(), values.begin(), values.end());
+  const std::vector<double> one = model_values(file("one.safetensors")), dp = model_values(file("dp.safetensors"));
   ASSERT_EQ(one.size(), dp.size());
   EXPECT_LE(testing::rel_error(dp, one), 1e-5);  // summed in another order: equal up to rounding
 }
@@ -320,7 +324,34 @@ TEST_F(MptTrain, DdpRanksIntroduceThemselvesAndShareTheirStepTimes) {
     }
   EXPECT_EQ(step_lines, 2);
 }
+
+// --grad-transit bf16 all-reduces DDP's gradients in bf16: the model ends
+// close to the f32 transit's, but not equal (the averages were rounded).
+TEST_F(MptTrain, DdpWithBf16GradientTransitEndsCloseToF32) {
+  auto train = [&](const std::string& transit, const std::string& checkpoint) {
+    const std::string cmd = fmt::format(
+        "'{}' --nproc_per_node 2 --master_port {} --kill_timeout 2 '{}' --device cpu --progress none --precision fp32 "
+        "--steps 4 --batch-size 32 --eval-batches 1 --seed 3 --grad-transit {} --checkpoint '{}' >'{}' 2>&1",
+        mpt_run(), testing::free_port(), mpt_train(), transit, checkpoint, file("out"));
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << slurp(file("out"));
+  };
+  train("f32", file("f32.safetensors"));
+  train("bf16", file("bf16.safetensors"));
+  const std::vector<double> exact = model_values(file("f32.safetensors")),
+                            rounded = model_values(file("bf16.safetensors"));
+  ASSERT_EQ(exact.size(), rounded.size());
+  const double error = testing::rel_error(rounded, exact);
+  EXPECT_GT(error, 0.0);
+  EXPECT_LE(error, 1e-2);
+}
 #endif
+
+TEST_F(MptTrain, GradientTransitNeedsDdp) {
+  EXPECT_EQ(run("--steps 1 --grad-transit f16 --parallel none"), 1);
+  EXPECT_NE(stderr_.find("--grad-transit f16 compresses DDP's all-reduces; it needs --parallel ddp (this run is none)"),
+            std::string::npos)
+      << stderr_;
+}
 
 }  // namespace
 }  // namespace mpt

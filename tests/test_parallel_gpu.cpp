@@ -54,14 +54,19 @@ std::vector<double> input_of(int rank, int n) {
 // DDP's bucket fill on a GPU (one launch for many gradients) against the
 // CPU's one-at-a-time rule, on fresh random gradients: 45 of them (more than
 // one launch holds), sizes that span several chunks or are not a multiple of
-// a 16-byte pack, slots at offsets that break 16-byte alignment, and f16.
+// a 16-byte pack, slots at offsets that break 16-byte alignment, f16, and
+// gradients cast on the way in and out (compressed transit).
 TEST(DdpBucketFill, OneLaunchMatchesTheCpuForManyOddTensors) {
   MPT_SKIP_WITHOUT_CUDA();
   const uint64_t seed = mpt::testing::fresh_seed();
   SCOPED_TRACE(seed);
   Generator gen(seed);
   const Device gpu(DeviceType::cuda, 0);
-  for (DType dtype : {DType::f32, DType::f16}) {
+  const std::pair<DType, DType> kinds[] = {{DType::f32, DType::f32},  {DType::f16, DType::f16},
+                                           {DType::f32, DType::f16},  {DType::f32, DType::bf16},
+                                           {DType::f16, DType::f32},  {DType::bf16, DType::f32}};
+  for (const auto& [grad_dtype, dtype] : kinds) {
+    SCOPED_TRACE(fmt::format("{} gradients into {} slots", dtype_name(grad_dtype), dtype_name(dtype)));
     std::vector<int64_t> sizes;
     for (int i = 0; i < 45; ++i) sizes.push_back(i % 9 == 0 ? 200003 : 1 + 37 * i);
     int64_t total = 1;  // slot 0 starts one element in: misaligned
@@ -70,7 +75,7 @@ TEST(DdpBucketFill, OneLaunchMatchesTheCpuForManyOddTensors) {
     std::vector<Tensor> slots_cpu, slots_gpu, grads_cpu, grads_gpu;
     int64_t offset = 1;
     for (int64_t n : sizes) {
-      const Tensor g = prim::to(randn({n}, DType::f32, kCPU, &gen), dtype);
+      const Tensor g = prim::to(randn({n}, DType::f32, kCPU, &gen), grad_dtype);
       grads_cpu.push_back(g);
       grads_gpu.push_back(prim::to(g, gpu));
       slots_cpu.push_back(prim::slice(flat_cpu, 0, offset, offset + n));
@@ -79,7 +84,7 @@ TEST(DdpBucketFill, OneLaunchMatchesTheCpuForManyOddTensors) {
     }
     fill_slots(slots_cpu, grads_cpu, 1.0 / 3.0);
     fill_slots(slots_gpu, grads_gpu, 1.0 / 3.0);
-    EXPECT_EQ(prim::to(flat_gpu, kCPU).to_vector<float>(), flat_cpu.to_vector<float>()) << dtype_name(dtype);
+    EXPECT_EQ(prim::to(flat_gpu, kCPU).to_vector<float>(), flat_cpu.to_vector<float>());
   }
 }
 

@@ -19,8 +19,8 @@ void scaled_copy_list(const std::vector<Tensor>& slots, const std::vector<Tensor
     dsts.push_back(slots[i].data_ptr());
     sizes.push_back(slots[i].numel());
   }
-  launch_scaled_copy_list(slots.front().dtype(), srcs.data(), dsts.data(), sizes.data(), sizes.size(),
-                          static_cast<float>(scale), mpt::cuda::current_cuda_stream(device.index));
+  launch_scaled_copy_list(grads.front().dtype(), slots.front().dtype(), srcs.data(), dsts.data(), sizes.data(),
+                          sizes.size(), static_cast<float>(scale), mpt::cuda::current_cuda_stream(device.index));
 }
 
 }  // namespace mpt::dist::cuda

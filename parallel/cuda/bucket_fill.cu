@@ -1,5 +1,6 @@
 // DDP's bucket fill: every gradient of a bucket copied (and divided by the
-// world size) into its slot with one kernel launch, multi-tensor style as
+// world size, and cast when it travels compressed) into its slot with one
+// kernel launch, multi-tensor style as
 // amp's unscale does it: the lists travel in the kernel's parameters and
 // each block takes one chunk of one tensor. One launch per gradient cost
 // more than the copying itself for models with many small parameters
@@ -28,36 +29,39 @@ struct CopyChunks {
 };
 static_assert(sizeof(CopyChunks) < 4000, "kernel parameters are limited to 4 KiB");
 
-template <typename T>
-__device__ __forceinline__ T scaled(T x, float scale) {
-  return Element<T>::store(Element<T>::load(x) * scale);
+template <typename Src, typename Dst>
+__device__ __forceinline__ Dst scaled(Src x, float scale) {
+  return Element<Dst>::store(Element<Src>::load(x) * scale);
 }
 
-template <typename T>
+template <typename Src, typename Dst>
 __global__ void scaled_copy_kernel(CopyChunks list, float scale) {
   const int tensor = list.block_to_tensor[blockIdx.x];
   const int64_t start = static_cast<int64_t>(list.block_to_chunk[blockIdx.x]) * kChunk;
-  const T* src = static_cast<const T*>(list.srcs[tensor]) + start;
-  T* dst = static_cast<T*>(list.dsts[tensor]) + start;
+  const Src* src = static_cast<const Src*>(list.srcs[tensor]) + start;
+  Dst* dst = static_cast<Dst*>(list.dsts[tensor]) + start;
   const int64_t n = min(kChunk, list.sizes[tensor] - start);
 
-  constexpr int kVec = 16 / sizeof(T);
+  // 16-byte accesses on the wider side (the narrower one moves half that).
+  constexpr int kVec = 16 / (sizeof(Src) > sizeof(Dst) ? sizeof(Src) : sizeof(Dst));
   int64_t vector_end = 0;
-  if (reinterpret_cast<uintptr_t>(src) % 16 == 0 && reinterpret_cast<uintptr_t>(dst) % 16 == 0) {
+  if (reinterpret_cast<uintptr_t>(src) % (sizeof(Src) * kVec) == 0 &&
+      reinterpret_cast<uintptr_t>(dst) % (sizeof(Dst) * kVec) == 0) {
     vector_end = n / kVec * kVec;
-    const auto* in = reinterpret_cast<const Pack<T, kVec>*>(src);
-    auto* out = reinterpret_cast<Pack<T, kVec>*>(dst);
+    const auto* in = reinterpret_cast<const Pack<Src, kVec>*>(src);
+    auto* out = reinterpret_cast<Pack<Dst, kVec>*>(dst);
     for (int64_t i = threadIdx.x; i < n / kVec; i += blockDim.x) {
-      Pack<T, kVec> pack = in[i];
+      const Pack<Src, kVec> a = in[i];
+      Pack<Dst, kVec> b;
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) pack.v[j] = scaled(pack.v[j], scale);
-      out[i] = pack;
+      for (int j = 0; j < kVec; ++j) b.v[j] = scaled<Src, Dst>(a.v[j], scale);
+      out[i] = b;
     }
   }
-  for (int64_t i = vector_end + threadIdx.x; i < n; i += blockDim.x) dst[i] = scaled(src[i], scale);
+  for (int64_t i = vector_end + threadIdx.x; i < n; i += blockDim.x) dst[i] = scaled<Src, Dst>(src[i], scale);
 }
 
-template <typename T>
+template <typename Src, typename Dst>
 void scaled_copy_list(const void* const* srcs, void* const* dsts, const int64_t* sizes, size_t count, float scale,
                       cudaStream_t stream) {
   CopyChunks list;
@@ -69,17 +73,19 @@ void scaled_copy_list(const void* const* srcs, void* const* dsts, const int64_t*
         list.sizes[slot] = sizes[i];
       },
       [&](int blocks) {
-        scaled_copy_kernel<T><<<blocks, kBlockThreads, 0, stream>>>(list, scale);
+        scaled_copy_kernel<Src, Dst><<<blocks, kBlockThreads, 0, stream>>>(list, scale);
         MPT_CUDA_CHECK_LAUNCH("scaled_copy_kernel");
       });
 }
 
 }  // namespace
 
-void launch_scaled_copy_list(DType dtype, const void* const* srcs, void* const* dsts, const int64_t* sizes,
-                             size_t count, float scale, cudaStream_t stream) {
-  mpt::cuda::dispatch_floating<false>(dtype, "scaled_copy_list", [&](auto tag) {
-    scaled_copy_list<decltype(tag)>(srcs, dsts, sizes, count, scale, stream);
+void launch_scaled_copy_list(DType src_dtype, DType dst_dtype, const void* const* srcs, void* const* dsts,
+                             const int64_t* sizes, size_t count, float scale, cudaStream_t stream) {
+  mpt::cuda::dispatch_floating<false>(src_dtype, "scaled_copy_list", [&](auto src_tag) {
+    mpt::cuda::dispatch_floating<false>(dst_dtype, "scaled_copy_list", [&](auto dst_tag) {
+      scaled_copy_list<decltype(src_tag), decltype(dst_tag)>(srcs, dsts, sizes, count, scale, stream);
+    });
   });
 }
 

@@ -194,9 +194,9 @@ void print_result(const Options& o, const std::string& mode, int gpus, int64_t b
                    "{{\"workload\": \"{}\", \"mode\": \"{}\", \"gpus\": {}, \"precision\": \"{}\", \"batch\": {}, "
                    "\"step_ms_median\": {:.4f}, \"step_ms_min\": {:.4f}, \"step_ms_max\": {:.4f}, "
                    "\"samples_per_s\": {:.1f}, \"loss\": {}, \"peak_mem_mb\": {:.1f}, \"cuda_graph\": {}, "
-                   "\"impl\": \"mptrain\"}}",
+                   "\"grad_transit\": \"{}\", \"impl\": \"mptrain\"}}",
                    o.workload, mode, gpus, o.precision, batch, med, lo, hi, batch / med * 1e3, loss, peak_mb,
-                   graphed ? "true" : "false")
+                   graphed ? "true" : "false", o.ddp.compression ? dtype_name(*o.ddp.compression) : "f32")
             << std::endl;
 }
 
@@ -366,7 +366,13 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--first-bucket-mb", first_bucket_mb, "dp and ddp: size of the first bucket, which starts soonest")
       ->check(CLI::PositiveNumber);
+  std::string grad_transit = "f32";
+  app.add_option("--grad-transit", grad_transit,
+                 "dp and ddp: dtype gradients are all-reduced in: f32 (the reference's), or f16 / bf16 (half the "
+                 "traffic; PyTorch's fp16/bf16 compress hooks)")
+      ->check(CLI::IsMember({"f32", "f16", "bf16"}));
   CLI11_PARSE(app, argc, argv);
+  if (grad_transit != "f32") o.ddp.compression = grad_transit == "f16" ? DType::f16 : DType::bf16;
   // Every collective of a timed step is replayed inside its graph, and the
   // few outside one (set-up, the final median) run only when no graph is in
   // flight, so NCCL need not order graphed against ungraphed operations of

@@ -50,6 +50,10 @@ int main(int argc, char** argv) {
                  "ddp: seconds a rendezvous wait or a collective may take before the rank fails (a dead peer is "
                  "noticed at once; this bounds a silent one)")
       ->check(CLI::PositiveNumber);
+  app.add_option("--grad-transit", c.grad_transit,
+                 "ddp: dtype gradients are all-reduced in: f32, or f16 / bf16 (half the traffic, rounded once; an "
+                 "f16 overflow is an inf the loss scaler skips)")
+      ->check(CLI::IsMember({"f32", "f16", "bf16"}));
   app.add_option("--workers", c.workers, "Data-loading threads (0: load in the training thread)");
   app.add_option("--eval-batches", c.eval_batches, "Batches evaluated per epoch (0: the whole test set or held-out text)");
 

@@ -37,6 +37,7 @@ struct TrainConfig {
   std::string device = "auto";          // auto (a GPU if there is one, else the CPU), cpu, cuda, cuda:N
   std::string parallel = "auto";        // none, dp, ddp; auto: ddp under mpt-run, else none
   double dist_timeout = 60;             // ddp: seconds any rendezvous wait or collective may take
+  std::string grad_transit = "f32";     // ddp: dtype of the gradient all-reduces (f32, f16, bf16)
   int workers = 1;                      // data-loading threads
   int64_t eval_batches = 0;             // 0: the whole test set each epoch
 

@@ -164,6 +164,11 @@ TrainResult run_training(const TrainConfig& config) {
   const std::string parallel = pick_parallel_mode(c.parallel);
   check(parallel == "none" || parallel == "dp" || parallel == "ddp",
         "mpt-train: unknown --parallel '{}' (none, dp, ddp)", parallel);
+  check(c.grad_transit == "f32" || c.grad_transit == "f16" || c.grad_transit == "bf16",
+        "mpt-train: unknown --grad-transit '{}' (f32, f16, bf16)", c.grad_transit);
+  check(c.grad_transit == "f32" || parallel == "ddp",
+        "mpt-train: --grad-transit {} compresses DDP's all-reduces; it needs --parallel ddp (this run is {})",
+        c.grad_transit, parallel);
   // ddp: join the other ranks (rendezvous from mpt-run's variables); only
   // rank 0 reports and writes checkpoints.
   std::optional<dist::Distributed> world;
@@ -214,7 +219,9 @@ TrainResult run_training(const TrainConfig& config) {
 
   std::unique_ptr<dist::DistributedDataParallel> ddp;
   if (world) {
-    ddp = std::make_unique<dist::DistributedDataParallel>(w.model, world->group);
+    dist::DdpOptions options;
+    if (c.grad_transit != "f32") options.compression = c.grad_transit == "f16" ? DType::f16 : DType::bf16;
+    ddp = std::make_unique<dist::DistributedDataParallel>(w.model, world->group, options);
     // Every rank skips or takes the same step.
     if (amp::GradScaler* scaler = precision.scaler())
       scaler->set_found_inf_reducer([&ddp](Tensor& found_inf) { ddp->allreduce_found_inf(found_inf); });
