@@ -27,6 +27,7 @@ struct Bucket {
   int64_t elements = 0;          // the buffer's size (gradients and padding)
   DType dtype = DType::f32;      // the transit dtype
   Tensor flat;                   // the communication buffer, while in use
+  int64_t arena_offset = -1;     // where `flat` lies in DDP's registered arena; -1: allocated per use
   size_t pending = 0;            // gradients not yet ready this iteration
   WorkPtr work;                  // the running all-reduce, once launched
 };

@@ -49,6 +49,10 @@ WorkPtr DeviceRoutedGroup::reduce_scatter(const Tensor& output, const Tensor& in
 
 WorkPtr DeviceRoutedGroup::barrier() { return backend_for(kCPU).barrier(); }
 
+Tensor DeviceRoutedGroup::registered_buffer(int64_t numel, DType dtype, const Device& device) {
+  return backend_for(device).registered_buffer(numel, dtype, device);
+}
+
 Distributed init_process_group(const std::string& url, const ProcessGroupOptions& options, const EnvLookup& env) {
   Rendezvous rv = rendezvous(url, options.timeout, env);
   Distributed d;

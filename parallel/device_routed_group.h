@@ -23,6 +23,7 @@ class DeviceRoutedGroup : public ProcessGroup {
   WorkPtr reduce_scatter(const Tensor& output, const Tensor& input, ReduceOp op) override;
   // On the CPU group (made on demand).
   WorkPtr barrier() override;
+  Tensor registered_buffer(int64_t numel, DType dtype, const Device& device) override;
 
   // The backend serving tensors on `device`, made on first use.
   ProcessGroup& backend_for(const Device& device);

@@ -24,6 +24,12 @@ struct DistributedDataParallel::Reducer {
   std::vector<std::string> names;
   std::vector<Bucket> buckets;
   std::vector<size_t> bucket_of;  // per parameter
+  // The buckets' buffers, in memory the group's collectives run fastest on
+  // (registered_buffer; undefined when the backend has none). Asked for
+  // once: its size does not depend on the bucket order, so the rebuilt
+  // buckets fit it too.
+  Tensor arena;
+  bool arena_asked = false;
 
   bool sync = true;               // false inside no_sync()
   bool expecting = false;         // a synchronised forward ran; its backward will reduce
@@ -41,6 +47,9 @@ struct DistributedDataParallel::Reducer {
   void on_gradient_ready(size_t index);
   void mark_ready(size_t index);
   void launch(Bucket& bucket);
+  bool holds_a_large_gradient(const Bucket& b) const;
+  bool averaged_in_place(const Bucket& b) const;
+  void place_in_arena();
   void finalize();
   std::string not_ready_names() const;
 };
@@ -127,6 +136,39 @@ void DistributedDataParallel::Reducer::build(const std::vector<size_t>& order) {
     b.dtype = transit;
     buckets.push_back(std::move(b));
   }
+  place_in_arena();
+}
+
+bool DistributedDataParallel::Reducer::holds_a_large_gradient(const Bucket& b) const {
+  // A gradient of at least the cap is alone in its bucket whatever the
+  // order (see assign_buckets).
+  return b.params.size() == 1 && params[b.params.front()].nbytes() >= options.bucket_bytes;
+}
+
+bool DistributedDataParallel::Reducer::averaged_in_place(const Bucket& b) const {
+  // Unless it must change dtype on the way.
+  const DType d = params[b.params.front()].dtype();
+  return holds_a_large_gradient(b) && b.dtype == d && (d == DType::f32 || d == DType::f64);
+}
+
+void DistributedDataParallel::Reducer::place_in_arena() {
+  // Large gradients stay out: they are averaged in place, or (compressed)
+  // get a buffer only while backward needs it. So the arena's size does
+  // not depend on the order, and it stays small beside the model.
+  int64_t total = 0;
+  for (auto& b : buckets) {
+    b.arena_offset = -1;
+    if (holds_a_large_gradient(b)) continue;
+    b.arena_offset = total;
+    total += b.elements;
+  }
+  if (total == 0) return;
+  if (!arena_asked) {
+    arena = group->registered_buffer(total, buckets.front().dtype, params.front().device());
+    arena_asked = true;
+  }
+  if (!arena.defined() || arena.numel() < total)
+    for (auto& b : buckets) b.arena_offset = -1;
 }
 
 std::string DistributedDataParallel::Reducer::not_ready_names() const {
@@ -169,7 +211,8 @@ void DistributedDataParallel::Reducer::prepare() {
     // as they are held (zero_grad() lets go of them); this one gets a new
     // buffer when its first gradient is ready. So the buffers exist only
     // from backward to zero_grad(), not during forward, where activations
-    // peak (mlp_large: 805 MB less at the peak).
+    // peak (mlp_large: 805 MB less at the peak); only the registered arena
+    // (which large gradients, averaged in place, stay out of) lasts.
     b.flat = Tensor();
   }
   next_to_launch = 0;
@@ -220,21 +263,22 @@ void DistributedDataParallel::Reducer::mark_ready(size_t index) {
 
 void DistributedDataParallel::Reducer::launch(Bucket& bucket) {
   NoGradGuard no_grad;
-  if (bucket.params.size() == 1) {
-    // A gradient alone in its bucket (a large one, see assign_buckets) is
-    // averaged where it lies: no buffer and no copy. Only f32 and f64: the
-    // collective's average may sum before it divides, which could overflow
-    // a 16-bit type.
+  if (averaged_in_place(bucket)) {
+    // A large gradient alone in its bucket is averaged where it lies: no
+    // buffer and no copy. Only f32 and f64: the collective's average may
+    // sum before it divides, which could overflow a 16-bit type.
     const Tensor g = params[bucket.params[0]].grad();
-    if (g.defined() && g.dtype() == bucket.dtype && g.is_contiguous() &&
-        (g.dtype() == DType::f32 || g.dtype() == DType::f64)) {
+    if (g.defined() && g.dtype() == bucket.dtype && g.is_contiguous()) {
       bucket.flat = prim::view(g, {g.numel()});
       NvtxRange range("ddp: all-reduce gradient in place");
       bucket.work = group->allreduce(bucket.flat, ReduceOp::avg);
       return;
     }
   }
-  if (!bucket.flat.defined()) bucket.flat = Tensor::empty({bucket.elements}, bucket.dtype, params.front().device());
+  if (bucket.arena_offset >= 0)
+    bucket.flat = prim::slice(arena, 0, bucket.arena_offset, bucket.arena_offset + bucket.elements);
+  else
+    bucket.flat = Tensor::empty({bucket.elements}, bucket.dtype, params.front().device());
   // Divide before the all-reduce: the sum of averages cannot overflow a
   // 16-bit transit type where the plain sum might.
   const double scale = 1.0 / group->size();

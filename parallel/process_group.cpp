@@ -22,6 +22,8 @@ void check_collective_tensor(const char* op, const Tensor& t, DeviceType expecte
                     describe(t));
 }
 
+Tensor ProcessGroup::registered_buffer(int64_t, DType, const Device&) { return Tensor(); }
+
 std::shared_ptr<ProcessGroup> new_process_group(const std::shared_ptr<Store>& store, int rank, int size,
                                                 DeviceType device_type, const ProcessGroupOptions& options,
                                                 int device) {

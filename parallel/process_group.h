@@ -52,6 +52,16 @@ class ProcessGroup {
   virtual WorkPtr reduce_scatter(const Tensor& output, const Tensor& input, ReduceOp op = ReduceOp::sum) = 0;
   virtual WorkPtr barrier() = 0;
 
+  // A flat buffer of `numel` elements on `device` that this backend's
+  // collectives run fastest on, or an undefined tensor when the backend has
+  // none (then any memory does as well). NCCL: memory from ncclMemAlloc
+  // registered as a symmetric window with every rank, which lets NCCL use
+  // its low-latency kernels for collectives on it. A collective call: every
+  // rank asks for the same sizes in the same order, and a collective on it
+  // uses the same offsets on every rank. The memory stays with the group
+  // until the group ends, so ask once and reuse it.
+  virtual Tensor registered_buffer(int64_t numel, DType dtype, const Device& device);
+
  protected:
   ProcessGroup(int rank, int size) : rank_(rank), size_(size) {}
 

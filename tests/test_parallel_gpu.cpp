@@ -127,6 +127,33 @@ TEST(NcclProcessGroup, CollectivesFollowTheirRules) {
   });
 }
 
+// registered_buffer: NCCL memory in a symmetric window. Sums over the
+// whole buffer and over one slice of it (the same offsets on both ranks,
+// as symmetric windows require) follow the rule; another GPU is refused.
+TEST(NcclProcessGroup, ARegisteredBufferServesCollectives) {
+  SKIP_WITHOUT_TWO_GPUS();
+  const int n = 3000;
+  with_gpu_ranks(2, [&](ProcessGroup& g, const Device& dev) {
+    Tensor buffer = g.registered_buffer(n, DType::f32, dev);
+    ASSERT_TRUE(buffer.defined());
+    EXPECT_EQ(buffer.device(), dev);
+    EXPECT_EQ(buffer.numel(), n);
+    prim::copy_(buffer, from_vector(input_of(g.rank(), n), {n}, DType::f32, dev));
+    g.allreduce(buffer, dist::ReduceOp::sum)->wait();
+    std::vector<double> expected(n);
+    for (int i = 0; i < n; ++i) expected[i] = input_of(0, n)[i] + input_of(1, n)[i];
+    EXPECT_EQ(buffer.to_vector<double>(), expected);
+
+    Tensor part = prim::slice(buffer, 0, 1024, 2048);
+    g.allreduce(part, dist::ReduceOp::sum)->wait();
+    for (int i = 1024; i < 2048; ++i) expected[i] *= 2;
+    EXPECT_EQ(buffer.to_vector<double>(), expected);
+
+    const Device other(DeviceType::cuda, 1 - dev.index);
+    EXPECT_THROW(g.registered_buffer(n, DType::f32, other), DeviceError);
+  });
+}
+
 TEST(NcclProcessGroup, APeerThatNeverCallsTimesOut) {
   SKIP_WITHOUT_TWO_GPUS();
   std::string message;

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -41,6 +42,8 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   Communicator(std::shared_ptr<Store> store, int world_size) : store_(std::move(store)), world_size_(world_size) {}
   ~Communicator() {
     if (comm_ != nullptr && aborted_because_.empty()) ncclCommDestroy(comm_);
+    // Registered windows end with the communicator; their memory after it.
+    for (void* p : registered_) ncclMemFree(p);
   }
   ncclComm_t get() const { return comm_; }
   ncclComm_t* slot() { return &comm_; }
@@ -86,9 +89,17 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   // NCCL cannot say which peer failed; the store knows who left the job.
   std::string who_left() { return describe_departures(*store_, world_size_); }
 
+  // Memory from ncclMemAlloc registered with this communicator: freed when
+  // the communicator is gone (tensors over it hold the communicator).
+  void adopt_registered(void* memory) {
+    std::lock_guard lock(mutex_);
+    registered_.push_back(memory);
+  }
+
  private:
   std::shared_ptr<Store> store_;
   int world_size_;
+  std::vector<void*> registered_;
   ncclComm_t comm_ = nullptr;
   std::mutex mutex_;
   std::string aborted_because_;
@@ -455,6 +466,37 @@ class NcclProcessGroup : public ProcessGroup {
                     MPT_NCCL_CHECK(ncclReduceScatter(input.data_ptr(), output.data_ptr(), output.numel(),
                                                      nccl::data_type(input.dtype()), nccl::red_op(op), comm_->get(), s));
                   });
+  }
+
+  // ncclMemAlloc'd memory in a symmetric window (NCCL_WIN_COLL_SYMMETRIC):
+  // NCCL's symmetric kernels then serve collectives on it, with less
+  // latency than its ring kernels on ordinary memory. The window lasts as
+  // long as the communicator (deregistering is collective, which a
+  // tensor's last release is not). MPT_NCCL_SYMMETRIC=0 on every rank turns
+  // it off.
+  Tensor registered_buffer(int64_t numel, DType dtype, const Device& device) override {
+    check<DeviceError>(device.type == DeviceType::cuda && device.index == device_,
+                       "registered_buffer: asked for {} but this rank's NCCL group drives cuda:{}", device.str(),
+                       device_);
+    check<ValueError>(numel > 0, "registered_buffer: {} elements", numel);
+    if (const char* off = std::getenv("MPT_NCCL_SYMMETRIC"); off && std::string(off) == "0") return Tensor();
+    std::lock_guard lock(mutex_);  // in order with every rank's other collective calls
+    DeviceGuard guard(device);
+    const size_t bytes = static_cast<size_t>(numel) * dtype_size(dtype);
+    const std::string what =
+        fmt::format("registering a symmetric window of {} bytes on rank {} of {}", bytes, rank(), size());
+    void* memory = nullptr;
+    MPT_NCCL_CHECK(ncclMemAlloc(&memory, bytes));
+    comm_->adopt_registered(memory);
+    ncclWindow_t window = nullptr;
+    aborting_on_failure(*comm_, [&] {
+      comm_->use(what, [&] {
+        MPT_NCCL_CHECK(ncclCommWindowRegister(comm_->get(), memory, bytes, &window, NCCL_WIN_COLL_SYMMETRIC));
+        nccl::wait_for({comm_->get()}, timeout_, what);
+      });
+    });
+    auto storage = std::make_shared<Storage>(memory, bytes, device, [comm = comm_](void*) {});
+    return Tensor::view_of(std::move(storage), {numel}, {1}, 0, dtype);
   }
 
   WorkPtr barrier() override {
