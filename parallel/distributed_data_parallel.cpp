@@ -162,7 +162,10 @@ void DistributedDataParallel::Reducer::place_in_arena() {
     b.arena_offset = total;
     total += b.elements;
   }
-  if (total == 0) return;
+  if (total == 0 || !options.registered_buffers) {
+    for (auto& b : buckets) b.arena_offset = -1;
+    return;
+  }
   if (!arena_asked) {
     arena = group->registered_buffer(total, buckets.front().dtype, params.front().device());
     arena_asked = true;
@@ -429,6 +432,10 @@ std::vector<std::vector<size_t>> DistributedDataParallel::bucket_assignment() co
 }
 
 bool DistributedDataParallel::buckets_rebuilt() const { return reducer_->rebuilt; }
+
+int64_t DistributedDataParallel::registered_bytes() const {
+  return reducer_->arena.defined() ? static_cast<int64_t>(reducer_->arena.nbytes()) : 0;
+}
 
 void DistributedDataParallel::allreduce_found_inf(const Tensor& found_inf) {
   dist::allreduce_found_inf(*group_, found_inf);

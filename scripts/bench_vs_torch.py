@@ -73,9 +73,11 @@ def main():
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--log", default=os.path.join(os.environ["OUT"], "bench.jsonl") if "OUT" in os.environ else None)
     ap.add_argument("--ceilings", action="store_true", help="also run ceilings.py (GEMM rate, copy bandwidth)")
-    ap.add_argument("--grad-transits", nargs="*", default=[], choices=["f16", "bf16"],
-                    help="also run mptrain's dp and ddp with gradients all-reduced in these dtypes (the reference "
-                         "has no such mode: compared with mptrain's own single-GPU run only)")
+    ap.add_argument("--variants", nargs="*", default=[],
+                    help="also run mptrain's dp and ddp with each of these sets of mpt-bench options, written "
+                         "without their dashes and joined by commas (grad-transit=f16 registered-buffers "
+                         "grad-transit=f16,registered-buffers); the reference has no such modes, so they are "
+                         "compared with mptrain's own single-GPU run only")
     a = ap.parse_args()
 
     ref = find_reference(a.build)
@@ -84,8 +86,18 @@ def main():
     env.setdefault("NCCL_NVLS_ENABLE", "0")
     common = ["--precision", a.precision, "--warmup", str(a.warmup), "--steps", str(a.steps)]
     records = []
+    log = open(a.log, "w") if a.log else None
+
+    def keep(*new):
+        """Records a result, and logs it at once: a call cut short keeps what ran."""
+        for r in new:
+            records.append(r)
+            if log:
+                log.write(json.dumps(r) + "\n")
+                log.flush()
+
     if a.ceilings:
-        records += run_json([sys.executable, os.path.join(ref, "ceilings.py")], env)
+        keep(*run_json([sys.executable, os.path.join(ref, "ceilings.py")], env))
     rows = []
     for w in a.workloads:
         for m in a.modes:
@@ -93,22 +105,20 @@ def main():
             ours_cmd = [os.path.join(a.build, "tools", "mpt-bench", "mpt-bench"), "--workload", w, "--mode", m]
             ours = run_json(ours_cmd + common, env)[-1]
             torch.setdefault("impl", "pytorch")
-            records += [torch, ours]
+            keep(torch, ours)
             rows.append((w, m, torch, ours))
-    compressed = []  # (workload, mode, transit, record)
-    for transit in a.grad_transits:
+    variants = []  # (workload, mode, variant, record)
+    for variant in a.variants:
         for w in a.workloads:
             for m in (m for m in a.modes if m != "single"):
-                ours_cmd = [os.path.join(a.build, "tools", "mpt-bench", "mpt-bench"), "--workload", w, "--mode", m,
-                            "--grad-transit", transit]
-                ours = run_json(ours_cmd + common, env)[-1]
-                records.append(ours)
-                compressed.append((w, m, transit, ours))
+                ours_cmd = [os.path.join(a.build, "tools", "mpt-bench", "mpt-bench"), "--workload", w, "--mode", m]
+                ours = run_json(ours_cmd + variant_options(variant) + common, env)[-1]
+                ours["variant"] = variant
+                keep(ours)
+                variants.append((w, m, variant, ours))
 
-    if a.log:
-        with open(a.log, "w") as f:
-            for r in records:
-                f.write(json.dumps(r) + "\n")
+    if log:
+        log.close()
     for r in records:
         if "ceiling" in r:
             print(json.dumps(r))
@@ -121,7 +131,7 @@ def main():
         print(f"| {w} | {m} | {tm} | {om} | {ratio} | {t.get('peak_mem_mb', '-')} | {o.get('peak_mem_mb', '-')} |"
               + (f" {err}" if err else ""))
     print_scaling(rows)
-    print_compressed_scaling(rows, compressed)
+    print_variant_scaling(rows, variants)
     print_gemm_rate(rows, records)
 
 
@@ -184,19 +194,31 @@ def print_scaling(rows):
         print("(ddp: weak-scaling efficiency, single step time / ddp step time; dp: throughput over one GPU)")
 
 
-def print_compressed_scaling(rows, compressed):
-    """mptrain's dp and ddp with 16-bit gradient transit against its own
-    single-GPU run of this call, beside the f32 transit's figure."""
-    if not compressed:
+def variant_options(variant):
+    """'grad-transit=f16,registered-buffers' -> ['--grad-transit', 'f16', '--registered-buffers']"""
+    options = []
+    for item in variant.split(","):
+        name, _, value = item.partition("=")
+        options += ["--" + name] + ([value] if value else [])
+    return options
+
+
+def print_variant_scaling(rows, variants):
+    """mptrain's dp and ddp with other mpt-bench options against its own
+    single-GPU run of this call, beside the default options' figures."""
+    if not variants:
         return
     single = {w: o for w, m, t, o in rows if m == "single"}
     plain = {(w, m): o for w, m, t, o in rows}
-    print("\n| workload | mode | gradient transit | mptrain ms/step | vs its single GPU | with f32 transit |")
-    print("|---|---|---|---|---|---|")
-    for w, m, transit, r in compressed:
-        cells = [scaling(m, run, single.get(w, {})) for run in (r, plain.get((w, m), {}))]
+    print("\n| workload | mode | mpt-bench options | ms/step | vs its single GPU | peak MB | default: ms/step | "
+          "vs its single GPU | peak MB |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for w, m, variant, r in variants:
+        base = plain.get((w, m), {})
+        cells = [scaling(m, run, single.get(w, {})) for run in (r, base)]
         err = f" {r['error']}" if "error" in r else ""
-        print(f"| {w} | {m} | {transit} | {r.get('step_ms_median', 'n/a')} | {cells[0]} | {cells[1]} |{err}")
+        print(f"| {w} | {m} | `{variant}` | {r.get('step_ms_median', 'n/a')} | {cells[0]} | {r.get('peak_mem_mb', '-')} "
+              f"| {base.get('step_ms_median', 'n/a')} | {cells[1]} | {base.get('peak_mem_mb', '-')} |{err}")
 
 
 if __name__ == "__main__":

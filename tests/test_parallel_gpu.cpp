@@ -154,6 +154,42 @@ TEST(NcclProcessGroup, ARegisteredBufferServesCollectives) {
   });
 }
 
+// DDP with its buckets in registered memory (NCCL's symmetric kernels)
+// averages exactly as with ordinary buffers: two ranks' halves summed in
+// either order give the same f32. Several buckets, rebuilt after the first
+// step; the registered bytes are reported.
+TEST(NcclDdp, RegisteredBucketBuffersAverageLikeOrdinaryOnes) {
+  SKIP_WITHOUT_TWO_GPUS();
+  const uint64_t seed = mpt::testing::fresh_seed();
+  SCOPED_TRACE(seed);
+  with_gpu_ranks(2, [&](ProcessGroup& g, const Device& dev) {
+    DeviceGuard on_device(dev);
+    const std::shared_ptr<ProcessGroup> group(&g, [](ProcessGroup*) {});  // owned by with_gpu_ranks
+    auto ordinary_model = mpt::testing::make_mlp(seed), registered_model = mpt::testing::make_mlp(seed);
+    ordinary_model->to(dev);
+    registered_model->to(dev);
+    const DdpOptions small_buckets{.first_bucket_bytes = 200, .bucket_bytes = 600};
+    DdpOptions registered = small_buckets;
+    registered.registered_buffers = true;
+    DistributedDataParallel ordinary(ordinary_model, group, small_buckets), in_window(registered_model, group, registered);
+    EXPECT_EQ(ordinary.registered_bytes(), 0);
+    EXPECT_GT(in_window.registered_bytes(), 0);
+    Generator gen(seed + 1 + g.rank());
+    for (int step = 0; step < 3; ++step) {
+      const Tensor x = prim::to(randn({8, 6}, DType::f32, kCPU, &gen), dev);
+      const Tensor y = prim::to(randn({8, 3}, DType::f32, kCPU, &gen), dev);
+      ordinary_model->zero_grad();
+      registered_model->zero_grad();
+      backward(mse_loss(ordinary(x), y));
+      backward(mse_loss(in_window(x), y));
+      const auto a = ordinary_model->parameters(), b = registered_model->parameters();
+      for (size_t i = 0; i < a.size(); ++i)
+        EXPECT_EQ(a[i].grad().to_vector<float>(), b[i].grad().to_vector<float>()) << "step " << step << ", parameter " << i;
+    }
+    EXPECT_TRUE(in_window.buckets_rebuilt());
+  });
+}
+
 TEST(NcclProcessGroup, APeerThatNeverCallsTimesOut) {
   SKIP_WITHOUT_TWO_GPUS();
   std::string message;

@@ -13,7 +13,6 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
-#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -472,14 +471,14 @@ class NcclProcessGroup : public ProcessGroup {
   // NCCL's symmetric kernels then serve collectives on it, with less
   // latency than its ring kernels on ordinary memory. The window lasts as
   // long as the communicator (deregistering is collective, which a
-  // tensor's last release is not). MPT_NCCL_SYMMETRIC=0 on every rank turns
-  // it off.
+  // tensor's last release is not). Unlike the ring kernels, NCCL 2.28's
+  // symmetric kernels were seen to keep waiting for a dead peer after
+  // ncclCommAbort (two H200s, a graphed DDP step).
   Tensor registered_buffer(int64_t numel, DType dtype, const Device& device) override {
     check<DeviceError>(device.type == DeviceType::cuda && device.index == device_,
                        "registered_buffer: asked for {} but this rank's NCCL group drives cuda:{}", device.str(),
                        device_);
     check<ValueError>(numel > 0, "registered_buffer: {} elements", numel);
-    if (const char* off = std::getenv("MPT_NCCL_SYMMETRIC"); off && std::string(off) == "0") return Tensor();
     std::lock_guard lock(mutex_);  // in order with every rank's other collective calls
     DeviceGuard guard(device);
     const size_t bytes = static_cast<size_t>(numel) * dtype_size(dtype);
