@@ -172,7 +172,7 @@ def scaling(mode, run, single):
     if "step_ms_median" not in run or "step_ms_median" not in single:
         return "n/a"
     if mode == "ddp":
-        return f"{single['step_ms_median'] / run['step_ms_median']:.2f}"
+        return f"{single['step_ms_median'] / run['step_ms_median']:.3f}"
     return f"{run['samples_per_s'] / single['samples_per_s']:.2f}x"
 
 
