@@ -146,7 +146,9 @@ bool DistributedDataParallel::Reducer::holds_a_large_gradient(const Bucket& b) c
 }
 
 bool DistributedDataParallel::Reducer::averaged_in_place(const Bucket& b) const {
-  // Unless it must change dtype on the way.
+  // launch() averages a large gradient where backward left it, unless it
+  // changes dtype on the way (compressed) or is 16-bit (the collective's
+  // average may sum before it divides, and overflow).
   const DType d = params[b.params.front()].dtype();
   return holds_a_large_gradient(b) && b.dtype == d && (d == DType::f32 || d == DType::f64);
 }
@@ -267,9 +269,7 @@ void DistributedDataParallel::Reducer::mark_ready(size_t index) {
 void DistributedDataParallel::Reducer::launch(Bucket& bucket) {
   NoGradGuard no_grad;
   if (averaged_in_place(bucket)) {
-    // A large gradient alone in its bucket is averaged where it lies: no
-    // buffer and no copy. Only f32 and f64: the collective's average may
-    // sum before it divides, which could overflow a 16-bit type.
+    // Averaged where it lies: no buffer and no copy.
     const Tensor g = params[bucket.params[0]].grad();
     if (g.defined() && g.dtype() == bucket.dtype && g.is_contiguous()) {
       bucket.flat = prim::view(g, {g.numel()});

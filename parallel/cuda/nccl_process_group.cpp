@@ -40,9 +40,13 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
  public:
   Communicator(std::shared_ptr<Store> store, int world_size) : store_(std::move(store)), world_size_(world_size) {}
   ~Communicator() {
-    if (comm_ != nullptr && aborted_because_.empty()) ncclCommDestroy(comm_);
-    // Registered windows end with the communicator; their memory after it.
-    for (void* p : registered_) ncclMemFree(p);
+    if (comm_ != nullptr && aborted_because_.empty()) {
+      ncclCommDestroy(comm_);
+      // Registered windows end with the communicator; their memory after
+      // it. After an abort it is left alone: kernels waiting for a dead
+      // peer may still touch it.
+      for (void* p : registered_) ncclMemFree(p);
+    }
   }
   ncclComm_t get() const { return comm_; }
   ncclComm_t* slot() { return &comm_; }
