@@ -190,6 +190,30 @@ TEST(NcclDdp, RegisteredBucketBuffersAverageLikeOrdinaryOnes) {
   });
 }
 
+// Two ranks on one GPU: NCCL itself would only say "invalid usage". Both
+// ranks refuse, naming the pair and the GPU.
+TEST(NcclProcessGroup, TwoRanksOnOneGpuAreRefusedNamingThem) {
+  MPT_SKIP_WITHOUT_CUDA();
+  const auto stores = dist::loopback_stores(2, milliseconds(20000));
+  std::vector<std::string> messages(2);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r)
+    ranks.emplace_back([&, r] {
+      try {
+        dist::new_process_group(stores[r], r, 2, DeviceType::cuda, {}, /*device=*/0);
+      } catch (const DeviceError& e) {
+        messages[r] = e.what();
+      }
+    });
+  for (auto& t : ranks) t.join();
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_NE(messages[r].find(fmt::format("NCCL group (rank {} of 2): ranks 0 and 1 both drive the GPU at", r)),
+              std::string::npos)
+        << messages[r];
+    EXPECT_NE(messages[r].find("(cuda:0 there); each rank needs a GPU of its own"), std::string::npos) << messages[r];
+  }
+}
+
 TEST(NcclProcessGroup, APeerThatNeverCallsTimesOut) {
   SKIP_WITHOUT_TWO_GPUS();
   std::string message;

@@ -9,6 +9,7 @@
 // watchdog thread (ReplayWatchdog).
 #include <cuda_runtime.h>
 #include <nccl.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -374,6 +375,28 @@ class ReplayWatchdog : public cuda::ReplayWatch {
   std::thread thread_;
 };
 
+// NCCL refuses two ranks on one GPU with "invalid usage", which names
+// neither the ranks nor the GPU. So the ranks of a new group publish their
+// host and the GPU's PCI address first, and every rank refuses the same
+// first pair that shares one.
+void check_one_gpu_per_rank(Store& store, int64_t group_index, int rank, int size, int device) {
+  char bus[32] = {};
+  MPT_CUDA_CHECK(cudaDeviceGetPCIBusId(bus, sizeof bus, device));
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  auto key = [&](int r) { return fmt::format("mpt/nccl/{}/gpu_of_rank/{}", group_index, r); };
+  const std::string mine = fmt::format("{} {} (cuda:{} there)", host, bus, device);
+  store.set(key(rank), mine);
+  std::vector<std::string> gpus;
+  for (int r = 0; r < size; ++r) gpus.push_back(r == rank ? mine : store.get_string(key(r)));
+  for (int a = 0; a < size; ++a)
+    for (int b = a + 1; b < size; ++b)
+      check<DeviceError>(gpus[a] != gpus[b],
+                         "NCCL group (rank {} of {}): ranks {} and {} both drive the GPU at host/PCI address {}; "
+                         "each rank needs a GPU of its own (under mpt-run, the GPU of LOCAL_RANK)",
+                         rank, size, a, b, gpus[a]);
+}
+
 class NcclProcessGroup : public ProcessGroup {
  public:
   NcclProcessGroup(const std::shared_ptr<Store>& store, int rank, int size, int device,
@@ -384,6 +407,7 @@ class NcclProcessGroup : public ProcessGroup {
     check_device_available(Device(DeviceType::cuda, device));
     DeviceGuard guard(Device(DeviceType::cuda, device_));
     const int64_t index = store->add(fmt::format("mpt/nccl/groups_of_rank/{}", rank), 1);
+    check_one_gpu_per_rank(*store, index, rank, size, device);
     const std::string key = fmt::format("mpt/nccl/{}/unique_id", index);
     ncclUniqueId id;
     if (rank == 0) {

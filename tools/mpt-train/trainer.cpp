@@ -55,9 +55,15 @@ class StopOnSignal {
 };
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-// Under ddp, "auto" gives each process the GPU of its LOCAL_RANK.
+// Under ddp, "auto" and "cuda" give each process the GPU of its LOCAL_RANK
+// (local_rank is 0 otherwise).
 Device pick_device(const std::string& spec, int local_rank) {
   if (spec == "auto") return cuda_device_count() > 0 ? Device(DeviceType::cuda, local_rank) : kCPU;
+  if (spec == "cuda") {
+    const Device d(DeviceType::cuda, local_rank);
+    check_device_available(d);
+    return d;
+  }
   Device d(spec);
   check_device_available(d);
   return d;
