@@ -378,7 +378,7 @@ int main(int argc, char** argv) {
                "dp and ddp: bucket buffers in NCCL symmetric windows (lower latency; a dead peer can then block a "
                "host that waits on the GPU)");
   CLI11_PARSE(app, argc, argv);
-  if (grad_transit != "f32") o.ddp.compression = grad_transit == "f16" ? DType::f16 : DType::bf16;
+  if (grad_transit != "f32") o.ddp.compression = dtype_from_name(grad_transit);
   // Every collective of a timed step is replayed inside its graph, and the
   // few outside one (set-up, the final median) run only when no graph is in
   // flight, so NCCL need not order graphed against ungraphed operations of

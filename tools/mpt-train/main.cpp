@@ -43,7 +43,9 @@ int main(int argc, char** argv) {
                  "End after this many steps, checkpointing as if interrupted; --resume continues the same run");
   app.add_option("--seed", c.seed, "Seed of the weights and the data order");
 
-  app.add_option("--device", c.device, "auto (a GPU if present, else the CPU), cpu, cuda, cuda:N; under ddp, auto and cuda mean the GPU of LOCAL_RANK");
+  app.add_option("--device", c.device,
+                 "auto (a GPU if present, else the CPU), cpu, cuda, cuda:N; under ddp, auto and cuda mean the GPU of "
+                 "LOCAL_RANK");
   app.add_option("--parallel", c.parallel, "none, dp, ddp; auto: ddp when started by mpt-run")
       ->check(CLI::IsMember({"auto", "none", "dp", "ddp"}));
   app.add_option("--dist-timeout", c.dist_timeout,

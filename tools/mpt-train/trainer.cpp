@@ -59,12 +59,7 @@ double seconds_since(Clock::time_point t) { return std::chrono::duration<double>
 // (local_rank is 0 otherwise).
 Device pick_device(const std::string& spec, int local_rank) {
   if (spec == "auto") return cuda_device_count() > 0 ? Device(DeviceType::cuda, local_rank) : kCPU;
-  if (spec == "cuda") {
-    const Device d(DeviceType::cuda, local_rank);
-    check_device_available(d);
-    return d;
-  }
-  Device d(spec);
+  const Device d = spec == "cuda" ? Device(DeviceType::cuda, local_rank) : Device(spec);
   check_device_available(d);
   return d;
 }
@@ -226,7 +221,7 @@ TrainResult run_training(const TrainConfig& config) {
   std::unique_ptr<dist::DistributedDataParallel> ddp;
   if (world) {
     dist::DdpOptions options;
-    if (c.grad_transit != "f32") options.compression = c.grad_transit == "f16" ? DType::f16 : DType::bf16;
+    if (c.grad_transit != "f32") options.compression = dtype_from_name(c.grad_transit);
     ddp = std::make_unique<dist::DistributedDataParallel>(w.model, world->group, options);
     // Every rank skips or takes the same step.
     if (amp::GradScaler* scaler = precision.scaler())
