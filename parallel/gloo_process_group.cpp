@@ -3,7 +3,6 @@
 #ifdef MPT_WITH_GLOO
 
 #include <signal.h>
-#include <unistd.h>
 
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
@@ -21,6 +20,7 @@
 
 #include "parallel/distributed_error.h"
 #include "parallel/rendezvous.h"
+#include "parallel/socket_util.h"
 #include "parallel/tcp_store.h"
 #include "parallel/work_queue.h"
 #include "tensor/cpu/cpu_kernels.h"
@@ -103,9 +103,7 @@ std::string local_hostname(const dist::Store& store, const ProcessGroupOptions& 
     const std::string& h = tcp->host();
     if (h == "localhost" || h == "::1" || h.rfind("127.", 0) == 0) return "127.0.0.1";
   }
-  char name[256] = {};
-  ::gethostname(name, sizeof name - 1);
-  return name;
+  return this_host_name();
 }
 
 class GlooProcessGroup : public ProcessGroup {

@@ -9,7 +9,6 @@
 // watchdog thread (ReplayWatchdog).
 #include <cuda_runtime.h>
 #include <nccl.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -25,6 +24,7 @@
 #include "parallel/distributed_error.h"
 #include "parallel/nccl_process_group.h"
 #include "parallel/rendezvous.h"
+#include "parallel/socket_util.h"
 #include "tensor/cuda/check.h"
 #include "tensor/cuda/graph.h"
 #include "tensor/cuda/runtime.h"
@@ -382,10 +382,8 @@ class ReplayWatchdog : public cuda::ReplayWatch {
 void check_one_gpu_per_rank(Store& store, int64_t group_index, int rank, int size, int device) {
   char bus[32] = {};
   MPT_CUDA_CHECK(cudaDeviceGetPCIBusId(bus, sizeof bus, device));
-  char host[256] = {};
-  ::gethostname(host, sizeof host - 1);
   auto key = [&](int r) { return fmt::format("mpt/nccl/{}/gpu_of_rank/{}", group_index, r); };
-  const std::string mine = fmt::format("{} {} (cuda:{} there)", host, bus, device);
+  const std::string mine = fmt::format("{} {} (cuda:{} there)", this_host_name(), bus, device);
   store.set(key(rank), mine);
   std::vector<std::string> gpus;
   for (int r = 0; r < size; ++r) gpus.push_back(r == rank ? mine : store.get_string(key(r)));

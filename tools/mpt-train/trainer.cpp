@@ -17,6 +17,7 @@
 #include "parallel/data_parallel.h"
 #include "parallel/device_routed_group.h"
 #include "parallel/distributed_data_parallel.h"
+#include "parallel/socket_util.h"
 #include "tensor/cuda_info.h"
 #include "tensor/nvtx.h"
 #include "tensor/step_timer.h"
@@ -109,12 +110,6 @@ optim::LrSchedule make_schedule(const TrainConfig& c, int64_t total_steps) {
 std::string device_label(const Device& d) {
   if (!d.is_cuda()) return d.str();
   return fmt::format("{} ({})", d.str(), cuda::device_properties(d.index).name);
-}
-
-std::string host_name() {
-  char host[256] = {};
-  ::gethostname(host, sizeof host - 1);
-  return host;
 }
 
 // The step-time breakdown as metrics fields: mean milliseconds per step.
@@ -213,7 +208,7 @@ TrainResult run_training(const TrainConfig& config) {
     devices_text.clear();
     for (const Device& d : dp->devices()) devices_text += (devices_text.empty() ? "" : ", ") + device_label(d);
   }
-  fmt::print("rank {} of {}: host {}, pid {}, device {}{}\n", rank, world_size, host_name(), ::getpid(),
+  fmt::print("rank {} of {}: host {}, pid {}, device {}{}\n", rank, world_size, dist::this_host_name(), ::getpid(),
              devices_text, dp ? " (DataParallel)" : "");
   std::fflush(stdout);
   bool first_batch_reported = false;
@@ -274,7 +269,7 @@ TrainResult run_training(const TrainConfig& config) {
   progress.record({{"event", "start"}, {"model", c.model}, {"data", c.data}, {"device", device.str()},
                    {"precision", c.precision}, {"batch_size", c.batch_size}, {"accumulation", c.accumulation},
                    {"optimizer", c.optimizer}, {"lr", c.lr}, {"total_steps", total_steps}, {"seed", c.seed}});
-  progress.record({{"event", "rank"}, {"rank", rank}, {"world_size", world_size}, {"host", host_name()},
+  progress.record({{"event", "rank"}, {"rank", rank}, {"world_size", world_size}, {"host", dist::this_host_name()},
                    {"pid", ::getpid()}, {"device", devices_text}});
 
   // Where this invocation ends: the whole run, or an early stop that a
