@@ -154,20 +154,17 @@ bool DistributedDataParallel::Reducer::averaged_in_place(const Bucket& b) const 
 }
 
 void DistributedDataParallel::Reducer::place_in_arena() {
+  if (!options.registered_buffers) return;  // build()'s buckets start outside it
   // Large gradients stay out: they are averaged in place, or (compressed)
   // get a buffer only while backward needs it. So the arena's size does
   // not depend on the order, and it stays small beside the model.
   int64_t total = 0;
-  for (auto& b : buckets) {
-    b.arena_offset = -1;
-    if (holds_a_large_gradient(b)) continue;
-    b.arena_offset = total;
-    total += b.elements;
-  }
-  if (total == 0 || !options.registered_buffers) {
-    for (auto& b : buckets) b.arena_offset = -1;
-    return;
-  }
+  for (auto& b : buckets)
+    if (!holds_a_large_gradient(b)) {
+      b.arena_offset = total;
+      total += b.elements;
+    }
+  if (total == 0) return;
   if (!arena_asked) {
     arena = group->registered_buffer(total, buckets.front().dtype, params.front().device());
     arena_asked = true;

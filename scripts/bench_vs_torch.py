@@ -85,6 +85,7 @@ def main():
     env["LD_LIBRARY_PATH"] = os.path.abspath(a.build) + ":" + env.get("LD_LIBRARY_PATH", "")
     env.setdefault("NCCL_NVLS_ENABLE", "0")
     common = ["--precision", a.precision, "--warmup", str(a.warmup), "--steps", str(a.steps)]
+    mpt_bench = os.path.join(a.build, "tools", "mpt-bench", "mpt-bench")
     records = []
     log = open(a.log, "w") if a.log else None
 
@@ -102,8 +103,7 @@ def main():
     for w in a.workloads:
         for m in a.modes:
             torch = torch_run(ref, ["--workload", w, "--mode", m] + common, env)
-            ours_cmd = [os.path.join(a.build, "tools", "mpt-bench", "mpt-bench"), "--workload", w, "--mode", m]
-            ours = run_json(ours_cmd + common, env)[-1]
+            ours = run_json([mpt_bench, "--workload", w, "--mode", m] + common, env)[-1]
             torch.setdefault("impl", "pytorch")
             keep(torch, ours)
             rows.append((w, m, torch, ours))
@@ -111,8 +111,7 @@ def main():
     for variant in a.variants:
         for w in a.workloads:
             for m in (m for m in a.modes if m != "single"):
-                ours_cmd = [os.path.join(a.build, "tools", "mpt-bench", "mpt-bench"), "--workload", w, "--mode", m]
-                ours = run_json(ours_cmd + variant_options(variant) + common, env)[-1]
+                ours = run_json([mpt_bench, "--workload", w, "--mode", m] + variant_options(variant) + common, env)[-1]
                 ours["variant"] = variant
                 keep(ours)
                 variants.append((w, m, variant, ours))
@@ -217,8 +216,9 @@ def print_variant_scaling(rows, variants):
         base = plain.get((w, m), {})
         cells = [scaling(m, run, single.get(w, {})) for run in (r, base)]
         err = f" {r['error']}" if "error" in r else ""
-        print(f"| {w} | {m} | `{variant}` | {r.get('step_ms_median', 'n/a')} | {cells[0]} | {r.get('peak_mem_mb', '-')} "
-              f"| {base.get('step_ms_median', 'n/a')} | {cells[1]} | {base.get('peak_mem_mb', '-')} |{err}")
+        print(f"| {w} | {m} | `{variant}` | {r.get('step_ms_median', 'n/a')} | {cells[0]} "
+              f"| {r.get('peak_mem_mb', '-')} | {base.get('step_ms_median', 'n/a')} | {cells[1]} "
+              f"| {base.get('peak_mem_mb', '-')} |{err}")
 
 
 if __name__ == "__main__":
