@@ -1,5 +1,7 @@
 #include "autograd/node.h"
 
+#include <limits>
+
 #include "tensor/ops.h"
 
 namespace mpt {
@@ -17,7 +19,14 @@ std::vector<Tensor> FunctionNode::apply(std::vector<Tensor>&& grads) {
   return rule_(grads);
 }
 
-AccumulateGrad::AccumulateGrad(std::shared_ptr<TensorImpl> leaf) : Node("AccumulateGrad"), leaf_(std::move(leaf)) {
+// A sink runs as soon as its gradient is complete, whatever its creation
+// order: it lives as long as anything holds the leaf's graph (the last
+// step's loss keeps it, so the sinks made in the first step serve every
+// later one), and with its creation number it would run after every other
+// node of the pass, so DDP's hooks would fire only once backward ended and
+// no all-reduce would overlap it. (PyTorch ranks its sinks the same way.)
+AccumulateGrad::AccumulateGrad(std::shared_ptr<TensorImpl> leaf)
+    : Node("AccumulateGrad", std::numeric_limits<uint64_t>::max()), leaf_(std::move(leaf)) {
   set_num_outputs(1);
 }
 

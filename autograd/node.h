@@ -28,7 +28,7 @@ class Node {
   const std::string& name() const { return name_; }
   // Creation order: later nodes run first when several are ready, which
   // replays forward in reverse (and lets data parallelism see gradients in a
-  // stable order).
+  // stable order). A leaf's sink ranks above every node (see AccumulateGrad).
   uint64_t sequence_nr() const { return sequence_nr_; }
   std::vector<Edge>& next_edges() { return next_; }
   uint32_t num_outputs() const { return num_outputs_; }
@@ -44,6 +44,9 @@ class Node {
   // too, so a model run on a side stream stays on it in both directions.
   const std::optional<Stream>& stream() const { return stream_; }
   void set_stream(const Stream& s) { stream_ = s; }
+
+ protected:
+  Node(std::string name, uint64_t sequence_nr) : name_(std::move(name)), sequence_nr_(sequence_nr) {}
 
  private:
   std::string name_;

@@ -1,6 +1,9 @@
 // Every op's backward rule against central differences in f64, on random
 // shapes with broadcasting and non-contiguous inputs; and the engine itself.
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
+
+#include <algorithm>
 
 #include "autograd/ops.h"
 #include "tests/gradcheck.h"
@@ -326,6 +329,29 @@ TEST(Engine, HooksFireInReverseOfForwardOrder) {
   const Tensor h3 = tanh(h2 * w3);
   backward(sum(h3));
   EXPECT_EQ(order, (std::vector<int>{3, 2, 1}));
+}
+
+// DDP starts a bucket's all-reduce from these hooks: one that fired only
+// when the pass ended would leave nothing to overlap. The sinks outlive a
+// pass while anything holds its graph (a training loop's last loss, alive
+// until the next forward's result replaces it), so the next forward reuses
+// sinks made long before its own nodes.
+TEST(Engine, AHookFiresOnceItsGradientIsCompleteWhileAnOlderGraphHoldsTheSinks) {
+  Tensor w1 = from_vector({0.5f}, {1}), w2 = from_vector({0.5f}, {1}), w3 = from_vector({0.5f}, {1});
+  for (Tensor* w : {&w1, &w2, &w3}) w->set_requires_grad(true);
+  auto forward = [&] { return sum(tanh(tanh(tanh(w1 * 2.0) * w2) * w3)); };
+  Tensor loss = forward();
+  backward(loss);
+  std::vector<std::string> events;
+  w3.autograd_meta().post_accumulate_hooks.push_back([&](const Tensor&) { events.push_back("w3 ready"); });
+  set_backward_observer([&](const std::string& node) { events.push_back(node); });
+  loss = forward();  // the previous loss (and its graph) lives until here
+  backward(loss);
+  set_backward_observer(nullptr);
+  const auto ready = std::find(events.begin(), events.end(), "w3 ready");
+  ASSERT_NE(ready, events.end());
+  // The tanh rules of the two inner layers still run after w3's gradient is done.
+  EXPECT_EQ(std::count(ready, events.end(), "tanh"), 2) << fmt::format("{}", fmt::join(events, ", "));
 }
 
 TEST(Engine, HalfGradientsFlowToF32Leaves) {
