@@ -47,12 +47,13 @@ __global__ void unscale_kernel(TensorChunks list, float* found_inf, const float*
     // 16-byte loads and stores over the aligned body.
     vector_end = n / kVec * kVec;
     auto* packs = reinterpret_cast<Pack<T, kVec>*>(p);
-    for (int64_t i = threadIdx.x; i < n / kVec; i += blockDim.x) {
-      Pack<T, kVec> pack = packs[i];
+    mpt::cuda::for_each_pack(
+        n / kVec, [&](int64_t i) { return packs[i]; },
+        [&](int64_t i, Pack<T, kVec> pack) {
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) pack.v[j] = unscale_one(pack.v[j], inv_scale, found);
-      packs[i] = pack;
-    }
+          for (int j = 0; j < kVec; ++j) pack.v[j] = unscale_one(pack.v[j], inv_scale, found);
+          packs[i] = pack;
+        });
   }
   for (int64_t i = vector_end + threadIdx.x; i < n; i += blockDim.x) p[i] = unscale_one(p[i], inv_scale, found);
   // Every writer writes the same 1: the race is benign and needs no atomic.

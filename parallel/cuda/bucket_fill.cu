@@ -50,13 +50,14 @@ __global__ void scaled_copy_kernel(CopyChunks list, float scale) {
     vector_end = n / kVec * kVec;
     const auto* in = reinterpret_cast<const Pack<Src, kVec>*>(src);
     auto* out = reinterpret_cast<Pack<Dst, kVec>*>(dst);
-    for (int64_t i = threadIdx.x; i < n / kVec; i += blockDim.x) {
-      const Pack<Src, kVec> a = in[i];
-      Pack<Dst, kVec> b;
+    mpt::cuda::for_each_pack(
+        n / kVec, [&](int64_t i) { return in[i]; },
+        [&](int64_t i, const Pack<Src, kVec>& a) {
+          Pack<Dst, kVec> b;
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) b.v[j] = scaled<Src, Dst>(a.v[j], scale);
-      out[i] = b;
-    }
+          for (int j = 0; j < kVec; ++j) b.v[j] = scaled<Src, Dst>(a.v[j], scale);
+          out[i] = b;
+        });
   }
   for (int64_t i = vector_end + threadIdx.x; i < n; i += blockDim.x) dst[i] = scaled<Src, Dst>(src[i], scale);
 }
