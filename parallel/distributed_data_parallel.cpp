@@ -9,6 +9,7 @@
 #include "autograd/grad_mode.h"
 #include "autograd/node.h"
 #include "parallel/distributed_error.h"
+#include "tensor/gpu_timeline.h"
 #include "tensor/nvtx.h"
 #include "tensor/ops.h"
 #include "tensor/step_timer.h"
@@ -300,7 +301,11 @@ void DistributedDataParallel::Reducer::launch(Bucket& bucket) {
     // its own tensor, which finalize() fills from the bucket.
     if (g.dtype() == slot.dtype()) p.set_grad(slot);
   }
+  const Device device = params.front().device();
+  const size_t index = static_cast<size_t>(&bucket - buckets.data());
+  gpu_stamp(device, fmt::format("ddp bucket {}: fill", index));
   fill_slots(slots, grads, scale);
+  gpu_stamp(device, fmt::format("ddp bucket {}: filled", index));
   NvtxRange range("ddp: all-reduce bucket");
   bucket.work = group->allreduce(bucket.flat, ReduceOp::sum);
 }
@@ -318,6 +323,7 @@ void DistributedDataParallel::Reducer::finalize() {
     NvtxRange range("ddp: wait for all-reduces");
     for (auto& b : buckets) b.work->wait();
   }
+  gpu_stamp(params.front().device(), "ddp: all-reduces joined");
   if (timer) timer->lap(StepPhase::comm);
 
   // With unused parameters allowed, a gradient that no rank produced stays

@@ -2,9 +2,12 @@
 """Kernel time of one mpt-bench step, by kernel, from Nsight Compute (the GPU
 machine has ncu but no nsys). Runs one eager step under ncu (each kernel
 timed on its own, so the sum is GPU busy time without overlap) and prints
-the kernels that take the most time, grouped by name.
+the kernels that take the most time, grouped by name. `--mode ddp` runs the
+step under DistributedDataParallel with one rank (ncu replays each kernel,
+which a collective waiting for a peer would not survive): what DDP adds to
+the GPU's work besides communication.
 
-  scripts/profile_kernels.py --build build-stage --workload gpt_mini [--top 25]"""
+  scripts/profile_kernels.py --build build-stage --workload gpt_mini [--mode ddp] [--top 25]"""
 import argparse
 import collections
 import csv
@@ -19,13 +22,17 @@ def main():
     ap.add_argument("--build", default="build")
     ap.add_argument("--workload", default="gpt_mini")
     ap.add_argument("--precision", default="fp16")
+    ap.add_argument("--mode", default="single", choices=["single", "ddp"])
     ap.add_argument("--top", type=int, default=25)
     a = ap.parse_args()
     env = dict(os.environ)
     env["LD_LIBRARY_PATH"] = os.path.abspath(a.build) + ":" + env.get("LD_LIBRARY_PATH", "")
+    if a.mode == "ddp":
+        env.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=env.get("MASTER_PORT", "29531"))
     bench = os.path.join(a.build, "tools", "mpt-bench", "mpt-bench")
-    cmd = ["ncu", "--csv", "--metrics", "gpu__time_duration.sum", bench, "--workload", a.workload, "--precision",
-           a.precision, "--no-graph", "--warmup", "0", "--steps", "1"]
+    cmd = ["ncu", "--csv", "--metrics", "gpu__time_duration.sum", bench, "--workload", a.workload, "--mode", a.mode,
+           "--precision", a.precision, "--no-graph", "--warmup", "1", "--steps", "1"]
     p = subprocess.run(cmd, capture_output=True, text=True, env=env)
     rows = [l for l in p.stdout.splitlines() if l.startswith('"')]
     if p.returncode != 0 or not rows:
@@ -41,7 +48,8 @@ def main():
         total[name] += value * scale
         count[name] += 1
     all_ms = sum(total.values())
-    print(f"{a.workload}: {sum(count.values())} kernels, {all_ms:.3f} ms of kernel time in one step (incl. first-step setup)")
+    print(f"{a.workload} {a.mode}: {sum(count.values())} kernels, {all_ms:.3f} ms of kernel time in two steps "
+          "(the first with its setup)")
     print("| kernel | launches | ms | share |")
     print("|---|---|---|---|")
     for name, ms in total.most_common(a.top):

@@ -12,6 +12,7 @@
 #include "tensor/device.h"
 #include "tensor/device_memory.h"
 #include "tensor/error.h"
+#include "tensor/gpu_timeline.h"
 #include "tensor/memory.h"
 #include "tensor/nvtx.h"
 #include "tensor/stream.h"
@@ -113,5 +114,17 @@ bool can_access_peer(int a, int) { no_cuda(a); }
 
 void nvtx_push(const char*) {}
 void nvtx_pop() {}
+
+// ---- tensor/gpu_timeline.h: a GPU's timer needs a GPU -----------------------------
+
+GpuTimeline::GpuTimeline(const Device& device, int capacity) : device_(device), capacity_(capacity) {
+  throw DeviceError(fmt::format("GpuTimeline: needs a CUDA device ({} asked), and this build of mptrain has no CUDA "
+                                "support",
+                                device.str()));
+}
+GpuTimeline::~GpuTimeline() = default;
+void GpuTimeline::begin_step() {}
+void GpuTimeline::stamp(const std::string&, void*) {}
+std::vector<std::pair<std::string, double>> GpuTimeline::read() const { return {}; }
 
 }  // namespace mpt

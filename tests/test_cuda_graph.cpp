@@ -18,6 +18,7 @@
 #include "models/layers.h"
 #include "models/sequential.h"
 #include "tensor/cuda/graph.h"
+#include "tensor/gpu_timeline.h"
 #include "tensor/graph.h"
 #include "tensor/memory.h"
 #include "tests/test_util.h"
@@ -195,6 +196,34 @@ TEST(CudaGraph, ReplayWatchesRegisteredDuringTheCaptureFrameEveryReplay) {
   EXPECT_EQ(watch->launched, 3);
   EXPECT_EQ(captured.replays(), 3);
   EXPECT_EQ(x.to_vector<double>().front(), 16.0);
+}
+
+// The GPU timer's stamps follow the work between them, in a replayed graph
+// as in an eager step; a stamp for another device is not this timeline's.
+TEST(GpuTimeline, StampsBracketTheWorkBetweenThemInReplays) {
+  MPT_SKIP_WITHOUT_CUDA();
+  GpuTimeline timeline(kGPU);
+  GpuTimeline::Activation active(&timeline);
+  const Tensor a = full({1024, 1024}, 0.001, DType::f32, kGPU);
+  CapturedStep captured(
+      kGPU,
+      [&](const std::vector<Tensor>&) {
+        timeline.begin_step();
+        gpu_stamp(kGPU, "before");
+        Tensor y = a;
+        for (int i = 0; i < 16; ++i) y = prim::matmul(y, a);
+        gpu_stamp(Device(DeviceType::cuda, 1), "another GPU");
+        gpu_stamp(kGPU, "after");
+      },
+      1);
+  for (int i = 0; i < 3; ++i) captured.run();  // eager, then captured and replayed twice
+  EXPECT_EQ(captured.replays(), 2);
+  const auto stamps = timeline.read();
+  ASSERT_EQ(stamps.size(), 2u);
+  EXPECT_EQ(stamps[0], (std::pair<std::string, double>{"before", 0.0}));
+  EXPECT_EQ(stamps[1].first, "after");
+  EXPECT_GT(stamps[1].second, 0.0);
+  EXPECT_LT(stamps[1].second, 1e6);  // microseconds: 16 small matmuls take well under a second
 }
 
 TEST(CudaIndexCheck, BadIndexIsReportedAtTheNextSynchronization) {

@@ -1,12 +1,19 @@
 // Tensor basics: layout, views sharing storage, host round trips, errors.
 #include <gtest/gtest.h>
 
+#include "tensor/gpu_timeline.h"
 #include "tensor/ops.h"
 #include "tensor/pinned.h"
 #include "tests/test_util.h"
 
 namespace mpt {
 namespace {
+
+TEST(GpuTimeline, NeedsACudaDeviceAndStampsNothingWhenNoneIsActive) {
+  EXPECT_THROW(GpuTimeline{kCPU}, DeviceError);
+  EXPECT_EQ(GpuTimeline::active(), nullptr);
+  gpu_stamp(kCPU, "nothing to stamp on");  // no timeline: does nothing, on any build
+}
 
 TEST(Tensor, EmptyHasContiguousLayout) {
   Tensor t = Tensor::empty({2, 3, 4}, DType::f16);

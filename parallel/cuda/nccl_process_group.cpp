@@ -29,6 +29,7 @@
 #include "tensor/cuda/graph.h"
 #include "tensor/cuda/runtime.h"
 #include "tensor/device_guard.h"
+#include "tensor/gpu_timeline.h"
 
 namespace mpt::dist {
 
@@ -559,6 +560,8 @@ class NcclProcessGroup : public ProcessGroup {
     if (capture == cudaStreamCaptureStatusActive) cuda::watch_replays(replay_watchdog_);
     MPT_CUDA_CHECK(cudaEventRecord(ready_, caller));
     MPT_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
+    const Device device(DeviceType::cuda, device_);
+    gpu_stamp(device, "nccl start: " + what, stream_);
     auto work = std::make_shared<NcclWork>(device_, comm_, timeout_, what, std::move(keep_alive));
     aborting_on_failure(*comm_, [&] {
       comm_->use(what, [&] {
@@ -567,6 +570,7 @@ class NcclProcessGroup : public ProcessGroup {
       });
     });
     if (then) then(stream_);
+    gpu_stamp(device, "nccl end", stream_);
     MPT_CUDA_CHECK(cudaEventRecord(work->event(), stream_));
     return work;
   }

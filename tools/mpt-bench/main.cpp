@@ -13,6 +13,7 @@
 //           starts itself through mpt-run.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -40,6 +41,7 @@
 #include "parallel/replica_group.h"
 #include "tensor/cuda/gemm.h"
 #include "tensor/device_guard.h"
+#include "tensor/gpu_timeline.h"
 #include "tensor/graph.h"
 #include "tensor/memory.h"
 #include "tensor/ops.h"
@@ -59,6 +61,7 @@ struct Options {
   int device = 0;
   bool graph = true;
   bool memory_trace = false;
+  bool timeline = false;  // print the last step's GPU timeline
   dist::DdpOptions ddp;  // dp and ddp: the gradient buckets
 };
 
@@ -156,11 +159,19 @@ struct Trainer {
   // graph's fixed inputs before each replay (eager steps get it as it is).
   std::vector<double> time_steps(const std::function<void(const std::vector<Tensor>&)>& forward_backward,
                                  const std::vector<Tensor>& batch, bool graph, bool& graphed) {
+    std::unique_ptr<GpuTimeline> timeline;
+    if (o.timeline) timeline = std::make_unique<GpuTimeline>(device);
+    GpuTimeline::Activation timing_points(timeline.get());
     const std::function<void(const std::vector<Tensor>&)> step = [&](const std::vector<Tensor>& inputs) {
+      if (timeline) timeline->begin_step();
+      gpu_stamp(device, "step start");
       optimizer.zero_grad();
       forward_backward(inputs);
+      gpu_stamp(device, "backward done");
       scaler.step(optimizer);
+      gpu_stamp(device, "optimizer done");
       scaler.update();
+      gpu_stamp(device, "step end");
     };
     std::unique_ptr<CapturedStep> captured;
     if (graph) {
@@ -178,14 +189,20 @@ struct Trainer {
       if (i >= o.warmup) times.push_back(start.elapsed_ms(end));
     }
     graphed = captured && captured->replays() > 0;
+    if (timeline)
+      for (const auto& [label, us] : timeline->read())
+        std::cerr << fmt::format("timeline {}: {:9.1f} us  {}\n", device.str(), us, label);
     if (captured && !graphed)
       std::cerr << "mpt-bench: the step could not be captured: " << captured->fallback_reason() << "\n";
     return times;
   }
 };
 
+// `rank_medians`: each rank's (dp: each replica's) own median, when there
+// are several; `med` is the slowest of them.
 void print_result(const Options& o, const std::string& mode, int gpus, int64_t batch, double med,
-                  const std::vector<double>& times, double loss, double peak_mb, bool graphed) {
+                  const std::vector<double>& times, double loss, double peak_mb, bool graphed,
+                  const std::vector<double>& rank_medians = {}) {
   const double lo = *std::min_element(times.begin(), times.end());
   const double hi = *std::max_element(times.begin(), times.end());
   // Written by hand so the figures keep their rounding (a JSON library
@@ -194,10 +211,13 @@ void print_result(const Options& o, const std::string& mode, int gpus, int64_t b
                    "{{\"workload\": \"{}\", \"mode\": \"{}\", \"gpus\": {}, \"precision\": \"{}\", \"batch\": {}, "
                    "\"step_ms_median\": {:.4f}, \"step_ms_min\": {:.4f}, \"step_ms_max\": {:.4f}, "
                    "\"samples_per_s\": {:.1f}, \"loss\": {}, \"peak_mem_mb\": {:.1f}, \"cuda_graph\": {}, "
-                   "\"grad_transit\": \"{}\", \"registered_buffers\": {}, \"impl\": \"mptrain\"}}",
+                   "\"grad_transit\": \"{}\", \"registered_buffers\": {}, {}\"impl\": \"mptrain\"}}",
                    o.workload, mode, gpus, o.precision, batch, med, lo, hi, batch / med * 1e3, loss, peak_mb,
                    graphed ? "true" : "false", o.ddp.compression ? dtype_name(*o.ddp.compression) : "f32",
-                   o.ddp.registered_buffers ? "true" : "false")
+                   o.ddp.registered_buffers ? "true" : "false",
+                   rank_medians.empty()
+                       ? ""
+                       : fmt::format("\"rank_ms_median\": [{:.4f}], ", fmt::join(rank_medians, ", ")))
             << std::endl;
 }
 
@@ -221,6 +241,7 @@ int run_single(const Options& o) {
       amp::AutocastGuard guard(DeviceType::cuda, t.amp_dtype, t.autocast);
       loss = loss_of(w.sequence, w.model->forward(w.x), w.y);
     }
+    gpu_stamp(device, "forward done");
     trace("forward");
     if (o.memory_trace) {
       // Memory after each backward node, once.
@@ -276,6 +297,7 @@ int run_dp(const Options& o) {
             amp::AutocastGuard guard(DeviceType::cuda, t.amp_dtype, t.autocast);
             loss = loss_of(w.sequence, r.ddp->forward(x), y);
           }
+          gpu_stamp(r.device, "forward done");
           backward(t.scaler.scale(loss));
         },
         share, o.graph, replica_graphed);
@@ -290,9 +312,11 @@ int run_dp(const Options& o) {
   for (double l : losses) loss += l / n;
   const bool all_graphed = std::all_of(graphed.begin(), graphed.end(), [](char g) { return g != 0; });
   // Registered bucket memory is not the caching allocator's: counted here.
+  std::vector<double> replica_medians;
+  for (const auto& t : times) replica_medians.push_back(median(t));
   print_result(o, "dp", n, w.x.shape()[0], median(times[slowest]), times[slowest], loss,
                mib(memory_stats(devices[0]).peak_allocated_bytes + group.replica(0).ddp->registered_bytes()),
-               all_graphed);
+               all_graphed, replica_medians);
   return 0;
 }
 
@@ -315,15 +339,19 @@ int run_ddp(const Options& o) {
           amp::AutocastGuard guard(DeviceType::cuda, t.amp_dtype, t.autocast);
           loss = loss_of(w.sequence, ddp.forward(w.x), w.y);
         }
+        gpu_stamp(device, "forward done");
         backward(t.scaler.scale(loss));
       },
       {}, o.graph, graphed);
   // The job is as slow as its slowest rank.
-  Tensor slowest = full({1}, median(times), DType::f64, kCPU);
-  world.group->allreduce(slowest, dist::ReduceOp::max)->wait();
+  Tensor medians = zeros({world.config.world_size}, DType::f64, kCPU);
+  prim::fill_(prim::slice(medians, 0, world.config.rank, world.config.rank + 1), median(times));
+  world.group->allreduce(medians, dist::ReduceOp::sum)->wait();
+  const std::vector<double> rank_medians = medians.to_vector<double>();
   if (world.config.rank == 0)
-    print_result(o, "ddp", world.config.world_size, w.x.shape()[0] * world.config.world_size, slowest.item(), times,
-                 loss.item(), mib(memory_stats(device).peak_allocated_bytes + ddp.registered_bytes()), graphed);
+    print_result(o, "ddp", world.config.world_size, w.x.shape()[0] * world.config.world_size,
+                 *std::max_element(rank_medians.begin(), rank_medians.end()), times, loss.item(),
+                 mib(memory_stats(device).peak_allocated_bytes + ddp.registered_bytes()), graphed, rank_medians);
   return 0;
 }
 
@@ -364,6 +392,9 @@ int main(int argc, char** argv) {
   app.add_option("--device", o.device, "CUDA device index (single mode)")->check(CLI::NonNegativeNumber);
   app.add_flag("!--no-graph", o.graph, "run each step eagerly instead of replaying it as a CUDA graph");
   app.add_flag("--memory-trace", o.memory_trace, "single mode: print allocated memory after forward and backward");
+  app.add_flag("--timeline", o.timeline,
+               "print the last step's timeline on each GPU (stamps of the GPU's timer at the step's phases, DDP's "
+               "bucket fills and each collective's start and end; the stamps themselves cost a few us each)");
   double bucket_mb = 25, first_bucket_mb = 1;
   app.add_option("--bucket-mb", bucket_mb, "dp and ddp: gradient bucket size in MiB (PyTorch's bucket_cap_mb)")
       ->check(CLI::PositiveNumber);
