@@ -117,7 +117,8 @@ void check_same_parameters(ProcessGroup& group, const std::vector<std::string>& 
 void DistributedDataParallel::Reducer::build(const std::vector<size_t>& order) {
   std::vector<size_t> bytes;
   for (const auto& p : params) bytes.push_back(p.nbytes());
-  const auto assignment = assign_buckets(order, bytes, options.first_bucket_bytes, options.bucket_bytes);
+  const size_t first_cap = options.first_bucket_bytes > 0 ? options.first_bucket_bytes : options.bucket_bytes;
+  const auto assignment = assign_buckets(order, bytes, first_cap, options.bucket_bytes);
   const DType transit = options.compression.value_or(params.front().dtype());
   buckets.clear();
   bucket_of.assign(params.size(), 0);

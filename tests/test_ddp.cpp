@@ -86,6 +86,21 @@ TEST(Ddp, GradientsAreTheAverageOfTheRanksGradients) {
   });
 }
 
+// Without a first-bucket cap the first bucket fills to the common cap.
+TEST(Ddp, AFirstBucketCapOfZeroMeansTheCommonCap) {
+  with_ranks(2, [&](ProcessGroup& g) {
+    auto buckets = [&](DdpOptions options) {
+      return DistributedDataParallel(mpt::testing::make_mlp(7), borrowed(g), options).bucket_assignment();
+    };
+    // Gradient bytes in reverse order: 12, 192, 64, 1536, 96, 576.
+    const auto common = buckets({.bucket_bytes = 600});
+    EXPECT_EQ(common, (std::vector<std::vector<size_t>>{{5, 4, 3}, {2}, {1, 0}}));
+    EXPECT_EQ(common, buckets({.first_bucket_bytes = 600, .bucket_bytes = 600}));
+    EXPECT_EQ(buckets({.first_bucket_bytes = 200, .bucket_bytes = 600}),
+              (std::vector<std::vector<size_t>>{{5, 4}, {3}, {2}, {1, 0}}));
+  });
+}
+
 // The averaged gradients stay in the buckets as the parameters' gradients
 // (no copy back), each starting on a 64-byte boundary so that the fused
 // optimizers read them with wide loads; the next synchronised backward

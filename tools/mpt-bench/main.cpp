@@ -395,11 +395,12 @@ int main(int argc, char** argv) {
   app.add_flag("--timeline", o.timeline,
                "print the last step's timeline on each GPU (stamps of the GPU's timer at the step's phases, DDP's "
                "bucket fills and each collective's start and end; the stamps themselves cost a few us each)");
-  double bucket_mb = 25, first_bucket_mb = 1;
+  double bucket_mb = 25, first_bucket_mb = 0;
   app.add_option("--bucket-mb", bucket_mb, "dp and ddp: gradient bucket size in MiB (PyTorch's bucket_cap_mb)")
       ->check(CLI::PositiveNumber);
-  app.add_option("--first-bucket-mb", first_bucket_mb, "dp and ddp: size of the first bucket, which starts soonest")
-      ->check(CLI::PositiveNumber);
+  app.add_option("--first-bucket-mb", first_bucket_mb,
+                 "dp and ddp: size of the first bucket, which starts soonest (0: as --bucket-mb; PyTorch's is 1)")
+      ->check(CLI::NonNegativeNumber);
   std::string grad_transit = "f32";
   app.add_option("--grad-transit", grad_transit,
                  "dp and ddp: dtype gradients are all-reduced in: f32 (the reference's), or f16 / bf16 (half the "
