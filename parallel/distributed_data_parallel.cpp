@@ -302,11 +302,12 @@ void DistributedDataParallel::Reducer::launch(Bucket& bucket) {
     // its own tensor, which finalize() fills from the bucket.
     if (g.dtype() == slot.dtype()) p.set_grad(slot);
   }
-  const Device device = params.front().device();
+  // Stamps for a GPU timeline, when one is active (labels made only then).
+  const bool stamped = GpuTimeline::active() != nullptr;
   const size_t index = static_cast<size_t>(&bucket - buckets.data());
-  gpu_stamp(device, fmt::format("ddp bucket {}: fill", index));
+  if (stamped) gpu_stamp(bucket.flat.device(), fmt::format("ddp bucket {}: fill", index));
   fill_slots(slots, grads, scale);
-  gpu_stamp(device, fmt::format("ddp bucket {}: filled", index));
+  if (stamped) gpu_stamp(bucket.flat.device(), fmt::format("ddp bucket {}: filled", index));
   NvtxRange range("ddp: all-reduce bucket");
   bucket.work = group->allreduce(bucket.flat, ReduceOp::sum);
 }
