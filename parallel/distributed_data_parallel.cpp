@@ -302,12 +302,10 @@ void DistributedDataParallel::Reducer::launch(Bucket& bucket) {
     // its own tensor, which finalize() fills from the bucket.
     if (g.dtype() == slot.dtype()) p.set_grad(slot);
   }
-  // Stamps for a GPU timeline, when one is active (labels made only then).
-  const bool stamped = GpuTimeline::active() != nullptr;
   const size_t index = static_cast<size_t>(&bucket - buckets.data());
-  if (stamped) gpu_stamp(bucket.flat.device(), fmt::format("ddp bucket {}: fill", index));
+  gpu_stamp(bucket.flat.device(), [&] { return fmt::format("ddp bucket {}: fill", index); });
   fill_slots(slots, grads, scale);
-  if (stamped) gpu_stamp(bucket.flat.device(), fmt::format("ddp bucket {}: filled", index));
+  gpu_stamp(bucket.flat.device(), [&] { return fmt::format("ddp bucket {}: filled", index); });
   NvtxRange range("ddp: all-reduce bucket");
   bucket.work = group->allreduce(bucket.flat, ReduceOp::sum);
 }

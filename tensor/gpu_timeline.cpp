@@ -11,9 +11,4 @@ GpuTimeline::Activation::Activation(GpuTimeline* timeline) : previous_(t_active)
 
 GpuTimeline::Activation::~Activation() { t_active = previous_; }
 
-void gpu_stamp(const Device& device, const std::string& label, void* stream) {
-  GpuTimeline* t = GpuTimeline::active();
-  if (t && t->device() == device) t->stamp(label, stream);
-}
-
 }  // namespace mpt

@@ -11,6 +11,7 @@
 // same slots on every replay, so read() shows the last replay.
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -54,6 +55,14 @@ class GpuTimeline {
 };
 
 // Stamps on the active timeline, if any (and if it is on `device`).
-void gpu_stamp(const Device& device, const std::string& label, void* stream = nullptr);
+// `label` is a string, or a callable that makes one: called only when a
+// stamp is taken, so hot paths build no labels while no timeline is active.
+template <typename Label>
+void gpu_stamp(const Device& device, Label&& label, void* stream = nullptr) {
+  GpuTimeline* t = GpuTimeline::active();
+  if (!t || t->device() != device) return;
+  if constexpr (std::is_invocable_v<Label>) t->stamp(label(), stream);
+  else t->stamp(label, stream);
+}
 
 }  // namespace mpt

@@ -561,7 +561,7 @@ class NcclProcessGroup : public ProcessGroup {
     MPT_CUDA_CHECK(cudaEventRecord(ready_, caller));
     MPT_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
     const Device device(DeviceType::cuda, device_);
-    gpu_stamp(device, "nccl start: " + what, stream_);
+    gpu_stamp(device, [&] { return "nccl start: " + what; }, stream_);
     auto work = std::make_shared<NcclWork>(device_, comm_, timeout_, what, std::move(keep_alive));
     aborting_on_failure(*comm_, [&] {
       comm_->use(what, [&] {
