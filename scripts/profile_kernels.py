@@ -7,7 +7,7 @@ step under DistributedDataParallel with one rank (ncu replays each kernel,
 which a collective waiting for a peer would not survive): what DDP adds to
 the GPU's work besides communication.
 
-  scripts/profile_kernels.py --build build-stage --workload gpt_mini [--mode ddp] [--top 25]"""
+  scripts/profile_kernels.py --build build-stage --workload gpt_mini [--mode ddp] [--top 25] [-- mpt-bench options]"""
 import argparse
 import collections
 import csv
@@ -24,6 +24,8 @@ def main():
     ap.add_argument("--precision", default="fp16")
     ap.add_argument("--mode", default="single", choices=["single", "ddp"])
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--name-width", type=int, default=90, help="characters of each kernel's name kept")
+    ap.add_argument("bench_args", nargs="*", help="more mpt-bench options (after --)")
     a = ap.parse_args()
     env = dict(os.environ)
     env["LD_LIBRARY_PATH"] = os.path.abspath(a.build) + ":" + env.get("LD_LIBRARY_PATH", "")
@@ -32,7 +34,7 @@ def main():
                    MASTER_PORT=env.get("MASTER_PORT", "29531"))
     bench = os.path.join(a.build, "tools", "mpt-bench", "mpt-bench")
     cmd = ["ncu", "--csv", "--metrics", "gpu__time_duration.sum", bench, "--workload", a.workload, "--mode", a.mode,
-           "--precision", a.precision, "--no-graph", "--warmup", "1", "--steps", "1"]
+           "--precision", a.precision, "--no-graph", "--warmup", "1", "--steps", "1"] + a.bench_args
     p = subprocess.run(cmd, capture_output=True, text=True, env=env)
     rows = [l for l in p.stdout.splitlines() if l.startswith('"')]
     if p.returncode != 0 or not rows:
@@ -42,7 +44,7 @@ def main():
     for r in csv.DictReader(io.StringIO("\n".join(rows))):
         if r.get("Metric Name") != "gpu__time_duration.sum":
             continue
-        name = r["Kernel Name"].split("(")[0][:90]
+        name = r["Kernel Name"].split("(")[0][:a.name_width]
         value = float(r["Metric Value"].replace(",", ""))
         scale = {"nsecond": 1e-6, "usecond": 1e-3, "msecond": 1.0, "second": 1e3}.get(r.get("Metric Unit", "nsecond"), 1e-6)
         total[name] += value * scale

@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "tensor/cuda/conv_cudnn.h"
 #include "tensor/cuda/gemm.h"
 #include "tensor/cuda/graph.h"
 #include "tensor/cuda/index_check.h"
@@ -83,11 +84,13 @@ void memcpy_between(void* dst, const Device& dst_device, const void* src, const 
   if (nbytes) std::memcpy(dst, src, nbytes);
 }
 
-// ---- tensor/cuda/gemm.h, so that tools can set it in any build ------------------
+// ---- tensor/cuda/gemm.h and conv_cudnn.h, so that tools can set them in any build
 
 namespace cuda {
 void set_allow_tf32(bool) {}
 bool allow_tf32() { return false; }
+void set_conv_autotune(bool) {}
+bool conv_autotune() { return false; }
 
 // ---- tensor/cuda/graph.h: CapturedStep never makes one on the CPU ----------------
 struct Graph::State {};

@@ -7,6 +7,7 @@
 #include "autograd/function.h"
 #include "autograd/ops.h"
 #include "autograd/engine.h"
+#include "tensor/cuda/conv_cudnn.h"
 #include "tensor/memory.h"
 #include "tensor/stream.h"
 #include "tests/test_util.h"
@@ -79,6 +80,9 @@ std::vector<Case> cases() {
        [](const V& v) { return conv2d(v[0], v[1], Tensor(), Conv2dParams{2, 1, 0, 2, 2, 1}); },
        {{3, 4, 11, 10}, {6, 4, 3, 2}}},
       {"max_pool2d", [](const V& v) { return max_pool2d(v[0]); }, {{2, 3, 8, 9}}},
+      {"max_pool2d_tiled", [](const V& v) { return max_pool2d(v[0]); }, {{2, 3, 8, 10}}},
+      {"max_pool2d_strided_past_the_kernel", [](const V& v) { return max_pool2d(v[0], Pool2dParams{2, 2, 3, 3, 1, 0}); },
+       {{2, 3, 10, 11}}},
       {"max_pool2d_overlapping", [](const V& v) { return max_pool2d(v[0], Pool2dParams{3, 3, 2, 2, 1, 1}); },
        {{2, 3, 9, 8}}},
       {"cat_split",
@@ -106,6 +110,20 @@ TEST(CudaAutograd, OpsMatchTheCpuInHalfTypes) {
       SCOPED_TRACE(c.name);
       expect_gpu_matches_cpu(c.f, c.shapes, dt, dt == DType::f16 ? 1e-2 : 5e-2, testing::fresh_seed());
     }
+}
+
+// The same convolutions with cuDNN's heuristic picks instead of timed
+// algorithms (conv_autotune off): other kernels, the same results.
+TEST(CudaAutograd, ConvolutionsMatchTheCpuWithHeuristicAlgorithms) {
+  MPT_SKIP_WITHOUT_CUDA();
+  cuda::set_conv_autotune(false);
+  for (const Case& c : cases()) {
+    if (std::string(c.name).rfind("conv2d", 0) != 0) continue;
+    SCOPED_TRACE(c.name);
+    for (DType dt : {DType::f32, DType::f16})
+      expect_gpu_matches_cpu(c.f, c.shapes, dt, dt == DType::f32 ? 2e-5 : 1e-2, testing::fresh_seed());
+  }
+  cuda::set_conv_autotune(true);
 }
 
 TEST(CudaAutograd, CrossEntropyMatchesTheCpu) {

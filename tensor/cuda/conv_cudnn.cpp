@@ -1,11 +1,12 @@
 // 2-d convolution on CUDA through cuDNN (its convolution API: descriptors,
-// a heuristic algorithm choice cached per geometry, workspace from the
-// caching allocator).
+// an algorithm chosen once per geometry, workspace from the caching
+// allocator).
 #include "tensor/cuda/conv_cudnn.h"
 
 #include <cudnn.h>
 
 #include <array>
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -49,6 +50,7 @@ struct Descriptors {
   cudnnTensorDescriptor_t x = nullptr, y = nullptr;
   cudnnFilterDescriptor_t w = nullptr;
   cudnnConvolutionDescriptor_t conv = nullptr;
+  cudnnMathType_t math = CUDNN_DEFAULT_MATH;
 
   Descriptors(DType dtype, const TensorView& x_view, const TensorView& w_view, const TensorView& y_view,
               const Conv2dParams& p) {
@@ -71,9 +73,9 @@ struct Descriptors {
         static_cast<int>(p.stride_w), static_cast<int>(p.dilation_h), static_cast<int>(p.dilation_w),
         CUDNN_CROSS_CORRELATION, compute));
     // f32 stays f32 unless TF32 was allowed, as for matmuls.
-    const cudnnMathType_t math = dtype == DType::f16 || dtype == DType::bf16 ? CUDNN_TENSOR_OP_MATH
-                                 : dtype == DType::f32 && allow_tf32()       ? CUDNN_DEFAULT_MATH
-                                                                             : CUDNN_FMA_MATH;
+    math = dtype == DType::f16 || dtype == DType::bf16 ? CUDNN_TENSOR_OP_MATH
+           : dtype == DType::f32 && allow_tf32()       ? CUDNN_DEFAULT_MATH
+                                                       : CUDNN_FMA_MATH;
     MPT_CUDNN_CHECK(cudnnSetConvolutionMathType(conv, math));
   }
   ~Descriptors() {
@@ -87,9 +89,11 @@ struct Descriptors {
   Descriptors& operator=(const Descriptors&) = delete;
 };
 
-// What decides the algorithm: the pass, the device, dtype, shapes, geometry
-// and whether TF32 is allowed.
-using PlanKey = std::tuple<ConvPass, int, DType, std::array<int64_t, 12>, std::array<int64_t, 6>, bool>;
+std::atomic<bool> g_autotune{true};
+
+// What decides the algorithm: the pass, the device, dtype, shapes, geometry,
+// whether TF32 is allowed and whether algorithms are timed.
+using PlanKey = std::tuple<ConvPass, int, DType, std::array<int64_t, 12>, std::array<int64_t, 6>, bool, bool>;
 
 struct Plan {
   int algo = 0;  // of the pass's algorithm enum
@@ -105,51 +109,10 @@ PlanKey make_key(ConvPass pass, int device, DType dtype, const TensorView& x, co
     shapes[8 + i] = y.shape[i];
   }
   return {pass, device, dtype, shapes, {p.stride_h, p.stride_w, p.pad_h, p.pad_w, p.dilation_h, p.dilation_w},
-          allow_tf32()};
+          allow_tf32(), g_autotune.load()};
 }
 
-// Asks cuDNN's heuristics for its ranked algorithms and keeps the first one
-// that is supported for these descriptors.
-template <typename Perf, typename Query>
-Plan choose(const char* pass_name, Query&& query) {
-  constexpr int kWant = 8;
-  std::array<Perf, kWant> perf{};
-  int returned = 0;
-  MPT_CUDNN_CHECK(query(kWant, &returned, perf.data()));
-  for (int i = 0; i < returned; ++i)
-    if (perf[i].status == CUDNN_STATUS_SUCCESS) return Plan{static_cast<int>(perf[i].algo), perf[i].memory};
-  throw NotAvailableError(fmt::format("CUDA conv2d {}: cuDNN offers no algorithm for this geometry", pass_name));
-}
-
-Plan find_plan(ConvPass pass, cudnnHandle_t handle, const Descriptors& d, const PlanKey& key) {
-  static std::mutex mutex;
-  static std::map<PlanKey, Plan> plans;
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    if (auto it = plans.find(key); it != plans.end()) return it->second;
-  }
-  Plan plan;
-  switch (pass) {
-    case ConvPass::forward:
-      plan = choose<cudnnConvolutionFwdAlgoPerf_t>("forward", [&](int want, int* got, auto* perf) {
-        return cudnnGetConvolutionForwardAlgorithm_v7(handle, d.x, d.w, d.conv, d.y, want, got, perf);
-      });
-      break;
-    case ConvPass::backward_data:
-      plan = choose<cudnnConvolutionBwdDataAlgoPerf_t>("backward data", [&](int want, int* got, auto* perf) {
-        return cudnnGetConvolutionBackwardDataAlgorithm_v7(handle, d.w, d.y, d.conv, d.x, want, got, perf);
-      });
-      break;
-    case ConvPass::backward_weight:
-      plan = choose<cudnnConvolutionBwdFilterAlgoPerf_t>("backward weight", [&](int want, int* got, auto* perf) {
-        return cudnnGetConvolutionBackwardFilterAlgorithm_v7(handle, d.x, d.y, d.conv, d.w, want, got, perf);
-      });
-      break;
-  }
-  std::lock_guard<std::mutex> lock(mutex);
-  plans.emplace(key, plan);
-  return plan;
-}
+constexpr int kWant = 16;  // more than any pass has algorithms
 
 // Workspace from the caching allocator, released as soon as the call is
 // queued: only later work on the same stream can reuse it.
@@ -164,12 +127,107 @@ struct Workspace {
   Workspace& operator=(const Workspace&) = delete;
 };
 
+// cuDNN's heuristics: its ranked algorithms, the first one supported for
+// these descriptors. No GPU work, so usable while a graph is captured.
+template <typename Perf, typename Query>
+Plan heuristic(const char* pass_name, Query&& query) {
+  std::array<Perf, kWant> perf{};
+  int returned = 0;
+  MPT_CUDNN_CHECK(query(kWant, &returned, perf.data()));
+  for (int i = 0; i < returned; ++i)
+    if (perf[i].status == CUDNN_STATUS_SUCCESS) return Plan{static_cast<int>(perf[i].algo), perf[i].memory};
+  throw NotAvailableError(fmt::format("CUDA conv2d {}: cuDNN offers no algorithm for this geometry", pass_name));
+}
+
+// Times every algorithm on the operands (cuDNN's Find, run once per
+// geometry) and keeps the fastest that is deterministic, runs in the math
+// mode the descriptor asks for and fits the workspace the timing had: the
+// heuristic pick's, or 32 MiB if that is more (the heuristics often rank a
+// slow algorithm first for small channel counts: cnn's 1-channel first
+// convolution; a bounded workspace keeps the timing from raising peak
+// memory). Bitwise-repeatable runs matter more here than the last few
+// percent an atomics-based algorithm might give. Falls back to the
+// heuristic pick when nothing qualifies.
+template <typename Perf, typename Find>
+Plan timed(const Plan& fallback, const Descriptors& d, int device, Find&& find) {
+  const size_t budget = std::max<size_t>(fallback.workspace, size_t(32) << 20);
+  const Workspace ws(device, budget, current_cuda_stream(device));
+  std::array<Perf, kWant> perf{};
+  int returned = 0;
+  MPT_CUDNN_CHECK(find(kWant, &returned, perf.data(), ws.ptr, budget));
+  for (int i = 0; i < returned; ++i)  // sorted fastest first
+    if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].determinism == CUDNN_DETERMINISTIC &&
+        perf[i].mathType == d.math && perf[i].memory <= budget)
+      return Plan{static_cast<int>(perf[i].algo), perf[i].memory};
+  return fallback;
+}
+
+bool stream_is_capturing(int device) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  MPT_CUDA_CHECK(cudaStreamIsCapturing(current_cuda_stream(device), &status));
+  return status != cudaStreamCaptureStatusNone;
+}
+
+Plan find_plan(ConvPass pass, cudnnHandle_t handle, const Descriptors& d, const TensorView& x, const TensorView& w,
+               const TensorView& y, const PlanKey& key) {
+  static std::mutex mutex;
+  static std::map<PlanKey, Plan> plans;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (auto it = plans.find(key); it != plans.end()) return it->second;
+  }
+  const int device = std::get<1>(key);
+  // Timing runs kernels and synchronizes: not while a graph is captured,
+  // where the heuristic pick serves this call and a later eager one times.
+  const bool time_them = std::get<6>(key) && !stream_is_capturing(device);
+  Plan plan;
+  switch (pass) {
+    case ConvPass::forward:
+      plan = heuristic<cudnnConvolutionFwdAlgoPerf_t>("forward", [&](int want, int* got, auto* perf) {
+        return cudnnGetConvolutionForwardAlgorithm_v7(handle, d.x, d.w, d.conv, d.y, want, got, perf);
+      });
+      if (time_them)
+        plan = timed<cudnnConvolutionFwdAlgoPerf_t>(plan, d, device, [&](int want, int* got, auto* perf, void* ws,
+                                                                          size_t bytes) {
+          return cudnnFindConvolutionForwardAlgorithmEx(handle, d.x, x.data, d.w, w.data, d.conv, d.y, y.data, want,
+                                                        got, perf, ws, bytes);
+        });
+      break;
+    case ConvPass::backward_data:
+      plan = heuristic<cudnnConvolutionBwdDataAlgoPerf_t>("backward data", [&](int want, int* got, auto* perf) {
+        return cudnnGetConvolutionBackwardDataAlgorithm_v7(handle, d.w, d.y, d.conv, d.x, want, got, perf);
+      });
+      if (time_them)
+        plan = timed<cudnnConvolutionBwdDataAlgoPerf_t>(plan, d, device, [&](int want, int* got, auto* perf,
+                                                                             void* ws, size_t bytes) {
+          return cudnnFindConvolutionBackwardDataAlgorithmEx(handle, d.w, w.data, d.y, y.data, d.conv, d.x, x.data,
+                                                             want, got, perf, ws, bytes);
+        });
+      break;
+    case ConvPass::backward_weight:
+      plan = heuristic<cudnnConvolutionBwdFilterAlgoPerf_t>("backward weight", [&](int want, int* got, auto* perf) {
+        return cudnnGetConvolutionBackwardFilterAlgorithm_v7(handle, d.x, d.y, d.conv, d.w, want, got, perf);
+      });
+      if (time_them)
+        plan = timed<cudnnConvolutionBwdFilterAlgoPerf_t>(plan, d, device, [&](int want, int* got, auto* perf,
+                                                                               void* ws, size_t bytes) {
+          return cudnnFindConvolutionBackwardFilterAlgorithmEx(handle, d.x, x.data, d.y, y.data, d.conv, d.w, w.data,
+                                                               want, got, perf, ws, bytes);
+        });
+      break;
+  }
+  if (std::get<6>(key) && !time_them) return plan;  // not the timed plan the key stands for
+  std::lock_guard<std::mutex> lock(mutex);
+  plans.emplace(key, plan);
+  return plan;
+}
+
 void run(ConvPass pass, const TensorView& x, const TensorView& w, const TensorView& y, const Conv2dParams& p) {
   const int device = current_device();
   const DType dtype = x.dtype;
   const cudnnHandle_t handle = cudnn_handle(device);
   const Descriptors d(dtype, x, w, y, p);
-  const Plan plan = find_plan(pass, handle, d, make_key(pass, device, dtype, x, w, y, p));
+  const Plan plan = find_plan(pass, handle, d, x, w, y, make_key(pass, device, dtype, x, w, y, p));
   const Workspace ws(device, plan.workspace, current_cuda_stream(device));
   const float one_f = 1, zero_f = 0;
   const double one_d = 1, zero_d = 0;
@@ -196,6 +254,9 @@ void run(ConvPass pass, const TensorView& x, const TensorView& w, const TensorVi
 }
 
 }  // namespace
+
+void set_conv_autotune(bool on) { g_autotune = on; }
+bool conv_autotune() { return g_autotune; }
 
 void conv2d_forward(const TensorView& out, const TensorView& x, const TensorView& w, const Conv2dParams& p) {
   run(ConvPass::forward, x, w, out, p);

@@ -7,6 +7,12 @@
 
 namespace mpt::cuda {
 
+// Whether each new convolution geometry times cuDNN's algorithms once and
+// keeps the fastest deterministic one (on by default; PyTorch's
+// cudnn.benchmark), or takes cuDNN's heuristic pick. Process-wide.
+void set_conv_autotune(bool on);
+bool conv_autotune();
+
 void conv2d_forward(const TensorView& out, const TensorView& x, const TensorView& w, const Conv2dParams& p);
 void conv2d_backward_data(const TensorView& grad_x, const TensorView& grad_out, const TensorView& w,
                           const Conv2dParams& p);

@@ -47,21 +47,32 @@ struct PoolGeometry {
   Pool2dParams p;
 };
 
-template <typename T>
+// The pooling kernels index in `I`: int32_t whenever the tensors are small
+// enough (64-bit division costs several times a 32-bit one, and the
+// kernels do little else), int64_t otherwise.
+template <typename I>
+struct Pool {
+  I h, w, ho, wo, kh, kw, sh, sw, ph, pw;
+  __device__ explicit Pool(const PoolGeometry& g)
+      : h(I(g.h)), w(I(g.w)), ho(I(g.ho)), wo(I(g.wo)), kh(I(g.p.kernel_h)), kw(I(g.p.kernel_w)),
+        sh(I(g.p.stride_h)), sw(I(g.p.stride_w)), ph(I(g.p.pad_h)), pw(I(g.p.pad_w)) {}
+};
+
+template <typename T, typename I>
 __global__ void max_pool_forward_kernel(T* __restrict__ out, int64_t* __restrict__ indices, const T* __restrict__ x,
-                                        PoolGeometry g) {
+                                        PoolGeometry geometry, I total) {
   using C = typename Element<T>::Compute;
-  const int64_t total = g.planes * g.ho * g.wo;
-  for (int64_t k = global_thread(); k < total; k += grid_threads()) {
-    const int64_t ox = k % g.wo, oy = (k / g.wo) % g.ho, plane = k / (g.wo * g.ho);
-    const T* in = x + plane * g.h * g.w;
+  const Pool<I> g(geometry);
+  for (I k = I(blockIdx.x) * I(blockDim.x) + I(threadIdx.x); k < total; k += I(gridDim.x) * I(blockDim.x)) {
+    const I ox = k % g.wo, rest = k / g.wo, oy = rest % g.ho, plane = rest / g.ho;
+    const T* in = x + int64_t(plane) * g.h * g.w;
     C best = -INFINITY;
-    int64_t best_at = -1;
-    for (int64_t ky = 0; ky < g.p.kernel_h; ++ky) {
-      const int64_t y = oy * g.p.stride_h - g.p.pad_h + ky;
+    I best_at = -1;
+    for (I ky = 0; ky < g.kh; ++ky) {
+      const I y = oy * g.sh - g.ph + ky;
       if (y < 0 || y >= g.h) continue;
-      for (int64_t kx = 0; kx < g.p.kernel_w; ++kx) {
-        const int64_t xx = ox * g.p.stride_w - g.p.pad_w + kx;
+      for (I kx = 0; kx < g.kw; ++kx) {
+        const I xx = ox * g.sw - g.pw + kx;
         if (xx < 0 || xx >= g.w) continue;
         const C v = Element<T>::load(in[y * g.w + xx]);
         // The first maximum wins, and NaN beats everything, as on the CPU.
@@ -76,30 +87,65 @@ __global__ void max_pool_forward_kernel(T* __restrict__ out, int64_t* __restrict
   }
 }
 
-// One thread per input element sums the gradients of the windows that chose
-// it: a gather, so no atomics and the same sum order on every run.
-template <typename T>
-__global__ void max_pool_backward_kernel(T* __restrict__ grad_x, const T* __restrict__ grad_out,
-                                         const int64_t* __restrict__ indices, PoolGeometry g) {
+// Overlapping windows: one thread per input element sums the gradients of
+// the windows that chose it: a gather, so no atomics and the same sum
+// order on every run.
+template <typename T, typename I>
+__global__ void max_pool_backward_gather_kernel(T* __restrict__ grad_x, const T* __restrict__ grad_out,
+                                                const int64_t* __restrict__ indices, PoolGeometry geometry, I total) {
   using C = typename Element<T>::Compute;
-  const int64_t total = g.planes * g.h * g.w;
-  for (int64_t k = global_thread(); k < total; k += grid_threads()) {
-    const int64_t x = k % g.w, y = (k / g.w) % g.h, plane = k / (g.w * g.h);
-    const int64_t here = y * g.w + x;
+  const Pool<I> g(geometry);
+  for (I k = I(blockIdx.x) * I(blockDim.x) + I(threadIdx.x); k < total; k += I(gridDim.x) * I(blockDim.x)) {
+    const I x = k % g.w, rest = k / g.w, y = rest % g.h, plane = rest / g.h;
+    const I here = y * g.w + x;
     // Output rows/columns whose windows cover (y, x).
-    const int64_t oy_lo = max(int64_t(0), (y + g.p.pad_h - g.p.kernel_h + g.p.stride_h) / g.p.stride_h);
-    const int64_t oy_hi = min(g.ho - 1, (y + g.p.pad_h) / g.p.stride_h);
-    const int64_t ox_lo = max(int64_t(0), (x + g.p.pad_w - g.p.kernel_w + g.p.stride_w) / g.p.stride_w);
-    const int64_t ox_hi = min(g.wo - 1, (x + g.p.pad_w) / g.p.stride_w);
-    const int64_t base = plane * g.ho * g.wo;
+    const I oy_lo = max(I(0), (y + g.ph - g.kh + g.sh) / g.sh);
+    const I oy_hi = min(g.ho - 1, (y + g.ph) / g.sh);
+    const I ox_lo = max(I(0), (x + g.pw - g.kw + g.sw) / g.sw);
+    const I ox_hi = min(g.wo - 1, (x + g.pw) / g.sw);
+    const int64_t base = int64_t(plane) * g.ho * g.wo;
     C acc = 0;
-    for (int64_t oy = oy_lo; oy <= oy_hi; ++oy)
-      for (int64_t ox = ox_lo; ox <= ox_hi; ++ox) {
+    for (I oy = oy_lo; oy <= oy_hi; ++oy)
+      for (I ox = ox_lo; ox <= ox_hi; ++ox) {
         const int64_t o = base + oy * g.wo + ox;
         if (indices[o] == here) acc += Element<T>::load(grad_out[o]);
       }
     grad_x[k] = Element<T>::store(acc);
   }
+}
+
+// Windows that do not overlap (stride >= kernel, the usual 2x2 pooling):
+// each input element lies in at most one window, so one thread per window
+// writes all of it, the window's gradient where its maximum was and zero
+// elsewhere. Each index and gradient is read once, where the gather reads
+// them once per element of the window.
+template <typename T, typename I>
+__global__ void max_pool_backward_windows_kernel(T* __restrict__ grad_x, const T* __restrict__ grad_out,
+                                                 const int64_t* __restrict__ indices, PoolGeometry geometry, I total) {
+  const Pool<I> g(geometry);
+  for (I k = I(blockIdx.x) * I(blockDim.x) + I(threadIdx.x); k < total; k += I(gridDim.x) * I(blockDim.x)) {
+    const I ox = k % g.wo, rest = k / g.wo, oy = rest % g.ho, plane = rest / g.ho;
+    const I chosen = I(indices[k]);
+    const T grad = grad_out[k];
+    T* out = grad_x + int64_t(plane) * g.h * g.w;
+    for (I ky = 0; ky < g.kh; ++ky) {
+      const I y = oy * g.sh - g.ph + ky;
+      if (y < 0 || y >= g.h) continue;
+      for (I kx = 0; kx < g.kw; ++kx) {
+        const I xx = ox * g.sw - g.pw + kx;
+        if (xx < 0 || xx >= g.w) continue;
+        const I at = y * g.w + xx;
+        out[at] = at == chosen ? grad : T{};
+      }
+    }
+  }
+}
+
+// 32-bit indexing when every index, and a grid-stride step past the last,
+// stays below 2^31.
+bool fits_int32(const PoolGeometry& g) {
+  const int64_t limit = int64_t(1) << 30;
+  return g.planes * g.h * g.w < limit && g.planes * g.ho * g.wo < limit;
 }
 
 unsigned row_threads(int64_t d) { return static_cast<unsigned>(std::min<int64_t>(256, std::max<int64_t>(32, d))); }
@@ -136,10 +182,15 @@ void launch_scatter_add_rows(const Launch& l, DType dtype, void* table, const in
 void launch_max_pool2d_forward(const Launch& l, DType dtype, void* out, int64_t* indices, const void* x,
                                const int64_t* x_shape, int64_t ho, int64_t wo, const Pool2dParams& p) {
   const PoolGeometry g{x_shape[0] * x_shape[1], x_shape[2], x_shape[3], ho, wo, p};
+  const int64_t total = g.planes * ho * wo;
   dispatch_floating(dtype, "max_pool2d", [&](auto tag) {
     using T = decltype(tag);
-    max_pool_forward_kernel<T><<<grid_for(l, g.planes * ho * wo), kThreads, 0, l.stream>>>(
-        static_cast<T*>(out), indices, static_cast<const T*>(x), g);
+    auto go = [&](auto index) {
+      using I = decltype(index);
+      max_pool_forward_kernel<T, I><<<grid_for(l, total), kThreads, 0, l.stream>>>(
+          static_cast<T*>(out), indices, static_cast<const T*>(x), g, I(total));
+    };
+    fits_int32(g) ? go(int32_t{}) : go(int64_t{});
   });
   MPT_CUDA_CHECK_LAUNCH("max_pool_forward_kernel");
 }
@@ -148,10 +199,26 @@ void launch_max_pool2d_backward(const Launch& l, DType dtype, void* grad_x, cons
                                 const int64_t* indices, const int64_t* x_shape, int64_t ho, int64_t wo,
                                 const Pool2dParams& p) {
   const PoolGeometry g{x_shape[0] * x_shape[1], x_shape[2], x_shape[3], ho, wo, p};
+  const bool disjoint = p.stride_h >= p.kernel_h && p.stride_w >= p.kernel_w;
+  // Disjoint windows that cover the input exactly leave no element unwritten.
+  const bool tiled = disjoint && p.stride_h == p.kernel_h && p.stride_w == p.kernel_w && p.pad_h == 0 &&
+                     p.pad_w == 0 && ho * p.kernel_h == g.h && wo * p.kernel_w == g.w;
   dispatch_floating(dtype, "max_pool2d backward", [&](auto tag) {
     using T = decltype(tag);
-    max_pool_backward_kernel<T><<<grid_for(l, g.planes * g.h * g.w), kThreads, 0, l.stream>>>(
-        static_cast<T*>(grad_x), static_cast<const T*>(grad_out), indices, g);
+    auto go = [&](auto index) {
+      using I = decltype(index);
+      if (!disjoint) {
+        const int64_t total = g.planes * g.h * g.w;
+        max_pool_backward_gather_kernel<T, I><<<grid_for(l, total), kThreads, 0, l.stream>>>(
+            static_cast<T*>(grad_x), static_cast<const T*>(grad_out), indices, g, I(total));
+        return;
+      }
+      if (!tiled) MPT_CUDA_CHECK(cudaMemsetAsync(grad_x, 0, sizeof(T) * g.planes * g.h * g.w, l.stream));
+      const int64_t total = g.planes * ho * wo;
+      max_pool_backward_windows_kernel<T, I><<<grid_for(l, total), kThreads, 0, l.stream>>>(
+          static_cast<T*>(grad_x), static_cast<const T*>(grad_out), indices, g, I(total));
+    };
+    fits_int32(g) ? go(int32_t{}) : go(int64_t{});
   });
   MPT_CUDA_CHECK_LAUNCH("max_pool_backward_kernel");
 }

@@ -39,6 +39,7 @@
 #include "parallel/device_routed_group.h"
 #include "parallel/distributed_data_parallel.h"
 #include "parallel/replica_group.h"
+#include "tensor/cuda/conv_cudnn.h"
 #include "tensor/cuda/gemm.h"
 #include "tensor/device_guard.h"
 #include "tensor/gpu_timeline.h"
@@ -391,6 +392,9 @@ int main(int argc, char** argv) {
   app.add_option("--batch", o.batch, "per-GPU batch (default: the workload's)")->check(CLI::NonNegativeNumber);
   app.add_option("--device", o.device, "CUDA device index (single mode)")->check(CLI::NonNegativeNumber);
   app.add_flag("!--no-graph", o.graph, "run each step eagerly instead of replaying it as a CUDA graph");
+  bool conv_autotune = true;
+  app.add_flag("!--no-conv-autotune", conv_autotune,
+               "take cuDNN's heuristic convolution algorithms instead of timing them once per geometry");
   app.add_flag("--memory-trace", o.memory_trace, "single mode: print allocated memory after forward and backward");
   app.add_flag("--timeline", o.timeline,
                "print the last step's timeline on each GPU (stamps of the GPU's timer at the step's phases, DDP's "
@@ -426,6 +430,7 @@ int main(int argc, char** argv) {
     }
     // As the reference does: f32 matmuls and convolutions may use TF32.
     cuda::set_allow_tf32(true);
+    cuda::set_conv_autotune(conv_autotune);
     if (o.mode == "dp") return run_dp(o);
     if (o.mode == "ddp") return std::getenv("WORLD_SIZE") ? run_ddp(o) : relaunch_through_mpt_run(argc, argv);
     return run_single(o);
