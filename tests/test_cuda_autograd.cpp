@@ -112,18 +112,19 @@ TEST(CudaAutograd, OpsMatchTheCpuInHalfTypes) {
     }
 }
 
-// The same convolutions with cuDNN's heuristic picks instead of timed
-// algorithms (conv_autotune off): other kernels, the same results.
-TEST(CudaAutograd, ConvolutionsMatchTheCpuWithHeuristicAlgorithms) {
+// The same convolutions with timed algorithms instead of cuDNN's heuristic
+// picks (conv_autotune on): other kernels, the same results.
+TEST(CudaAutograd, ConvolutionsMatchTheCpuWithTimedAlgorithms) {
   MPT_SKIP_WITHOUT_CUDA();
-  cuda::set_conv_autotune(false);
+  ASSERT_FALSE(cuda::conv_autotune());  // the default
+  cuda::set_conv_autotune(true);
   for (const Case& c : cases()) {
     if (std::string(c.name).rfind("conv2d", 0) != 0) continue;
     SCOPED_TRACE(c.name);
     for (DType dt : {DType::f32, DType::f16})
       expect_gpu_matches_cpu(c.f, c.shapes, dt, dt == DType::f32 ? 2e-5 : 1e-2, testing::fresh_seed());
   }
-  cuda::set_conv_autotune(true);
+  cuda::set_conv_autotune(false);
 }
 
 TEST(CudaAutograd, CrossEntropyMatchesTheCpu) {

@@ -233,7 +233,7 @@ TEST(GpuTimeline, StampsBracketTheWorkBetweenThemInReplays) {
 // computes and what the CPU does.
 TEST(CudaGraph, AConvolutionFirstSeenInACaptureRecordsWithoutTiming) {
   MPT_SKIP_WITHOUT_CUDA();
-  ASSERT_TRUE(cuda::conv_autotune());  // the default
+  cuda::set_conv_autotune(true);
   const uint64_t seed = testing::fresh_seed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   Generator gen(seed);
@@ -251,6 +251,7 @@ TEST(CudaGraph, AConvolutionFirstSeenInACaptureRecordsWithoutTiming) {
   const Tensor eager = conv2d(x, w, Tensor(), p);
   EXPECT_LE(rel_error(host_f64(graphed), host_f64(eager)), 1e-5);
   EXPECT_LE(rel_error(host_f64(graphed), host_f64(conv2d(x_cpu, w_cpu, Tensor(), p))), 1e-5);
+  cuda::set_conv_autotune(false);
 }
 
 TEST(CudaIndexCheck, BadIndexIsReportedAtTheNextSynchronization) {

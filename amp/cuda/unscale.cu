@@ -5,6 +5,7 @@
 #include "amp/cuda/unscale_kernels.h"
 #include "tensor/cuda/kernel_utils.cuh"
 #include "tensor/cuda/multi_tensor.cuh"
+#include "tensor/cuda/runtime.h"
 
 namespace mpt::amp::cuda {
 namespace {
@@ -14,7 +15,6 @@ using mpt::cuda::Pack;
 
 constexpr int kMaxTensors = 48;    // per launch
 constexpr int kMaxBlocks = 320;    // per launch; the struct stays well under the 4 KiB parameter limit
-constexpr int64_t kChunk = 65536;  // elements per block (a multiple of every pack width: chunks keep alignment)
 constexpr int kBlockThreads = 512;
 
 struct TensorChunks {
@@ -22,6 +22,7 @@ struct TensorChunks {
   int64_t sizes[kMaxTensors];
   unsigned char block_to_tensor[kMaxBlocks];
   int block_to_chunk[kMaxBlocks];
+  int64_t chunk;  // elements per block (chunk_for)
 };
 static_assert(sizeof(TensorChunks) < 4000, "kernel parameters are limited to 4 KiB");
 
@@ -35,9 +36,9 @@ __device__ __forceinline__ T unscale_one(T x, float inv_scale, bool& found) {
 template <typename T>
 __global__ void unscale_kernel(TensorChunks list, float* found_inf, const float* inv_scale_ptr) {
   const int tensor = list.block_to_tensor[blockIdx.x];
-  const int64_t start = static_cast<int64_t>(list.block_to_chunk[blockIdx.x]) * kChunk;
+  const int64_t start = static_cast<int64_t>(list.block_to_chunk[blockIdx.x]) * list.chunk;
   T* p = static_cast<T*>(list.addresses[tensor]) + start;
-  const int64_t n = min(kChunk, list.sizes[tensor] - start);
+  const int64_t n = min(list.chunk, list.sizes[tensor] - start);
   const float inv_scale = *inv_scale_ptr;
   bool found = false;
 
@@ -64,8 +65,9 @@ template <typename T>
 void unscale_list(void* const* grads, const int64_t* sizes, size_t count, float* found_inf, const float* inv_scale,
                   cudaStream_t stream) {
   TensorChunks list;
+  list.chunk = mpt::cuda::chunk_for(sizes, count, mpt::cuda::multiprocessor_count(mpt::cuda::current_device()));
   mpt::cuda::plan_chunked_launches(
-      list, sizes, count, kChunk, kMaxTensors,
+      list, sizes, count, list.chunk, kMaxTensors,
       [&](int slot, size_t i) {
         list.addresses[slot] = grads[i];
         list.sizes[slot] = sizes[i];

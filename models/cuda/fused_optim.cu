@@ -1,10 +1,12 @@
 // Multi-tensor AdamW and SGD. The tensor list travels in the kernel's
 // parameter block (no device copy of metadata, so a launch is capturable in a
 // CUDA graph): each launch carries up to kMaxTensors tensors and kMaxBlocks
-// chunks of kChunk elements; block b updates chunk block_chunk[b] of tensor
+// chunks of `chunk` elements; block b updates chunk block_chunk[b] of tensor
 // block_tensor[b]. Longer lists take several launches.
 #include "models/fused_optim.h"
+
 #include "tensor/cuda/kernel_utils.cuh"
+#include "tensor/cuda/multi_tensor.cuh"
 #include "tensor/cuda/runtime.h"
 
 namespace mpt::optim::fused {
@@ -12,7 +14,6 @@ namespace {
 
 constexpr int kMaxTensors = 36;
 constexpr int kMaxBlocks = 320;
-constexpr int64_t kChunk = 65536;
 constexpr int kThreads = 512;
 
 template <typename Tensor>
@@ -20,6 +21,7 @@ struct TensorList {
   Tensor tensors[kMaxTensors];
   uint8_t block_tensor[kMaxBlocks];
   int32_t block_chunk[kMaxBlocks];
+  int64_t chunk;  // elements per block (cuda::chunk_for)
 };
 // The classic 4 KiB kernel parameter limit, so any driver takes it.
 static_assert(sizeof(TensorList<AdamWTensor>) + sizeof(AdamWScalars) <= 4000);
@@ -45,8 +47,8 @@ __global__ void __launch_bounds__(kThreads) adamw_kernel(TensorList<AdamWTensor>
     step_size = static_cast<float>(s.lr / (1.0 - pow(static_cast<double>(s.beta1), step)));
     inv_bc2_sqrt = static_cast<float>(1.0 / sqrt(1.0 - pow(static_cast<double>(s.beta2), step)));
   }
-  const int64_t begin = static_cast<int64_t>(list.block_chunk[blockIdx.x]) * kChunk;
-  const int64_t end = min(begin + kChunk, t.numel);
+  const int64_t begin = static_cast<int64_t>(list.block_chunk[blockIdx.x]) * list.chunk;
+  const int64_t end = min(begin + list.chunk, t.numel);
   auto update = [&](float p, float g, float& m, float& v) {
     m = s.beta1 * m + (1.0f - s.beta1) * g;
     v = s.beta2 * v + (1.0f - s.beta2) * g * g;
@@ -94,8 +96,8 @@ __global__ void __launch_bounds__(kThreads) adamw_kernel(TensorList<AdamWTensor>
 template <typename T>
 __global__ void __launch_bounds__(kThreads) sgd_kernel(TensorList<SGDTensor> list, SGDScalars s) {
   const SGDTensor& t = list.tensors[list.block_tensor[blockIdx.x]];
-  const int64_t begin = static_cast<int64_t>(list.block_chunk[blockIdx.x]) * kChunk;
-  const int64_t end = min(begin + kChunk, t.numel);
+  const int64_t begin = static_cast<int64_t>(list.block_chunk[blockIdx.x]) * list.chunk;
+  const int64_t end = min(begin + list.chunk, t.numel);
   for (int64_t i = begin + threadIdx.x; i < end; i += kThreads) {
     const float p = load<T>(t.param, i);
     float d = load<T>(t.grad, i) + s.weight_decay * p;
@@ -123,6 +125,9 @@ __global__ void advance_steps_kernel(StepList list, const float* found_inf) {
 template <typename Tensor, typename Launch>
 void for_each_list(const std::vector<Tensor>& tensors, Launch&& launch) {
   TensorList<Tensor> list{};
+  int64_t total = 0;
+  for (const Tensor& t : tensors) total += t.numel;
+  list.chunk = cuda::chunk_for(total, cuda::multiprocessor_count(cuda::current_device()));
   int n_tensors = 0, n_blocks = 0;
   auto flush = [&] {
     if (n_blocks > 0) launch(list, n_blocks);
@@ -131,7 +136,7 @@ void for_each_list(const std::vector<Tensor>& tensors, Launch&& launch) {
   };
   for (const Tensor& t : tensors) {
     if (t.numel == 0) continue;
-    const int64_t chunks = (t.numel + kChunk - 1) / kChunk;
+    const int64_t chunks = (t.numel + list.chunk - 1) / list.chunk;
     for (int64_t c = 0; c < chunks; ++c) {
       if (n_blocks == kMaxBlocks || (c == 0 && n_tensors == kMaxTensors)) flush();
       if (c == 0 || n_blocks == 0) list.tensors[n_tensors++] = t;  // a tensor may continue in the next list

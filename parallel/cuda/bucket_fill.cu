@@ -8,6 +8,7 @@
 #include "parallel/cuda/bucket_fill_kernels.h"
 #include "tensor/cuda/kernel_utils.cuh"
 #include "tensor/cuda/multi_tensor.cuh"
+#include "tensor/cuda/runtime.h"
 
 namespace mpt::dist::cuda {
 namespace {
@@ -17,7 +18,6 @@ using mpt::cuda::Pack;
 
 constexpr int kMaxTensors = 40;    // per launch
 constexpr int kMaxBlocks = 256;    // per launch; the struct stays under the 4 KiB parameter limit
-constexpr int64_t kChunk = 65536;  // elements per block (a multiple of every pack width: chunks keep alignment)
 constexpr int kBlockThreads = 512;
 
 struct CopyChunks {
@@ -26,6 +26,7 @@ struct CopyChunks {
   int64_t sizes[kMaxTensors];
   unsigned char block_to_tensor[kMaxBlocks];
   int block_to_chunk[kMaxBlocks];
+  int64_t chunk;  // elements per block (chunk_for)
 };
 static_assert(sizeof(CopyChunks) < 4000, "kernel parameters are limited to 4 KiB");
 
@@ -37,10 +38,10 @@ __device__ __forceinline__ Dst scaled(Src x, float scale) {
 template <typename Src, typename Dst>
 __global__ void scaled_copy_kernel(CopyChunks list, float scale) {
   const int tensor = list.block_to_tensor[blockIdx.x];
-  const int64_t start = static_cast<int64_t>(list.block_to_chunk[blockIdx.x]) * kChunk;
+  const int64_t start = static_cast<int64_t>(list.block_to_chunk[blockIdx.x]) * list.chunk;
   const Src* src = static_cast<const Src*>(list.srcs[tensor]) + start;
   Dst* dst = static_cast<Dst*>(list.dsts[tensor]) + start;
-  const int64_t n = min(kChunk, list.sizes[tensor] - start);
+  const int64_t n = min(list.chunk, list.sizes[tensor] - start);
 
   // 16-byte accesses on the wider side (the narrower one moves half that).
   constexpr int kVec = 16 / (sizeof(Src) > sizeof(Dst) ? sizeof(Src) : sizeof(Dst));
@@ -66,8 +67,9 @@ template <typename Src, typename Dst>
 void scaled_copy_list(const void* const* srcs, void* const* dsts, const int64_t* sizes, size_t count, float scale,
                       cudaStream_t stream) {
   CopyChunks list;
+  list.chunk = mpt::cuda::chunk_for(sizes, count, mpt::cuda::multiprocessor_count(mpt::cuda::current_device()));
   mpt::cuda::plan_chunked_launches(
-      list, sizes, count, kChunk, kMaxTensors,
+      list, sizes, count, list.chunk, kMaxTensors,
       [&](int slot, size_t i) {
         list.srcs[slot] = srcs[i];
         list.dsts[slot] = dsts[i];

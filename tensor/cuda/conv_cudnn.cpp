@@ -89,7 +89,7 @@ struct Descriptors {
   Descriptors& operator=(const Descriptors&) = delete;
 };
 
-std::atomic<bool> g_autotune{true};
+std::atomic<bool> g_autotune{false};
 
 // What decides the algorithm: the pass, the device, dtype, shapes, geometry,
 // whether TF32 is allowed and whether algorithms are timed.

@@ -392,9 +392,9 @@ int main(int argc, char** argv) {
   app.add_option("--batch", o.batch, "per-GPU batch (default: the workload's)")->check(CLI::NonNegativeNumber);
   app.add_option("--device", o.device, "CUDA device index (single mode)")->check(CLI::NonNegativeNumber);
   app.add_flag("!--no-graph", o.graph, "run each step eagerly instead of replaying it as a CUDA graph");
-  bool conv_autotune = true;
-  app.add_flag("!--no-conv-autotune", conv_autotune,
-               "take cuDNN's heuristic convolution algorithms instead of timing them once per geometry");
+  bool conv_autotune = false;
+  app.add_flag("--conv-autotune", conv_autotune,
+               "time cuDNN's convolution algorithms once per geometry instead of taking its heuristic picks");
   app.add_flag("--memory-trace", o.memory_trace, "single mode: print allocated memory after forward and backward");
   app.add_flag("--timeline", o.timeline,
                "print the last step's timeline on each GPU (stamps of the GPU's timer at the step's phases, DDP's "
