@@ -7,11 +7,12 @@ namespace mpt::amp {
 namespace {
 
 // Op names as the autograd ops pass them to the autocast hook.
-constexpr std::array<std::pair<std::string_view, CastPolicy>, 20> kPolicies{{
+constexpr std::array<std::pair<std::string_view, CastPolicy>, 21> kPolicies{{
     // Tensor-core ops: 16-bit inputs, f32 accumulation inside the GEMM.
     {"matmul", CastPolicy::lower_precision},
     {"bmm", CastPolicy::lower_precision},
     {"linear", CastPolicy::lower_precision},
+    {"linear_relu", CastPolicy::lower_precision},
     {"conv2d", CastPolicy::lower_precision},
     {"scaled_dot_product_attention", CastPolicy::lower_precision},
     // Range-hungry or accumulation-heavy ops.

@@ -54,6 +54,9 @@ Tensor matmul(const Tensor& a, const Tensor& b);  // torch.matmul for >= 2-d ope
 Tensor bmm(const Tensor& a, const Tensor& b);     // [B, m, k] @ [B, k, n]
 // x [..., in] @ weight[out, in]^T + bias[out], PyTorch's layout.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
+// relu(linear(x, weight, bias)) as one op: on CUDA the ReLU runs in the
+// GEMM's epilogue, and the product before it is never stored.
+Tensor linear_relu(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
 
 // ---- shape and layout ---------------------------------------------------------------
 Tensor reshape(const Tensor& x, Shape shape);

@@ -71,33 +71,61 @@ Tensor bmm(const Tensor& a, const Tensor& b) {
   return matmul(a, b);
 }
 
-Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
-  if (AutocastOp ac{"linear", {&x, &weight, &bias}}) return linear(ac[0], ac[1], ac[2]);
+namespace {
+
+// The checks and the product of linear() and linear_relu(); `op` names the
+// caller in errors.
+Tensor linear_forward(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias, bool relu) {
   check<ShapeError>(weight.dim() == 2 && x.dim() >= 1 && x.shape().back() == weight.shape()[1],
-                    "linear: input {} does not match weight {} (expected [..., {}])", describe(x), describe(weight),
+                    "{}: input {} does not match weight {} (expected [..., {}])", op, describe(x), describe(weight),
                     weight.dim() == 2 ? weight.shape()[1] : -1);
   check<ShapeError>(!bias.defined() || (bias.dim() == 1 && bias.shape()[0] == weight.shape()[0]),
-                    "linear: bias {} does not match weight {}", describe(bias), describe(weight));
-  const int64_t in = weight.shape()[1], out_features = weight.shape()[0];
+                    "{}: bias {} does not match weight {}", op, describe(bias), describe(weight));
+  const int64_t in = weight.shape()[1];
   Shape out_shape = x.shape();
-  out_shape.back() = out_features;
-  const Tensor x2 = prim::reshape(x, {-1, in});
+  out_shape.back() = weight.shape()[0];
   // The bias rides in the GEMM's epilogue (prim::linear), and in backward
   // the bias gradient in the weight gradient's (prim::linear_weight_grad).
-  Tensor out = prim::reshape(prim::linear(x2, weight, bias), out_shape);
+  return prim::reshape(prim::linear(prim::reshape(x, {-1, in}), weight, bias, relu), out_shape);
+}
+
+// linear()'s backward from the gradient of its output (before any ReLU).
+Grads linear_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  const int64_t in = weight.shape()[1], out_features = weight.shape()[0];
+  const Tensor g2 = prim::contiguous(prim::reshape(grad_out, {-1, out_features}));
+  const bool want_bias = bias.defined() && bias.requires_grad();
+  Tensor gx, gw, gb;
+  if (x.requires_grad()) gx = prim::reshape(prim::matmul(g2, weight), x.shape());
+  if (weight.requires_grad()) {
+    std::tie(gw, gb) = prim::linear_weight_grad(g2, prim::reshape(x, {-1, in}), want_bias);
+  } else if (want_bias) {
+    gb = prim::sum(g2, {0});
+  }
+  return Grads{gx, gw.defined() ? prim::to(gw, weight.dtype()) : gw, gb.defined() ? prim::to(gb, bias.dtype()) : gb};
+}
+
+}  // namespace
+
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  if (AutocastOp ac{"linear", {&x, &weight, &bias}}) return linear(ac[0], ac[1], ac[2]);
+  Tensor out = linear_forward("linear", x, weight, bias, false);
   if (needs_grad({x, weight, bias}))
-    record("linear", out, {x, weight, bias}, [x2, x, weight, bias, out_features](const Grads& g) {
-      const Tensor g2 = prim::contiguous(prim::reshape(g[0], {-1, out_features}));
-      const bool want_bias = bias.defined() && bias.requires_grad();
-      Tensor gx, gw, gb;
-      if (x.requires_grad()) gx = prim::reshape(prim::matmul(g2, weight), x.shape());
-      if (weight.requires_grad()) {
-        std::tie(gw, gb) = prim::linear_weight_grad(g2, x2, want_bias);
-      } else if (want_bias) {
-        gb = prim::sum(g2, {0});
-      }
-      return Grads{gx, gw.defined() ? prim::to(gw, weight.dtype()) : gw, gb.defined() ? prim::to(gb, bias.dtype()) : gb};
+    record("linear", out, {x, weight, bias},
+           [x, weight, bias](const Grads& g) { return linear_backward(g[0], x, weight, bias); });
+  return out;
+}
+
+Tensor linear_relu(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  if (AutocastOp ac{"linear_relu", {&x, &weight, &bias}}) return linear_relu(ac[0], ac[1], ac[2]);
+  Tensor out = linear_forward("linear_relu", x, weight, bias, true);
+  if (needs_grad({x, weight, bias})) {
+    // As relu() does: the output is kept (out > 0 exactly where the product
+    // is), detached so that the node does not own its own output.
+    const Tensor kept = detach(out);
+    record("linear_relu", out, {x, weight, bias}, [x, weight, bias, kept](const Grads& g) {
+      return linear_backward(prim::binary(BinaryOp::relu_backward, g[0], kept), x, weight, bias);
     });
+  }
   return out;
 }
 

@@ -14,10 +14,21 @@ Linear::Linear(int64_t in, int64_t out, bool with_bias, Generator* gen)
   if (with_bias) bias = register_parameter("bias", init::uniform({out}, bound, gen));
 }
 
+namespace {
+void check_linear_input(const Linear& l, const Tensor& x) {
+  check<ShapeError>(x.dim() >= 1 && x.size(-1) == l.in_features, "Linear({}, {}): input {} must end in {}",
+                    l.in_features, l.out_features, describe(x), l.in_features);
+}
+}  // namespace
+
 Tensor Linear::forward(const Tensor& x) {
-  check<ShapeError>(x.dim() >= 1 && x.size(-1) == in_features, "Linear({}, {}): input {} must end in {}",
-                    in_features, out_features, describe(x), in_features);
+  check_linear_input(*this, x);
   return linear(x, weight, bias);
+}
+
+Tensor Linear::forward_relu(const Tensor& x) {
+  check_linear_input(*this, x);
+  return linear_relu(x, weight, bias);
 }
 
 // ---- Conv2d -------------------------------------------------------------------------------

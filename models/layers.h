@@ -17,6 +17,7 @@ class Linear : public Module {
  public:
   Linear(int64_t in_features, int64_t out_features, bool bias = true, Generator* gen = nullptr);
   Tensor forward(const Tensor& x) override;
+  Tensor forward_relu(const Tensor& x);  // relu(forward(x)) as one op (linear_relu)
 
   int64_t in_features, out_features;
   Tensor weight, bias;  // bias undefined when built without one

@@ -8,7 +8,10 @@
 
 namespace mpt::nn {
 
-// Chains single-input modules; children are named "0", "1", ...
+// Chains single-input modules; children are named "0", "1", ... A Linear
+// followed by a ReLU (those exact types) runs as one op, linear_relu: what
+// the two compute one after the other, with the ReLU in the GEMM's epilogue
+// on CUDA (one pass over the activations less, each way).
 class Sequential : public Module {
  public:
   Sequential() : Module("Sequential") {}

@@ -32,6 +32,7 @@ void check_gemm_epilogues(const GemmArgs& g) {
   };
   check_vector(g.bias, g.out.shape[2], "bias");
   check_vector(g.bias_grad, g.out.shape[1], "bias_grad");
+  check<ValueError>(!(g.relu && g.bias_grad.data), "gemm: the relu epilogue does not go with bias_grad");
 }
 
 namespace {

@@ -44,12 +44,15 @@ const char* reduce_op_name(ReduceOp op);
 // - bias [n]: added to every row of out (a linear layer's forward);
 // - bias_grad [m]: set to the sums of a's rows over k (with a = dY^T in a
 //   weight gradient dW = dY^T X, these are the bias gradient).
+// And `relu`: out = max(out, 0) after the bias (NaN stays NaN, as relu()
+// keeps it), never together with bias_grad.
 struct GemmArgs {
   TensorView a, b, out;
   float alpha = 1.0f;
   float beta = 0.0f;
   TensorView bias;
   TensorView bias_grad;
+  bool relu = false;
 };
 
 // Throws unless the epilogues of `g` (if any) are as GemmArgs describes.

@@ -522,7 +522,7 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   return out;
 }
 
-Tensor linear(const Tensor& x_in, const Tensor& weight, const Tensor& bias) {
+Tensor linear(const Tensor& x_in, const Tensor& weight, const Tensor& bias, bool relu) {
   check_same_device("linear", x_in, weight);
   check<ShapeError>(x_in.dim() == 2 && weight.dim() == 2 && x_in.shape()[1] == weight.shape()[1],
                     "linear: input {} does not match weight {} (expected [rows, {}])", describe(x_in),
@@ -537,11 +537,14 @@ Tensor linear(const Tensor& x_in, const Tensor& weight, const Tensor& bias) {
   Tensor out = Tensor::empty({x.shape()[0], weight.shape()[0]}, x.dtype(), x.device());
   if (out.numel() == 0) return out;
   if (x.shape()[1] == 0) {  // an empty product: only the bias remains
-    return bias.defined() ? contiguous(expand(bias, out.shape())) : zeros(out.shape(), out.dtype(), out.device());
+    const Tensor only_bias =
+        bias.defined() ? contiguous(expand(bias, out.shape())) : zeros(out.shape(), out.dtype(), out.device());
+    return relu ? unary(UnaryOp::relu, only_bias) : only_bias;
   }
   GemmArgs g = gemm_args(x, w_t, out, {}, 1);
   const Tensor b = bias.defined() ? contiguous(bias) : Tensor();
   if (b.defined()) g.bias = b.view();
+  g.relu = relu;
   on_device(x.device(), [&](Backend& be) { be.gemm(g); });
   return out;
 }

@@ -84,8 +84,9 @@ Tensor argmax(const Tensor& x, int64_t dim, bool keepdim = false);  // i64
 // broadcast. f16/bf16 inputs accumulate in f32. Same dtype required.
 Tensor matmul(const Tensor& a, const Tensor& b);
 // A linear layer's forward: x [rows, in] @ weight [out, in]^T + bias [out]
-// (bias may be undefined), the bias added in the GEMM's epilogue.
-Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
+// (bias may be undefined), the bias added in the GEMM's epilogue, and with
+// `relu` a ReLU after it in the epilogue as well.
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, bool relu = false);
 // A linear layer's weight gradient grad^T @ x ([out, in], from grad [rows,
 // out] and x [rows, in]) and, when `with_bias`, the bias gradient (grad's
 // column sums, [out]) from the same GEMM; otherwise the second is undefined.

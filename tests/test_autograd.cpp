@@ -82,6 +82,8 @@ TEST_F(Gradcheck, MatrixProducts) {
   expect_gradients_match([](const V& v) { return bmm(v[0], v[1]); }, {x({2, 4, 5}), x({2, 5, 3})});
   expect_gradients_match([](const V& v) { return linear(v[0], v[1], v[2]); }, {x({2, 3, 5}), x({4, 5}), x({4})});
   expect_gradients_match([](const V& v) { return linear(v[0], v[1]); }, {x({3, 5}, true), x({4, 5})});
+  expect_gradients_match([](const V& v) { return linear_relu(v[0], v[1], v[2]); }, {x({2, 3, 5}), x({4, 5}), x({4})});
+  expect_gradients_match([](const V& v) { return linear_relu(v[0], v[1]); }, {x({3, 5}, true), x({4, 5})});
 }
 
 TEST_F(Gradcheck, ShapeOps) {

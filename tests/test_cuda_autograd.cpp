@@ -2,6 +2,7 @@
 // gradients of every input, on fresh random inputs, per dtype tolerance.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <functional>
 
 #include "autograd/function.h"
@@ -64,6 +65,8 @@ std::vector<Case> cases() {
       {"matmul", [](const V& v) { return matmul(v[0], v[1]); }, {{3, 16, 32}, {32, 24}}},
       {"matmul_batched", [](const V& v) { return matmul(v[0], transpose(v[1], -1, -2)); }, {{2, 3, 8, 16}, {2, 3, 8, 16}}},
       {"linear", [](const V& v) { return linear(v[0], v[1], v[2]); }, {{4, 5, 32}, {16, 32}, {16}}},
+      {"linear_relu", [](const V& v) { return linear_relu(v[0], v[1], v[2]); }, {{4, 5, 32}, {16, 32}, {16}}},
+      {"linear_relu_no_bias", [](const V& v) { return linear_relu(v[0], v[1]); }, {{7, 32}, {24, 32}}},
       {"softmax", [](const V& v) { return softmax(v[0], -1); }, {{6, 33}}},
       {"log_softmax", [](const V& v) { return log_softmax(v[0], 1); }, {{6, 33}}},
       {"layer_norm", [](const V& v) { return layer_norm(v[0], v[1], v[2]); }, {{4, 6, 48}, {48}, {48}}},
@@ -125,6 +128,33 @@ TEST(CudaAutograd, ConvolutionsMatchTheCpuWithTimedAlgorithms) {
       expect_gpu_matches_cpu(c.f, c.shapes, dt, dt == DType::f32 ? 2e-5 : 1e-2, testing::fresh_seed());
   }
   cuda::set_conv_autotune(false);
+}
+
+// The ReLU in the GEMM's epilogue keeps NaN as relu() does: a NaN input
+// row gives a NaN output row, the other rows what the CPU gives.
+TEST(CudaAutograd, LinearReluKeepsNaNAsReluDoes) {
+  MPT_SKIP_WITHOUT_CUDA();
+  const uint64_t seed = testing::fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  Generator gen(seed);
+  for (DType dt : {DType::f32, DType::f16}) {
+    std::vector<double> xs = host_f64(randn({4, 32}, dt, kCPU, &gen));
+    xs[32 + 3] = std::nan("");
+    const Tensor x = from_vector(xs, {4, 32}, dt), w = randn({16, 32}, dt, kCPU, &gen),
+                 b = randn({16}, dt, kCPU, &gen);
+    const std::vector<double> want = host_f64(linear_relu(x, w, b));
+    const Device gpu("cuda:0");
+    const std::vector<double> got = host_f64(linear_relu(prim::to(x, gpu), prim::to(w, gpu), prim::to(b, gpu)));
+    for (int r = 0; r < 4; ++r)
+      for (int c = 0; c < 16; ++c) {
+        const double g = got[r * 16 + c], e = want[r * 16 + c];
+        if (r == 1) {
+          EXPECT_TRUE(std::isnan(g) && std::isnan(e)) << dtype_name(dt) << " column " << c << ": " << g;
+        } else {
+          EXPECT_NEAR(g, e, dt == DType::f32 ? 1e-4 : 5e-2) << dtype_name(dt) << " row " << r << " column " << c;
+        }
+      }
+  }
 }
 
 TEST(CudaAutograd, CrossEntropyMatchesTheCpu) {

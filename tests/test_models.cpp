@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "autograd/engine.h"
+#include "autograd/node.h"
 #include "models/adamw.h"
 #include "models/attention.h"
 #include "models/layers.h"
@@ -352,6 +354,35 @@ TEST_F(ModelsTest, SeededConstructionIsReproducible) {
 }
 
 // ---- layer outputs against references --------------------------------------------------------------
+
+// A Linear and the ReLU after it run as one linear_relu node, with what the
+// two modules give one after the other; a Linear not followed by a ReLU,
+// and a ReLU not after a Linear, run as they are.
+TEST_F(ModelsTest, SequentialRunsALinearAndTheReluAfterItAsOneOp) {
+  SCOPED_TRACE(trace());
+  auto first = std::make_shared<nn::Linear>(5, 4, true, &gen_);
+  auto last = std::make_shared<nn::Linear>(4, 3, true, &gen_);
+  nn::Sequential model{first, std::make_shared<nn::ReLU>(), last, std::make_shared<nn::ReLU>(),
+                       std::make_shared<nn::ReLU>()};
+  const Tensor x = randn({6, 5}, DType::f32, kCPU, &gen_);
+  const Tensor y = model.forward(x);
+  const Tensor want = relu(relu(last->forward(relu(first->forward(x)))));
+  EXPECT_EQ(host_f64(y), host_f64(want));
+  // The graph: relu <- linear_relu (the second Linear and its ReLU) <- linear_relu.
+  ASSERT_TRUE(y.grad_fn());
+  EXPECT_EQ(y.grad_fn()->name(), "relu");
+  const auto& fused = y.grad_fn()->next_edges()[0].node;
+  ASSERT_TRUE(fused);
+  EXPECT_EQ(fused->name(), "linear_relu");
+  ASSERT_TRUE(fused->next_edges()[0].node);
+  EXPECT_EQ(fused->next_edges()[0].node->name(), "linear_relu");
+  // The same gradients as the modules one by one.
+  backward(sum(y * y));
+  const Vec fused_grads = host_f64(first->weight.grad());
+  first->weight.set_grad(Tensor());
+  backward(sum(want * want));
+  EXPECT_LT(rel_error(host_f64(first->weight.grad()), fused_grads), 1e-6);
+}
 
 TEST_F(ModelsTest, LinearAndEmbeddingMatchReference) {
   SCOPED_TRACE(trace());

@@ -53,6 +53,15 @@ void add_bias(const GemmArgs& g, Acc* out) {
     for (int64_t c = 0; c < n; ++c) out[r * n + c] += static_cast<Acc>(bias[c]);
 }
 
+// The relu epilogue, after the bias, in Acc; NaN stays NaN as in relu().
+template <typename Acc>
+void apply_relu(const GemmArgs& g, Acc* out) {
+  if (!g.relu) return;
+  const int64_t count = g.out.numel();
+  for (int64_t i = 0; i < count; ++i)
+    if (out[i] <= 0) out[i] = 0;
+}
+
 // The bias-gradient epilogue: bias_grad[i] = sum over k of a[i, k].
 template <typename Acc, typename T>
 void sum_rows_of_a(const GemmArgs& g) {
@@ -88,6 +97,7 @@ void gemm_widened(const GemmArgs& g) {
   wide.b.strides[1] = n, wide.b.strides[2] = 1;
   gemm_native<float>(wide, a.data(), b.data(), c.data(), m * k, k * n);
   add_bias<float, T>(g, c.data());
+  apply_relu<float>(g, c.data());
   sum_rows_of_a<float, T>(g);
   T* out = static_cast<T*>(g.out.data);
   for (size_t i = 0; i < c.size(); ++i) out[i] = T(c[i]);
@@ -98,6 +108,7 @@ void gemm_full_precision(const GemmArgs& g) {
   gemm_native<T>(g, static_cast<const T*>(g.a.data), static_cast<const T*>(g.b.data), static_cast<T*>(g.out.data),
                  g.a.strides[0], g.b.strides[0]);
   add_bias<T, T>(g, static_cast<T*>(g.out.data));
+  apply_relu<T>(g, static_cast<T*>(g.out.data));
   sum_rows_of_a<T, T>(g);
 }
 

@@ -13,8 +13,9 @@
 // A linear layer's bias rides in the GEMM's epilogue (CUBLASLT_EPILOGUE_BIAS:
 // one vector per row of cuBLAS's D, i.e. per column of `out`), and so does
 // its bias gradient (CUBLASLT_EPILOGUE_BGRADB: the sums of cuBLAS's B = a^T
-// over k, i.e. of a's rows). Where cuBLASLt has no algorithm with the
-// epilogue, the product runs plain and the epilogue as separate kernels.
+// over k, i.e. of a's rows), and a ReLU after the bias (CUBLASLT_EPILOGUE_RELU
+// or RELU_BIAS). Where cuBLASLt has no algorithm with the epilogue, the
+// product runs plain and the epilogue as separate kernels.
 #include "tensor/cuda/gemm.h"
 
 #include <cublasLt.h>
@@ -278,6 +279,7 @@ void gemm(const GemmArgs& g) {
     if (g.beta == 0.0f) cuda_backend().fill(out, 0.0);
     else cuda_backend().unary(UnaryOp::affine, out, out, g.beta, 0.0);
     if (g.bias.data) add_bias_separately(g);
+    if (g.relu) cuda_backend().unary(UnaryOp::relu, out, out, 0.0, 0.0);
     if (g.bias_grad.data) cuda_backend().fill(g.bias_grad, 0.0);
     return;
   }
@@ -306,11 +308,15 @@ void gemm(const GemmArgs& g) {
   key.align_a = alignment_of(b.data);
   key.align_b = alignment_of(a.data);
   key.align_d = alignment_of(out.data);
-  // One epilogue fused (the bias if both are asked for); its vector must be 16-byte aligned.
+  // One vector epilogue fused (the bias if both are asked for), with the
+  // ReLU when asked for; the vector must be 16-byte aligned.
   const void* epilogue_vector = g.bias.data ? g.bias.data : g.bias_grad.data;
-  key.epilogue = !epilogue_vector || alignment_of(epilogue_vector) < 16 ? CUBLASLT_EPILOGUE_DEFAULT
-                 : g.bias.data                                           ? CUBLASLT_EPILOGUE_BIAS
-                                                                         : CUBLASLT_EPILOGUE_BGRADB;
+  if (epilogue_vector && alignment_of(epilogue_vector) >= 16)
+    key.epilogue = g.bias_grad.data && !g.bias.data ? CUBLASLT_EPILOGUE_BGRADB
+                   : g.relu                         ? CUBLASLT_EPILOGUE_RELU_BIAS
+                                                    : CUBLASLT_EPILOGUE_BIAS;
+  else
+    key.epilogue = g.relu && !epilogue_vector ? CUBLASLT_EPILOGUE_RELU : CUBLASLT_EPILOGUE_DEFAULT;
 
   const cublasLtHandle_t handle = lt_handle(key.device);
   std::shared_ptr<const Plan> plan = find_plan(key, handle);
@@ -318,7 +324,8 @@ void gemm(const GemmArgs& g) {
     key.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
     plan = find_plan(key, handle);
   }
-  const bool bias_fused = key.epilogue == CUBLASLT_EPILOGUE_BIAS;
+  const bool bias_fused = key.epilogue == CUBLASLT_EPILOGUE_BIAS || key.epilogue == CUBLASLT_EPILOGUE_RELU_BIAS;
+  const bool relu_fused = key.epilogue == CUBLASLT_EPILOGUE_RELU || key.epilogue == CUBLASLT_EPILOGUE_RELU_BIAS;
   const bool bias_grad_fused = key.epilogue == CUBLASLT_EPILOGUE_BGRADB;
   const cudaStream_t stream = current_cuda_stream(key.device);
 
@@ -342,7 +349,7 @@ void gemm(const GemmArgs& g) {
                                       plan->d, out.data, plan->d, &plan->heuristic.algo, workspace, workspace_bytes,
                                       stream));
   };
-  if (key.epilogue == CUBLASLT_EPILOGUE_DEFAULT) {
+  if (key.epilogue == CUBLASLT_EPILOGUE_DEFAULT || key.epilogue == CUBLASLT_EPILOGUE_RELU) {
     run();
   } else {
     // The plan is shared; its vector pointer is this call's only while the lock is held.
@@ -352,6 +359,7 @@ void gemm(const GemmArgs& g) {
     run();
   }
   if (g.bias.data && !bias_fused) add_bias_separately(g);
+  if (g.relu && !relu_fused) cuda_backend().unary(UnaryOp::relu, out, out, 0.0, 0.0);
   if (g.bias_grad.data && !bias_grad_fused) sum_rows_separately(g);
 }
 
