@@ -58,6 +58,20 @@ struct Pool {
         sh(I(g.p.stride_h)), sw(I(g.p.stride_w)), ph(I(g.p.pad_h)), pw(I(g.p.pad_w)) {}
 };
 
+// f(y * w + x) for each input element (y, x) of window (oy, ox) that lies
+// inside the plane (not in the padding), row by row.
+template <typename I, typename F>
+__device__ __forceinline__ void for_each_in_window(const Pool<I>& g, I oy, I ox, F f) {
+  for (I ky = 0; ky < g.kh; ++ky) {
+    const I y = oy * g.sh - g.ph + ky;
+    if (y < 0 || y >= g.h) continue;
+    for (I kx = 0; kx < g.kw; ++kx) {
+      const I x = ox * g.sw - g.pw + kx;
+      if (x >= 0 && x < g.w) f(y * g.w + x);
+    }
+  }
+}
+
 template <typename T, typename I>
 __global__ void max_pool_forward_kernel(T* __restrict__ out, int64_t* __restrict__ indices, const T* __restrict__ x,
                                         PoolGeometry geometry, I total) {
@@ -68,20 +82,14 @@ __global__ void max_pool_forward_kernel(T* __restrict__ out, int64_t* __restrict
     const T* in = x + int64_t(plane) * g.h * g.w;
     C best = -INFINITY;
     I best_at = -1;
-    for (I ky = 0; ky < g.kh; ++ky) {
-      const I y = oy * g.sh - g.ph + ky;
-      if (y < 0 || y >= g.h) continue;
-      for (I kx = 0; kx < g.kw; ++kx) {
-        const I xx = ox * g.sw - g.pw + kx;
-        if (xx < 0 || xx >= g.w) continue;
-        const C v = Element<T>::load(in[y * g.w + xx]);
-        // The first maximum wins, and NaN beats everything, as on the CPU.
-        if (best_at < 0 || v > best || (v != v && best == best)) {
-          best = v;
-          best_at = y * g.w + xx;
-        }
+    for_each_in_window(g, oy, ox, [&](I at) {
+      const C v = Element<T>::load(in[at]);
+      // The first maximum wins, and NaN beats everything, as on the CPU.
+      if (best_at < 0 || v > best || (v != v && best == best)) {
+        best = v;
+        best_at = at;
       }
-    }
+    });
     out[k] = Element<T>::store(best);
     indices[k] = best_at;
   }
@@ -128,16 +136,7 @@ __global__ void max_pool_backward_windows_kernel(T* __restrict__ grad_x, const T
     const I chosen = I(indices[k]);
     const T grad = grad_out[k];
     T* out = grad_x + int64_t(plane) * g.h * g.w;
-    for (I ky = 0; ky < g.kh; ++ky) {
-      const I y = oy * g.sh - g.ph + ky;
-      if (y < 0 || y >= g.h) continue;
-      for (I kx = 0; kx < g.kw; ++kx) {
-        const I xx = ox * g.sw - g.pw + kx;
-        if (xx < 0 || xx >= g.w) continue;
-        const I at = y * g.w + xx;
-        out[at] = at == chosen ? grad : T{};
-      }
-    }
+    for_each_in_window(g, oy, ox, [&](I at) { out[at] = at == chosen ? grad : T{}; });
   }
 }
 
