@@ -11,7 +11,8 @@ namespace mpt::nn {
 // Chains single-input modules; children are named "0", "1", ... A Linear
 // followed by a ReLU (those exact types) runs as one op, linear_relu: what
 // the two compute one after the other, with the ReLU in the GEMM's epilogue
-// on CUDA (one pass over the activations less, each way).
+// on CUDA (one pass over the activations less in forward, and the product
+// before the ReLU never stored).
 class Sequential : public Module {
  public:
   Sequential() : Module("Sequential") {}

@@ -142,12 +142,10 @@ Plan heuristic(const char* pass_name, Query&& query) {
 // Times every algorithm on the operands (cuDNN's Find, run once per
 // geometry) and keeps the fastest that is deterministic, runs in the math
 // mode the descriptor asks for and fits the workspace the timing had: the
-// heuristic pick's, or 32 MiB if that is more (the heuristics often rank a
-// slow algorithm first for small channel counts: cnn's 1-channel first
-// convolution; a bounded workspace keeps the timing from raising peak
-// memory). Bitwise-repeatable runs matter more here than the last few
-// percent an atomics-based algorithm might give. Falls back to the
-// heuristic pick when nothing qualifies.
+// heuristic pick's, or 32 MiB if that is more (bounded, so that timing
+// does not raise peak memory much). Bitwise-repeatable runs matter more
+// here than the last few percent an atomics-based algorithm might give.
+// Falls back to the heuristic pick when nothing qualifies.
 template <typename Perf, typename Find>
 Plan timed(const Plan& fallback, const Descriptors& d, int device, Find&& find) {
   const size_t budget = std::max<size_t>(fallback.workspace, size_t(32) << 20);
