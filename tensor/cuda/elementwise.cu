@@ -163,17 +163,36 @@ __device__ __forceinline__ void elementwise(const Strided<N>& s, int64_t n, Layo
   }
 }
 
+// The costliest ops of a training step (GELU each way, ReLU's backward)
+// get their own copy of the loop with the op fixed at compile time, so no
+// element pays the dispatch (on an H200: gpt_mini's step 6.70 -> 6.53 ms,
+// cnn's 0.836 -> 0.823 ms); the rest share one loop that switches per
+// element.
 template <typename T>
 __global__ void unary_kernel(UnaryOp op, Strided<2> s, int64_t n, typename Element<T>::Compute alpha,
                              typename Element<T>::Compute beta, Layout layout) {
   using C = typename Element<T>::Compute;
-  elementwise<T>(s, n, layout, [&](C x) { return unary_value(op, x, alpha, beta); });
+  switch (op) {
+    case UnaryOp::gelu_erf:
+      return elementwise<T>(s, n, layout, [](C x) { return unary_value(UnaryOp::gelu_erf, x, C(0), C(0)); });
+    case UnaryOp::gelu_tanh:
+      return elementwise<T>(s, n, layout, [](C x) { return unary_value(UnaryOp::gelu_tanh, x, C(0), C(0)); });
+    default: return elementwise<T>(s, n, layout, [&](C x) { return unary_value(op, x, alpha, beta); });
+  }
 }
 
 template <typename T>
 __global__ void binary_kernel(BinaryOp op, Strided<3> s, int64_t n, Layout layout) {
   using C = typename Element<T>::Compute;
-  elementwise<T>(s, n, layout, [&](C a, C b) { return binary_value(op, a, b); });
+  switch (op) {
+    case BinaryOp::gelu_erf_backward:
+      return elementwise<T>(s, n, layout, [](C a, C b) { return binary_value(BinaryOp::gelu_erf_backward, a, b); });
+    case BinaryOp::gelu_tanh_backward:
+      return elementwise<T>(s, n, layout, [](C a, C b) { return binary_value(BinaryOp::gelu_tanh_backward, a, b); });
+    case BinaryOp::relu_backward:
+      return elementwise<T>(s, n, layout, [](C a, C b) { return binary_value(BinaryOp::relu_backward, a, b); });
+    default: return elementwise<T>(s, n, layout, [&](C a, C b) { return binary_value(op, a, b); });
+  }
 }
 
 template <typename T>
