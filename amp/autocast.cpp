@@ -72,6 +72,17 @@ class PolicyHandler final : public AutocastHandler {
     return out;
   }
 
+  DType input_dtype(const char* op, const Tensor& x) override {
+    if (!eligible(x) || !enabled[slot(x.device().type)]) return x.dtype();
+    switch (autocast_policy(op)) {
+      case CastPolicy::lower_precision: return dtype[slot(x.device().type)];
+      case CastPolicy::fp32: return DType::f32;
+      case CastPolicy::promote:
+      case CastPolicy::none: break;
+    }
+    return x.dtype();
+  }
+
  private:
   // PyTorch's rule: only f32 leaves that require a gradient (weights) are
   // cached, and only while recording, so a cast made under no_grad (which

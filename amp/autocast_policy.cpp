@@ -7,7 +7,10 @@ namespace mpt::amp {
 namespace {
 
 // Op names as the autograd ops pass them to the autocast hook.
-constexpr std::array<std::pair<std::string_view, CastPolicy>, 21> kPolicies{{
+// Binary arithmetic is not listed (as in PyTorch): the ops promote mixed
+// inputs themselves, and the GPU widens a 16-bit input as it loads it
+// instead of casting it in a pass of its own.
+constexpr std::array<std::pair<std::string_view, CastPolicy>, 17> kPolicies{{
     // Tensor-core ops: 16-bit inputs, f32 accumulation inside the GEMM.
     {"matmul", CastPolicy::lower_precision},
     {"bmm", CastPolicy::lower_precision},
@@ -27,10 +30,6 @@ constexpr std::array<std::pair<std::string_view, CastPolicy>, 21> kPolicies{{
     {"sum", CastPolicy::fp32},
     {"mean", CastPolicy::fp32},
     // Several inputs of possibly mixed dtypes.
-    {"add", CastPolicy::promote},
-    {"sub", CastPolicy::promote},
-    {"mul", CastPolicy::promote},
-    {"div", CastPolicy::promote},
     {"cat", CastPolicy::promote},
 }};
 

@@ -8,6 +8,10 @@ thread_local AutocastHandler* t_handler = nullptr;
 AutocastHandler* autocast_handler() { return t_handler; }
 void set_autocast_handler(AutocastHandler* handler) { t_handler = handler; }
 
+DType autocast_input_dtype(const char* op, const Tensor& x) {
+  return t_handler && x.defined() ? t_handler->input_dtype(op, x) : x.dtype();
+}
+
 AutocastSuspendGuard::AutocastSuspendGuard() : previous_(t_handler) { t_handler = nullptr; }
 AutocastSuspendGuard::~AutocastSuspendGuard() { t_handler = previous_; }
 

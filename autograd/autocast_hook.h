@@ -28,11 +28,18 @@ class AutocastHandler {
   // Returns the inputs to use for `op` (same order and count; undefined
   // and non-floating inputs are passed through).
   virtual std::vector<Tensor> cast_inputs(const char* op, const std::vector<Tensor>& inputs) = 0;
+  // The dtype cast_inputs would give `x` as the only floating input of `op`.
+  virtual DType input_dtype(const char* op, const Tensor& x) = 0;
 };
 
 // This thread's handler (null: autocast is off). amp/ installs and removes it.
 AutocastHandler* autocast_handler();
 void set_autocast_handler(AutocastHandler* handler);
+
+// The dtype autocast would give `x` as an input of `op` on this thread (x's
+// own where autocast is off, suspended or leaves it alone): lets a producer
+// write its result in the dtype its consumer computes in.
+DType autocast_input_dtype(const char* op, const Tensor& x);
 
 // Suspends autocast on this thread for a scope (the body of an op that was
 // already cast, or code that must run in the dtypes it was given).

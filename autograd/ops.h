@@ -83,8 +83,20 @@ enum class Reduction { mean, sum, none };
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index = -100,
                      Reduction reduction = Reduction::mean);
 Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction = Reduction::mean);
-// Over the last dimension; weight and bias [D] may be undefined.
-Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
+// Over the last dimension; weight and bias [D] may be undefined. The math
+// is at least f32; the result is in out_dtype (x's when absent), rounded
+// once from the f32 result: a norm feeding a matmul under autocast writes
+// the dtype the matmul would cast it to (autocast_input_dtype), which saves
+// the cast each way.
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5,
+                  std::optional<DType> out_dtype = std::nullopt);
+// {x, layer_norm(x, ...)} as one op, for a pre-norm residual block that
+// adds its branch back to x: backward gets the gradient of the skip path
+// and of the norm in one node, and the fused kernel adds them as it writes
+// dx (else the engine adds them in a pass of its own). The first result is
+// x itself (its values and storage, recorded as this op's output).
+std::pair<Tensor, Tensor> layer_norm_with_skip(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                               double eps = 1e-5, std::optional<DType> out_dtype = std::nullopt);
 // weight [V, D], indices i64 of any shape -> [..., D].
 Tensor embedding(const Tensor& weight, const Tensor& indices);
 // Zeroes each element with probability p and scales the rest by 1/(1-p).

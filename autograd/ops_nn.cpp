@@ -138,27 +138,45 @@ Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) 
   return mean(sq);
 }
 
-Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
-  if (AutocastOp ac{"layer_norm", {&x, &weight, &bias}}) return layer_norm(ac[0], ac[1], ac[2], eps);
+namespace {
+void check_layer_norm_args(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
+                           std::optional<DType> out_dtype) {
   check<ShapeError>(x.dim() >= 1, "layer_norm: input must have at least one dimension, got {}", describe(x));
   check(std::isfinite(eps) && eps >= 0, "layer_norm: eps must be finite and >= 0, got {}", eps);
   const int64_t d = x.shape().back();
   for (const Tensor* p : {&weight, &bias})
     check<ShapeError>(!p->defined() || p->shape() == Shape{d}, "layer_norm: parameter {} does not match input {}",
                       describe(*p), describe(x));
-  if (prim::fused_layer_norm_available(x, weight, bias)) {
-    std::vector<Tensor> r = prim::layer_norm_forward(x, weight, bias, eps);
+  check<DTypeError>(!out_dtype || is_floating(*out_dtype), "layer_norm: the output dtype must be floating, got {}",
+                    dtype_name(out_dtype.value_or(x.dtype())));
+}
+
+// The fused kernel's gradients of x, weight and bias from the norm's
+// gradient g, with g_skip (when defined) added into x's.
+Grads fused_layer_norm_grads(const Tensor& g, const Tensor& g_skip, const Tensor& x, const Tensor& weight,
+                             const Tensor& bias, const Tensor& mean, const Tensor& rstd) {
+  const bool want_w = weight.defined() && weight.requires_grad();
+  const bool want_b = bias.defined() && bias.requires_grad();
+  std::vector<Tensor> grads = prim::layer_norm_backward(g, x, weight, mean, rstd, want_w, want_b, g_skip);
+  if (want_w) grads[1] = prim::to(grads[1], weight.dtype());
+  if (want_b) grads[2] = prim::to(grads[2], bias.dtype());
+  return grads;
+}
+}  // namespace
+
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
+                  std::optional<DType> out_dtype) {
+  if (AutocastOp ac{"layer_norm", {&x, &weight, &bias}}) return layer_norm(ac[0], ac[1], ac[2], eps, out_dtype);
+  check_layer_norm_args(x, weight, bias, eps, out_dtype);
+  const DType y_dtype = out_dtype.value_or(x.dtype());
+  if (prim::fused_layer_norm_available(x, weight, bias, y_dtype)) {
+    std::vector<Tensor> r = prim::layer_norm_forward(x, weight, bias, eps, y_dtype);
     Tensor out = r[0];
     if (needs_grad({x, weight, bias})) {
       const Tensor mean = r[1], rstd = r[2];
       record("layer_norm", out, {x, weight, bias}, [x, weight, bias, mean, rstd](const Grads& g) {
         if (!g[0].defined()) return Grads(3);
-        const bool want_w = weight.defined() && weight.requires_grad();
-        const bool want_b = bias.defined() && bias.requires_grad();
-        std::vector<Tensor> grads = prim::layer_norm_backward(g[0], x, weight, mean, rstd, want_w, want_b);
-        if (want_w) grads[1] = prim::to(grads[1], weight.dtype());
-        if (want_b) grads[2] = prim::to(grads[2], bias.dtype());
-        return Grads(std::move(grads));
+        return fused_layer_norm_grads(g[0], Tensor(), x, weight, bias, mean, rstd);
       });
     }
     return out;
@@ -171,7 +189,7 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
   Tensor y = xhat;
   if (weight.defined()) y = prim::mul(y, as(weight, x32));
   if (bias.defined()) y = prim::add(y, as(bias, x32));
-  Tensor out = prim::to(y, x.dtype());
+  Tensor out = prim::to(y, y_dtype);
   if (needs_grad({x, weight, bias}))
     record("layer_norm", out, {x, weight, bias}, [x, weight, bias, xhat, rstd](const Grads& g) {
       const Tensor gy = as(g[0], xhat);
@@ -188,6 +206,27 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
       return Grads{prim::to(prim::mul(inner, rstd), x.dtype()), gw, gb};
     });
   return out;
+}
+
+std::pair<Tensor, Tensor> layer_norm_with_skip(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
+                                               std::optional<DType> out_dtype) {
+  const DType y_dtype = out_dtype.value_or(x.dtype());
+  // The fused node needs x as the norm reads it (autocast would not re-type
+  // it) and the fused kernel; else the two results are composed as usual.
+  const bool fused = x.defined() && autocast_input_dtype("layer_norm", x) == x.dtype() &&
+                     (!weight.defined() || autocast_input_dtype("layer_norm", weight) == weight.dtype()) &&
+                     (!bias.defined() || autocast_input_dtype("layer_norm", bias) == bias.dtype()) &&
+                     needs_grad({x, weight, bias}) && prim::fused_layer_norm_available(x, weight, bias, y_dtype);
+  if (!fused) return {x, layer_norm(x, weight, bias, eps, out_dtype)};
+  check_layer_norm_args(x, weight, bias, eps, out_dtype);
+  std::vector<Tensor> r = prim::layer_norm_forward(x, weight, bias, eps, y_dtype);
+  std::vector<Tensor> outs{Tensor::view_of(x.storage(), x.shape(), x.strides(), x.offset(), x.dtype()), r[0]};
+  const Tensor mean = r[1], rstd = r[2];
+  record("layer_norm_with_skip", outs, {x, weight, bias}, [x, weight, bias, mean, rstd](const Grads& g) {
+    if (!g[1].defined()) return Grads{g[0].defined() ? prim::to(g[0], x.dtype()) : Tensor(), Tensor(), Tensor()};
+    return fused_layer_norm_grads(g[1], g[0], x, weight, bias, mean, rstd);
+  });
+  return {outs[0], outs[1]};
 }
 
 Tensor embedding(const Tensor& weight, const Tensor& indices) {

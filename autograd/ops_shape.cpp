@@ -113,7 +113,12 @@ std::vector<Tensor> split(const Tensor& x, int64_t size, int64_t dim) {
   for (int64_t start = 0; start < x.shape()[d]; start += size) outs.push_back(prim::slice(x, d, start, start + size));
   if (needs_grad({x}))
     record("split", outs, {x}, [x = meta_of(x), d, size](const Grads& g) {
-      // Every chunk written over (the usual case, as for q | k | v): no zeroing first.
+      // Chunks that already lie side by side in one block (as attention
+      // writes the gradients of q | k | v): that block, without a copy.
+      if (std::optional<Tensor> joined = prim::joined_slices(g, d, size, x.shape);
+          joined && joined->dtype() == x.dtype && joined->device() == x.device)
+        return Grads{*joined};
+      // Every chunk written over (the usual case): no zeroing first.
       const bool all = std::all_of(g.begin(), g.end(), [](const Tensor& t) { return t.defined(); });
       Tensor gx = all ? Tensor::empty(x.shape, x.dtype, x.device) : zeros(x.shape, x.dtype, x.device);
       for (size_t i = 0; i < g.size(); ++i) {

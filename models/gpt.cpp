@@ -19,11 +19,16 @@ Tensor GPTBlock::forward(const Tensor& x) {
   check<ShapeError>(x.dim() == 3 && x.size(2) == d_model, "GPTBlock(d={}, h={}): input {} must be [B, T, {}]",
                     d_model, n_heads, describe(x), d_model);
   const int64_t B = x.size(0), T = x.size(1), C = d_model, H = n_heads;
-  std::vector<Tensor> qkv_parts = split((*qkv)((*ln1)(x)), C, 2);
+  // Each norm writes the dtype of the linear layer it feeds, and passes its
+  // input on for the residual sum (so backward adds the input's two
+  // gradients inside the norm's kernel).
+  const auto [x_skip, a] = ln1->forward_with_skip("linear", x);
+  std::vector<Tensor> qkv_parts = split((*qkv)(a), C, 2);
   for (Tensor& t : qkv_parts) t = transpose(reshape(t, {B, T, H, C / H}), 1, 2);  // [B, H, T, C/H]
   const Tensor y = scaled_dot_product_attention(qkv_parts[0], qkv_parts[1], qkv_parts[2], /*causal=*/true);
-  const Tensor h = x + (*proj)(reshape(transpose(y, 1, 2), {B, T, C}));
-  return h + (*out)(gelu((*fc)((*ln2)(h))));
+  const Tensor h = x_skip + (*proj)(reshape(transpose(y, 1, 2), {B, T, C}));
+  const auto [h_skip, m] = ln2->forward_with_skip("linear", h);
+  return h_skip + (*out)(gelu((*fc)(m)));
 }
 
 GPT::GPT(const GPTOptions& o, Generator* gen) : Module("GPT"), options(o) {
@@ -46,7 +51,7 @@ Tensor GPT::forward(const Tensor& idx) {
   const int64_t T = idx.size(1);
   const Tensor positions = arange(0, static_cast<double>(T), 1, DType::i64, idx.device());
   const Tensor x = (*tok)(idx) + (*pos)(positions);
-  return (*head)((*ln)(blocks->forward(x)));
+  return (*head)(ln->forward_into("linear", blocks->forward(x)));
 }
 
 }  // namespace mpt::nn

@@ -1,5 +1,6 @@
 #include "models/layers.h"
 
+#include "autograd/autocast_hook.h"
 #include "models/init.h"
 
 namespace mpt::nn {
@@ -65,6 +66,16 @@ LayerNorm::LayerNorm(int64_t d, double eps) : Module("LayerNorm"), d(d), eps(eps
 Tensor LayerNorm::forward(const Tensor& x) {
   check<ShapeError>(x.dim() >= 1 && x.size(-1) == d, "LayerNorm({}): input {} must end in {}", d, describe(x), d);
   return layer_norm(x, weight, bias, eps);
+}
+
+Tensor LayerNorm::forward_into(const char* consumer, const Tensor& x) {
+  check<ShapeError>(x.dim() >= 1 && x.size(-1) == d, "LayerNorm({}): input {} must end in {}", d, describe(x), d);
+  return layer_norm(x, weight, bias, eps, autocast_input_dtype(consumer, x));
+}
+
+std::pair<Tensor, Tensor> LayerNorm::forward_with_skip(const char* consumer, const Tensor& x) {
+  check<ShapeError>(x.dim() >= 1 && x.size(-1) == d, "LayerNorm({}): input {} must end in {}", d, describe(x), d);
+  return layer_norm_with_skip(x, weight, bias, eps, autocast_input_dtype(consumer, x));
 }
 
 // ---- Embedding -----------------------------------------------------------------------------

@@ -87,7 +87,8 @@ void Backend::layer_norm_forward(const TensorView&, const TensorView&, const Ten
   not_available("fused layer_norm");
 }
 void Backend::layer_norm_backward(const TensorView&, const TensorView&, const TensorView&, const TensorView&,
-                                  const TensorView&, const TensorView&, const TensorView&, const TensorView&) {
+                                  const TensorView&, const TensorView&, const TensorView&, const TensorView&,
+                                  const TensorView&) {
   not_available("fused layer_norm backward");
 }
 void Backend::cross_entropy_forward(const TensorView&, const TensorView&, const TensorView&, const TensorView&,

@@ -82,8 +82,10 @@ class Backend {
   virtual void copy(const TensorView& dst, const TensorView& src) = 0;
   // out = op(in) elementwise; `in` may carry broadcast (0) strides; same dtype.
   virtual void unary(UnaryOp op, const TensorView& out, const TensorView& in, double alpha, double beta) = 0;
-  // out = op(a, b); a and b already broadcast to out's shape; same dtype.
+  // out = op(a, b); a and b already broadcast to out's shape; same dtype,
+  // or the dtypes binary_takes_mixed accepts (inputs converted as loaded).
   virtual void binary(BinaryOp op, const TensorView& out, const TensorView& a, const TensorView& b) = 0;
+  virtual bool binary_takes_mixed(DType out, DType a, DType b) const { return false; }
   // `in` is contiguous [outer, k, inner]; out is contiguous [outer, inner].
   // Floating inputs accumulate in f32 (f64 for f64). argmax writes i64.
   virtual void reduce(ReduceOp op, const TensorView& out, const TensorView& in, int64_t outer, int64_t k,
@@ -124,14 +126,18 @@ class Backend {
 
   // Fused layer norm over the last dimension of x, viewed as contiguous
   // [rows, d]. weight and bias ([d], x's dtype) may have null data (absent).
-  // out like x; mean and rstd f32 [rows] (saved for the backward pass).
-  virtual bool fused_layer_norm_supported(DType dtype, int64_t d) const { return false; }
+  // out x's shape in out_dtype (x's, or a 16-bit dtype where x is f32, as
+  // supported says); mean and rstd f32 [rows] (saved for the backward pass).
+  virtual bool fused_layer_norm_supported(DType dtype, DType out_dtype, int64_t d) const { return false; }
   virtual void layer_norm_forward(const TensorView& out, const TensorView& mean, const TensorView& rstd,
                                   const TensorView& x, const TensorView& weight, const TensorView& bias, double eps);
-  // grad_x like x; grad_weight and grad_bias f32 [d], or null data when not wanted.
+  // grad_x like x; grad_out like the forward's out; grad_x_more null data,
+  // or a gradient like x to add into grad_x; grad_weight and grad_bias f32
+  // [d], or null data when not wanted.
   virtual void layer_norm_backward(const TensorView& grad_x, const TensorView& grad_weight,
-                                   const TensorView& grad_bias, const TensorView& grad_out, const TensorView& x,
-                                   const TensorView& weight, const TensorView& mean, const TensorView& rstd);
+                                   const TensorView& grad_bias, const TensorView& grad_out,
+                                   const TensorView& grad_x_more, const TensorView& x, const TensorView& weight,
+                                   const TensorView& mean, const TensorView& rstd);
 
   // Fused cross-entropy of logits [N, C] (contiguous) against i64 targets
   // [N] (in range or ignore_index; the caller checks). loss, lse, valid: f32

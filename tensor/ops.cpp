@@ -272,6 +272,27 @@ Tensor slice(const Tensor& t, int64_t dim, int64_t start, int64_t end, int64_t s
   return with_layout(t, std::move(shape), std::move(strides), t.offset() + start * t.strides()[d]);
 }
 
+std::optional<Tensor> joined_slices(const std::vector<Tensor>& parts, int64_t dim, int64_t size, const Shape& whole) {
+  if (parts.empty() || !parts[0].defined()) return std::nullopt;
+  const int d = normalize_dim(dim, static_cast<int64_t>(whole.size()), "joined_slices");
+  const Tensor& first = parts[0];
+  const Shape strides = contiguous_strides(whole);
+  // Each part: the slice of a contiguous `whole` at first's offset.
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const Tensor& p = parts[i];
+    const int64_t start = static_cast<int64_t>(i) * size;
+    Shape shape = whole;
+    shape[d] = std::min(size, whole[d] - start);
+    if (!p.defined() || p.storage() != first.storage() || p.dtype() != first.dtype() || p.shape() != shape ||
+        p.offset() != first.offset() + start * strides[d])
+      return std::nullopt;
+    for (size_t k = 0; k < whole.size(); ++k)
+      if (shape[k] > 1 && p.strides()[k] != strides[k]) return std::nullopt;
+  }
+  if (static_cast<int64_t>(parts.size()) * size < whole[d]) return std::nullopt;
+  return with_layout(first, whole, strides, first.offset());
+}
+
 Tensor expand(const Tensor& t, const Shape& shape) {
   const Shape b = broadcast_shapes(t.shape(), shape, "expand");
   check<ShapeError>(b == shape, "expand: {} cannot be expanded to {}", describe(t), shape_str(shape));
@@ -325,9 +346,12 @@ void binary_(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b) {
   check<ShapeError>(shape == out.shape(), "{}: output {} does not have the broadcast shape {} of {} and {}", name,
                     describe(out), shape_str(shape), describe(a), describe(b));
   check_floating(name, out);
-  const Tensor ca = to(a, out.dtype()), cb = to(b, out.dtype());
   if (out.numel() == 0) return;
   on_device(out.device(), [&](Backend& be) {
+    // Inputs of other dtypes are converted first unless the backend
+    // converts them as it loads them.
+    const bool as_given = be.binary_takes_mixed(out.dtype(), a.dtype(), b.dtype());
+    const Tensor ca = as_given ? a : to(a, out.dtype()), cb = as_given ? b : to(b, out.dtype());
     be.binary(op, out.view(), broadcast_view(ca, shape), broadcast_view(cb, shape));
   });
 }

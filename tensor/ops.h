@@ -43,6 +43,10 @@ Tensor reshape(const Tensor& t, Shape shape);  // a view when possible, else a c
 Tensor transpose(const Tensor& t, int64_t d0, int64_t d1);
 Tensor permute(const Tensor& t, const std::vector<int64_t>& dims);
 Tensor slice(const Tensor& t, int64_t dim, int64_t start, int64_t end, int64_t step = 1);
+// The contiguous tensor of shape `whole` whose consecutive slices along dim
+// are `parts` (each `size` long there), as a view, when the parts already
+// lie so in one block of memory; nullopt otherwise (the caller copies).
+std::optional<Tensor> joined_slices(const std::vector<Tensor>& parts, int64_t dim, int64_t size, const Shape& whole);
 Tensor expand(const Tensor& t, const Shape& shape);
 Tensor unsqueeze(const Tensor& t, int64_t dim);
 Tensor squeeze(const Tensor& t, int64_t dim);
@@ -108,15 +112,19 @@ std::pair<Tensor, Tensor> max_pool2d(const Tensor& x, const Pool2dParams& p);
 Tensor max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const Shape& x_shape, const Pool2dParams& p);
 
 // Fused layer norm over the last dimension, where the device's backend has
-// it for x's dtype and row length; weight and bias ([d], x's dtype and
-// device) may be undefined.
-bool fused_layer_norm_available(const Tensor& x, const Tensor& weight, const Tensor& bias);
-// {out, mean, rstd}; mean and rstd are f32, one per row.
-std::vector<Tensor> layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps);
-// {grad_x, grad_weight, grad_bias}; the parameter gradients are f32, and
-// undefined unless asked for.
+// it for x's dtype, the output's dtype and the row length; weight and bias
+// ([d], x's dtype and device) may be undefined.
+bool fused_layer_norm_available(const Tensor& x, const Tensor& weight, const Tensor& bias, DType out_dtype);
+// {out, mean, rstd}: out in out_dtype; mean and rstd are f32, one per row.
+std::vector<Tensor> layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
+                                       DType out_dtype);
+// {grad_x, grad_weight, grad_bias}: grad_out in the forward's out_dtype,
+// grad_x in x's, with grad_x_more (when defined: a gradient that reached x
+// by another path) added in; the parameter gradients are f32, and undefined
+// unless asked for.
 std::vector<Tensor> layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
-                                        const Tensor& mean, const Tensor& rstd, bool want_weight, bool want_bias);
+                                        const Tensor& mean, const Tensor& rstd, bool want_weight, bool want_bias,
+                                        const Tensor& grad_x_more = Tensor());
 
 // Fused cross-entropy where the device's backend has it for the logits'
 // dtype: logits [N, C], target i64 [N] (indices checked by the caller).

@@ -156,13 +156,14 @@ Tensor max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const 
   return gx;
 }
 
-bool fused_layer_norm_available(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+bool fused_layer_norm_available(const Tensor& x, const Tensor& weight, const Tensor& bias, DType out_dtype) {
   if (!x.defined() || x.dim() < 1 || !x.device().is_cuda()) return false;
   for (const Tensor* p : {&weight, &bias})
     if (p->defined() && (p->dtype() != x.dtype() || p->device() != x.device() || p->shape() != Shape{x.shape().back()}))
       return false;
   bool supported = false;
-  on_device(x.device(), [&](Backend& b) { supported = b.fused_layer_norm_supported(x.dtype(), x.shape().back()); });
+  on_device(x.device(),
+            [&](Backend& b) { supported = b.fused_layer_norm_supported(x.dtype(), out_dtype, x.shape().back()); });
   return supported;
 }
 
@@ -170,14 +171,16 @@ namespace {
 TensorView view_or_none(const Tensor& t) { return t.defined() ? t.view() : TensorView{}; }
 }  // namespace
 
-std::vector<Tensor> layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
-  check(fused_layer_norm_available(x, weight, bias), "layer_norm_forward: no fused kernel for {}", describe(x));
+std::vector<Tensor> layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
+                                       DType out_dtype) {
+  check(fused_layer_norm_available(x, weight, bias, out_dtype), "layer_norm_forward: no fused kernel for {} to {}",
+        describe(x), dtype_name(out_dtype));
   const Tensor cx = contiguous(x);
   const Tensor cw = weight.defined() ? contiguous(weight) : Tensor();
   const Tensor cb = bias.defined() ? contiguous(bias) : Tensor();
   Shape stats_shape = x.shape();
   stats_shape.back() = 1;
-  Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
+  Tensor out = Tensor::empty(x.shape(), out_dtype, x.device());
   Tensor mean = Tensor::empty(stats_shape, DType::f32, x.device());
   Tensor rstd = Tensor::empty(stats_shape, DType::f32, x.device());
   if (x.numel() > 0)
@@ -188,13 +191,24 @@ std::vector<Tensor> layer_norm_forward(const Tensor& x, const Tensor& weight, co
 }
 
 std::vector<Tensor> layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
-                                        const Tensor& mean, const Tensor& rstd, bool want_weight, bool want_bias) {
-  check(fused_layer_norm_available(x, weight, Tensor()), "layer_norm_backward: no fused kernel for {}", describe(x));
+                                        const Tensor& mean, const Tensor& rstd, bool want_weight, bool want_bias,
+                                        const Tensor& grad_x_more) {
+  // The gradient keeps its dtype where the kernel reads it (the forward's
+  // 16-bit output from f32 x), else it takes x's.
+  const DType g_dtype = fused_layer_norm_available(x, weight, Tensor(), grad_out.dtype()) ? grad_out.dtype() : x.dtype();
+  check(fused_layer_norm_available(x, weight, Tensor(), g_dtype), "layer_norm_backward: no fused kernel for {}",
+        describe(x));
   check<ShapeError>(grad_out.shape() == x.shape(), "layer_norm backward: gradient {} does not match input {}",
                     describe(grad_out), describe(x));
   const int64_t d = x.shape().back();
-  const Tensor g = contiguous(to(grad_out, x.dtype())), cx = contiguous(x);
+  const Tensor g = contiguous(to(grad_out, g_dtype)), cx = contiguous(x);
   const Tensor cw = weight.defined() ? contiguous(weight) : Tensor();
+  Tensor more;
+  if (grad_x_more.defined()) {
+    check<ShapeError>(grad_x_more.shape() == x.shape(), "layer_norm backward: gradient {} does not match input {}",
+                      describe(grad_x_more), describe(x));
+    more = contiguous(to(grad_x_more, x.dtype()));
+  }
   Tensor gx = Tensor::empty(x.shape(), x.dtype(), x.device());
   Tensor gw = want_weight ? Tensor::empty({d}, DType::f32, x.device()) : Tensor();
   Tensor gb = want_bias ? Tensor::empty({d}, DType::f32, x.device()) : Tensor();
@@ -204,8 +218,8 @@ std::vector<Tensor> layer_norm_backward(const Tensor& grad_out, const Tensor& x,
     return {gx, gw, gb};
   }
   on_device(x.device(), [&](Backend& b) {
-    b.layer_norm_backward(gx.view(), view_or_none(gw), view_or_none(gb), g.view(), cx.view(), view_or_none(cw),
-                          mean.view(), rstd.view());
+    b.layer_norm_backward(gx.view(), view_or_none(gw), view_or_none(gb), g.view(), view_or_none(more), cx.view(),
+                          view_or_none(cw), mean.view(), rstd.view());
   });
   return {gx, gw, gb};
 }
@@ -270,6 +284,29 @@ Tensor heads_interleaved(const Shape& bhtd, DType dtype, const Device& device, b
   return transpose(zeroed ? zeros(bthd, dtype, device) : Tensor::empty(bthd, dtype, device), 1, 2);
 }
 
+// q, k and v as a fused projection's output [B, T, 3 * H * D] splits them:
+// one block holds q | k | v for each (b, t), each [B, H, T, D] view reading
+// its third in place.
+bool split_from_one_block(const Tensor& q, const Tensor& k, const Tensor& v) {
+  const Shape& s = q.shape();
+  const int64_t third = s[1] * s[3];  // H * D
+  const Shape strides{s[2] * 3 * third, s[3], 3 * third, 1};
+  for (const Tensor* t : {&k, &v})
+    if (t->storage() != q.storage() || t->dtype() != q.dtype() || t->shape() != s || t->strides() != q.strides())
+      return false;
+  for (size_t d = 0; d < 4; ++d)
+    if (s[d] > 1 && q.strides()[d] != strides[d]) return false;
+  return k.offset() == q.offset() + third && v.offset() == q.offset() + 2 * third;
+}
+
+// A third of a new [B, T, 3 * H * D] block viewed as [B, H, T, D], as the
+// fused projection's output is split for attention.
+Tensor third_of_block(const Tensor& block, int64_t i, const Shape& bhtd) {
+  const int64_t third = bhtd[1] * bhtd[3];
+  const Tensor part = slice(block, 2, i * third, (i + 1) * third);
+  return transpose(reshape(part, {bhtd[0], bhtd[2], bhtd[1], bhtd[3]}), 1, 2);
+}
+
 }  // namespace
 
 std::pair<Tensor, Tensor> attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
@@ -295,15 +332,32 @@ std::vector<Tensor> attention_backward(const Tensor& q, const Tensor& k, const T
   const Tensor co = attention_operand(out), g = attention_operand(to(grad_out, q.dtype()));
   // dQ sums over key blocks in f32: [B, T, H, D] storage, zeroed.
   const Tensor grad_q32 = heads_interleaved(q.shape(), DType::f32, q.device(), true);
-  Tensor grad_k = heads_interleaved(q.shape(), q.dtype(), q.device(), false);
-  Tensor grad_v = heads_interleaved(q.shape(), q.dtype(), q.device(), false);
+  // Where q, k and v were split from one block, their gradients fill one
+  // block laid out the same way, which the split's backward then takes
+  // whole (no copies joining them).
+  const Shape& bhtd = q.shape();
+  Tensor grad_q, grad_k, grad_v;
+  if (split_from_one_block(q, k, v)) {
+    const Tensor block = Tensor::empty({bhtd[0], bhtd[2], 3 * bhtd[1] * bhtd[3]}, q.dtype(), q.device());
+    grad_q = third_of_block(block, 0, bhtd);
+    grad_k = third_of_block(block, 1, bhtd);
+    grad_v = third_of_block(block, 2, bhtd);
+  } else {
+    grad_k = heads_interleaved(bhtd, q.dtype(), q.device(), false);
+    grad_v = heads_interleaved(bhtd, q.dtype(), q.device(), false);
+  }
   Tensor delta = Tensor::empty(lse.shape(), DType::f32, q.device());
   on_device(q.device(), [&](Backend& b) {
     b.attention_backward(grad_q32.view(), grad_k.view(), grad_v.view(), delta.view(), cq.view(), ck.view(),
                          cv.view(), co.view(), lse.view(), g.view(), causal, scale);
   });
-  // Cast in the [B, T, H, D] storage order (a plain copy), then view as [B, H, T, D].
-  const Tensor grad_q = transpose(to(transpose(grad_q32, 1, 2), q.dtype()), 1, 2);
+  if (grad_q.defined()) {
+    // The f32 sums cast into the block, walked in [B, T, H, D] order (rows of H * D in both).
+    copy_(transpose(grad_q, 1, 2), transpose(grad_q32, 1, 2));
+  } else {
+    // Cast in the [B, T, H, D] storage order (a plain copy), then view as [B, H, T, D].
+    grad_q = transpose(to(transpose(grad_q32, 1, 2), q.dtype()), 1, 2);
+  }
   return {grad_q, grad_k, grad_v};
 }
 

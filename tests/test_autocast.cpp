@@ -6,6 +6,7 @@
 
 #include "amp/autocast.h"
 #include "amp/autocast_policy.h"
+#include "autograd/autocast_hook.h"
 #include "autograd/ops.h"
 #include "tests/test_util.h"
 
@@ -26,8 +27,10 @@ TEST(Autocast, PolicyTableFollowsPyTorchsLists) {
   for (const char* op : {"exp", "log", "pow", "softmax", "log_softmax", "layer_norm", "cross_entropy", "mse_loss",
                          "sum", "mean"})
     EXPECT_EQ(amp::autocast_policy(op), CastPolicy::fp32) << op;
-  for (const char* op : {"add", "sub", "mul", "div", "cat"}) EXPECT_EQ(amp::autocast_policy(op), CastPolicy::promote) << op;
-  for (const char* op : {"relu", "gelu", "reshape", "tanh"}) EXPECT_EQ(amp::autocast_policy(op), CastPolicy::none) << op;
+  EXPECT_EQ(amp::autocast_policy("cat"), CastPolicy::promote);
+  // Binary arithmetic promotes by itself (in PyTorch too: not in its lists).
+  for (const char* op : {"relu", "gelu", "reshape", "tanh", "add", "sub", "mul", "div"})
+    EXPECT_EQ(amp::autocast_policy(op), CastPolicy::none) << op;
 }
 
 TEST(Autocast, OutputDtypesPerOpCategory) {
@@ -104,6 +107,32 @@ TEST(Autocast, OtherDeviceTypeIsLeftAlone) {
   const Tensor x = rand_f32({2, 3}, 11), w = rand_f32({3, 3}, 12);
   AutocastGuard autocast(DeviceType::cuda, DType::f16);
   EXPECT_EQ(linear(x, w).dtype(), DType::f32);  // CPU tensors: CPU autocast is off
+}
+
+// What a producer asks before writing its result for a consumer op: the
+// dtype the consumer's cast would give, per policy, and the input's own
+// where autocast is off, suspended, on another device or leaves it alone.
+TEST(Autocast, InputDtypeIsWhatTheConsumersCastWouldGive) {
+  const Tensor x = rand_f32({2, 3}, 13), x16 = prim::to(x, DType::f16), x64 = prim::to(x, DType::f64);
+  const Tensor gpu_like = rand_f32({2}, 14);
+  EXPECT_EQ(autocast_input_dtype("linear", x), DType::f32);  // off
+  for (DType low : {DType::f16, DType::bf16}) {
+    AutocastGuard autocast(DeviceType::cpu, low);
+    EXPECT_EQ(autocast_input_dtype("linear", x), low);
+    EXPECT_EQ(autocast_input_dtype("conv2d", x16), low);
+    EXPECT_EQ(autocast_input_dtype("layer_norm", x16), DType::f32);
+    EXPECT_EQ(autocast_input_dtype("add", x16), DType::f16);
+    EXPECT_EQ(autocast_input_dtype("relu", x), DType::f32);
+    EXPECT_EQ(autocast_input_dtype("linear", x64), DType::f64);  // f64 is never lowered
+    {
+      AutocastSuspendGuard suspended;
+      EXPECT_EQ(autocast_input_dtype("linear", x), DType::f32);
+    }
+    // As cast_inputs does it: the same dtype as the linear's own cast.
+    EXPECT_EQ(autocast_input_dtype("linear", x), linear(x, rand_f32({4, 3}, 15)).dtype());
+  }
+  AutocastGuard cuda_only(DeviceType::cuda, DType::f16);
+  EXPECT_EQ(autocast_input_dtype("linear", gpu_like), DType::f32);  // a CPU tensor
 }
 
 TEST(Autocast, RejectsNonHalfDtype) { EXPECT_THROW(AutocastGuard(DeviceType::cpu, DType::f32), DTypeError); }

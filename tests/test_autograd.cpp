@@ -179,6 +179,86 @@ TEST(AutogradForward, AttentionMatchesExplicitMath) {
   }
 }
 
+// A norm written straight in 16 bits (what a matmul under autocast would
+// cast it to) is the f32 norm and then the cast, bit for bit, forward and
+// in every gradient: the kernel rounds the same f32 values on its store and
+// widens the 16-bit gradient as the cast's backward would. On the CPU (the
+// composed norm) and on the GPU (the fused kernel); a 16-bit input asked
+// for f32 takes the composed path and matches the widened input's norm.
+TEST(AutogradForward, LayerNormWrittenInSixteenBitsIsTheNormThenTheCast) {
+  const uint64_t seed = testing::fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::vector<Device> devices{kCPU};
+  if (testing::has_cuda()) devices.emplace_back("cuda:0");
+  for (const Device& device : devices)
+    for (DType low : {DType::f16, DType::bf16}) {
+      SCOPED_TRACE(::testing::Message() << device.str() << " " << dtype_name(low));
+      Generator gen(seed);
+      const Tensor x0 = prim::to(randn({3, 5, 384}, DType::f32, kCPU, &gen), device);
+      const Tensor w0 = prim::to(randn({384}, DType::f32, kCPU, &gen), device);
+      const Tensor b0 = prim::to(randn({384}, DType::f32, kCPU, &gen), device);
+      const Tensor dy = prim::to(randn({3, 5, 384}, low, kCPU, &gen), device);
+      std::vector<std::vector<std::vector<float>>> runs;
+      for (bool direct : {true, false}) {
+        Tensor x = prim::clone(x0), w = prim::clone(w0), b = prim::clone(b0);
+        for (Tensor* t : {&x, &w, &b}) t->set_requires_grad(true);
+        const Tensor y = direct ? layer_norm(x, w, b, 1e-5, low) : to(layer_norm(x, w, b), low);
+        ASSERT_EQ(y.dtype(), low);
+        backward(y, dy);
+        runs.push_back({prim::to(y, DType::f32).to_vector<float>(), x.grad().to_vector<float>(),
+                        w.grad().to_vector<float>(), b.grad().to_vector<float>()});
+      }
+      EXPECT_EQ(runs[0][0], runs[1][0]) << "forward";
+      EXPECT_EQ(runs[0][1], runs[1][1]) << "gradient of x";
+      EXPECT_EQ(runs[0][2], runs[1][2]) << "gradient of the weight";
+      EXPECT_EQ(runs[0][3], runs[1][3]) << "gradient of the bias";
+
+      const Tensor x16 = prim::to(x0, low), w16 = prim::to(w0, low), b16 = prim::to(b0, low);
+      const Tensor asked = layer_norm(x16, w16, b16, 1e-5, DType::f32);
+      ASSERT_EQ(asked.dtype(), DType::f32);
+      const Tensor widened = layer_norm(prim::to(x16, DType::f32), prim::to(w16, DType::f32), prim::to(b16, DType::f32));
+      EXPECT_LE(testing::rel_error(testing::host_f64(asked), testing::host_f64(widened)), 1e-5);
+    }
+}
+
+// The norm with its input passed on beside it is x and the norm, with x's
+// gradient the sum of both paths' (the fused kernel adds the skip path's as
+// it writes dx): bit for bit the composed expression, forward and backward,
+// on the CPU (composed) and the GPU (one node), in f32 and into 16 bits.
+TEST(AutogradForward, LayerNormWithSkipIsTheInputAndTheNorm) {
+  const uint64_t seed = testing::fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::vector<Device> devices{kCPU};
+  if (testing::has_cuda()) devices.emplace_back("cuda:0");
+  for (const Device& device : devices)
+    for (DType out : {DType::f32, DType::f16}) {
+      SCOPED_TRACE(::testing::Message() << device.str() << " into " << dtype_name(out));
+      Generator gen(seed);
+      auto draw = [&](const Shape& s) { return prim::to(randn(s, DType::f32, kCPU, &gen), device); };
+      const Tensor x0 = draw({4, 7, 96}), w0 = draw({96}), b0 = draw({96}), dskip = draw({4, 7, 96}),
+                   dnorm = draw({4, 7, 96});
+      std::vector<std::vector<std::vector<float>>> runs;
+      for (bool fused : {true, false}) {
+        Tensor x = prim::clone(x0), w = prim::clone(w0), b = prim::clone(b0);
+        for (Tensor* t : {&x, &w, &b}) t->set_requires_grad(true);
+        Tensor skip, normed;
+        if (fused) {
+          std::tie(skip, normed) = layer_norm_with_skip(x, w, b, 1e-5, out);
+        } else {
+          skip = x;
+          normed = to(layer_norm(x, w, b), out);
+        }
+        ASSERT_EQ(skip.dtype(), DType::f32);
+        ASSERT_EQ(normed.dtype(), out);
+        backward(sum(skip * dskip) + sum(to(normed, DType::f32) * dnorm));
+        runs.push_back({skip.to_vector<float>(), prim::to(normed, DType::f32).to_vector<float>(),
+                        x.grad().to_vector<float>(), w.grad().to_vector<float>(), b.grad().to_vector<float>()});
+      }
+      const char* what[] = {"skip", "norm", "gradient of x", "gradient of the weight", "gradient of the bias"};
+      for (size_t i = 0; i < runs[0].size(); ++i) EXPECT_EQ(runs[0][i], runs[1][i]) << what[i];
+    }
+}
+
 TEST(AutogradForward, CrossEntropyMatchesDefinition) {
   const Tensor logits = from_vector({1.f, 2.f, 3.f, 0.f, 0.f, 0.f}, {2, 3});
   const Tensor target = from_vector(std::vector<int64_t>{2, 1}, {2}, DType::i64);

@@ -74,8 +74,21 @@ std::vector<Case> cases() {
       {"layer_norm_wide_rows", [](const V& v) { return layer_norm(v[0], v[1], v[2]); }, {{3, 384}, {384}, {384}}},
       {"layer_norm_1000", [](const V& v) { return layer_norm(v[0], v[1], Tensor()); }, {{5, 1000}, {1000}}},
       {"layer_norm_many_rows", [](const V& v) { return layer_norm(v[0], Tensor(), v[1]); }, {{3000, 2, 40}, {40}}},
+      {"layer_norm_with_skip",
+       [](const V& v) {
+         const auto [skip, normed] = layer_norm_with_skip(v[0], v[1], v[2]);
+         return skip * normed;
+       },
+       {{4, 6, 48}, {48}, {48}}},
       {"attention", [](const V& v) { return scaled_dot_product_attention(v[0], v[1], v[2], true); },
        {{2, 3, 16, 8}, {2, 3, 16, 8}, {2, 3, 16, 8}}},
+      {"attention_split_from_one_block",  // head size 64: the fused kernels' (16 bits)
+       [](const V& v) {
+         std::vector<Tensor> qkv = split(v[0], 128, 2);  // [2, 24, 384] -> q | k | v as [2, 2, 24, 64]
+         for (Tensor& t : qkv) t = transpose(reshape(t, {2, 24, 2, 64}), 1, 2);
+         return scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], true);
+       },
+       {{2, 24, 384}}},
       {"reshape_permute_slice",
        [](const V& v) { return slice(permute(reshape(v[0], {4, 6, 5}), {2, 0, 1}), 1, 1, 4); }, {{24, 5}}},
       {"conv2d", [](const V& v) { return conv2d(v[0], v[1], v[2], Conv2dParams{1, 1, 1, 1}); },
@@ -114,6 +127,34 @@ TEST(CudaAutograd, OpsMatchTheCpuInHalfTypes) {
       SCOPED_TRACE(c.name);
       expect_gpu_matches_cpu(c.f, c.shapes, dt, dt == DType::f16 ? 1e-2 : 5e-2, testing::fresh_seed());
     }
+}
+
+// q, k and v split from one fused projection get their gradients in one
+// block laid out the same way (which the split's backward takes whole);
+// separate q, k and v get separate gradients.
+TEST(CudaAutograd, AttentionGradientsOfOneBlockShareOneBlock) {
+  MPT_SKIP_WITHOUT_CUDA();
+  Generator gen(testing::fresh_seed());
+  const Device gpu("cuda:0");
+  const Tensor block = randn({2, 24, 384}, DType::f16, gpu, &gen);  // heads of 64: the fused kernels'
+  std::vector<Tensor> qkv;
+  for (int i = 0; i < 3; ++i)
+    qkv.push_back(prim::transpose(prim::reshape(prim::slice(block, 2, 128 * i, 128 * (i + 1)), {2, 24, 2, 64}), 1, 2));
+  ASSERT_TRUE(prim::fused_attention_available(qkv[0], qkv[1], qkv[2]));
+  auto [out, lse] = prim::attention_forward(qkv[0], qkv[1], qkv[2], true, 0.35);
+  const Tensor dy = randn(out.shape(), DType::f16, gpu, &gen);
+  const std::vector<Tensor> joined = prim::attention_backward(qkv[0], qkv[1], qkv[2], out, lse, dy, true, 0.35);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(joined[i].storage(), joined[0].storage()) << i;
+    EXPECT_EQ(joined[i].strides(), qkv[i].strides()) << i;
+    EXPECT_EQ(joined[i].offset() - joined[0].offset(), qkv[i].offset() - qkv[0].offset()) << i;
+  }
+  std::vector<Tensor> apart;
+  for (const Tensor& t : qkv) apart.push_back(prim::contiguous(t));
+  const std::vector<Tensor> separate = prim::attention_backward(apart[0], apart[1], apart[2], out, lse, dy, true, 0.35);
+  EXPECT_NE(separate[1].storage(), separate[0].storage());
+  // dQ's f32 sums are atomic adds, whose order varies: a tolerance, not bits.
+  for (int i = 0; i < 3; ++i) EXPECT_LE(rel_error(host_f64(joined[i]), host_f64(separate[i])), 1e-3) << i;
 }
 
 // The same convolutions with timed algorithms instead of cuDNN's heuristic

@@ -188,6 +188,29 @@ TEST_F(CudaTensor, EveryBinaryOpMatchesTheCpu) {
   }
 }
 
+// An f32 result of one f32 and one 16-bit input: the GPU widens the 16-bit
+// input as it loads it, the CPU casts it first; the same f32 arithmetic,
+// so the same bits. Either side 16-bit, packed, tail, broadcast, strided.
+TEST_F(CudaTensor, BinaryOpsOfF32AndSixteenBitsMatchTheCpuBitForBit) {
+  SCOPED_TRACE(trace());
+  for (DType low : {DType::f16, DType::bf16})
+    for (BinaryOp op : {BinaryOp::add, BinaryOp::sub, BinaryOp::mul, BinaryOp::div, BinaryOp::maximum}) {
+      const std::string what = fmt::format("{} f32 with {}", binary_op_name(op), dtype_name(low));
+      for (int64_t cols : {64, 65}) {
+        const Tensor a = rand({33, cols}, DType::f32, 0.2, 3.0), b = rand({33, cols}, low, 0.2, 3.0);
+        const Tensor row = rand({cols}, low, 0.2, 3.0);
+        const Tensor at = prim::transpose(rand({cols, 33}, low, 0.2, 3.0), 0, 1);
+        const std::vector<std::pair<Tensor, Tensor>> pairs{{a, b}, {b, a}, {a, row}, {row, a}, {a, at}};
+        for (size_t i = 0; i < pairs.size(); ++i) {
+          const auto& [x, y] = pairs[i];
+          const Tensor on_gpu = prim::binary(op, gpu(x), gpu(y));
+          ASSERT_EQ(on_gpu.dtype(), DType::f32);
+          EXPECT_EQ(host_f64(on_gpu), host_f64(prim::binary(op, x, y))) << what << ", case " << i << ", " << cols;
+        }
+      }
+    }
+}
+
 TEST_F(CudaTensor, ElementwiseNaNPropagatesLikeTheCpu) {
   const std::vector<float> values = {NAN, 1.0f, -2.0f, NAN, 0.0f, -0.0f};
   const std::vector<float> others = {1.0f, NAN, -3.0f, NAN, -0.0f, 0.0f};
@@ -279,6 +302,25 @@ TEST_F(CudaTensor, PermutedCopiesMatchTheCpu) {
     prim::copy_(prim::slice(gpu_dst, 1, 16, 32), prim::reshape(gx, {30, 16}));
     expect_same_bits(gpu_dst, cpu_dst, fmt::format("strided destination {}", dtype_name(dt)));
   }
+}
+
+// f32 <-> 16-bit casts into and out of rows of a wider block (the packed
+// row walk) and at odd offsets (element by element): the CPU's bits.
+TEST_F(CudaTensor, CastsBetweenRowsOfAWiderBlockMatchTheCpuBitForBit) {
+  SCOPED_TRACE(trace());
+  for (DType low : {DType::f16, DType::bf16})
+    for (const auto& [from, to] : {std::pair{DType::f32, low}, std::pair{low, DType::f32}})
+      for (int64_t start : {32, 33}) {  // a whole number of packs in, or one element past
+        const std::string what = fmt::format("{} -> {} at column {}", dtype_name(from), dtype_name(to), start);
+        const Tensor x = rand({24, 32}, from, -70.0, 70.0);
+        Tensor cpu_dst = zeros({24, 96}, to), gpu_dst = zeros({24, 96}, to, kCuda0);
+        prim::copy_(prim::slice(cpu_dst, 1, start, start + 32), x);
+        prim::copy_(prim::slice(gpu_dst, 1, start, start + 32), gpu(x));
+        expect_same_bits(gpu_dst, cpu_dst, what + ", into the block");
+        const Tensor block = rand({24, 96}, from, -70.0, 70.0);
+        expect_same_bits(prim::to(prim::slice(gpu(block), 1, start, start + 32), to),
+                         prim::to(prim::slice(block, 1, start, start + 32), to), what + ", out of the block");
+      }
 }
 
 TEST_F(CudaTensor, F16OverflowGivesInfinityLikeTheCpu) {

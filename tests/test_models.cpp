@@ -6,10 +6,12 @@
 #include <cmath>
 #include <cstring>
 
+#include "amp/autocast.h"
 #include "autograd/engine.h"
 #include "autograd/node.h"
 #include "models/adamw.h"
 #include "models/attention.h"
+#include "models/gpt.h"
 #include "models/layers.h"
 #include "models/sequential.h"
 #include "models/sgd.h"
@@ -382,6 +384,30 @@ TEST_F(ModelsTest, SequentialRunsALinearAndTheReluAfterItAsOneOp) {
   first->weight.set_grad(Tensor());
   backward(sum(want * want));
   EXPECT_LT(rel_error(host_f64(first->weight.grad()), fused_grads), 1e-6);
+}
+
+// Under autocast the GPT's norms write the dtype of the linear layer they
+// feed (no cast node between them); without autocast, their input's. The
+// values are the norm then the cast, bit for bit (test_autograd).
+TEST_F(ModelsTest, EachGptNormWritesTheDtypeOfTheLinearItFeeds) {
+  SCOPED_TRACE(trace());
+  nn::GPTOptions o;
+  o.vocab_size = 7, o.context = 4, o.d_model = 8, o.n_layers = 1, o.n_heads = 2;
+  nn::GPT model(o, &gen_);
+  const Tensor idx = from_vector<int64_t>({1, 2, 3, 0, 6, 5}, {2, 3}, DType::i64);
+  auto head_input = [](const Tensor& logits) { return logits.grad_fn()->next_edges()[0].node; };
+  const Tensor plain = model.forward(idx);
+  EXPECT_EQ(plain.dtype(), DType::f32);
+  ASSERT_TRUE(head_input(plain));
+  EXPECT_EQ(head_input(plain)->name(), "layer_norm");
+  amp::AutocastGuard autocast(DeviceType::cpu, DType::bf16);
+  const Tensor logits = model.forward(idx);
+  EXPECT_EQ(logits.dtype(), DType::bf16);
+  ASSERT_TRUE(logits.grad_fn());
+  EXPECT_EQ(logits.grad_fn()->name(), "linear");
+  ASSERT_TRUE(head_input(logits));
+  EXPECT_EQ(head_input(logits)->name(), "layer_norm");
+  EXPECT_LT(rel_error(host_f64(logits), host_f64(plain)), 0.05);
 }
 
 TEST_F(ModelsTest, LinearAndEmbeddingMatchReference) {

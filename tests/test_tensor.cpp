@@ -110,6 +110,33 @@ TEST(Tensor, SliceWithStepAndNegativeBounds) {
   EXPECT_THROW(prim::slice(t, 1, 0, 1), ShapeError);
 }
 
+// Slices that lie side by side in one contiguous block join back into a
+// view of it; anything else (other storage, another order, a gap, strides
+// of a non-contiguous block, a missing part) is refused.
+TEST(Tensor, JoinedSlicesViewTheBlockTheyLieIn) {
+  const Tensor block = prim::view(arange(0, 24), {2, 3, 4});
+  std::vector<Tensor> parts{prim::slice(block, 2, 0, 2), prim::slice(block, 2, 2, 4)};
+  const std::optional<Tensor> joined = prim::joined_slices(parts, 2, 2, {2, 3, 4});
+  ASSERT_TRUE(joined.has_value());
+  EXPECT_EQ(joined->storage(), block.storage());
+  EXPECT_EQ(joined->to_vector<float>(), block.to_vector<float>());
+  // A ragged last part (split's size does not divide the length).
+  const std::optional<Tensor> ragged =
+      prim::joined_slices({prim::slice(block, 2, 0, 3), prim::slice(block, 2, 3, 4)}, 2, 3, {2, 3, 4});
+  ASSERT_TRUE(ragged.has_value());
+  EXPECT_EQ(ragged->to_vector<float>(), block.to_vector<float>());
+  // Refused.
+  EXPECT_FALSE(prim::joined_slices({parts[1], parts[0]}, 2, 2, {2, 3, 4}));
+  EXPECT_FALSE(prim::joined_slices({parts[0], prim::clone(parts[1])}, 2, 2, {2, 3, 4}));
+  EXPECT_FALSE(prim::joined_slices({parts[0]}, 2, 2, {2, 3, 4}));
+  EXPECT_FALSE(prim::joined_slices({parts[0], Tensor()}, 2, 2, {2, 3, 4}));
+  const Tensor wide = prim::view(arange(0, 30), {2, 3, 5});  // a gap after each row's fourth
+  EXPECT_FALSE(prim::joined_slices({prim::slice(wide, 2, 0, 2), prim::slice(wide, 2, 2, 4)}, 2, 2, {2, 3, 4}));
+  const Tensor transposed = prim::transpose(prim::view(arange(0, 24), {4, 3, 2}), 0, 2);  // [2, 3, 4], not contiguous
+  EXPECT_FALSE(
+      prim::joined_slices({prim::slice(transposed, 2, 0, 2), prim::slice(transposed, 2, 2, 4)}, 2, 2, {2, 3, 4}));
+}
+
 TEST(Tensor, PrintsLikePyTorch) {
   const std::string s = prim::view(arange(0, 4), {2, 2}).str();
   EXPECT_NE(s.find("[[0, 1],"), std::string::npos) << s;

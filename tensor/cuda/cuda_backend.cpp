@@ -152,13 +152,21 @@ class CudaBackend final : public Backend {
     launch_unary(current_launch(), op, out.dtype, s, n, alpha, beta);
   }
 
+  bool binary_takes_mixed(DType out, DType a, DType b) const override {
+    return binary_wide_supported(out, a, b);
+  }
+
   void binary(BinaryOp op, const TensorView& out, const TensorView& a, const TensorView& b) override {
     check_float("binary", binary_op_name(op), out.dtype);
-    check_same_dtype("binary", binary_op_name(op), out, a);
-    check_same_dtype("binary", binary_op_name(op), out, b);
+    const bool wide = binary_wide_supported(out.dtype, a.dtype, b.dtype);
+    if (!wide) {
+      check_same_dtype("binary", binary_op_name(op), out, a);
+      check_same_dtype("binary", binary_op_name(op), out, b);
+    }
     const Strided<3> s = collapse<3>({&out, &a, &b}, binary_op_name(op));
     const int64_t n = out.numel();
     if (n == 0) return;
+    if (wide) return launch_binary_wide(current_launch(), op, a.dtype, b.dtype, s, n);
     launch_binary(current_launch(), op, out.dtype, s, n);
   }
 
@@ -244,15 +252,14 @@ class CudaBackend final : public Backend {
                                grad_out.shape[3], p);
   }
 
-  bool fused_layer_norm_supported(DType dtype, int64_t d) const override {
-    return cuda::fused_layer_norm_supported(dtype, d);
+  bool fused_layer_norm_supported(DType dtype, DType out_dtype, int64_t d) const override {
+    return cuda::fused_layer_norm_supported(dtype, out_dtype, d);
   }
 
   void layer_norm_forward(const TensorView& out, const TensorView& mean, const TensorView& rstd,
                           const TensorView& x, const TensorView& weight, const TensorView& bias,
                           double eps) override {
-    const LayerNormArgs a = layer_norm_args(x, weight, bias, mean, rstd, eps);
-    check_same_dtype("layer_norm", "forward", x, out);
+    const LayerNormArgs a = layer_norm_args(x, out.dtype, weight, bias, mean, rstd, eps);
     check<ShapeError>(out.numel() == x.numel(), "CUDA layer_norm: output {} does not match input {}", shape_of(out),
                       shape_of(x));
     check_contiguous("layer_norm", out);
@@ -260,11 +267,13 @@ class CudaBackend final : public Backend {
   }
 
   void layer_norm_backward(const TensorView& grad_x, const TensorView& grad_weight, const TensorView& grad_bias,
-                           const TensorView& grad_out, const TensorView& x, const TensorView& weight,
-                           const TensorView& mean, const TensorView& rstd) override {
-    const LayerNormArgs a = layer_norm_args(x, weight, TensorView{}, mean, rstd, 0.0);
-    for (const TensorView* t : {&grad_x, &grad_out}) {
-      check_same_dtype("layer_norm", "backward", x, *t);
+                           const TensorView& grad_out, const TensorView& grad_x_more, const TensorView& x,
+                           const TensorView& weight, const TensorView& mean, const TensorView& rstd) override {
+    const LayerNormArgs a = layer_norm_args(x, grad_out.dtype, weight, TensorView{}, mean, rstd, 0.0);
+    check_same_dtype("layer_norm", "backward", x, grad_x);
+    if (grad_x_more.data) check_same_dtype("layer_norm", "backward", x, grad_x_more);
+    for (const TensorView* t : {&grad_x, &grad_out, &grad_x_more}) {
+      if (!t->data) continue;
       check<ShapeError>(t->numel() == x.numel(), "CUDA layer_norm backward: {} does not match input {}",
                         shape_of(*t), shape_of(x));
       check_contiguous("layer_norm backward", *t);
@@ -273,19 +282,19 @@ class CudaBackend final : public Backend {
       check<ShapeError>(!t->data || (t->dtype == DType::f32 && t->numel() == a.d && t->is_contiguous()),
                         "CUDA layer_norm backward: parameter gradients must be contiguous f32 [{}]", a.d);
     const Launch l = current_launch();
-    // Per-warp partial column sums, then one column reduction each.
-    const int64_t partials = layer_norm_backward_partials(l, a.rows);
+    // One row of column sums per block for each parameter, then one launch adds them up.
+    const size_t bytes = static_cast<size_t>(layer_norm_backward_partials(l, a.rows) * a.d) * sizeof(float);
     CachingAllocator& allocator = caching_allocator(l.device);
-    const size_t bytes = static_cast<size_t>(partials * a.d) * sizeof(float);
     struct Scratch {
       CachingAllocator& allocator;
       void* ptr;
       ~Scratch() { allocator.free(ptr); }
-    } pw{allocator, allocator.allocate(bytes, l.stream)}, pb{allocator, allocator.allocate(bytes, l.stream)};
-    launch_layer_norm_backward(l, a, grad_out.data, grad_x.data, static_cast<float*>(pw.ptr),
-                               static_cast<float*>(pb.ptr));
-    if (grad_weight.data) launch_reduce(l, ReduceOp::sum, DType::f32, pw.ptr, grad_weight.data, 1, partials, a.d);
-    if (grad_bias.data) launch_reduce(l, ReduceOp::sum, DType::f32, pb.ptr, grad_bias.data, 1, partials, a.d);
+    } partials{allocator, allocator.allocate(2 * bytes, l.stream)};
+    float* partial_w = static_cast<float*>(partials.ptr);
+    float* partial_b = partial_w + bytes / sizeof(float);
+    launch_layer_norm_backward(l, a, grad_out.data, grad_x_more.data, grad_x.data, partial_w, partial_b);
+    launch_layer_norm_param_grads(l, a.rows, a.d, partial_w, partial_b, static_cast<float*>(grad_weight.data),
+                                  static_cast<float*>(grad_bias.data));
   }
 
   bool fused_cross_entropy_supported(DType dtype) const override { return cuda::fused_cross_entropy_supported(dtype); }
@@ -356,13 +365,16 @@ class CudaBackend final : public Backend {
                       "CUDA {}: shapes {} and {} differ", op, shape_of(a), shape_of(b));
   }
 
-  static LayerNormArgs layer_norm_args(const TensorView& x, const TensorView& weight, const TensorView& bias,
-                                       const TensorView& mean, const TensorView& rstd, double eps) {
+  // y_dtype: the forward's output and the backward's incoming gradient.
+  static LayerNormArgs layer_norm_args(const TensorView& x, DType y_dtype, const TensorView& weight,
+                                       const TensorView& bias, const TensorView& mean, const TensorView& rstd,
+                                       double eps) {
     check<ShapeError>(x.ndim >= 1, "CUDA layer_norm: input must have a dimension");
     const int64_t d = x.shape[x.ndim - 1];
-    check<DTypeError>(cuda::fused_layer_norm_supported(x.dtype, d),
-                      "CUDA layer_norm: fused kernels take f32/f16/bf16 rows of at most {} elements, got {} {}",
-                      kMaxFusedLayerNorm, dtype_name(x.dtype), shape_of(x));
+    check<DTypeError>(cuda::fused_layer_norm_supported(x.dtype, y_dtype, d),
+                      "CUDA layer_norm: fused kernels take f32/f16/bf16 rows of at most {} elements, written in "
+                      "their own dtype or, from f32, in f16/bf16; got {} {} to {}",
+                      kMaxFusedLayerNorm, dtype_name(x.dtype), shape_of(x), dtype_name(y_dtype));
     check_contiguous("layer_norm", x);
     for (const TensorView* p : {&weight, &bias}) {
       if (!p->data) continue;
@@ -372,6 +384,7 @@ class CudaBackend final : public Backend {
     }
     LayerNormArgs a;
     a.dtype = x.dtype;
+    a.y_dtype = y_dtype;
     a.d = static_cast<int>(d);
     a.rows = d ? x.numel() / d : 0;
     for (const TensorView* t : {&mean, &rstd})

@@ -195,6 +195,42 @@ __global__ void binary_kernel(BinaryOp op, Strided<3> s, int64_t n, Layout layou
   }
 }
 
+// out (f32) = op(a, b) where one input is f32 and the other 16-bit (a
+// residual stream's x plus a 16-bit branch under autocast): the narrow
+// input is widened as it is loaded, as type promotion does in PyTorch's
+// kernels, rather than by a cast pass first (which writes and reads the
+// widened copy). Packs of four: 16 bytes of f32, 8 of the 16-bit input.
+template <typename TA, typename TB>
+__global__ void binary_wide_kernel(BinaryOp op, Strided<3> s, int64_t n, Layout layout) {
+  constexpr int V = 4;
+  float* out = static_cast<float*>(s.data[0]);
+  const TA* a = static_cast<const TA*>(s.data[1]);
+  const TB* b = static_cast<const TB*>(s.data[2]);
+  auto value = [op](TA x, TB y) { return binary_value(op, Element<TA>::load(x), Element<TB>::load(y)); };
+  if (layout == Layout::strided) {
+    for_each_strided(s, n, 1, [&](const int64_t (&off)[3]) { out[off[0]] = value(a[off[1]], b[off[2]]); });
+    return;
+  }
+  for_each_strided(s, n / V, V, [&](const int64_t (&off)[3]) {
+    const Pack<TA, V> x = s.strides[1][0] == 1 ? *reinterpret_cast<const Pack<TA, V>*>(a + off[1]) : splat<TA, V>(a[off[1]]);
+    const Pack<TB, V> y = s.strides[2][0] == 1 ? *reinterpret_cast<const Pack<TB, V>*>(b + off[2]) : splat<TB, V>(b[off[2]]);
+    Pack<float, V> z;
+#pragma unroll
+    for (int j = 0; j < V; ++j) z.v[j] = value(x.v[j], y.v[j]);
+    *reinterpret_cast<Pack<float, V>*>(out + off[0]) = z;
+  });
+  for (int64_t i = n / V * V + global_thread(); i < n; i += grid_threads())
+    out[i] = value(a[i * s.strides[1][0]], b[i * s.strides[2][0]]);
+}
+
+template <typename TA, typename TB>
+void binary_wide_typed(const Launch& l, BinaryOp op, const Strided<3>& s, int64_t n) {
+  const Layout layout = choose_layout(s, sizeof(float));
+  binary_wide_kernel<TA, TB><<<grid_for(l, layout_work(layout, n, sizeof(float))), kThreads, 0, l.stream>>>(
+      op, s, n, layout);
+  MPT_CUDA_CHECK_LAUNCH("binary_wide_kernel");
+}
+
 template <typename T>
 void unary_typed(const Launch& l, UnaryOp op, const Strided<2>& s, int64_t n, double alpha, double beta) {
   using C = typename Element<T>::Compute;
@@ -221,6 +257,19 @@ void launch_unary(const Launch& l, UnaryOp op, DType dtype, const Strided<2>& s,
 
 void launch_binary(const Launch& l, BinaryOp op, DType dtype, const Strided<3>& s, int64_t n) {
   dispatch_floating(dtype, "binary", [&](auto tag) { binary_typed<decltype(tag)>(l, op, s, n); });
+}
+
+bool binary_wide_supported(DType out, DType a, DType b) {
+  auto narrow = [](DType t) { return t == DType::f16 || t == DType::bf16; };
+  return out == DType::f32 && ((a == DType::f32 && narrow(b)) || (narrow(a) && b == DType::f32));
+}
+
+void launch_binary_wide(const Launch& l, BinaryOp op, DType a, DType b, const Strided<3>& s, int64_t n) {
+  if (a == DType::f32 && b == DType::f16) return binary_wide_typed<float, __half>(l, op, s, n);
+  if (a == DType::f32 && b == DType::bf16) return binary_wide_typed<float, __nv_bfloat16>(l, op, s, n);
+  if (a == DType::f16 && b == DType::f32) return binary_wide_typed<__half, float>(l, op, s, n);
+  if (a == DType::bf16 && b == DType::f32) return binary_wide_typed<__nv_bfloat16, float>(l, op, s, n);
+  throw_dtype_unsupported("binary (f32 with a 16-bit input)", a == DType::f32 ? b : a);
 }
 
 }  // namespace mpt::cuda

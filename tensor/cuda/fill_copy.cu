@@ -122,6 +122,21 @@ __global__ void cast_kernel(Dst* dst, const Src* src, int64_t n, bool packed) {
   for (int64_t i = tail + first; i < n; i += step) dst[i] = Element<Dst>::store(Element<Src>::load(src[i]));
 }
 
+// The same conversion between rows of whole four-element Packs on both
+// sides (a third of a [.., 3 * C] block, say): offsets once per Pack.
+template <typename Src, typename Dst>
+__global__ void cast_packs_kernel(Strided<2> s, int64_t packs) {
+  Dst* dst = static_cast<Dst*>(s.data[0]);
+  const Src* src = static_cast<const Src*>(s.data[1]);
+  for_each_strided(s, packs, 4, [&](const int64_t (&off)[2]) {
+    const Pack<Src, 4> x = *reinterpret_cast<const Pack<Src, 4>*>(src + off[1]);
+    Pack<Dst, 4> y;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) y.v[j] = Element<Dst>::store(Element<Src>::load(x.v[j]));
+    *reinterpret_cast<Pack<Dst, 4>*>(dst + off[0]) = y;
+  });
+}
+
 template <typename Src, typename Dst>
 void launch_cast(const Launch& l, void* dst, const void* src, int64_t n) {
   const bool packed = aligned_to(4 * sizeof(Src), {src}) && aligned_to(4 * sizeof(Dst), {dst});
@@ -159,15 +174,26 @@ __global__ void random_kernel(void* out, DType t, int64_t n, uint64_t seed, uint
   }
 }
 
+template <typename Src, typename Dst>
+void launch_cast(const Launch& l, DType dst, DType src, const Strided<2>& s, int64_t n) {
+  if (s.contiguous()) return launch_cast<Src, Dst>(l, s.data[0], s.data[1], n);
+  // Rows of whole Packs (alignment checked as for 16-byte f32 Packs).
+  if (choose_layout(s, sizeof(float), /*allow_broadcast=*/false) == Layout::packed && n % 4 == 0) {
+    cast_packs_kernel<Src, Dst><<<grid_for(l, n / 4), kThreads, 0, l.stream>>>(s, n / 4);
+    MPT_CUDA_CHECK_LAUNCH("cast_packs_kernel");
+    return;
+  }
+  copy_kernel<<<grid_for(l, n), kThreads, 0, l.stream>>>(s, n, dst, src);
+  MPT_CUDA_CHECK_LAUNCH("copy_kernel");
+}
+
 }  // namespace
 
 void launch_copy(const Launch& l, DType dst, DType src, const Strided<2>& s, int64_t n) {
-  if (s.contiguous()) {
-    if (src == DType::f32 && dst == DType::f16) return launch_cast<float, __half>(l, s.data[0], s.data[1], n);
-    if (src == DType::f32 && dst == DType::bf16) return launch_cast<float, __nv_bfloat16>(l, s.data[0], s.data[1], n);
-    if (src == DType::f16 && dst == DType::f32) return launch_cast<__half, float>(l, s.data[0], s.data[1], n);
-    if (src == DType::bf16 && dst == DType::f32) return launch_cast<__nv_bfloat16, float>(l, s.data[0], s.data[1], n);
-  }
+  if (src == DType::f32 && dst == DType::f16) return launch_cast<float, __half>(l, dst, src, s, n);
+  if (src == DType::f32 && dst == DType::bf16) return launch_cast<float, __nv_bfloat16>(l, dst, src, s, n);
+  if (src == DType::f16 && dst == DType::f32) return launch_cast<__half, float>(l, dst, src, s, n);
+  if (src == DType::bf16 && dst == DType::f32) return launch_cast<__nv_bfloat16, float>(l, dst, src, s, n);
   const size_t size = dtype_size(dst);
   if (src == dst && choose_layout(s, size, /*allow_broadcast=*/false) == Layout::packed &&
       n % (16 / size) == 0) {

@@ -66,6 +66,9 @@ struct Strided {
 void launch_unary(const Launch& l, UnaryOp op, DType dtype, const Strided<2>& s, int64_t n, double alpha,
                   double beta);
 void launch_binary(const Launch& l, BinaryOp op, DType dtype, const Strided<3>& s, int64_t n);
+// f32 out from one f32 and one f16/bf16 input, widened on load.
+bool binary_wide_supported(DType out, DType a, DType b);
+void launch_binary_wide(const Launch& l, BinaryOp op, DType a, DType b, const Strided<3>& s, int64_t n);
 
 // Element-wise conversion, any dtypes.
 void launch_copy(const Launch& l, DType dst, DType src, const Strided<2>& s, int64_t n);

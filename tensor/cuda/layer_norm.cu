@@ -1,8 +1,13 @@
 // Fused layer norm over the last dimension: one warp per row, the row held
 // in registers (each lane owns columns lane, lane + 32, ...), statistics in
 // f32. Forward writes y and each row's mean and 1/std; backward writes dx
-// and, per warp, partial column sums for dweight and dbias, which a plain
-// column reduction then adds up (no atomics: the same sums every run).
+// (plus a gradient that reached x by another path, when given: a pre-norm
+// block's residual) and one row of column sums per block for dweight and
+// dbias, which a second small kernel adds up (no atomics: the same sums
+// every run).
+// y and dy may be 16-bit where x is f32: autocast runs the norm in f32 and
+// a matmul after it would cast the result at once, so the norm rounds its
+// f32 result on the store instead (the same value the cast would make).
 #include "tensor/cuda/kernel_utils.cuh"
 #include "tensor/cuda/layer_norm.h"
 
@@ -11,9 +16,9 @@ namespace {
 
 constexpr int kWarpsPerBlock = 8;
 
-template <typename T, int kCols>
+template <typename T, typename TY, int kCols>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
-    layer_norm_forward_kernel(T* __restrict__ y, float* __restrict__ mean_out, float* __restrict__ rstd_out,
+    layer_norm_forward_kernel(TY* __restrict__ y, float* __restrict__ mean_out, float* __restrict__ rstd_out,
                               const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
                               int64_t rows, int d, float eps) {
   using E = Element<T>;
@@ -39,7 +44,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
       sq += dev * dev;
     }
     const float rstd = 1.0f / sqrtf(warp_sum(sq) / d + eps);
-    T* yr = y + row * d;
+    TY* yr = y + row * d;
 #pragma unroll
     for (int i = 0; i < kCols; ++i) {
       const int c = lane + 32 * i;
@@ -47,7 +52,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
       float out = (v[i] - mean) * rstd;
       if (w) out *= E::load(w[c]);
       if (b) out += E::load(b[c]);
-      yr[c] = E::store(out);
+      yr[c] = Element<TY>::store(out);
     }
     if (lane == 0) {
       mean_out[row] = mean;
@@ -56,13 +61,15 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   }
 }
 
-// partial_w/partial_b: [total warps, d] f32, this warp's sums over its rows.
-template <typename T, int kCols>
+// partial_w/partial_b: [blocks, d] f32, this block's sums over its rows.
+// dx_more: null, or a gradient of x (x's dtype) to add into dx.
+template <typename T, typename TY, int kCols>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     layer_norm_backward_kernel(T* __restrict__ dx, float* __restrict__ partial_w, float* __restrict__ partial_b,
-                               const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ w,
-                               const float* __restrict__ mean_in, const float* __restrict__ rstd_in, int64_t rows,
-                               int d) {
+                               const TY* __restrict__ dy, const T* __restrict__ dx_more, const T* __restrict__ x,
+                               const T* __restrict__ w, const float* __restrict__ mean_in,
+                               const float* __restrict__ rstd_in, int64_t rows, int d) {
+  __shared__ float block_sums[kWarpsPerBlock][kCols * 32];
   using E = Element<T>;
   const int lane = threadIdx.x % 32;
   const int64_t warp_id = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
@@ -78,7 +85,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     for (int i = 0; i < kCols; ++i) {
       const int c = lane + 32 * i;
       if (c < d) {
-        const float gy = E::load(dy[row * d + c]);
+        const float gy = Element<TY>::load(dy[row * d + c]);
         xhat[i] = (E::load(x[row * d + c]) - mean) * rstd;
         g[i] = w ? gy * E::load(w[c]) : gy;
         acc_w[i] += gy * xhat[i];
@@ -93,29 +100,74 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 #pragma unroll
     for (int i = 0; i < kCols; ++i) {
       const int c = lane + 32 * i;
-      if (c < d) dx[row * d + c] = E::store(rstd * (g[i] - mean_g - xhat[i] * mean_gx));
+      if (c >= d) continue;
+      float grad = rstd * (g[i] - mean_g - xhat[i] * mean_gx);
+      // A separate rounded add (no FMA with the product above): the sum the
+      // engine would make of the two gradients, bit for bit.
+      if (dx_more) grad = __fadd_rn(grad, E::load(dx_more[row * d + c]));
+      dx[row * d + c] = E::store(grad);
     }
   }
+  // The warps' column sums added in shared memory: one row per block, so
+  // the second pass reads a few hundred rows instead of thousands.
+  auto block_row = [&](const float (&acc)[kCols], float* partial) {
 #pragma unroll
-  for (int i = 0; i < kCols; ++i) {
-    const int c = lane + 32 * i;
-    if (c < d) {
-      partial_w[warp_id * d + c] = acc_w[i];
-      partial_b[warp_id * d + c] = acc_b[i];
+    for (int i = 0; i < kCols; ++i) block_sums[threadIdx.x / 32][lane + 32 * i] = acc[i];
+    __syncthreads();
+    for (int c = threadIdx.x; c < d; c += blockDim.x) {
+      float sum = 0.0f;
+#pragma unroll
+      for (int k = 0; k < kWarpsPerBlock; ++k) sum += block_sums[k][c];
+      partial[static_cast<int64_t>(blockIdx.x) * d + c] = sum;
     }
-  }
+    __syncthreads();
+  };
+  block_row(acc_w, partial_w);
+  block_row(acc_b, partial_b);
 }
 
+// dweight and dbias from the blocks' rows of partial sums, in one launch:
+// blockIdx.y picks which; a block adds 32 columns, its rows of threads
+// splitting the partial rows, then one row of threads adds those up.
+constexpr int kParamRowsPerBlock = 16;
+__global__ void __launch_bounds__(32 * kParamRowsPerBlock)
+    layer_norm_param_grads_kernel(const float* __restrict__ partial_w, const float* __restrict__ partial_b,
+                                  float* __restrict__ grad_w, float* __restrict__ grad_b, int64_t partials, int d) {
+  __shared__ float sums[kParamRowsPerBlock][32];
+  const float* partial = blockIdx.y == 0 ? partial_w : partial_b;
+  float* out = blockIdx.y == 0 ? grad_w : grad_b;
+  if (!out) return;
+  const int c = blockIdx.x * 32 + threadIdx.x;
+  float sum = 0.0f;
+  if (c < d)
+#pragma unroll 4
+    for (int64_t r = threadIdx.y; r < partials; r += kParamRowsPerBlock) sum += partial[r * d + c];
+  sums[threadIdx.y][threadIdx.x] = sum;
+  __syncthreads();
+  if (threadIdx.y != 0 || c >= d) return;
+#pragma unroll
+  for (int k = 1; k < kParamRowsPerBlock; ++k) sum += sums[k][threadIdx.x];
+  out[c] = sum;
+}
+
+// Calls f.template operator()<T, TY, kCols>() for x's dtype T, y's (and
+// dy's) dtype TY and the registers a row needs.
 template <typename F>
-void dispatch(DType dtype, int d, const char* op, F&& f) {
-  auto by_cols = [&](auto tag) {
-    using T = decltype(tag);
-    if (d <= 128) return f.template operator()<T, 4>();
-    if (d <= 256) return f.template operator()<T, 8>();
-    if (d <= 512) return f.template operator()<T, 16>();
-    return f.template operator()<T, 32>();
+void dispatch(DType dtype, DType y_dtype, int d, const char* op, F&& f) {
+  auto by_cols = [&]<typename T, typename TY>() {
+    if (d <= 128) return f.template operator()<T, TY, 4>();
+    if (d <= 256) return f.template operator()<T, TY, 8>();
+    if (d <= 512) return f.template operator()<T, TY, 16>();
+    return f.template operator()<T, TY, 32>();
   };
-  dispatch_floating<false>(dtype, op, by_cols);
+  if (y_dtype == dtype)
+    return dispatch_floating<false>(dtype, op, [&](auto tag) {
+      using T = decltype(tag);
+      by_cols.template operator()<T, T>();
+    });
+  if (dtype == DType::f32 && y_dtype == DType::f16) return by_cols.template operator()<float, __half>();
+  if (dtype == DType::f32 && y_dtype == DType::bf16) return by_cols.template operator()<float, __nv_bfloat16>();
+  throw_dtype_unsupported(op, y_dtype);
 }
 
 unsigned blocks_for(const Launch& l, int64_t rows) {
@@ -125,33 +177,42 @@ unsigned blocks_for(const Launch& l, int64_t rows) {
 
 }  // namespace
 
-bool fused_layer_norm_supported(DType dtype, int64_t d) {
-  return (dtype == DType::f32 || dtype == DType::f16 || dtype == DType::bf16) && d >= 1 && d <= kMaxFusedLayerNorm;
+bool fused_layer_norm_supported(DType dtype, DType y_dtype, int64_t d) {
+  const bool dtypes = (dtype == DType::f32 || dtype == DType::f16 || dtype == DType::bf16) &&
+                      (y_dtype == dtype || (dtype == DType::f32 && (y_dtype == DType::f16 || y_dtype == DType::bf16)));
+  return dtypes && d >= 1 && d <= kMaxFusedLayerNorm;
 }
 
 void launch_layer_norm_forward(const Launch& l, const LayerNormArgs& a, void* y) {
   if (a.rows == 0) return;
-  dispatch(a.dtype, a.d, "layer_norm", [&]<typename T, int kCols>() {
-    layer_norm_forward_kernel<T, kCols><<<blocks_for(l, a.rows), kWarpsPerBlock * 32, 0, l.stream>>>(
-        static_cast<T*>(y), a.mean, a.rstd, static_cast<const T*>(a.x), static_cast<const T*>(a.weight),
+  dispatch(a.dtype, a.y_dtype, a.d, "layer_norm", [&]<typename T, typename TY, int kCols>() {
+    layer_norm_forward_kernel<T, TY, kCols><<<blocks_for(l, a.rows), kWarpsPerBlock * 32, 0, l.stream>>>(
+        static_cast<TY*>(y), a.mean, a.rstd, static_cast<const T*>(a.x), static_cast<const T*>(a.weight),
         static_cast<const T*>(a.bias), a.rows, a.d, a.eps);
   });
   MPT_CUDA_CHECK_LAUNCH("layer_norm_forward_kernel");
 }
 
-int64_t layer_norm_backward_partials(const Launch& l, int64_t rows) {
-  return static_cast<int64_t>(blocks_for(l, rows)) * kWarpsPerBlock;
-}
+int64_t layer_norm_backward_partials(const Launch& l, int64_t rows) { return blocks_for(l, rows); }
 
-void launch_layer_norm_backward(const Launch& l, const LayerNormArgs& a, const void* dy, void* dx, float* partial_w,
-                                float* partial_b) {
+void launch_layer_norm_backward(const Launch& l, const LayerNormArgs& a, const void* dy, const void* dx_more,
+                                void* dx, float* partial_w, float* partial_b) {
   if (a.rows == 0) return;
-  dispatch(a.dtype, a.d, "layer_norm backward", [&]<typename T, int kCols>() {
-    layer_norm_backward_kernel<T, kCols><<<blocks_for(l, a.rows), kWarpsPerBlock * 32, 0, l.stream>>>(
-        static_cast<T*>(dx), partial_w, partial_b, static_cast<const T*>(dy), static_cast<const T*>(a.x),
+  dispatch(a.dtype, a.y_dtype, a.d, "layer_norm backward", [&]<typename T, typename TY, int kCols>() {
+    layer_norm_backward_kernel<T, TY, kCols><<<blocks_for(l, a.rows), kWarpsPerBlock * 32, 0, l.stream>>>(
+        static_cast<T*>(dx), partial_w, partial_b, static_cast<const TY*>(dy), static_cast<const T*>(dx_more), static_cast<const T*>(a.x),
         static_cast<const T*>(a.weight), a.mean, a.rstd, a.rows, a.d);
   });
   MPT_CUDA_CHECK_LAUNCH("layer_norm_backward_kernel");
+}
+
+void launch_layer_norm_param_grads(const Launch& l, int64_t rows, int d, const float* partial_w,
+                                   const float* partial_b, float* grad_w, float* grad_b) {
+  if (!grad_w && !grad_b) return;
+  const dim3 grid(static_cast<unsigned>((d + 31) / 32), 2), block(32, kParamRowsPerBlock);
+  layer_norm_param_grads_kernel<<<grid, block, 0, l.stream>>>(partial_w, partial_b, grad_w, grad_b,
+                                                              layer_norm_backward_partials(l, rows), d);
+  MPT_CUDA_CHECK_LAUNCH("layer_norm_param_grads_kernel");
 }
 
 }  // namespace mpt::cuda
