@@ -179,6 +179,14 @@ TEST(AutogradForward, AttentionMatchesExplicitMath) {
   }
 }
 
+// The CPU, and the first GPU where there is one: the composed ops and the
+// fused kernels.
+std::vector<Device> cpu_and_gpu() {
+  std::vector<Device> devices{kCPU};
+  if (testing::has_cuda()) devices.emplace_back("cuda:0");
+  return devices;
+}
+
 // A norm written straight in 16 bits (what a matmul under autocast would
 // cast it to) is the f32 norm and then the cast, bit for bit, forward and
 // in every gradient: the kernel rounds the same f32 values on its store and
@@ -188,9 +196,7 @@ TEST(AutogradForward, AttentionMatchesExplicitMath) {
 TEST(AutogradForward, LayerNormWrittenInSixteenBitsIsTheNormThenTheCast) {
   const uint64_t seed = testing::fresh_seed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
-  std::vector<Device> devices{kCPU};
-  if (testing::has_cuda()) devices.emplace_back("cuda:0");
-  for (const Device& device : devices)
+  for (const Device& device : cpu_and_gpu())
     for (DType low : {DType::f16, DType::bf16}) {
       SCOPED_TRACE(::testing::Message() << device.str() << " " << dtype_name(low));
       Generator gen(seed);
@@ -228,9 +234,7 @@ TEST(AutogradForward, LayerNormWrittenInSixteenBitsIsTheNormThenTheCast) {
 TEST(AutogradForward, LayerNormWithSkipIsTheInputAndTheNorm) {
   const uint64_t seed = testing::fresh_seed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
-  std::vector<Device> devices{kCPU};
-  if (testing::has_cuda()) devices.emplace_back("cuda:0");
-  for (const Device& device : devices)
+  for (const Device& device : cpu_and_gpu())
     for (DType out : {DType::f32, DType::f16}) {
       SCOPED_TRACE(::testing::Message() << device.str() << " into " << dtype_name(out));
       Generator gen(seed);
