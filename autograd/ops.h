@@ -90,18 +90,13 @@ Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction =
 // the cast each way.
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5,
                   std::optional<DType> out_dtype = std::nullopt);
-// {h, layer_norm(h, ...)} with h = x + branch (h = x without a branch) as
-// one op, for a pre-norm residual stream: the norm's kernel makes h as it
-// reads x and the branch (no pass of its own for the residual add), and
-// backward gets the gradients of h's other uses and of the norm in one
-// node, which the kernel adds as it writes the gradients of x and of the
-// branch (else the engine adds them, and casts the branch's, in passes of
-// their own). Without a branch, h is x itself (its values and storage,
-// recorded as this op's output). Values and gradients are those of
-// add(x, branch) and layer_norm composed.
+// {x, layer_norm(x, ...)} as one op, for a pre-norm residual block that
+// adds its branch back to x: backward gets the gradient of the skip path
+// and of the norm in one node, and the fused kernel adds them as it writes
+// dx (else the engine adds them in a pass of its own). The first result is
+// x itself (its values and storage, recorded as this op's output).
 std::pair<Tensor, Tensor> layer_norm_with_skip(const Tensor& x, const Tensor& weight, const Tensor& bias,
-                                               double eps = 1e-5, std::optional<DType> out_dtype = std::nullopt,
-                                               const Tensor& branch = Tensor());
+                                               double eps = 1e-5, std::optional<DType> out_dtype = std::nullopt);
 // weight [V, D], indices i64 of any shape -> [..., D].
 Tensor embedding(const Tensor& weight, const Tensor& indices);
 // Zeroes each element with probability p and scales the rest by 1/(1-p).

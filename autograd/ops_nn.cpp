@@ -151,18 +151,15 @@ void check_layer_norm_args(const Tensor& x, const Tensor& weight, const Tensor& 
                     dtype_name(out_dtype.value_or(x.dtype())));
 }
 
-// The fused kernel's gradients of x (what was normalised), weight and bias
-// from the norm's gradient g, with g_skip (when defined) added into x's;
-// with_branch: a fourth, x's again in g's dtype (a branch added to x).
+// The fused kernel's gradients of x, weight and bias from the norm's
+// gradient g, with g_skip (when defined) added into x's.
 Grads fused_layer_norm_grads(const Tensor& g, const Tensor& g_skip, const Tensor& x, const Tensor& weight,
-                             const Tensor& bias, const Tensor& mean, const Tensor& rstd, bool with_branch = false) {
+                             const Tensor& bias, const Tensor& mean, const Tensor& rstd) {
   const bool want_w = weight.defined() && weight.requires_grad();
   const bool want_b = bias.defined() && bias.requires_grad();
-  std::vector<Tensor> grads =
-      prim::layer_norm_backward(g, x, weight, mean, rstd, want_w, want_b, g_skip, with_branch);
+  std::vector<Tensor> grads = prim::layer_norm_backward(g, x, weight, mean, rstd, want_w, want_b, g_skip);
   if (want_w) grads[1] = prim::to(grads[1], weight.dtype());
   if (want_b) grads[2] = prim::to(grads[2], bias.dtype());
-  if (!with_branch) grads.pop_back();
   return grads;
 }
 }  // namespace
@@ -212,45 +209,23 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
 }
 
 std::pair<Tensor, Tensor> layer_norm_with_skip(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
-                                               std::optional<DType> out_dtype, const Tensor& branch) {
+                                               std::optional<DType> out_dtype) {
   const DType y_dtype = out_dtype.value_or(x.dtype());
-  auto as_given = [](const Tensor& t) { return !t.defined() || autocast_input_dtype("layer_norm", t) == t.dtype(); };
-  // One fused node needs the norm's inputs as it reads them (autocast would
-  // not re-type them), the fused kernel, and a branch (if any) in the
-  // output's dtype and x's shape; else the results are composed as usual.
-  const bool fused =
-      x.defined() && as_given(x) && as_given(weight) && as_given(bias) &&
-      prim::fused_layer_norm_available(x, weight, bias, y_dtype) &&
-      (!branch.defined() || (branch.dtype() == y_dtype && branch.shape() == x.shape() && branch.device() == x.device()));
-  if (!fused) {
-    const Tensor h = branch.defined() ? add(x, branch) : x;
-    return {h, layer_norm(h, weight, bias, eps, out_dtype)};
-  }
+  // The fused node needs x as the norm reads it (autocast would not re-type
+  // it) and the fused kernel; else the two results are composed as usual.
+  const bool fused = x.defined() && autocast_input_dtype("layer_norm", x) == x.dtype() &&
+                     (!weight.defined() || autocast_input_dtype("layer_norm", weight) == weight.dtype()) &&
+                     (!bias.defined() || autocast_input_dtype("layer_norm", bias) == bias.dtype()) &&
+                     needs_grad({x, weight, bias}) && prim::fused_layer_norm_available(x, weight, bias, y_dtype);
+  if (!fused) return {x, layer_norm(x, weight, bias, eps, out_dtype)};
   check_layer_norm_args(x, weight, bias, eps, out_dtype);
-  std::vector<Tensor> r = prim::layer_norm_forward(x, weight, bias, eps, y_dtype, branch);
-  const bool with_branch = branch.defined();
-  // The stream: the kernel's sum, or x itself (its storage, as a new output).
-  std::vector<Tensor> outs{with_branch ? r[3] : Tensor::view_of(x.storage(), x.shape(), x.strides(), x.offset(),
-                                                                x.dtype()),
-                           r[0]};
-  if (needs_grad({x, weight, bias, branch})) {
-    // What was normalised, held apart from the output (which refers to this node).
-    const Tensor normalised = Tensor::view_of(outs[0].storage(), outs[0].shape(), outs[0].strides(),
-                                              outs[0].offset(), outs[0].dtype());
-    const Tensor mean = r[1], rstd = r[2];
-    const bool branch_grad = with_branch && branch.requires_grad();
-    record("layer_norm_with_skip", outs, {x, weight, bias, branch},
-           [normalised, weight, bias, mean, rstd, branch_grad, y_dtype](const Grads& g) {
-             if (!g[1].defined()) {  // only the stream's own gradient: to x and the branch, as an add's goes
-               const bool any = g[0].defined();
-               return Grads{any ? prim::to(g[0], normalised.dtype()) : Tensor(), Tensor(), Tensor(),
-                            any && branch_grad ? prim::to(g[0], y_dtype) : Tensor()};
-             }
-             Grads grads = fused_layer_norm_grads(g[1], g[0], normalised, weight, bias, mean, rstd, branch_grad);
-             if (!branch_grad) grads.emplace_back();
-             return grads;
-           });
-  }
+  std::vector<Tensor> r = prim::layer_norm_forward(x, weight, bias, eps, y_dtype);
+  std::vector<Tensor> outs{Tensor::view_of(x.storage(), x.shape(), x.strides(), x.offset(), x.dtype()), r[0]};
+  const Tensor mean = r[1], rstd = r[2];
+  record("layer_norm_with_skip", outs, {x, weight, bias}, [x, weight, bias, mean, rstd](const Grads& g) {
+    if (!g[1].defined()) return Grads{g[0].defined() ? prim::to(g[0], x.dtype()) : Tensor(), Tensor(), Tensor()};
+    return fused_layer_norm_grads(g[1], g[0], x, weight, bias, mean, rstd);
+  });
   return {outs[0], outs[1]};
 }
 

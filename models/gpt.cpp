@@ -16,24 +16,19 @@ GPTBlock::GPTBlock(int64_t d_model, int64_t n_heads, Generator* gen)
 }
 
 Tensor GPTBlock::forward(const Tensor& x) {
-  const ResidualStream out = forward(ResidualStream{x, Tensor()});
-  return out.x + out.branch;
-}
-
-ResidualStream GPTBlock::forward(const ResidualStream& stream) {
-  const Tensor& x = stream.x;
   check<ShapeError>(x.dim() == 3 && x.size(2) == d_model, "GPTBlock(d={}, h={}): input {} must be [B, T, {}]",
                     d_model, n_heads, describe(x), d_model);
   const int64_t B = x.size(0), T = x.size(1), C = d_model, H = n_heads;
-  // Each norm adds the pending branch to the stream as it reads it, writes
-  // the dtype of the linear layer it feeds, and in backward adds the
-  // stream's two gradients inside its kernel.
-  const auto [h1, a] = ln1->forward_with_skip("linear", x, stream.branch);
+  // Each norm writes the dtype of the linear layer it feeds, and passes its
+  // input on for the residual sum (so backward adds the input's two
+  // gradients inside the norm's kernel).
+  const auto [x_skip, a] = ln1->forward_with_skip("linear", x);
   std::vector<Tensor> qkv_parts = split((*qkv)(a), C, 2);
   for (Tensor& t : qkv_parts) t = transpose(reshape(t, {B, T, H, C / H}), 1, 2);  // [B, H, T, C/H]
   const Tensor y = scaled_dot_product_attention(qkv_parts[0], qkv_parts[1], qkv_parts[2], /*causal=*/true);
-  const auto [h2, m] = ln2->forward_with_skip("linear", h1, (*proj)(reshape(transpose(y, 1, 2), {B, T, C})));
-  return {h2, (*out)(gelu((*fc)(m)))};
+  const Tensor h = x_skip + (*proj)(reshape(transpose(y, 1, 2), {B, T, C}));
+  const auto [h_skip, m] = ln2->forward_with_skip("linear", h);
+  return h_skip + (*out)(gelu((*fc)(m)));
 }
 
 GPT::GPT(const GPTOptions& o, Generator* gen) : Module("GPT"), options(o) {
@@ -55,9 +50,8 @@ Tensor GPT::forward(const Tensor& idx) {
   check<DTypeError>(idx.dtype() == DType::i64, "GPT: input {} must hold i64 token indices", describe(idx));
   const int64_t T = idx.size(1);
   const Tensor positions = arange(0, static_cast<double>(T), 1, DType::i64, idx.device());
-  ResidualStream stream{(*tok)(idx) + (*pos)(positions), Tensor()};
-  for (size_t i = 0; i < blocks->size(); ++i) stream = std::static_pointer_cast<GPTBlock>((*blocks)[i])->forward(stream);
-  return (*head)(ln->forward_with_skip("linear", stream.x, stream.branch).second);
+  const Tensor x = (*tok)(idx) + (*pos)(positions);
+  return (*head)(ln->forward_into("linear", blocks->forward(x)));
 }
 
 }  // namespace mpt::nn

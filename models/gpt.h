@@ -20,19 +20,10 @@ struct GPTOptions {
   int64_t n_heads = 6;
 };
 
-// The residual stream between pre-norm blocks: its value before the last
-// branch was added, and that branch (undefined at first). The next norm
-// adds the branch as it reads the stream (layer_norm_with_skip), so the
-// sum takes no pass of its own.
-struct ResidualStream {
-  Tensor x, branch;
-};
-
 class GPTBlock : public Module {
  public:
   GPTBlock(int64_t d_model, int64_t n_heads, Generator* gen = nullptr);
   Tensor forward(const Tensor& x) override;  // [B, T, d] -> [B, T, d]
-  ResidualStream forward(const ResidualStream& stream);  // the same, the last add left to the next norm
 
   int64_t d_model, n_heads;
   std::shared_ptr<LayerNorm> ln1, ln2;

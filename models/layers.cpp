@@ -68,9 +68,14 @@ Tensor LayerNorm::forward(const Tensor& x) {
   return layer_norm(x, weight, bias, eps);
 }
 
-std::pair<Tensor, Tensor> LayerNorm::forward_with_skip(const char* consumer, const Tensor& x, const Tensor& branch) {
+Tensor LayerNorm::forward_into(const char* consumer, const Tensor& x) {
   check<ShapeError>(x.dim() >= 1 && x.size(-1) == d, "LayerNorm({}): input {} must end in {}", d, describe(x), d);
-  return layer_norm_with_skip(x, weight, bias, eps, autocast_input_dtype(consumer, x), branch);
+  return layer_norm(x, weight, bias, eps, autocast_input_dtype(consumer, x));
+}
+
+std::pair<Tensor, Tensor> LayerNorm::forward_with_skip(const char* consumer, const Tensor& x) {
+  check<ShapeError>(x.dim() >= 1 && x.size(-1) == d, "LayerNorm({}): input {} must end in {}", d, describe(x), d);
+  return layer_norm_with_skip(x, weight, bias, eps, autocast_input_dtype(consumer, x));
 }
 
 // ---- Embedding -----------------------------------------------------------------------------

@@ -41,13 +41,14 @@ class LayerNorm : public Module {
  public:
   explicit LayerNorm(int64_t d, double eps = 1e-5);
   Tensor forward(const Tensor& x) override;
-  // {h, the norm of h} with h = x + branch (x without one), for a pre-norm
-  // residual stream (layer_norm_with_skip: the add inside the norm's
-  // kernel, and h's two gradients added there in backward): use the first
-  // result as the stream. The norm is written in the dtype autocast gives
-  // an input of `consumer` (an op name, such as "linear"): what that op
-  // would cast it to at once, without the cast's kernel each way.
-  std::pair<Tensor, Tensor> forward_with_skip(const char* consumer, const Tensor& x, const Tensor& branch = Tensor());
+  // The norm of x written in the dtype autocast gives an input of
+  // `consumer` (an op name, such as "linear"): what that op would cast it
+  // to at once, without the cast's kernel each way or the wide copy.
+  Tensor forward_into(const char* consumer, const Tensor& x);
+  // {x, forward_into(consumer, x)} for a pre-norm residual block, whose
+  // backward adds x's two gradients inside the norm's kernel
+  // (layer_norm_with_skip): use the first result for the residual sum.
+  std::pair<Tensor, Tensor> forward_with_skip(const char* consumer, const Tensor& x);
 
   int64_t d;
   double eps;

@@ -83,12 +83,12 @@ const char* reduce_op_name(ReduceOp op) {
 }
 
 void Backend::layer_norm_forward(const TensorView&, const TensorView&, const TensorView&, const TensorView&,
-                                 const TensorView&, const TensorView&, const TensorView&, const TensorView&, double) {
+                                 const TensorView&, const TensorView&, double) {
   not_available("fused layer_norm");
 }
 void Backend::layer_norm_backward(const TensorView&, const TensorView&, const TensorView&, const TensorView&,
                                   const TensorView&, const TensorView&, const TensorView&, const TensorView&,
-                                  const TensorView&, const TensorView&) {
+                                  const TensorView&) {
   not_available("fused layer_norm backward");
 }
 void Backend::cross_entropy_forward(const TensorView&, const TensorView&, const TensorView&, const TensorView&,

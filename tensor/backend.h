@@ -128,20 +128,16 @@ class Backend {
   // [rows, d]. weight and bias ([d], x's dtype) may have null data (absent).
   // out x's shape in out_dtype (x's, or a 16-bit dtype where x is f32, as
   // supported says); mean and rstd f32 [rows] (saved for the backward pass).
-  // branch: null data, or a tensor like out added to x first, the sum
-  // written to `sum` (like x) and normalised instead of x.
   virtual bool fused_layer_norm_supported(DType dtype, DType out_dtype, int64_t d) const { return false; }
   virtual void layer_norm_forward(const TensorView& out, const TensorView& mean, const TensorView& rstd,
-                                  const TensorView& sum, const TensorView& x, const TensorView& branch,
-                                  const TensorView& weight, const TensorView& bias, double eps);
+                                  const TensorView& x, const TensorView& weight, const TensorView& bias, double eps);
   // grad_x like x; grad_out like the forward's out; grad_x_more null data,
-  // or a gradient like x to add into grad_x; grad_branch null data, or
-  // grad_x again like grad_out; grad_weight and grad_bias f32 [d], or null
-  // data when not wanted.
-  virtual void layer_norm_backward(const TensorView& grad_x, const TensorView& grad_branch,
-                                   const TensorView& grad_weight, const TensorView& grad_bias,
-                                   const TensorView& grad_out, const TensorView& grad_x_more, const TensorView& x,
-                                   const TensorView& weight, const TensorView& mean, const TensorView& rstd);
+  // or a gradient like x to add into grad_x; grad_weight and grad_bias f32
+  // [d], or null data when not wanted.
+  virtual void layer_norm_backward(const TensorView& grad_x, const TensorView& grad_weight,
+                                   const TensorView& grad_bias, const TensorView& grad_out,
+                                   const TensorView& grad_x_more, const TensorView& x, const TensorView& weight,
+                                   const TensorView& mean, const TensorView& rstd);
 
   // Fused cross-entropy of logits [N, C] (contiguous) against i64 targets
   // [N] (in range or ignore_index; the caller checks). loss, lse, valid: f32

@@ -115,19 +115,16 @@ Tensor max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const 
 // it for x's dtype, the output's dtype and the row length; weight and bias
 // ([d], x's dtype and device) may be undefined.
 bool fused_layer_norm_available(const Tensor& x, const Tensor& weight, const Tensor& bias, DType out_dtype);
-// {out, mean, rstd, sum}: out in out_dtype; mean and rstd are f32, one per
-// row. Given a branch (x's shape, out_dtype), the norm is of x + branch,
-// which is returned as `sum` (x's dtype; else undefined).
+// {out, mean, rstd}: out in out_dtype; mean and rstd are f32, one per row.
 std::vector<Tensor> layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
-                                       DType out_dtype, const Tensor& branch = Tensor());
-// {grad_x, grad_weight, grad_bias, grad_branch}: grad_out in the forward's
-// out_dtype, grad_x in x's (x: what was normalised), with grad_x_more (when
-// defined: a gradient that reached x by another path) added in; grad_branch
-// is grad_x again in grad_out's dtype when asked for; the parameter
-// gradients are f32; those not asked for are undefined.
+                                       DType out_dtype);
+// {grad_x, grad_weight, grad_bias}: grad_out in the forward's out_dtype,
+// grad_x in x's, with grad_x_more (when defined: a gradient that reached x
+// by another path) added in; the parameter gradients are f32, and undefined
+// unless asked for.
 std::vector<Tensor> layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
                                         const Tensor& mean, const Tensor& rstd, bool want_weight, bool want_bias,
-                                        const Tensor& grad_x_more = Tensor(), bool want_branch = false);
+                                        const Tensor& grad_x_more = Tensor());
 
 // Fused cross-entropy where the device's backend has it for the logits'
 // dtype: logits [N, C], target i64 [N] (indices checked by the caller).

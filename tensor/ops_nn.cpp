@@ -172,34 +172,27 @@ TensorView view_or_none(const Tensor& t) { return t.defined() ? t.view() : Tenso
 }  // namespace
 
 std::vector<Tensor> layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
-                                       DType out_dtype, const Tensor& branch) {
+                                       DType out_dtype) {
   check(fused_layer_norm_available(x, weight, bias, out_dtype), "layer_norm_forward: no fused kernel for {} to {}",
         describe(x), dtype_name(out_dtype));
-  if (branch.defined())
-    check<ShapeError>(branch.shape() == x.shape() && branch.dtype() == out_dtype && branch.device() == x.device(),
-                      "layer_norm_forward: branch {} must be {} in {}", describe(branch), describe(x),
-                      dtype_name(out_dtype));
   const Tensor cx = contiguous(x);
   const Tensor cw = weight.defined() ? contiguous(weight) : Tensor();
   const Tensor cb = bias.defined() ? contiguous(bias) : Tensor();
-  const Tensor cbranch = branch.defined() ? contiguous(branch) : Tensor();
   Shape stats_shape = x.shape();
   stats_shape.back() = 1;
   Tensor out = Tensor::empty(x.shape(), out_dtype, x.device());
   Tensor mean = Tensor::empty(stats_shape, DType::f32, x.device());
   Tensor rstd = Tensor::empty(stats_shape, DType::f32, x.device());
-  Tensor sum = branch.defined() ? Tensor::empty(x.shape(), x.dtype(), x.device()) : Tensor();
   if (x.numel() > 0)
     on_device(x.device(), [&](Backend& b) {
-      b.layer_norm_forward(out.view(), mean.view(), rstd.view(), view_or_none(sum), cx.view(), view_or_none(cbranch),
-                           view_or_none(cw), view_or_none(cb), eps);
+      b.layer_norm_forward(out.view(), mean.view(), rstd.view(), cx.view(), view_or_none(cw), view_or_none(cb), eps);
     });
-  return {out, mean, rstd, sum};
+  return {out, mean, rstd};
 }
 
 std::vector<Tensor> layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
                                         const Tensor& mean, const Tensor& rstd, bool want_weight, bool want_bias,
-                                        const Tensor& grad_x_more, bool want_branch) {
+                                        const Tensor& grad_x_more) {
   // The gradient keeps its dtype where the kernel reads it (the forward's
   // 16-bit output from f32 x), else it takes x's.
   const DType g_dtype = fused_layer_norm_available(x, weight, Tensor(), grad_out.dtype()) ? grad_out.dtype() : x.dtype();
@@ -219,17 +212,16 @@ std::vector<Tensor> layer_norm_backward(const Tensor& grad_out, const Tensor& x,
   Tensor gx = Tensor::empty(x.shape(), x.dtype(), x.device());
   Tensor gw = want_weight ? Tensor::empty({d}, DType::f32, x.device()) : Tensor();
   Tensor gb = want_bias ? Tensor::empty({d}, DType::f32, x.device()) : Tensor();
-  Tensor g_branch = want_branch ? Tensor::empty(x.shape(), g_dtype, x.device()) : Tensor();
   if (x.numel() == 0) {
     for (Tensor* t : {&gw, &gb})
       if (t->defined()) fill_(*t, 0.0);
-    return {gx, gw, gb, g_branch};
+    return {gx, gw, gb};
   }
   on_device(x.device(), [&](Backend& b) {
-    b.layer_norm_backward(gx.view(), view_or_none(g_branch), view_or_none(gw), view_or_none(gb), g.view(),
-                          view_or_none(more), cx.view(), view_or_none(cw), mean.view(), rstd.view());
+    b.layer_norm_backward(gx.view(), view_or_none(gw), view_or_none(gb), g.view(), view_or_none(more), cx.view(),
+                          view_or_none(cw), mean.view(), rstd.view());
   });
-  return {gx, gw, gb, g_branch};
+  return {gx, gw, gb};
 }
 
 bool fused_cross_entropy_available(const Tensor& logits) {

@@ -80,12 +80,6 @@ std::vector<Case> cases() {
          return skip * normed;
        },
        {{4, 6, 48}, {48}, {48}}},
-      {"layer_norm_with_skip_and_branch",
-       [](const V& v) {
-         const auto [stream, normed] = layer_norm_with_skip(v[0], v[1], v[2], 1e-5, std::nullopt, v[3]);
-         return stream * normed;
-       },
-       {{4, 6, 48}, {48}, {48}, {4, 6, 48}}},
       {"attention", [](const V& v) { return scaled_dot_product_attention(v[0], v[1], v[2], true); },
        {{2, 3, 16, 8}, {2, 3, 16, 8}, {2, 3, 16, 8}}},
       {"attention_split_from_one_block",  // head size 64: the fused kernels' (16 bits)

@@ -257,35 +257,22 @@ class CudaBackend final : public Backend {
   }
 
   void layer_norm_forward(const TensorView& out, const TensorView& mean, const TensorView& rstd,
-                          const TensorView& sum, const TensorView& x, const TensorView& branch,
-                          const TensorView& weight, const TensorView& bias, double eps) override {
-    LayerNormArgs a = layer_norm_args(x, out.dtype, weight, bias, mean, rstd, eps);
+                          const TensorView& x, const TensorView& weight, const TensorView& bias,
+                          double eps) override {
+    const LayerNormArgs a = layer_norm_args(x, out.dtype, weight, bias, mean, rstd, eps);
     check<ShapeError>(out.numel() == x.numel(), "CUDA layer_norm: output {} does not match input {}", shape_of(out),
                       shape_of(x));
     check_contiguous("layer_norm", out);
-    if (branch.data) {
-      check_same_dtype("layer_norm", "branch", out, branch);
-      check_same_dtype("layer_norm", "sum", x, sum);
-      for (const TensorView* t : {&branch, &sum}) {
-        check<ShapeError>(t->numel() == x.numel(), "CUDA layer_norm: {} does not match input {}", shape_of(*t),
-                          shape_of(x));
-        check_contiguous("layer_norm", *t);
-      }
-      a.branch = branch.data;
-      a.sum = sum.data;
-    }
     launch_layer_norm_forward(current_launch(), a, out.data);
   }
 
-  void layer_norm_backward(const TensorView& grad_x, const TensorView& grad_branch, const TensorView& grad_weight,
-                           const TensorView& grad_bias, const TensorView& grad_out, const TensorView& grad_x_more,
-                           const TensorView& x, const TensorView& weight, const TensorView& mean,
-                           const TensorView& rstd) override {
+  void layer_norm_backward(const TensorView& grad_x, const TensorView& grad_weight, const TensorView& grad_bias,
+                           const TensorView& grad_out, const TensorView& grad_x_more, const TensorView& x,
+                           const TensorView& weight, const TensorView& mean, const TensorView& rstd) override {
     const LayerNormArgs a = layer_norm_args(x, grad_out.dtype, weight, TensorView{}, mean, rstd, 0.0);
     check_same_dtype("layer_norm", "backward", x, grad_x);
     if (grad_x_more.data) check_same_dtype("layer_norm", "backward", x, grad_x_more);
-    if (grad_branch.data) check_same_dtype("layer_norm", "backward", grad_out, grad_branch);
-    for (const TensorView* t : {&grad_x, &grad_out, &grad_x_more, &grad_branch}) {
+    for (const TensorView* t : {&grad_x, &grad_out, &grad_x_more}) {
       if (!t->data) continue;
       check<ShapeError>(t->numel() == x.numel(), "CUDA layer_norm backward: {} does not match input {}",
                         shape_of(*t), shape_of(x));
@@ -305,8 +292,7 @@ class CudaBackend final : public Backend {
     } partials{allocator, allocator.allocate(2 * bytes, l.stream)};
     float* partial_w = static_cast<float*>(partials.ptr);
     float* partial_b = partial_w + bytes / sizeof(float);
-    launch_layer_norm_backward(l, a, grad_out.data, grad_x_more.data, grad_x.data, grad_branch.data, partial_w,
-                               partial_b);
+    launch_layer_norm_backward(l, a, grad_out.data, grad_x_more.data, grad_x.data, partial_w, partial_b);
     launch_layer_norm_param_grads(l, a.rows, a.d, partial_w, partial_b, static_cast<float*>(grad_weight.data),
                                   static_cast<float*>(grad_bias.data));
   }

@@ -1,9 +1,6 @@
 // Fused layer norm over the last dimension: one warp per row, the row held
 // in registers (each lane owns columns lane, lane + 32, ...), statistics in
-// f32. Forward writes y and each row's mean and 1/std (and, given a branch
-// to add to x first, the sum: a pre-norm residual stream's add done as the
-// norm reads its inputs); backward writes dx (and dx again in the branch's
-// dtype)
+// f32. Forward writes y and each row's mean and 1/std; backward writes dx
 // (plus a gradient that reached x by another path, when given: a pre-norm
 // block's residual) and one row of column sums per block for dweight and
 // dbias, which a second small kernel adds up (no atomics: the same sums
@@ -22,8 +19,8 @@ constexpr int kWarpsPerBlock = 8;
 template <typename T, typename TY, int kCols>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     layer_norm_forward_kernel(TY* __restrict__ y, float* __restrict__ mean_out, float* __restrict__ rstd_out,
-                              const T* __restrict__ x, const TY* __restrict__ branch, T* __restrict__ sum_out,
-                              const T* __restrict__ w, const T* __restrict__ b, int64_t rows, int d, float eps) {
+                              const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
+                              int64_t rows, int d, float eps) {
   using E = Element<T>;
   const int lane = threadIdx.x % 32;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
@@ -36,12 +33,6 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     for (int i = 0; i < kCols; ++i) {
       const int c = lane + 32 * i;
       v[i] = c < d ? E::load(xr[c]) : 0.0f;
-      if (branch && c < d) {
-        // The stream with the branch added, rounded as the add would round it.
-        const T h = E::store(v[i] + Element<TY>::load(branch[row * d + c]));
-        sum_out[row * d + c] = h;
-        v[i] = E::load(h);
-      }
       sum += v[i];
     }
     const float mean = warp_sum(sum) / d;
@@ -71,13 +62,11 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 }
 
 // partial_w/partial_b: [blocks, d] f32, this block's sums over its rows.
-// dx_more: null, or a gradient of x (x's dtype) to add into dx. dbranch:
-// null, or dx again in y's dtype (the gradient of a branch added to x).
+// dx_more: null, or a gradient of x (x's dtype) to add into dx.
 template <typename T, typename TY, int kCols>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
-    layer_norm_backward_kernel(T* __restrict__ dx, TY* __restrict__ dbranch, float* __restrict__ partial_w,
-                               float* __restrict__ partial_b, const TY* __restrict__ dy,
-                               const T* __restrict__ dx_more, const T* __restrict__ x,
+    layer_norm_backward_kernel(T* __restrict__ dx, float* __restrict__ partial_w, float* __restrict__ partial_b,
+                               const TY* __restrict__ dy, const T* __restrict__ dx_more, const T* __restrict__ x,
                                const T* __restrict__ w, const float* __restrict__ mean_in,
                                const float* __restrict__ rstd_in, int64_t rows, int d) {
   __shared__ float block_sums[kWarpsPerBlock][kCols * 32];
@@ -116,9 +105,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
       // A separate rounded add (no FMA with the product above): the sum the
       // engine would make of the two gradients, bit for bit.
       if (dx_more) grad = __fadd_rn(grad, E::load(dx_more[row * d + c]));
-      const T stored = E::store(grad);
-      dx[row * d + c] = stored;
-      if (dbranch) dbranch[row * d + c] = Element<TY>::store(E::load(stored));
+      dx[row * d + c] = E::store(grad);
     }
   }
   // The warps' column sums added in shared memory: one row per block, so
@@ -200,8 +187,7 @@ void launch_layer_norm_forward(const Launch& l, const LayerNormArgs& a, void* y)
   if (a.rows == 0) return;
   dispatch(a.dtype, a.y_dtype, a.d, "layer_norm", [&]<typename T, typename TY, int kCols>() {
     layer_norm_forward_kernel<T, TY, kCols><<<blocks_for(l, a.rows), kWarpsPerBlock * 32, 0, l.stream>>>(
-        static_cast<TY*>(y), a.mean, a.rstd, static_cast<const T*>(a.x), static_cast<const TY*>(a.branch),
-        static_cast<T*>(a.sum), static_cast<const T*>(a.weight),
+        static_cast<TY*>(y), a.mean, a.rstd, static_cast<const T*>(a.x), static_cast<const T*>(a.weight),
         static_cast<const T*>(a.bias), a.rows, a.d, a.eps);
   });
   MPT_CUDA_CHECK_LAUNCH("layer_norm_forward_kernel");
@@ -210,11 +196,11 @@ void launch_layer_norm_forward(const Launch& l, const LayerNormArgs& a, void* y)
 int64_t layer_norm_backward_partials(const Launch& l, int64_t rows) { return blocks_for(l, rows); }
 
 void launch_layer_norm_backward(const Launch& l, const LayerNormArgs& a, const void* dy, const void* dx_more,
-                                void* dx, void* dbranch, float* partial_w, float* partial_b) {
+                                void* dx, float* partial_w, float* partial_b) {
   if (a.rows == 0) return;
   dispatch(a.dtype, a.y_dtype, a.d, "layer_norm backward", [&]<typename T, typename TY, int kCols>() {
     layer_norm_backward_kernel<T, TY, kCols><<<blocks_for(l, a.rows), kWarpsPerBlock * 32, 0, l.stream>>>(
-        static_cast<T*>(dx), static_cast<TY*>(dbranch), partial_w, partial_b, static_cast<const TY*>(dy), static_cast<const T*>(dx_more), static_cast<const T*>(a.x),
+        static_cast<T*>(dx), partial_w, partial_b, static_cast<const TY*>(dy), static_cast<const T*>(dx_more), static_cast<const T*>(a.x),
         static_cast<const T*>(a.weight), a.mean, a.rstd, a.rows, a.d);
   });
   MPT_CUDA_CHECK_LAUNCH("layer_norm_backward_kernel");

@@ -19,10 +19,6 @@ struct LayerNormArgs {
   float* mean = nullptr;  // f32 [rows]: written forward, read backward
   float* rstd = nullptr;  // f32 [rows]
   float eps = 1e-5f;
-  // Forward only: null, or a branch (y's dtype) added to x before the
-  // norm, the sum written to `sum` (x's dtype).
-  const void* branch = nullptr;
-  void* sum = nullptr;
 };
 
 bool fused_layer_norm_supported(DType dtype, DType y_dtype, int64_t d);
@@ -30,10 +26,9 @@ void launch_layer_norm_forward(const Launch& l, const LayerNormArgs& a, void* y)
 // Rows of the partial sums the backward kernel writes for `rows` rows.
 int64_t layer_norm_backward_partials(const Launch& l, int64_t rows);
 // partial_w, partial_b: f32 [layer_norm_backward_partials(rows), d];
-// dx_more: null, or a gradient of x (x's dtype, contiguous) added into dx;
-// dbranch: null, or where dx goes again in y's dtype.
+// dx_more: null, or a gradient of x (x's dtype, contiguous) added into dx.
 void launch_layer_norm_backward(const Launch& l, const LayerNormArgs& a, const void* dy, const void* dx_more,
-                                void* dx, void* dbranch, float* partial_w, float* partial_b);
+                                void* dx, float* partial_w, float* partial_b);
 // grad_w, grad_b (f32 [d], either may be null): the partial rows' sums.
 void launch_layer_norm_param_grads(const Launch& l, int64_t rows, int d, const float* partial_w,
                                    const float* partial_b, float* grad_w, float* grad_b);
