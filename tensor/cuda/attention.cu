@@ -323,20 +323,30 @@ __global__ void __launch_bounds__(kBlockThreads)
     }
 }
 
-// delta[row] = sum_d dO[row, d] * O[row, d]: one warp per row.
+// delta[row] = sum_d dO[row, d] * O[row, d]: D / 8 lanes per row, each
+// with one 16-byte load of each (rows are 16-byte aligned), added across
+// those lanes. (A warp per row moved 2 bytes per lane and load: 29 us of
+// gpt_mini's layer in Nsight Compute, for 25 MB.)
 template <typename T, int D>
 __global__ void attention_delta_kernel(AttentionArgs a, AttentionGrads gr) {
-  const int64_t row = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-  const int lane = threadIdx.x % 32;
-  if (row >= a.batch * a.heads * a.len) return;
-  const int64_t bh = row / a.len;
-  const int r = static_cast<int>(row % a.len);
-  const T* dout = head_of<T>(gr.grad_out, gr.grad_out_layout, bh, a.heads) + r * gr.grad_out_layout.row;
-  const T* out = head_of<T>(a.out, a.out_layout, bh, a.heads) + r * a.out_layout.row;
+  constexpr int kLanes = D / 8;
+  const int64_t rows = a.batch * a.heads * a.len;
+  const int64_t row = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kLanes;
+  const int part = threadIdx.x % kLanes;
   float acc = 0.0f;
-  for (int d = lane; d < D; d += 32) acc += Element<T>::load(dout[d]) * Element<T>::load(out[d]);
-  acc = warp_sum(acc);
-  if (lane == 0) gr.delta[row] = acc;
+  if (row < rows) {
+    const int64_t bh = row / a.len;
+    const int r = static_cast<int>(row % a.len);
+    const T* dout = head_of<T>(gr.grad_out, gr.grad_out_layout, bh, a.heads) + r * gr.grad_out_layout.row;
+    const T* out = head_of<T>(a.out, a.out_layout, bh, a.heads) + r * a.out_layout.row;
+    const Pack<T, 8> x = reinterpret_cast<const Pack<T, 8>*>(dout)[part];
+    const Pack<T, 8> y = reinterpret_cast<const Pack<T, 8>*>(out)[part];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc += Element<T>::load(x.v[j]) * Element<T>::load(y.v[j]);
+  }
+#pragma unroll
+  for (int o = kLanes / 2; o > 0; o /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+  if (row < rows && part == 0) gr.delta[row] = acc;
 }
 
 template <typename T, int D>
@@ -509,7 +519,7 @@ void forward_typed(const Launch& l, const AttentionArgs& a) {
 template <typename T, int D>
 void backward_typed(const Launch& l, const AttentionArgs& a, const AttentionGrads& g) {
   const int64_t rows = a.batch * a.heads * a.len;
-  attention_delta_kernel<T, D><<<static_cast<unsigned>((rows * 32 + 255) / 256), 256, 0, l.stream>>>(a, g);
+  attention_delta_kernel<T, D><<<static_cast<unsigned>((rows * (D / 8) + 255) / 256), 256, 0, l.stream>>>(a, g);
   MPT_CUDA_CHECK_LAUNCH("attention_delta_kernel");
   using L = BackwardLayout<T, D>;
   auto kernel = attention_backward_kernel<T, D>;

@@ -170,9 +170,10 @@ void dispatch(DType dtype, DType y_dtype, int d, const char* op, F&& f) {
   throw_dtype_unsupported(op, y_dtype);
 }
 
-unsigned blocks_for(const Launch& l, int64_t rows) {
+// Blocks for `rows` rows, at most `per_sm` a multiprocessor (the rest loop).
+unsigned blocks_for(const Launch& l, int64_t rows, int per_sm = 4) {
   const int64_t want = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
-  return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(want, 4 * l.sm_count)));
+  return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(want, int64_t{per_sm} * l.sm_count)));
 }
 
 }  // namespace
@@ -186,7 +187,7 @@ bool fused_layer_norm_supported(DType dtype, DType y_dtype, int64_t d) {
 void launch_layer_norm_forward(const Launch& l, const LayerNormArgs& a, void* y) {
   if (a.rows == 0) return;
   dispatch(a.dtype, a.y_dtype, a.d, "layer_norm", [&]<typename T, typename TY, int kCols>() {
-    layer_norm_forward_kernel<T, TY, kCols><<<blocks_for(l, a.rows), kWarpsPerBlock * 32, 0, l.stream>>>(
+    layer_norm_forward_kernel<T, TY, kCols><<<blocks_for(l, a.rows, 16), kWarpsPerBlock * 32, 0, l.stream>>>(
         static_cast<TY*>(y), a.mean, a.rstd, static_cast<const T*>(a.x), static_cast<const T*>(a.weight),
         static_cast<const T*>(a.bias), a.rows, a.d, a.eps);
   });
