@@ -283,7 +283,7 @@ class CudaBackend final : public Backend {
                         "CUDA layer_norm backward: parameter gradients must be contiguous f32 [{}]", a.d);
     const Launch l = current_launch();
     // One row of column sums per block for each parameter, then one launch adds them up.
-    const size_t bytes = static_cast<size_t>(layer_norm_backward_partials(l, a.rows) * a.d) * sizeof(float);
+    const size_t bytes = static_cast<size_t>(layer_norm_backward_partials(l, a) * a.d) * sizeof(float);
     CachingAllocator& allocator = caching_allocator(l.device);
     struct Scratch {
       CachingAllocator& allocator;
@@ -293,7 +293,7 @@ class CudaBackend final : public Backend {
     float* partial_w = static_cast<float*>(partials.ptr);
     float* partial_b = partial_w + bytes / sizeof(float);
     launch_layer_norm_backward(l, a, grad_out.data, grad_x_more.data, grad_x.data, partial_w, partial_b);
-    launch_layer_norm_param_grads(l, a.rows, a.d, partial_w, partial_b, static_cast<float*>(grad_weight.data),
+    launch_layer_norm_param_grads(l, a, partial_w, partial_b, static_cast<float*>(grad_weight.data),
                                   static_cast<float*>(grad_bias.data));
   }
 
