@@ -212,8 +212,10 @@ __global__ void binary_wide_kernel(BinaryOp op, Strided<3> s, int64_t n, Layout 
     return;
   }
   for_each_strided(s, n / V, V, [&](const int64_t (&off)[3]) {
-    const Pack<TA, V> x = s.strides[1][0] == 1 ? *reinterpret_cast<const Pack<TA, V>*>(a + off[1]) : splat<TA, V>(a[off[1]]);
-    const Pack<TB, V> y = s.strides[2][0] == 1 ? *reinterpret_cast<const Pack<TB, V>*>(b + off[2]) : splat<TB, V>(b[off[2]]);
+    const Pack<TA, V> x =
+        s.strides[1][0] == 1 ? *reinterpret_cast<const Pack<TA, V>*>(a + off[1]) : splat<TA, V>(a[off[1]]);
+    const Pack<TB, V> y =
+        s.strides[2][0] == 1 ? *reinterpret_cast<const Pack<TB, V>*>(b + off[2]) : splat<TB, V>(b[off[2]]);
     Pack<float, V> z;
 #pragma unroll
     for (int j = 0; j < V; ++j) z.v[j] = value(x.v[j], y.v[j]);

@@ -228,8 +228,8 @@ void launch_layer_norm_backward(const Launch& l, const LayerNormArgs& a, const v
   dispatch(a.dtype, a.y_dtype, a.d, "layer_norm backward", [&]<typename T, typename TY, int kCols>() {
     layer_norm_backward_kernel<T, TY, kCols><<<backward_blocks<T, TY, kCols>(l, a.rows), kWarpsPerBlock * 32, 0,
                                                l.stream>>>(
-        static_cast<T*>(dx), partial_w, partial_b, static_cast<const TY*>(dy), static_cast<const T*>(dx_more), static_cast<const T*>(a.x),
-        static_cast<const T*>(a.weight), a.mean, a.rstd, a.rows, a.d);
+        static_cast<T*>(dx), partial_w, partial_b, static_cast<const TY*>(dy), static_cast<const T*>(dx_more),
+        static_cast<const T*>(a.x), static_cast<const T*>(a.weight), a.mean, a.rstd, a.rows, a.d);
   });
   MPT_CUDA_CHECK_LAUNCH("layer_norm_backward_kernel");
 }
