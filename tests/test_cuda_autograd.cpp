@@ -134,7 +134,9 @@ TEST(CudaAutograd, OpsMatchTheCpuInHalfTypes) {
 // separate q, k and v get separate gradients.
 TEST(CudaAutograd, AttentionGradientsOfOneBlockShareOneBlock) {
   MPT_SKIP_WITHOUT_CUDA();
-  Generator gen(testing::fresh_seed());
+  const uint64_t seed = testing::fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  Generator gen(seed);
   const Device gpu("cuda:0");
   const Tensor block = randn({2, 24, 384}, DType::f16, gpu, &gen);  // heads of 64: the fused kernels'
   std::vector<Tensor> qkv;

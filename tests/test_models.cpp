@@ -398,6 +398,7 @@ TEST_F(ModelsTest, EachGptNormWritesTheDtypeOfTheLinearItFeeds) {
   auto head_input = [](const Tensor& logits) { return logits.grad_fn()->next_edges()[0].node; };
   const Tensor plain = model.forward(idx);
   EXPECT_EQ(plain.dtype(), DType::f32);
+  ASSERT_TRUE(plain.grad_fn());
   ASSERT_TRUE(head_input(plain));
   EXPECT_EQ(head_input(plain)->name(), "layer_norm");
   amp::AutocastGuard autocast(DeviceType::cpu, DType::bf16);
