@@ -159,9 +159,9 @@ class Backend {
   virtual bool fused_attention_supported(DType dtype, int64_t head_dim) const { return false; }
   virtual void attention_forward(const TensorView& out, const TensorView& lse, const TensorView& q,
                                  const TensorView& k, const TensorView& v, bool causal, double scale);
-  // grad_q32: f32 contiguous [B, H, T, D], zeroed by the caller; delta: f32
-  // [B, H, T] scratch; grad_k, grad_v, grad_out: views as q.
-  virtual void attention_backward(const TensorView& grad_q32, const TensorView& grad_k, const TensorView& grad_v,
+  // grad_q, grad_k, grad_v, grad_out: views as q, of its dtype; delta: f32
+  // [B, H, T] scratch.
+  virtual void attention_backward(const TensorView& grad_q, const TensorView& grad_k, const TensorView& grad_v,
                                   const TensorView& delta, const TensorView& q, const TensorView& k,
                                   const TensorView& v, const TensorView& out, const TensorView& lse,
                                   const TensorView& grad_out, bool causal, double scale);

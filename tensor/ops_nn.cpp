@@ -279,9 +279,9 @@ Tensor attention_operand(const Tensor& t) {
 
 // A new [B, H, T, D] tensor laid out as [B, T, H, D]: the layout the heads
 // are joined back in, so that joining them needs no copy.
-Tensor heads_interleaved(const Shape& bhtd, DType dtype, const Device& device, bool zeroed) {
+Tensor heads_interleaved(const Shape& bhtd, DType dtype, const Device& device) {
   const Shape bthd{bhtd[0], bhtd[2], bhtd[1], bhtd[3]};
-  return transpose(zeroed ? zeros(bthd, dtype, device) : Tensor::empty(bthd, dtype, device), 1, 2);
+  return transpose(Tensor::empty(bthd, dtype, device), 1, 2);
 }
 
 // q, k and v as a fused projection's output [B, T, 3 * H * D] splits them:
@@ -314,7 +314,7 @@ std::pair<Tensor, Tensor> attention_forward(const Tensor& q, const Tensor& k, co
   check(fused_attention_available(q, k, v), "attention_forward: no fused kernel for q {}, k {}, v {}", describe(q),
         describe(k), describe(v));
   const Tensor cq = attention_operand(q), ck = attention_operand(k), cv = attention_operand(v);
-  Tensor out = heads_interleaved(q.shape(), q.dtype(), q.device(), false);
+  Tensor out = heads_interleaved(q.shape(), q.dtype(), q.device());
   Tensor lse = Tensor::empty({q.shape()[0], q.shape()[1], q.shape()[2]}, DType::f32, q.device());
   on_device(q.device(), [&](Backend& b) {
     b.attention_forward(out.view(), lse.view(), cq.view(), ck.view(), cv.view(), causal, scale);
@@ -330,8 +330,6 @@ std::vector<Tensor> attention_backward(const Tensor& q, const Tensor& k, const T
                     describe(grad_out), describe(q));
   const Tensor cq = attention_operand(q), ck = attention_operand(k), cv = attention_operand(v);
   const Tensor co = attention_operand(out), g = attention_operand(to(grad_out, q.dtype()));
-  // dQ sums over key blocks in f32: [B, T, H, D] storage, zeroed.
-  const Tensor grad_q32 = heads_interleaved(q.shape(), DType::f32, q.device(), true);
   // Where q, k and v were split from one block, their gradients fill one
   // block laid out the same way, which the split's backward then takes
   // whole (no copies joining them).
@@ -343,21 +341,15 @@ std::vector<Tensor> attention_backward(const Tensor& q, const Tensor& k, const T
     grad_k = third_of_block(block, 1, bhtd);
     grad_v = third_of_block(block, 2, bhtd);
   } else {
-    grad_k = heads_interleaved(bhtd, q.dtype(), q.device(), false);
-    grad_v = heads_interleaved(bhtd, q.dtype(), q.device(), false);
+    grad_q = heads_interleaved(bhtd, q.dtype(), q.device());
+    grad_k = heads_interleaved(bhtd, q.dtype(), q.device());
+    grad_v = heads_interleaved(bhtd, q.dtype(), q.device());
   }
   Tensor delta = Tensor::empty(lse.shape(), DType::f32, q.device());
   on_device(q.device(), [&](Backend& b) {
-    b.attention_backward(grad_q32.view(), grad_k.view(), grad_v.view(), delta.view(), cq.view(), ck.view(),
+    b.attention_backward(grad_q.view(), grad_k.view(), grad_v.view(), delta.view(), cq.view(), ck.view(),
                          cv.view(), co.view(), lse.view(), g.view(), causal, scale);
   });
-  if (grad_q.defined()) {
-    // The f32 sums cast into the block, walked in [B, T, H, D] order (rows of H * D in both).
-    copy_(transpose(grad_q, 1, 2), transpose(grad_q32, 1, 2));
-  } else {
-    // Cast in the [B, T, H, D] storage order (a plain copy), then view as [B, H, T, D].
-    grad_q = transpose(to(transpose(grad_q32, 1, 2), q.dtype()), 1, 2);
-  }
   return {grad_q, grad_k, grad_v};
 }
 

@@ -31,7 +31,7 @@ struct AttentionArgs {
 struct AttentionGrads {
   const void* grad_out = nullptr;
   AttentionLayout grad_out_layout;
-  float* grad_q = nullptr;  // f32, zeroed by the caller (accumulated with atomics)
+  void* grad_q = nullptr;
   AttentionLayout grad_q_layout;
   void* grad_k = nullptr;
   AttentionLayout grad_k_layout;

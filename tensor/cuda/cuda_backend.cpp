@@ -331,26 +331,25 @@ class CudaBackend final : public Backend {
     launch_attention_forward(current_launch(), attention_args(out, lse, q, k, v, causal, scale));
   }
 
-  void attention_backward(const TensorView& grad_q32, const TensorView& grad_k, const TensorView& grad_v,
+  void attention_backward(const TensorView& grad_q, const TensorView& grad_k, const TensorView& grad_v,
                           const TensorView& delta, const TensorView& q, const TensorView& k, const TensorView& v,
                           const TensorView& out, const TensorView& lse, const TensorView& grad_out, bool causal,
                           double scale) override {
     const AttentionArgs a = attention_args(out, lse, q, k, v, causal, scale);
-    for (const TensorView* t : {&grad_k, &grad_v, &grad_out}) {
+    for (const TensorView* t : {&grad_q, &grad_k, &grad_v, &grad_out}) {
       check_same_dtype("attention", "backward", q, *t);
       check_same_shape("attention backward", q, *t);
     }
-    check_same_shape("attention backward", q, grad_q32);
-    check<DTypeError>(grad_q32.dtype == DType::f32 && delta.dtype == DType::f32,
-                      "CUDA attention backward: grad_q and delta must be f32");
+    check<DTypeError>(delta.dtype == DType::f32, "CUDA attention backward: delta must be f32, got {}",
+                      dtype_name(delta.dtype));
     check<ShapeError>(delta.numel() == a.batch * a.heads * a.len,
                       "CUDA attention backward: delta {} does not fit q {}", shape_of(delta), shape_of(q));
     check_contiguous("attention", delta);
     AttentionGrads g;
     g.grad_out = grad_out.data;
     g.grad_out_layout = attention_layout(grad_out, "grad_out");
-    g.grad_q = static_cast<float*>(grad_q32.data);
-    g.grad_q_layout = attention_layout(grad_q32, "grad_q");
+    g.grad_q = grad_q.data;
+    g.grad_q_layout = attention_layout(grad_q, "grad_q");
     g.grad_k = grad_k.data;
     g.grad_k_layout = attention_layout(grad_k, "grad_k");
     g.grad_v = grad_v.data;
