@@ -46,11 +46,11 @@ void* CachingAllocator::allocate(size_t nbytes, cudaStream_t stream) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (nbytes > kMaxRequest) throw_out_of_memory(nbytes, nbytes);
   const size_t size = size_class(nbytes);
-  const int pool = capture_pool_ && stream == capture_stream_ ? capture_pool_ : 0;
+  const int pool = in_capture(stream) ? capture_pool_ : 0;
   // Event queries are not allowed while a capture is open.
   if (!parked_.empty() && !capture_pool_) collect_parked(/*wait=*/false);
 
-  Block* block = pool ? take_from_pool(pool, size) : take_cached(size, stream);
+  Block* block = pool ? take_from_pool(pool, size, stream) : take_cached(size, stream);
   if (!block) {
     void* ptr = device_malloc(size, nbytes);
     block = new Block{ptr, size, stream, {}, pool};
@@ -65,8 +65,22 @@ void* CachingAllocator::allocate(size_t nbytes, cudaStream_t stream) {
   return block->ptr;
 }
 
-CachingAllocator::Block* CachingAllocator::take_from_pool(int pool, size_t size) {
-  auto& blocks = pools_[pool][size];
+// The capture's own stream, or one that joined it (it waited on an event
+// recorded in the capture, as a fork to a side stream does).
+bool CachingAllocator::in_capture(cudaStream_t stream) const {
+  if (!capture_pool_) return false;
+  if (stream == capture_stream_) return true;
+  if (!stream) return false;  // the legacy default stream never joins a capture
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone, capture_status = cudaStreamCaptureStatusNone;
+  unsigned long long id = 0, capture_id = 0;
+  MPT_CUDA_CHECK(cudaStreamGetCaptureInfo(stream, &status, &id));
+  if (status != cudaStreamCaptureStatusActive) return false;
+  MPT_CUDA_CHECK(cudaStreamGetCaptureInfo(capture_stream_, &capture_status, &capture_id));
+  return capture_status == cudaStreamCaptureStatusActive && id == capture_id;
+}
+
+CachingAllocator::Block* CachingAllocator::take_from_pool(int pool, size_t size, cudaStream_t stream) {
+  auto& blocks = pools_[pool][FreeKey{stream, size}];
   if (blocks.empty()) return nullptr;
   Block* block = blocks.back();
   blocks.pop_back();
@@ -123,7 +137,7 @@ void CachingAllocator::free(void* ptr) noexcept {
   cached_bytes_ += block->size;
 
   if (block->pool && pools_.count(block->pool)) {
-    pools_[block->pool][block->size].push_back(block);
+    pools_[block->pool][FreeKey{block->stream, block->size}].push_back(block);
     return;
   }
   block->pool = 0;
@@ -257,7 +271,7 @@ void CachingAllocator::release_pool(int id) {
   std::lock_guard<std::mutex> lock(mutex_);
   const auto it = pools_.find(id);
   if (it == pools_.end()) return;
-  for (auto& [size, blocks] : it->second)
+  for (auto& [key, blocks] : it->second)
     for (Block* block : blocks) {
       block->pool = 0;
       free_[FreeKey{block->stream, block->size}].push_back(block);

@@ -12,10 +12,10 @@
 // also used on other streams (record_stream) is parked after the free until
 // events recorded on those streams have completed.
 //
-// While a CUDA graph is captured on a stream, that stream's requests come
-// from a private pool of the graph (see begin_capture): the graph's kernels
-// keep using those addresses at every replay, so no other tensor may get
-// them while the graph lives.
+// While a CUDA graph is captured on a stream, that stream's requests, and
+// those of streams the capture forked to, come from a private pool of the
+// graph (see begin_capture): the graph's kernels keep using those addresses
+// at every replay, so no other tensor may get them while the graph lives.
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
@@ -44,9 +44,10 @@ class CachingAllocator {
   // device stream_device) is done.
   bool record_stream(void* ptr, int stream_device, cudaStream_t stream);
 
-  // From now on, requests on `stream` (being captured into a graph) come
-  // from a new private pool; returns its id. Blocks freed back into the pool
-  // serve later requests of the same capture (one stream: in order).
+  // From now on, requests on `stream` (being captured into a graph), and on
+  // any stream that joins its capture, come from a new private pool; returns
+  // its id. Blocks freed back into the pool serve later requests of the same
+  // capture on the same stream (in order there).
   int begin_capture(cudaStream_t stream);
   void end_capture();
   // The graph of pool `id` is gone: its cached blocks return to the shared
@@ -85,7 +86,8 @@ class CachingAllocator {
   };
 
   Block* take_cached(size_t size, cudaStream_t stream);
-  Block* take_from_pool(int pool, size_t size);
+  Block* take_from_pool(int pool, size_t size, cudaStream_t stream);
+  bool in_capture(cudaStream_t stream) const;
   void* device_malloc(size_t size, size_t requested);
   void collect_parked(bool wait);
   void release_cached_blocks();
@@ -96,8 +98,10 @@ class CachingAllocator {
   std::unordered_map<void*, Block*> active_;                          // handed out
   std::unordered_map<FreeKey, std::vector<Block*>, FreeKeyHash> free_;  // cached, ready to reuse
   std::vector<Parked> parked_;                                         // freed, waiting for other streams
-  // Private pools of live graphs: cached blocks by size class.
-  std::unordered_map<int, std::unordered_map<size_t, std::vector<Block*>>> pools_;
+  // Private pools of live graphs: cached blocks by stream and size class
+  // (a capture may fork to other streams, whose work the graph orders only
+  // through their events, so a block is reused on its own stream alone).
+  std::unordered_map<int, std::unordered_map<FreeKey, std::vector<Block*>, FreeKeyHash>> pools_;
   int next_pool_ = 1;
   int capture_pool_ = 0;               // the pool of the capture in progress, if any
   cudaStream_t capture_stream_ = nullptr;
