@@ -8,6 +8,7 @@
 #include <utility>
 #include <unordered_map>
 
+#include "autograd/beside_pass.h"
 #include "autograd/grad_mode.h"
 #include "autograd/node.h"
 #include "tensor/device_guard.h"
@@ -106,10 +107,17 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
 
   // Backward ops record no history of their own.
   NoGradGuard no_grad;
+  BesidePass beside;
   while (!ready.empty()) {
     Node* node = ready.top();
     ready.pop();
     NodeState& st = state[node];
+    // A rule whose gradients were all made on the side stream, and that
+    // reads nothing else, stays there; any other rule that receives one
+    // waits for the side stream first (see beside.h).
+    const bool stays_beside = node->may_run_beside() && beside.all_made_beside(st.grads);
+    if (!stays_beside && beside.any_made_beside(st.grads))
+      beside.join(node->stream() ? *node->stream() : current_stream(previous ? previous->device() : kCPU));
     std::optional<StreamGuard> on_forward_stream;
     if (node->stream()) {
       enter(*node->stream());
@@ -119,7 +127,8 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
     }
     // The incoming gradients are taken out of the node's state (and freed
     // when the rule is done with them), not left there until the pass ends.
-    std::vector<Tensor> in_grads = node->apply(std::exchange(st.grads, {}));
+    std::vector<Tensor> in_grads = stays_beside ? beside.apply_beside(*node, std::exchange(st.grads, {}))
+                                                : node->apply(std::exchange(st.grads, {}));
     if (!retain_graph) node->release();
     auto& edges = node->next_edges();
     check(in_grads.size() == edges.size() || edges.empty(),
@@ -136,7 +145,10 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
       t_observer(node->name());
     }
   }
-  if (previous) enter(current_stream(previous->device()));
+  if (previous) {
+    beside.join(current_stream(previous->device()));
+    enter(current_stream(previous->device()));
+  }
 }
 
 }  // namespace mpt

@@ -53,6 +53,10 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grads) {
   return {};
 }
 
+bool AccumulateGrad::may_run_beside() const {
+  return !leaf_->autograd || leaf_->autograd->post_accumulate_hooks.empty();
+}
+
 Edge gradient_edge(const Tensor& t) {
   if (!t.defined() || !t.requires_grad()) return {};
   AutogradMeta& meta = t.autograd_meta();

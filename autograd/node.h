@@ -40,6 +40,11 @@ class Node {
   // Drops what forward saved, after a backward without retain_graph.
   virtual void release() {}
 
+  // Whether the rule may run on the pass's side stream once every gradient
+  // it receives was made there (see beside.h): it reads nothing else and
+  // calls no one else's code.
+  virtual bool may_run_beside() const { return false; }
+
   // The CUDA stream forward ran on; the engine runs the backward rule there
   // too, so a model run on a side stream stays on it in both directions.
   const std::optional<Stream>& stream() const { return stream_; }
@@ -69,6 +74,7 @@ class FunctionNode final : public Node {
   FunctionNode(std::string name, Rule rule, Saves saves = Saves::tensors)
       : Node(std::move(name)), rule_(std::move(rule)), saves_(saves) {}
   std::vector<Tensor> apply(std::vector<Tensor>&& grads) override;
+  bool may_run_beside() const override { return saves_ == Saves::nothing; }
   void release() override {
     if (saves_ == Saves::tensors) rule_ = nullptr;
   }
@@ -84,6 +90,7 @@ class AccumulateGrad final : public Node {
  public:
   explicit AccumulateGrad(std::shared_ptr<TensorImpl> leaf);
   std::vector<Tensor> apply(std::vector<Tensor>&& grads) override;
+  bool may_run_beside() const override;  // without hooks
 
  private:
   std::shared_ptr<TensorImpl> leaf_;

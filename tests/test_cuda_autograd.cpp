@@ -6,6 +6,8 @@
 #include <functional>
 #include <tuple>
 
+#include "amp/autocast.h"
+#include "autograd/beside.h"
 #include "autograd/function.h"
 #include "autograd/ops.h"
 #include "autograd/engine.h"
@@ -364,6 +366,49 @@ TEST(CudaAutograd, EmbeddingMatchesTheCpuWithRepeatedIndices) {
   }
 }
 
+// Weight gradients made beside the chain of input gradients (beside.h) are
+// the same bits as made in order: the same kernels, with the side stream
+// ordered after what it reads and the chain's tensors held until then. The
+// GEMMs are large enough that a missing wait or an early reuse of a chain
+// tensor would show. Covers sinks staying beside (a first pass, then a
+// second adding into .grad) and a sink with a hook (which waits instead).
+TEST(CudaAutograd, WeightGradientsBesideTheChainMatchTheOrderedOnes) {
+  MPT_SKIP_WITHOUT_CUDA();
+  const uint64_t seed = testing::fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const Device gpu("cuda:0");
+  Generator gen(seed);
+  const Tensor x = randn({8192, 512}, DType::f32, gpu, &gen);
+  const Tensor out_weight = randn({8192, 512}, DType::f32, gpu, &gen);
+  std::vector<Tensor> init;  // 512 -> 1024 -> 1024 -> 512 -> 512
+  for (auto [out, in] : {std::pair{1024, 512}, {1024, 1024}, {512, 1024}, {512, 512}})
+    init.push_back(prim::mul_scalar(randn({out, in}, DType::f32, gpu, &gen), 0.04));
+  auto run = [&](bool overlap) {
+    beside::set_enabled(overlap);
+    std::vector<Tensor> w;
+    for (const Tensor& t : init) w.push_back(prim::clone(t).set_requires_grad(true));
+    double hook_sum = 0.0;
+    w.back().autograd_meta().post_accumulate_hooks.push_back(
+        [&hook_sum](const Tensor& leaf) { hook_sum += prim::sum(leaf.grad()).item(); });
+    for (int pass = 0; pass < 2; ++pass) {
+      Tensor h = x;
+      {
+        amp::AutocastGuard autocast(DeviceType::cuda, DType::f16);
+        for (const Tensor& t : w) h = gelu(linear(h, t, Tensor()));
+      }
+      backward(sum(mul(to(h, DType::f32), out_weight)));
+    }
+    beside::set_enabled(true);
+    std::vector<std::vector<double>> grads;
+    for (const Tensor& t : w) grads.push_back(host_f64(t.grad()));
+    return std::make_pair(grads, hook_sum);
+  };
+  const auto [ordered, ordered_hook] = run(false);
+  const auto [overlapped, overlapped_hook] = run(true);
+  for (size_t i = 0; i < ordered.size(); ++i) EXPECT_EQ(overlapped[i], ordered[i]) << "weight " << i;
+  EXPECT_EQ(overlapped_hook, ordered_hook);
+}
+
 // Backward frees as it goes: each node's incoming gradients and saved
 // tensors are released once its rule has run, so the memory held during
 // backward stays near what forward left, instead of growing by every
@@ -390,13 +435,18 @@ TEST(CudaAutograd, BackwardFreesGradientsAndSavedTensorsAsItGoes) {
   set_backward_observer(nullptr);
   const double growth = static_cast<double>(memory_stats(gpu).peak_allocated_bytes) -
                         static_cast<double>(after_forward.allocated_bytes);
-  // A few activation-sized gradients in flight and the weight gradients
-  // made so far; piling up every layer's gradients would add about
-  // kLayers * 2 activations.
+  // A few activation-sized gradients in flight (with the inputs of the two
+  // weight gradients that may run beside the chain at once) and the weight
+  // gradients made so far; piling up every layer's gradients would add
+  // about kLayers * 2 activations.
   EXPECT_LT(growth, 4 * activation + kLayers * 2 * weight) << "grew by " << growth / 1048576 << " MiB";
-  // And memory falls as layers finish: at the end less is held than after forward.
+  // And memory falls as layers finish; once the pass is over (the weight
+  // gradients made beside the chain complete, the chain tensors they read
+  // let go), less is held than after forward.
   ASSERT_FALSE(held.empty());
-  EXPECT_LT(held.back(), static_cast<double>(after_forward.allocated_bytes) - kLayers / 2 * activation);
+  EXPECT_LT(held.back(), held.front());
+  EXPECT_LT(static_cast<double>(memory_stats(gpu).allocated_bytes),
+            static_cast<double>(after_forward.allocated_bytes) - kLayers / 2 * activation);
 }
 
 }  // namespace

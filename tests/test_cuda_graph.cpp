@@ -12,6 +12,7 @@
 
 #include "amp/autocast.h"
 #include "amp/grad_scaler.h"
+#include "autograd/beside.h"
 #include "autograd/engine.h"
 #include "autograd/ops.h"
 #include "models/adamw.h"
@@ -32,16 +33,17 @@ using testing::rel_error;
 
 const Device kGPU("cuda:0");
 
-// One training setup: model, capturable AdamW, a scaler whose scale moves
-// (2^24 overflows f16 gradients at first, so early steps are skipped and
-// the scale backs off; afterwards it grows every 3 clean steps).
+// One training setup: model (inputs of `width`, one hidden layer of
+// `hidden`), capturable AdamW, a scaler whose scale moves (2^24 overflows
+// f16 gradients at first, so early steps are skipped and the scale backs
+// off; afterwards it grows every 3 clean steps).
 struct TrainingRun {
   std::shared_ptr<nn::Sequential> model;
   std::unique_ptr<optim::AdamW> opt;
   amp::GradScaler scaler;
   bool read_loss_inside = false;  // makes the step synchronize
 
-  explicit TrainingRun(uint64_t seed)
+  explicit TrainingRun(uint64_t seed, int64_t width = 32, int64_t hidden = 64)
       : scaler([] {
           amp::GradScalerOptions o;
           o.init_scale = 16777216.0;
@@ -50,9 +52,9 @@ struct TrainingRun {
         }()) {
     Generator gen(seed);
     model = std::make_shared<nn::Sequential>();
-    model->push_back(std::make_shared<nn::Linear>(32, 64, true, &gen));
+    model->push_back(std::make_shared<nn::Linear>(width, hidden, true, &gen));
     model->push_back(std::make_shared<nn::ReLU>());
-    model->push_back(std::make_shared<nn::Linear>(64, 10, true, &gen));
+    model->push_back(std::make_shared<nn::Linear>(hidden, 10, true, &gen));
     model->to(kGPU);
     opt = std::make_unique<optim::AdamW>(model->parameters(), optim::AdamWOptions{1e-2, 0.9, 0.999, 1e-8, 1e-2});
     opt->set_capturable(true);
@@ -72,12 +74,12 @@ struct TrainingRun {
   }
 };
 
-// x [rows, 32] and labels in [0, 10), on the host (run() copies them in).
-std::vector<Tensor> batch(std::mt19937_64& rng, int64_t rows) {
+// x [rows, width] and labels in [0, 10), on the host (run() copies them in).
+std::vector<Tensor> batch(std::mt19937_64& rng, int64_t rows, int64_t width = 32) {
   Generator gen(rng());
   std::vector<int64_t> labels(static_cast<size_t>(rows));
   for (int64_t& l : labels) l = static_cast<int64_t>(rng() % 10);
-  return {randn({rows, 32}, DType::f32, kCPU, &gen), from_vector(labels, {rows}, DType::i64)};
+  return {randn({rows, width}, DType::f32, kCPU, &gen), from_vector(labels, {rows}, DType::i64)};
 }
 
 void expect_same_training(TrainingRun& a, TrainingRun& b) {
@@ -112,6 +114,33 @@ TEST(CudaGraph, ReplayedStepsTrainLikeEagerOnes) {
   EXPECT_LT(graphed.opt->step_count(0), 30);
   EXPECT_LT(graphed.scaler.get_scale(), 16777216.0);
   // Replays take no new memory.
+  EXPECT_EQ(memory_stats(kGPU).reserved_bytes, reserved_after_capture);
+}
+
+// Layers large enough that their weight gradients run beside the chain of
+// input gradients on a second stream (autograd/beside.h), forked from and
+// joined into the captured stream, their memory from the graph's pool; the
+// eager run computes them in order on one stream.
+TEST(CudaGraph, ReplayedStepsWithWeightGradientsBesideTrainLikeOrderedEagerOnes) {
+  MPT_SKIP_WITHOUT_CUDA();
+  const uint64_t seed = testing::fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  constexpr int64_t kWidth = 1024, kRows = 1024;  // a first-layer weight gradient of 2^30 multiply-adds
+  TrainingRun graphed(seed, kWidth, kWidth), eager(seed, kWidth, kWidth);
+  CapturedStep captured(kGPU, [&](const std::vector<Tensor>& in) { graphed.step(in); });
+  std::mt19937_64 rng(seed + 1);
+  uint64_t reserved_after_capture = 0;
+  for (int i = 0; i < 12; ++i) {
+    const std::vector<Tensor> in = batch(rng, kRows, kWidth);
+    captured.run(in);
+    beside::set_enabled(false);
+    eager.step({prim::to(in[0], kGPU), prim::to(in[1], kGPU)});
+    beside::set_enabled(true);
+    if (i == 4) reserved_after_capture = memory_stats(kGPU).reserved_bytes;
+  }
+  EXPECT_EQ(captured.captures(), 1);
+  EXPECT_EQ(captured.fallback_reason(), "");
+  expect_same_training(graphed, eager);
   EXPECT_EQ(memory_stats(kGPU).reserved_bytes, reserved_after_capture);
 }
 

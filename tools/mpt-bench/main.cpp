@@ -30,6 +30,7 @@
 
 #include "amp/autocast.h"
 #include "amp/grad_scaler.h"
+#include "autograd/beside.h"
 #include "autograd/engine.h"
 #include "autograd/ops.h"
 #include "models/adamw.h"
@@ -413,7 +414,12 @@ int main(int argc, char** argv) {
   app.add_flag("--registered-buffers", o.ddp.registered_buffers,
                "dp and ddp: bucket buffers in NCCL symmetric windows (lower latency; a dead peer can then block a "
                "host that waits on the GPU)");
+  bool weight_grads_in_order = false;
+  app.add_flag("--weight-grads-in-order", weight_grads_in_order,
+               "compute weight gradients on backward's own stream, in order, instead of beside the chain of input "
+               "gradients on a second stream");
   CLI11_PARSE(app, argc, argv);
+  beside::set_enabled(!weight_grads_in_order);
   if (grad_transit != "f32") o.ddp.compression = dtype_from_name(grad_transit);
   // Every collective of a timed step is replayed inside its graph, and the
   // few outside one (set-up, the final median) run only when no graph is in

@@ -1,0 +1,137 @@
+#include "autograd/beside.h"
+
+#include <atomic>
+#include <map>
+#include <mutex>
+
+#include "autograd/beside_pass.h"
+#include "autograd/node.h"
+
+namespace mpt {
+namespace {
+
+std::atomic<bool> g_enabled{true};
+thread_local BesidePass* t_pass = nullptr;
+
+// One side stream per device for the life of the process (streams the
+// library creates are never destroyed, so the handle cannot dangle).
+Stream side_stream(const Device& device) {
+  static std::mutex mutex;
+  static std::map<int, Stream> streams;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = streams.find(device.index);
+  if (it == streams.end()) it = streams.emplace(device.index, Stream::create(device)).first;
+  return it->second;
+}
+
+}  // namespace
+
+namespace beside {
+
+bool enabled() { return g_enabled.load(std::memory_order_relaxed); }
+void set_enabled(bool on) { g_enabled.store(on, std::memory_order_relaxed); }
+
+std::vector<Tensor> run(const Device& device, std::vector<Tensor> inputs,
+                        const std::function<std::vector<Tensor>()>& work) {
+  if (!t_pass || !device.is_cuda()) return work();
+  return t_pass->run(device, std::move(inputs), work);
+}
+
+}  // namespace beside
+
+BesidePass::BesidePass() : previous_(t_pass) {
+  if (beside::enabled()) t_pass = this;
+}
+
+BesidePass::~BesidePass() {
+  if (t_pass == this) t_pass = previous_;
+  try {
+    if (chain_) join(*chain_);
+  } catch (...) {
+    // A destructor must not throw; the CUDA error resurfaces at the next call.
+  }
+}
+
+bool BesidePass::made_beside(const Tensor& t) const {
+  if (!t.defined()) return false;
+  const auto it = made_beside_.find(t.impl_ptr().get());
+  return it != made_beside_.end() && it->second.lock() == t.impl_ptr();
+}
+
+bool BesidePass::any_made_beside(const std::vector<Tensor>& grads) const {
+  if (made_beside_.empty()) return false;
+  for (const Tensor& g : grads)
+    if (made_beside(g)) return true;
+  return false;
+}
+
+bool BesidePass::all_made_beside(const std::vector<Tensor>& grads) const {
+  bool any = false;
+  for (const Tensor& g : grads) {
+    if (!g.defined()) continue;
+    if (!made_beside(g)) return false;
+    any = true;
+  }
+  return any;
+}
+
+void BesidePass::mark(const std::vector<Tensor>& made) {
+  for (const Tensor& t : made)
+    if (t.defined()) made_beside_[t.impl_ptr().get()] = t.impl_ptr();
+}
+
+std::vector<Tensor> BesidePass::apply_beside(Node& node, std::vector<Tensor>&& grads) {
+  std::vector<Tensor> made;
+  {
+    StreamGuard on_side(*side_);
+    made = node.apply(std::move(grads));
+  }
+  mark(made);
+  return made;
+}
+
+void BesidePass::join(const Stream& stream) {
+  if (!side_has_work_) return;
+  Event done(side_->device());
+  done.record(*side_);
+  done.wait(*chain_);
+  if (stream.device().is_cuda() && !(stream == *chain_)) done.wait(stream);
+  in_flight_.clear();  // the chain's stream is past every read of them
+  made_beside_.clear();
+  side_has_work_ = false;
+}
+
+std::vector<Tensor> BesidePass::run(const Device& device, std::vector<Tensor> inputs,
+                                    const std::function<std::vector<Tensor>()>& work) {
+  const Stream current = current_stream(device);
+  if (!chain_) {
+    chain_ = current;
+    side_ = side_stream(device);
+  }
+  // Another device or stream than the pass's first piece: not worth the
+  // bookkeeping, run in order.
+  if (!(current == *chain_)) return work();
+
+  Piece piece{std::make_unique<Event>(device), std::move(inputs)};
+  piece.side_before->record(*side_);
+  Event fork(device);
+  fork.record(*chain_);
+  fork.wait(*side_);
+  std::vector<Tensor> made;
+  {
+    StreamGuard on_side(*side_);
+    made = work();
+  }
+  side_has_work_ = true;
+  mark(made);
+  // The chain catches up with the side stream as it was before the previous
+  // piece: the pieces before that are done for it, and their inputs free.
+  in_flight_.push_back(std::move(piece));
+  if (in_flight_.size() > 2) {
+    in_flight_[1].side_before->wait(*chain_);
+    in_flight_.pop_front();
+  }
+  return made;
+}
+
+}  // namespace mpt
