@@ -37,6 +37,11 @@ std::vector<Tensor> run(const Device& device, std::vector<Tensor> inputs,
   return t_pass->run(device, std::move(inputs), work);
 }
 
+void follow(const Device& device, std::vector<Tensor> inputs, const std::function<void()>& work) {
+  if (!t_pass || !device.is_cuda()) return work();
+  t_pass->follow(device, std::move(inputs), work);
+}
+
 }  // namespace beside
 
 BesidePass::BesidePass() : previous_(t_pass) {
@@ -108,9 +113,10 @@ std::vector<Tensor> BesidePass::run(const Device& device, std::vector<Tensor> in
     chain_ = current;
     side_ = side_stream(device);
   }
-  // Another device or stream than the pass's first piece: not worth the
-  // bookkeeping, run in order.
-  if (!(current == *chain_)) return work();
+  // Another device or stream than the pass's: not worth the bookkeeping,
+  // run in order. (On the side stream itself, from a rule or hook that runs
+  // beside, the piece still waits for the chain: it may read its tensors.)
+  if (!(current == *chain_) && !(current == *side_)) return work();
 
   Piece piece{std::make_unique<Event>(device), std::move(inputs)};
   piece.side_before->record(*side_);
@@ -132,6 +138,15 @@ std::vector<Tensor> BesidePass::run(const Device& device, std::vector<Tensor> in
     in_flight_.pop_front();
   }
   return made;
+}
+
+void BesidePass::follow(const Device& device, std::vector<Tensor> inputs, const std::function<void()>& work) {
+  const bool on_chain = !chain_ || current_stream(device) == *chain_;
+  if (on_chain && !any_made_beside(inputs)) return work();
+  run(device, std::move(inputs), [&] {
+    work();
+    return std::vector<Tensor>{};
+  });
 }
 
 }  // namespace mpt

@@ -41,4 +41,11 @@ void set_enabled(bool on);
 std::vector<Tensor> run(const Device& device, std::vector<Tensor> inputs,
                         const std::function<std::vector<Tensor>()>& work);
 
+// For work that reads gradients wherever they were made (data
+// parallelism's bucket fills, from a leaf's stream-ordered hooks): runs
+// `work` in place when the current stream is the pass's own and none of
+// `inputs` was made beside; otherwise as run() does, on the side stream
+// after the work queued so far on both.
+void follow(const Device& device, std::vector<Tensor> inputs, const std::function<void()>& work);
+
 }  // namespace mpt::beside

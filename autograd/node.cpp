@@ -50,6 +50,7 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grads) {
     prim::binary_(BinaryOp::add, meta.grad, meta.grad, g);
   }
   for (auto& hook : meta.post_accumulate_hooks) hook(leaf);
+  for (auto& hook : meta.stream_ordered_post_accumulate_hooks) hook(leaf);
   return {};
 }
 

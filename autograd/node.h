@@ -90,7 +90,7 @@ class AccumulateGrad final : public Node {
  public:
   explicit AccumulateGrad(std::shared_ptr<TensorImpl> leaf);
   std::vector<Tensor> apply(std::vector<Tensor>&& grads) override;
-  bool may_run_beside() const override;  // without hooks
+  bool may_run_beside() const override;  // without hooks other than stream-ordered ones
 
  private:
   std::shared_ptr<TensorImpl> leaf_;

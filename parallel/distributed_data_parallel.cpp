@@ -6,6 +6,7 @@
 
 #include <fmt/ranges.h>
 
+#include "autograd/beside.h"
 #include "autograd/grad_mode.h"
 #include "autograd/node.h"
 #include "parallel/distributed_error.h"
@@ -48,6 +49,7 @@ struct DistributedDataParallel::Reducer {
   void on_gradient_ready(size_t index);
   void mark_ready(size_t index);
   void launch(Bucket& bucket);
+  void fill_and_allreduce(Bucket& bucket);
   bool holds_a_large_gradient(const Bucket& b) const;
   bool averaged_in_place(const Bucket& b) const;
   void place_in_arena();
@@ -265,7 +267,18 @@ void DistributedDataParallel::Reducer::mark_ready(size_t index) {
   if (next_to_launch == buckets.size()) finalize();
 }
 
+// A bucket's gradients may come from backward's side stream (large weight
+// gradients, autograd/beside.h) and from its own, and the hook that
+// completes the bucket may run on either: the fill and the all-reduce go
+// where every one of them is complete.
 void DistributedDataParallel::Reducer::launch(Bucket& bucket) {
+  std::vector<Tensor> grads;
+  for (size_t i : bucket.params)
+    if (params[i].grad().defined()) grads.push_back(params[i].grad());
+  beside::follow(params.front().device(), std::move(grads), [&] { fill_and_allreduce(bucket); });
+}
+
+void DistributedDataParallel::Reducer::fill_and_allreduce(Bucket& bucket) {
   NoGradGuard no_grad;
   if (averaged_in_place(bucket)) {
     // Averaged where it lies: no buffer and no copy.
@@ -401,7 +414,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
 
   std::weak_ptr<Reducer> weak = reducer_;
   for (size_t i = 0; i < r.params.size(); ++i)
-    r.params[i].autograd_meta().post_accumulate_hooks.push_back([weak, i](const Tensor&) {
+    r.params[i].autograd_meta().stream_ordered_post_accumulate_hooks.push_back([weak, i](const Tensor&) {
       if (auto reducer = weak.lock()) reducer->on_gradient_ready(i);
     });
 }

@@ -98,6 +98,11 @@ struct AutogradMeta {
   // Called after this leaf's gradient has been accumulated in a backward
   // pass (data parallelism starts communication from here).
   std::vector<std::function<void(const Tensor&)>> post_accumulate_hooks;
+  // Hooks called after those, that only queue GPU work on the current
+  // stream and order other streams after it with events (data
+  // parallelism's), so the sink may run on backward's side stream
+  // (autograd/beside.h); any other hook keeps it on backward's own.
+  std::vector<std::function<void(const Tensor&)>> stream_ordered_post_accumulate_hooks;
   std::string name;  // parameter name, for messages and traces
 };
 

@@ -7,7 +7,9 @@
 #include <chrono>
 #include <thread>
 
+#include "amp/autocast.h"
 #include "amp/grad_scaler.h"
+#include "autograd/beside.h"
 #include "autograd/engine.h"
 #include "autograd/ops.h"
 #include "models/adamw.h"
@@ -403,6 +405,53 @@ TEST(NcclDdp, AStepCapturedAsACudaGraphMatchesEagerSteps) {
       EXPECT_EQ(mean.to_vector<double>(), p.to_vector<double>()) << "rank " << g.rank();
     }
   });
+}
+
+// DDP over layers whose weight gradients are large enough to run beside
+// backward's chain of input gradients (autograd/beside.h): the sinks and
+// DDP's hooks follow them onto the side stream, and each bucket's fill and
+// all-reduce go where all of its gradients are complete. The averaged
+// gradients are the same bits as with every gradient made in order, over
+// two iterations (buckets made again) with buckets averaged in place (the
+// 4 MiB weights) and filled (the biases). One GPU runs it as a world of one.
+TEST(NcclDdp, WeightGradientsBesideTheChainAverageLikeOrderedOnes) {
+  MPT_SKIP_WITHOUT_CUDA();
+  const uint64_t seed = mpt::testing::fresh_seed();
+  SCOPED_TRACE(seed);
+  const int world = std::min(2, cuda_device_count());
+  std::vector<std::vector<std::vector<double>>> grads[2];  // [overlap][rank][parameter]
+  for (bool overlap : {false, true}) {
+    beside::set_enabled(overlap);
+    grads[overlap].assign(world, {});
+    with_gpu_ranks(world, [&](ProcessGroup& g, const Device& dev) {
+      DeviceGuard on_device(dev);
+      const std::shared_ptr<ProcessGroup> group(&g, [](ProcessGroup*) {});  // owned by with_gpu_ranks
+      Generator init(seed), data(seed + 1 + g.rank());
+      auto model = std::make_shared<nn::Sequential>();
+      for (int64_t out : {1024, 1024, 10}) {  // weight gradients of 2^30 multiply-adds, then a small one
+        model->push_back(std::make_shared<nn::Linear>(1024, out, true, &init));
+        if (out != 10) model->push_back(std::make_shared<nn::ReLU>());
+      }
+      model->to(dev);
+      DistributedDataParallel ddp(model, group, {.bucket_bytes = size_t(1) << 20});
+      for (int iteration = 0; iteration < 2; ++iteration) {
+        model->zero_grad();
+        const Tensor x = prim::to(randn({1024, 1024}, DType::f32, kCPU, &data), dev);
+        const Tensor y = prim::to(randn({1024, 10}, DType::f32, kCPU, &data), dev);
+        Tensor out;
+        {
+          amp::AutocastGuard autocast(DeviceType::cuda, DType::f16);
+          out = ddp.forward(x);
+        }
+        backward(mse_loss(to(out, DType::f32), y));
+      }
+      for (const Tensor& p : model->parameters()) grads[overlap][g.rank()].push_back(p.grad().to_vector<double>());
+    });
+  }
+  beside::set_enabled(true);
+  for (int r = 0; r < world; ++r)
+    for (size_t i = 0; i < grads[0][r].size(); ++i)
+      EXPECT_EQ(grads[1][r][i], grads[0][r][i]) << "rank " << r << ", parameter " << i;
 }
 
 TEST(DataParallelGpu, TwoGpusTrainLikeOne) {
