@@ -7,6 +7,7 @@
 #include "autograd/autocast_hook.h"
 #include "autograd/grad_mode.h"
 #include "autograd/ops.h"
+#include "tensor/ops.h"
 
 namespace mpt::amp {
 namespace {
@@ -83,19 +84,63 @@ class PolicyHandler final : public AutocastHandler {
     return x.dtype();
   }
 
+  // Casts every cacheable weight of `weights` not cached yet, one launch
+  // per device (see cast_weights_ahead). A weight of kCastAheadMaxElements
+  // or more is left to its op: its launch costs nothing next to its bytes,
+  // and the op's own cast moves them faster (mlp_large's three 8192 x 8192
+  // weights cast ahead took its step 15.28 -> 15.38 ms).
+  static constexpr int64_t kCastAheadMaxElements = int64_t(1) << 22;
+  void cast_ahead(const std::vector<Tensor>& weights) {
+    std::vector<Tensor> pending;
+    for (const Tensor& w : weights)
+      if (cacheable(w) && w.numel() < kCastAheadMaxElements && enabled[slot(w.device().type)] &&
+          !cached(w, dtype[slot(w.device().type)]))
+        pending.push_back(w);
+    while (!pending.empty()) {
+      const Device device = pending.front().device();
+      const DType target = dtype[slot(device.type)];
+      std::vector<Tensor> here, rest;
+      for (Tensor& w : pending) (w.device() == device ? here : rest).push_back(std::move(w));
+      // One block for all of them, each slot starting on a 16-byte boundary.
+      constexpr int64_t kAlign = 8;
+      std::vector<int64_t> offsets;
+      int64_t total = 0;
+      for (const Tensor& w : here) {
+        offsets.push_back(total);
+        total += (w.numel() + kAlign - 1) / kAlign * kAlign;
+      }
+      const Tensor block = Tensor::empty({total}, target, device);
+      std::vector<Tensor> slots;
+      for (size_t i = 0; i < here.size(); ++i)
+        slots.push_back(prim::view(prim::slice(block, 0, offsets[i], offsets[i] + here[i].numel()), here[i].shape()));
+      prim::scaled_copy_list_(slots, here, 1.0);
+      for (size_t i = 0; i < here.size(); ++i) {
+        cache.emplace(here[i].impl_ptr().get(), CachedCast{here[i].impl_ptr(), target, as_cast(here[i], slots[i])});
+        ++stats.misses;
+      }
+      pending = std::move(rest);
+    }
+  }
+
  private:
   // PyTorch's rule: only f32 leaves that require a gradient (weights) are
   // cached, and only while recording, so a cast made under no_grad (which
   // has no path back to the weight) is never reused by a training step.
-  Tensor cast_weight_cached(const Tensor& t, DType target) {
-    const bool cacheable = t.dtype() == DType::f32 && t.requires_grad() && !t.grad_fn() && grad_enabled();
-    if (!cacheable) return to(t, target);
+  static bool cacheable(const Tensor& t) {
+    return t.defined() && t.dtype() == DType::f32 && t.requires_grad() && !t.grad_fn() && grad_enabled();
+  }
+  const Tensor* cached(const Tensor& t, DType target) const {
     auto [begin, end] = cache.equal_range(t.impl_ptr().get());
     for (auto it = begin; it != end; ++it)
-      if (it->second.dtype == target) {
-        ++stats.hits;
-        return it->second.cast;
-      }
+      if (it->second.dtype == target) return &it->second.cast;
+    return nullptr;
+  }
+  Tensor cast_weight_cached(const Tensor& t, DType target) {
+    if (!cacheable(t)) return to(t, target);
+    if (const Tensor* hit = cached(t, target)) {
+      ++stats.hits;
+      return *hit;
+    }
     Tensor cast = to(t, target);
     cache.emplace(t.impl_ptr().get(), CachedCast{t.impl_ptr(), target, cast});
     ++stats.misses;
@@ -128,6 +173,8 @@ AutocastGuard::~AutocastGuard() {
   if (--t_policy.nesting == 0) clear_weight_cast_cache();
   install_if_enabled();
 }
+
+void cast_weights_ahead(const std::vector<Tensor>& weights) { t_policy.cast_ahead(weights); }
 
 bool autocast_enabled(DeviceType device_type) { return t_policy.enabled[slot(device_type)]; }
 DType autocast_dtype(DeviceType device_type) { return t_policy.dtype[slot(device_type)]; }

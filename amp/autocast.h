@@ -20,9 +20,11 @@
 // setting. Each device type (cpu, cuda) is switched separately; an op follows
 // the device of its first floating input.
 #include <cstdint>
+#include <vector>
 
 #include "tensor/device.h"
 #include "tensor/dtype.h"
+#include "tensor/tensor.h"
 
 namespace mpt::amp {
 
@@ -39,6 +41,17 @@ class AutocastGuard {
   bool previous_enabled_;
   DType previous_dtype_;
 };
+
+// Inside an AutocastGuard: casts every weight of `weights` that the region
+// would cast and cache (an f32 leaf that requires a gradient, on a device
+// type with autocast on, grad mode on) to the region's dtype in one kernel
+// launch per device, and caches the casts, so the region's ops find them
+// cast. Their gradients flow back through one cast node per weight, as with
+// casts made one at a time, and the values are the same bits. (A model
+// casting tens of small weights a step spends more on their launches than
+// on their bytes.) Weights of 4Mi elements or more are left to their ops,
+// and weights the region's ops never use are cast for nothing.
+void cast_weights_ahead(const std::vector<Tensor>& weights);
 
 bool autocast_enabled(DeviceType device_type);
 DType autocast_dtype(DeviceType device_type);  // the lower-precision dtype for that device type

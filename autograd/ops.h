@@ -72,6 +72,10 @@ Tensor contiguous(const Tensor& x);
 Tensor cat(const std::vector<Tensor>& xs, int64_t dim);
 std::vector<Tensor> split(const Tensor& x, int64_t size, int64_t dim);  // chunks of `size` (last may be smaller)
 Tensor to(const Tensor& x, DType dtype);
+// `cast` (x's values in another dtype, made by the caller: many at once,
+// say) recorded as x's differentiable cast, as to(x, cast.dtype()) records
+// its result; returns it.
+Tensor as_cast(const Tensor& x, Tensor cast);
 Tensor to(const Tensor& x, const Device& device);
 
 // ---- neural-network functions ---------------------------------------------------------

@@ -131,13 +131,16 @@ std::vector<Tensor> split(const Tensor& x, int64_t size, int64_t dim) {
   return outs;
 }
 
-Tensor to(const Tensor& x, DType dtype) {
-  Tensor out = prim::to(x, dtype);
-  if (needs_grad({x}) && dtype != x.dtype())
+Tensor to(const Tensor& x, DType dtype) { return as_cast(x, prim::to(x, dtype)); }
+
+Tensor as_cast(const Tensor& x, Tensor cast) {
+  check<ShapeError>(cast.shape() == x.shape() && cast.device() == x.device(),
+                    "as_cast: {} is not a cast of {} (another shape or device)", describe(cast), describe(x));
+  if (needs_grad({x}) && cast.dtype() != x.dtype())
     record(
-        "to_dtype", out, {x}, [from = x.dtype()](const Grads& g) { return Grads{prim::to(g[0], from)}; },
+        "to_dtype", cast, {x}, [from = x.dtype()](const Grads& g) { return Grads{prim::to(g[0], from)}; },
         FunctionNode::Saves::nothing);
-  return out;
+  return cast;
 }
 
 Tensor to(const Tensor& x, const Device& device) {

@@ -32,12 +32,5 @@ struct Bucket {
   WorkPtr work;                  // the running all-reduce, once launched
 };
 
-// slots[i] = grads[i] * scale (computed in f32 for 16-bit types), each pair
-// of one shape; a slot may have another floating dtype than its gradient
-// (compressed transit, and back). On a GPU the contiguous pairs with the
-// first pair's two dtypes (a bucket's slots share one, its gradients
-// another) are copied by one kernel launch; the others (and CPU tensors)
-// one at a time.
-void fill_slots(const std::vector<Tensor>& slots, const std::vector<Tensor>& grads, double scale);
 
 }  // namespace mpt::dist

@@ -1,5 +1,4 @@
 // CPU-only builds: the NCCL backend and the GPU kernels are not there, and say so.
-#include "parallel/bucket_cuda.h"
 #include "parallel/local_communicator.h"
 #include "parallel/nccl_info.h"
 #include "parallel/nccl_process_group.h"
@@ -33,11 +32,3 @@ NcclVersions nccl_versions() { return {}; }
 
 }  // namespace mpt::dist
 
-namespace mpt::dist::cuda {
-
-void scaled_copy_list(const std::vector<Tensor>& slots, const std::vector<Tensor>&, double) {
-  throw NotAvailableError(fmt::format("DDP bucket fill on {}: this build of mptrain has no CUDA",
-                                      slots.empty() ? std::string("a GPU") : slots.front().device().str()));
-}
-
-}  // namespace mpt::dist::cuda

@@ -317,7 +317,7 @@ void DistributedDataParallel::Reducer::fill_and_allreduce(Bucket& bucket) {
   }
   const size_t index = static_cast<size_t>(&bucket - buckets.data());
   gpu_stamp(bucket.flat.device(), [&] { return fmt::format("ddp bucket {}: fill", index); });
-  fill_slots(slots, grads, scale);
+  prim::scaled_copy_list_(slots, grads, scale);
   gpu_stamp(bucket.flat.device(), [&] { return fmt::format("ddp bucket {}: filled", index); });
   NvtxRange range("ddp: all-reduce bucket");
   bucket.work = group->allreduce(bucket.flat, ReduceOp::sum);
@@ -368,7 +368,7 @@ void DistributedDataParallel::Reducer::finalize() {
         p.set_grad(prim::to(prim::clone(slot), p.dtype()));
       }
     }
-  fill_slots(decompressed, averaged, 1.0);
+  prim::scaled_copy_list_(decompressed, averaged, 1.0);
 }
 
 DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> module,

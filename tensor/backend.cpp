@@ -99,6 +99,9 @@ void Backend::cross_entropy_backward(const TensorView&, const TensorView&, const
                                      const TensorView&) {
   not_available("fused cross_entropy backward");
 }
+void Backend::scaled_copy_list(const std::vector<TensorView>&, const std::vector<TensorView>&, double) {
+  not_available("multi-tensor scaled copy");
+}
 void Backend::attention_forward(const TensorView&, const TensorView&, const TensorView&, const TensorView&,
                                 const TensorView&, bool, double) {
   not_available("fused attention");

@@ -149,6 +149,12 @@ class Backend {
   virtual void cross_entropy_backward(const TensorView& grad, const TensorView& logits, const TensorView& target,
                                       const TensorView& lse, const TensorView& row_scale);
 
+  // dsts[i] = srcs[i] * scale, computed in f32: contiguous tensors of this
+  // device, every source of one floating dtype and every destination of one
+  // (f32, f16 or bf16), in as few launches as a multi-tensor kernel allows.
+  virtual void scaled_copy_list(const std::vector<TensorView>& dsts, const std::vector<TensorView>& srcs,
+                                double scale);
+
   // Fused attention softmax(q k^T * scale [+ causal mask]) v, with q, k, v
   // and out [B, H, T, D] views of one dtype whose last stride is 1 (batch,
   // head and row strides are free: q, k and v may be cut from one [B, T, 3C]

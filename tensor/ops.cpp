@@ -170,6 +170,35 @@ void fill_(const Tensor& dst, double value) {
   on_device(dst.device(), [&](Backend& b) { b.fill(dst.view(), value); });
 }
 
+void scaled_copy_list_(const std::vector<Tensor>& dsts, const std::vector<Tensor>& srcs, double scale) {
+  check(dsts.size() == srcs.size(), "scaled_copy_list_: {} destinations for {} sources", dsts.size(), srcs.size());
+  if (dsts.empty()) return;
+  const DType dst_dtype = dsts.front().dtype(), src_dtype = srcs.front().dtype();
+  auto listable = [](DType d) { return d == DType::f32 || d == DType::f16 || d == DType::bf16; };
+  std::vector<TensorView> listed_dsts, listed_srcs;
+  for (size_t i = 0; i < dsts.size(); ++i) {
+    const Tensor &dst = dsts[i], &src = srcs[i];
+    check<ShapeError>(dst.shape() == src.shape(), "scaled_copy_list_: source {} does not fit destination {}",
+                      describe(src), describe(dst));
+    check_same_device("scaled_copy_list_", dst, src);
+    const bool listed = dst.device() == dsts.front().device() && dst.device().is_cuda() && dst.dtype() == dst_dtype &&
+                        src.dtype() == src_dtype && listable(dst_dtype) && listable(src_dtype) &&
+                        dst.is_contiguous() && src.is_contiguous();
+    if (listed) {
+      listed_dsts.push_back(dst.view());
+      listed_srcs.push_back(src.view());
+    } else if (dst.dtype() == src.dtype()) {
+      unary_(UnaryOp::affine, dst, src, scale, 0.0);
+    } else {
+      // As the kernel does: scaled in f32 (f64 if either side is), rounded once.
+      const DType wide = src.dtype() == DType::f64 || dst.dtype() == DType::f64 ? DType::f64 : DType::f32;
+      copy_(dst, unary(UnaryOp::affine, to(src, wide), scale, 0.0));
+    }
+  }
+  if (!listed_dsts.empty())
+    on_device(dsts.front().device(), [&](Backend& b) { b.scaled_copy_list(listed_dsts, listed_srcs, scale); });
+}
+
 void copy_(const Tensor& dst, const Tensor& src) {
   const Shape shape = broadcast_shapes(dst.shape(), src.shape(), "copy_");
   check<ShapeError>(shape == dst.shape(), "copy_: source {} does not broadcast to destination {}", describe(src),

@@ -35,6 +35,12 @@ Tensor to(const Tensor& t, DType dtype);           // same tensor if already tha
 Tensor contiguous(const Tensor& t);                // same tensor if already contiguous
 Tensor clone(const Tensor& t);
 void copy_(const Tensor& dst, const Tensor& src);  // any devices and dtypes; src broadcasts to dst
+// dsts[i] = srcs[i] * scale, each pair of one shape and device, computed in
+// f32 for 16-bit types (f64 where either side is f64) and rounded once: a
+// scale of 1 casts bit for bit as copy_ does. On a GPU, the contiguous pairs
+// with the first pair's two dtypes (f32, f16 or bf16) go in one kernel
+// launch; the others one at a time.
+void scaled_copy_list_(const std::vector<Tensor>& dsts, const std::vector<Tensor>& srcs, double scale);
 void fill_(const Tensor& dst, double value);
 
 // ---- views (share storage) --------------------------------------------------

@@ -7,6 +7,7 @@
 #include "amp/autocast.h"
 #include "amp/autocast_policy.h"
 #include "autograd/autocast_hook.h"
+#include "autograd/engine.h"
 #include "autograd/ops.h"
 #include "tests/test_util.h"
 
@@ -163,6 +164,45 @@ TEST(Autocast, WeightCastCacheIsHitWithinTheOutermostRegion) {
     linear(x, w);
     EXPECT_EQ(amp::weight_cast_cache_stats().misses - before.misses, 2);  // a new region casts afresh
   }
+}
+
+// Weights cast ahead (one block for all, one copy call) are the casts the
+// ops would make: the region's ops hit the cache instead of casting, and
+// the output and every gradient are the same bits as with casts made one at
+// a time. What the region would not cache (a tensor that needs no gradient,
+// an f64 leaf) is left alone, and so is a weight of 4Mi elements.
+TEST(Autocast, WeightsCastAheadAreTheOpsOwnCastsBitForBit) {
+  auto run = [](bool ahead) {
+    std::vector<Tensor> w;
+    for (uint64_t seed : {31, 32, 33}) w.push_back(rand_f32({8, 8}, seed).set_requires_grad(true));
+    const Tensor b = rand_f32({8}, 34).set_requires_grad(true);
+    const Tensor frozen = rand_f32({8, 8}, 35);
+    Tensor wide = prim::to(rand_f32({8, 8}, 36), DType::f64);
+    wide.set_requires_grad(true);
+    const Tensor x = rand_f32({5, 8}, 37);
+    Tensor h = x;
+    amp::WeightCastCacheStats during;
+    const auto before = amp::weight_cast_cache_stats();
+    {
+      AutocastGuard autocast(DeviceType::cpu, DType::bf16);
+      if (ahead) {
+        Tensor big = zeros({int64_t(1) << 22}, DType::f32);  // left to its op (its launch costs nothing next to its bytes)
+        big.set_requires_grad(true);
+        amp::cast_weights_ahead({w[0], w[1], w[2], b, frozen, wide, big});
+        EXPECT_EQ(amp::weight_cast_cache_stats().entries, 4);  // the three weights and the bias
+      }
+      for (const Tensor& t : w) h = relu(linear(h, t, b));
+      h = linear(h, frozen);
+      during = amp::weight_cast_cache_stats();
+    }
+    EXPECT_EQ(during.misses - before.misses, 4);
+    EXPECT_EQ(during.hits - before.hits, ahead ? 6 : 2);  // every use of a weight or the bias once cast
+    backward(sum(to(h, DType::f32)));
+    std::vector<std::vector<double>> out{h.to_vector<double>(), b.grad().to_vector<double>()};
+    for (const Tensor& t : w) out.push_back(t.grad().to_vector<double>());
+    return out;
+  };
+  EXPECT_EQ(run(true), run(false));
 }
 
 // Gradient accumulation inside one region: both forwards use the one cached

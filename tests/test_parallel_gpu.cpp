@@ -84,8 +84,8 @@ TEST(DdpBucketFill, OneLaunchMatchesTheCpuForManyOddTensors) {
       slots_gpu.push_back(prim::slice(flat_gpu, 0, offset, offset + n));
       offset += n;
     }
-    fill_slots(slots_cpu, grads_cpu, 1.0 / 3.0);
-    fill_slots(slots_gpu, grads_gpu, 1.0 / 3.0);
+    prim::scaled_copy_list_(slots_cpu, grads_cpu, 1.0 / 3.0);
+    prim::scaled_copy_list_(slots_gpu, grads_gpu, 1.0 / 3.0);
     EXPECT_EQ(prim::to(flat_gpu, kCPU).to_vector<float>(), flat_cpu.to_vector<float>());
   }
 }

@@ -13,6 +13,7 @@
 #include "tensor/cuda/cross_entropy.h"
 #include "tensor/cuda/layer_norm.h"
 #include "tensor/cuda/conv_cudnn.h"
+#include "tensor/cuda/copy_list.h"
 #include "tensor/cuda/gemm.h"
 #include "tensor/cuda/kernels.h"
 #include "tensor/cuda/runtime.h"
@@ -320,6 +321,31 @@ class CudaBackend final : public Backend {
                       "CUDA cross_entropy backward: row scale must be contiguous f32 [{}]", a.rows);
     launch_cross_entropy_backward(current_launch(), logits.dtype, a, static_cast<const float*>(row_scale.data),
                                   grad.data);
+  }
+
+  void scaled_copy_list(const std::vector<TensorView>& dsts, const std::vector<TensorView>& srcs,
+                        double scale) override {
+    check(dsts.size() == srcs.size(), "CUDA scaled_copy_list: {} destinations for {} sources", dsts.size(),
+          srcs.size());
+    if (dsts.empty()) return;
+    std::vector<const void*> from;
+    std::vector<void*> to;
+    std::vector<int64_t> sizes;
+    for (size_t i = 0; i < dsts.size(); ++i) {
+      check_same_shape("scaled_copy_list", dsts[i], srcs[i]);
+      check_contiguous("scaled_copy_list", dsts[i]);
+      check_contiguous("scaled_copy_list", srcs[i]);
+      check<DTypeError>(dsts[i].dtype == dsts[0].dtype && srcs[i].dtype == srcs[0].dtype,
+                        "CUDA scaled_copy_list: pair {} is {} from {}, pair 0 {} from {}", i,
+                        dtype_name(dsts[i].dtype), dtype_name(srcs[i].dtype), dtype_name(dsts[0].dtype),
+                        dtype_name(srcs[0].dtype));
+      from.push_back(srcs[i].data);
+      to.push_back(dsts[i].data);
+      sizes.push_back(dsts[i].numel());
+    }
+    const Launch l = current_launch();
+    launch_scaled_copy_list(srcs[0].dtype, dsts[0].dtype, from.data(), to.data(), sizes.data(), sizes.size(),
+                            static_cast<float>(scale), l.stream);
   }
 
   bool fused_attention_supported(DType dtype, int64_t head_dim) const override {

@@ -64,6 +64,7 @@ struct Options {
   bool graph = true;
   bool memory_trace = false;
   bool timeline = false;  // print the last step's GPU timeline
+  bool cast_weights_ahead = true;  // autocast's weight casts in one launch before forward
   dist::DdpOptions ddp;  // dp and ddp: the gradient buckets
 };
 
@@ -241,6 +242,7 @@ int run_single(const Options& o) {
     trace("before forward");
     {
       amp::AutocastGuard guard(DeviceType::cuda, t.amp_dtype, t.autocast);
+      if (o.cast_weights_ahead) amp::cast_weights_ahead(w.model->parameters());
       loss = loss_of(w.sequence, w.model->forward(w.x), w.y);
     }
     gpu_stamp(device, "forward done");
@@ -297,6 +299,7 @@ int run_dp(const Options& o) {
           const Tensor x = local ? x_share : prim::to(in[0], r.device), y = local ? y_share : prim::to(in[1], r.device);
           {
             amp::AutocastGuard guard(DeviceType::cuda, t.amp_dtype, t.autocast);
+            if (o.cast_weights_ahead) amp::cast_weights_ahead(r.ddp->module().parameters());
             loss = loss_of(w.sequence, r.ddp->forward(x), y);
           }
           gpu_stamp(r.device, "forward done");
@@ -339,6 +342,7 @@ int run_ddp(const Options& o) {
       [&](const std::vector<Tensor>&) {
         {
           amp::AutocastGuard guard(DeviceType::cuda, t.amp_dtype, t.autocast);
+          if (o.cast_weights_ahead) amp::cast_weights_ahead(ddp.module().parameters());
           loss = loss_of(w.sequence, ddp.forward(w.x), w.y);
         }
         gpu_stamp(device, "forward done");
@@ -414,6 +418,9 @@ int main(int argc, char** argv) {
   app.add_flag("--registered-buffers", o.ddp.registered_buffers,
                "dp and ddp: bucket buffers in NCCL symmetric windows (lower latency; a dead peer can then block a "
                "host that waits on the GPU)");
+  app.add_flag("!--weights-cast-per-op", o.cast_weights_ahead,
+               "let each op cast its weights under autocast instead of casting them all in one launch before "
+               "forward");
   bool weight_grads_in_order = false;
   app.add_flag("--weight-grads-in-order", weight_grads_in_order,
                "compute weight gradients on backward's own stream, in order, instead of beside the chain of input "

@@ -36,10 +36,12 @@ class PrecisionStep {
     }
   }
 
-  // Runs f (a forward pass) under autocast; returns what f returns.
+  // Runs f (a forward pass) under autocast, the weights cast ahead in one
+  // launch; returns what f returns.
   template <typename F>
   auto forward(F&& f) {
     amp::AutocastGuard guard(device_type_, dtype_, autocast_);
+    amp::cast_weights_ahead(optimizer_.scalable_parameters());
     return f();
   }
   void backward(const Tensor& loss) { mpt::backward(scaler_ ? scaler_->scale(loss) : loss); }

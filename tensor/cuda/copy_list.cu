@@ -1,20 +1,18 @@
-// DDP's bucket fill: every gradient of a bucket copied (and divided by the
-// world size, and cast when it travels compressed) into its slot with one
-// kernel launch, multi-tensor style as
-// amp's unscale does it: the lists travel in the kernel's parameters and
-// each block takes one chunk of one tensor. One launch per gradient cost
-// more than the copying itself for models with many small parameters
-// (gpt_mini: 77 gradients, about 2 us each inside a replayed graph).
-#include "parallel/cuda/bucket_fill_kernels.h"
+// Many tensors copied (scaled, and cast where the two dtypes differ) with
+// one kernel launch, multi-tensor style as amp's unscale does it: the lists
+// travel in the kernel's parameters and each block takes one chunk of one
+// tensor. It fills DDP's buckets (every gradient of a bucket divided by the
+// world size, and cast when it travels compressed) and casts autocast's
+// weights ahead of forward. One launch per tensor cost more than the copying
+// itself for models with many small parameters (gpt_mini: 77 gradients,
+// about 2 us each inside a replayed graph).
+#include "tensor/cuda/copy_list.h"
 #include "tensor/cuda/kernel_utils.cuh"
 #include "tensor/cuda/multi_tensor.cuh"
 #include "tensor/cuda/runtime.h"
 
-namespace mpt::dist::cuda {
+namespace mpt::cuda {
 namespace {
-
-using mpt::cuda::Element;
-using mpt::cuda::Pack;
 
 constexpr int kMaxTensors = 40;    // per launch
 constexpr int kMaxBlocks = 256;    // per launch; the struct stays under the 4 KiB parameter limit
@@ -51,7 +49,7 @@ __global__ void scaled_copy_kernel(CopyChunks list, float scale) {
     vector_end = n / kVec * kVec;
     const auto* in = reinterpret_cast<const Pack<Src, kVec>*>(src);
     auto* out = reinterpret_cast<Pack<Dst, kVec>*>(dst);
-    mpt::cuda::for_each_pack(
+    for_each_pack(
         n / kVec, [&](int64_t i) { return in[i]; },
         [&](int64_t i, const Pack<Src, kVec>& a) {
           Pack<Dst, kVec> b;
@@ -67,8 +65,8 @@ template <typename Src, typename Dst>
 void scaled_copy_list(const void* const* srcs, void* const* dsts, const int64_t* sizes, size_t count, float scale,
                       cudaStream_t stream) {
   CopyChunks list;
-  list.chunk = mpt::cuda::chunk_for(sizes, count, mpt::cuda::multiprocessor_count(mpt::cuda::current_device()));
-  mpt::cuda::plan_chunked_launches(
+  list.chunk = chunk_for(sizes, count, multiprocessor_count(current_device()));
+  plan_chunked_launches(
       list, sizes, count, list.chunk, kMaxTensors,
       [&](int slot, size_t i) {
         list.srcs[slot] = srcs[i];
@@ -85,11 +83,11 @@ void scaled_copy_list(const void* const* srcs, void* const* dsts, const int64_t*
 
 void launch_scaled_copy_list(DType src_dtype, DType dst_dtype, const void* const* srcs, void* const* dsts,
                              const int64_t* sizes, size_t count, float scale, cudaStream_t stream) {
-  mpt::cuda::dispatch_floating<false>(src_dtype, "scaled_copy_list", [&](auto src_tag) {
-    mpt::cuda::dispatch_floating<false>(dst_dtype, "scaled_copy_list", [&](auto dst_tag) {
+  dispatch_floating<false>(src_dtype, "scaled_copy_list", [&](auto src_tag) {
+    dispatch_floating<false>(dst_dtype, "scaled_copy_list", [&](auto dst_tag) {
       scaled_copy_list<decltype(src_tag), decltype(dst_tag)>(srcs, dsts, sizes, count, scale, stream);
     });
   });
 }
 
-}  // namespace mpt::dist::cuda
+}  // namespace mpt::cuda
