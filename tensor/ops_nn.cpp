@@ -195,9 +195,10 @@ std::vector<Tensor> layer_norm_backward(const Tensor& grad_out, const Tensor& x,
                                         const Tensor& grad_x_more) {
   // The gradient keeps its dtype where the kernel reads it (the forward's
   // 16-bit output from f32 x), else it takes x's.
-  const DType g_dtype = fused_layer_norm_available(x, weight, Tensor(), grad_out.dtype()) ? grad_out.dtype() : x.dtype();
-  check(fused_layer_norm_available(x, weight, Tensor(), g_dtype), "layer_norm_backward: no fused kernel for {}",
-        describe(x));
+  const bool reads_grad_dtype = fused_layer_norm_available(x, weight, Tensor(), grad_out.dtype());
+  const DType g_dtype = reads_grad_dtype ? grad_out.dtype() : x.dtype();
+  check(reads_grad_dtype || fused_layer_norm_available(x, weight, Tensor(), g_dtype),
+        "layer_norm_backward: no fused kernel for {}", describe(x));
   check<ShapeError>(grad_out.shape() == x.shape(), "layer_norm backward: gradient {} does not match input {}",
                     describe(grad_out), describe(x));
   const int64_t d = x.shape().back();

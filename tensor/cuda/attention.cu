@@ -179,6 +179,38 @@ __device__ __forceinline__ const T* head_of(const void* base, const AttentionLay
   return static_cast<const T*>(base) + (bh / heads) * l.batch + (bh % heads) * l.head;
 }
 
+// The rows of q, k and v of one (batch, head), blockIdx.y's.
+template <typename T>
+struct HeadOperands {
+  const T* q;
+  const T* k;
+  const T* v;
+  __device__ HeadOperands(const AttentionArgs& a, int64_t bh)
+      : q(head_of<T>(a.q, a.q_layout, bh, a.heads)),
+        k(head_of<T>(a.k, a.k_layout, bh, a.heads)),
+        v(head_of<T>(a.v, a.v_layout, bh, a.heads)) {}
+};
+
+// Key/value tile j of `tiles` streaming through two buffers of shared
+// memory: starts loading tile j + 1 into the other buffer, then waits for
+// tile j (loaded by the call before, or with the prologue's group) and
+// for every thread of the block.
+template <typename T, int D>
+__device__ __forceinline__ void next_key_value_tile(T* sK, T* sV, const HeadOperands<T>& h, const AttentionArgs& a,
+                                                    int j, int tiles) {
+  constexpr int kTileElems = kTile * (D + kPad);
+  if (j + 1 < tiles) {
+    const int next = (j + 1) & 1;
+    load_tile_async<T, D>(sK + next * kTileElems, h.k, a.k_layout.row, (j + 1) * kTile, a.len);
+    load_tile_async<T, D>(sV + next * kTileElems, h.v, a.v_layout.row, (j + 1) * kTile, a.len);
+    async_commit();
+    async_wait<1>();
+  } else {
+    async_wait<0>();
+  }
+  __syncthreads();
+}
+
 // Writes a 16 x D accumulator (rows r0 + g and r0 + g + 8) as T, two elements per store.
 template <typename T, int D>
 __device__ __forceinline__ void store_rows(T* dst, int64_t row_stride, int r0, int rows, const float (&acc)[D / 8][4],
@@ -219,15 +251,13 @@ __global__ void __launch_bounds__(kBlockThreads)
   const int len = a.len;
   const int q0 = blockIdx.x * kTile;
   const int64_t bh = blockIdx.y;
-  const T* q = head_of<T>(a.q, a.q_layout, bh, a.heads);
-  const T* k = head_of<T>(a.k, a.k_layout, bh, a.heads);
-  const T* v = head_of<T>(a.v, a.v_layout, bh, a.heads);
+  const HeadOperands<T> h(a, bh);
 
   const int tiles = (len + kTile - 1) / kTile;
   const int kv_tiles = a.causal ? min(static_cast<int>(blockIdx.x) + 1, tiles) : tiles;
-  load_tile_async<T, D>(sQ, q, a.q_layout.row, q0, len);
-  load_tile_async<T, D>(sK, k, a.k_layout.row, 0, len);
-  load_tile_async<T, D>(sV, v, a.v_layout.row, 0, len);
+  load_tile_async<T, D>(sQ, h.q, a.q_layout.row, q0, len);
+  load_tile_async<T, D>(sK, h.k, a.k_layout.row, 0, len);
+  load_tile_async<T, D>(sV, h.v, a.v_layout.row, 0, len);
   async_commit();
 
   uint32_t qf[D / 16][4];
@@ -235,16 +265,7 @@ __global__ void __launch_bounds__(kBlockThreads)
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // rows g and g + 8, this thread's share of l
   const int row_lo = q0 + warp * 16 + g;
   for (int j = 0; j < kv_tiles; ++j) {
-    if (j + 1 < kv_tiles) {  // prefetch the next tile into the other buffer
-      const int next = (j + 1) & 1;
-      load_tile_async<T, D>(sK + next * kTileElems, k, a.k_layout.row, (j + 1) * kTile, len);
-      load_tile_async<T, D>(sV + next * kTileElems, v, a.v_layout.row, (j + 1) * kTile, len);
-      async_commit();
-      async_wait<1>();
-    } else {
-      async_wait<0>();
-    }
-    __syncthreads();
+    next_key_value_tile<T, D>(sK, sV, h, a, j, kv_tiles);
     if (j == 0)
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) load_a(qf[kk], sQ, L::ld, warp * 16, kk * 16, lane);
@@ -401,9 +422,7 @@ __global__ void __launch_bounds__(kBlockThreads, kKeyGradBlocksPerSm<D>)
   const int len = a.len;
   const int k0 = blockIdx.x * kTile;
   const int64_t bh = blockIdx.y;
-  const T* q = head_of<T>(a.q, a.q_layout, bh, a.heads);
-  const T* k = head_of<T>(a.k, a.k_layout, bh, a.heads);
-  const T* v = head_of<T>(a.v, a.v_layout, bh, a.heads);
+  const HeadOperands<T> h(a, bh);
   const T* dout = head_of<T>(gr.grad_out, gr.grad_out_layout, bh, a.heads);
   const float* lse = a.lse + bh * len;
   const float* delta = gr.delta + bh * len;
@@ -414,7 +433,7 @@ __global__ void __launch_bounds__(kBlockThreads, kKeyGradBlocksPerSm<D>)
   // Starts loading query tile i (Q, dO, log-sum-exp, delta) into buffer i & 1.
   auto prefetch = [&](int i) {
     const int buf = i & 1, row0 = i * kTile;
-    load_tile_async<T, D>(sQ + buf * kTileElems, q, a.q_layout.row, row0, len);
+    load_tile_async<T, D>(sQ + buf * kTileElems, h.q, a.q_layout.row, row0, len);
     load_tile_async<T, D>(sdO + buf * kTileElems, dout, gr.grad_out_layout.row, row0, len);
     async_commit();
     for (int r = threadIdx.x; r < kTile; r += kBlockThreads) {
@@ -423,8 +442,8 @@ __global__ void __launch_bounds__(kBlockThreads, kKeyGradBlocksPerSm<D>)
       sDelta[buf * kTile + r] = inside ? delta[row0 + r] : 0.0f;
     }
   };
-  load_tile_async<T, D>(sK, k, a.k_layout.row, k0, len);
-  load_tile_async<T, D>(sV, v, a.v_layout.row, k0, len);
+  load_tile_async<T, D>(sK, h.k, a.k_layout.row, k0, len);
+  load_tile_async<T, D>(sV, h.v, a.v_layout.row, k0, len);
   prefetch(first);  // commits K and V with the first query tile
 
   float dk[D / 8][4] = {}, dv[D / 8][4] = {};
@@ -505,18 +524,16 @@ __global__ void __launch_bounds__(kBlockThreads, kQueryGradBlocksPerSm<D>)
   const int len = a.len;
   const int q0 = blockIdx.x * kTile;
   const int64_t bh = blockIdx.y;
-  const T* q = head_of<T>(a.q, a.q_layout, bh, a.heads);
-  const T* k = head_of<T>(a.k, a.k_layout, bh, a.heads);
-  const T* v = head_of<T>(a.v, a.v_layout, bh, a.heads);
+  const HeadOperands<T> h(a, bh);
   const T* dout = head_of<T>(gr.grad_out, gr.grad_out_layout, bh, a.heads);
 
   const float scale_log2 = scale * kLog2e;
   const int tiles = (len + kTile - 1) / kTile;
   const int kv_tiles = a.causal ? min(static_cast<int>(blockIdx.x) + 1, tiles) : tiles;
-  load_tile_async<T, D>(sQ, q, a.q_layout.row, q0, len);
+  load_tile_async<T, D>(sQ, h.q, a.q_layout.row, q0, len);
   load_tile_async<T, D>(sdO, dout, gr.grad_out_layout.row, q0, len);
-  load_tile_async<T, D>(sK, k, a.k_layout.row, 0, len);
-  load_tile_async<T, D>(sV, v, a.v_layout.row, 0, len);
+  load_tile_async<T, D>(sK, h.k, a.k_layout.row, 0, len);
+  load_tile_async<T, D>(sV, h.v, a.v_layout.row, 0, len);
   async_commit();
 
   // This thread's rows, row_lo and row_lo + 8: their log-sum-exp (base 2)
@@ -531,16 +548,7 @@ __global__ void __launch_bounds__(kBlockThreads, kQueryGradBlocksPerSm<D>)
   }
   float dq[D / 8][4] = {};
   for (int j = 0; j < kv_tiles; ++j) {
-    if (j + 1 < kv_tiles) {  // prefetch the next tile into the other buffer
-      const int next = (j + 1) & 1;
-      load_tile_async<T, D>(sK + next * kTileElems, k, a.k_layout.row, (j + 1) * kTile, len);
-      load_tile_async<T, D>(sV + next * kTileElems, v, a.v_layout.row, (j + 1) * kTile, len);
-      async_commit();
-      async_wait<1>();
-    } else {
-      async_wait<0>();
-    }
-    __syncthreads();
+    next_key_value_tile<T, D>(sK, sV, h, a, j, kv_tiles);
     const T* tK = sK + (j & 1) * kTileElems;
     const T* tV = sV + (j & 1) * kTileElems;
 

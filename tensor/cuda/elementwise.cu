@@ -108,6 +108,14 @@ __device__ __forceinline__ Pack<T, V> splat(T x) {
   return p;
 }
 
+// The V elements of an input at `p` for V consecutive outputs: a 16-byte
+// pack where its inner stride is 1, else its one element repeated (a
+// broadcast input).
+template <typename T, int V>
+__device__ __forceinline__ Pack<T, V> pack_at(const T* p, int64_t inner_stride) {
+  return inner_stride == 1 ? *reinterpret_cast<const Pack<T, V>*>(p) : splat<T, V>(*p);
+}
+
 // out = f(inputs...) over N - 1 inputs in any Layout; f works in the compute type.
 template <typename T, int N, typename F>
 __device__ __forceinline__ void elementwise(const Strided<N>& s, int64_t n, Layout layout, F f) {
@@ -151,7 +159,7 @@ __device__ __forceinline__ void elementwise(const Strided<N>& s, int64_t n, Layo
     P x[M];
 #pragma unroll
     for (int k = 0; k < M; ++k)
-      x[k] = s.strides[k + 1][0] == 1 ? *reinterpret_cast<const P*>(in[k] + off[k + 1]) : splat<T, V>(in[k][off[k + 1]]);
+      x[k] = pack_at<T, V>(in[k] + off[k + 1], s.strides[k + 1][0]);
     *reinterpret_cast<P*>(out + off[0]) = apply_pack(x);
   });
   // The last n % V elements (one dimension only; else there are none).
@@ -212,10 +220,8 @@ __global__ void binary_wide_kernel(BinaryOp op, Strided<3> s, int64_t n, Layout 
     return;
   }
   for_each_strided(s, n / V, V, [&](const int64_t (&off)[3]) {
-    const Pack<TA, V> x =
-        s.strides[1][0] == 1 ? *reinterpret_cast<const Pack<TA, V>*>(a + off[1]) : splat<TA, V>(a[off[1]]);
-    const Pack<TB, V> y =
-        s.strides[2][0] == 1 ? *reinterpret_cast<const Pack<TB, V>*>(b + off[2]) : splat<TB, V>(b[off[2]]);
+    const Pack<TA, V> x = pack_at<TA, V>(a + off[1], s.strides[1][0]);
+    const Pack<TB, V> y = pack_at<TB, V>(b + off[2], s.strides[2][0]);
     Pack<float, V> z;
 #pragma unroll
     for (int j = 0; j < V; ++j) z.v[j] = value(x.v[j], y.v[j]);
