@@ -85,7 +85,14 @@ void BesidePass::mark(const std::vector<Tensor>& made) {
     if (t.defined()) made_beside_[t.impl_ptr().get()] = t.impl_ptr();
 }
 
+void BesidePass::fork() {
+  Event chain_now(side_->device());
+  chain_now.record(*chain_);
+  chain_now.wait(*side_);
+}
+
 std::vector<Tensor> BesidePass::apply_beside(Node& node, std::vector<Tensor>&& grads) {
+  fork();
   std::vector<Tensor> made;
   {
     StreamGuard on_side(*side_);
@@ -106,6 +113,21 @@ void BesidePass::join(const Stream& stream) {
   side_has_work_ = false;
 }
 
+void BesidePass::sum_into(const Tensor& slot, const Tensor& g, const std::function<void()>& add) {
+  const bool slot_beside = made_beside(slot), g_beside = made_beside(g);
+  if (!slot.defined() || !g.defined() || (!slot_beside && !g_beside)) return add();
+  if (!slot_beside || !g_beside) {
+    join(current_stream(side_->device()));
+    return add();
+  }
+  fork();
+  {
+    StreamGuard on_side(*side_);
+    add();
+  }
+  mark({slot});
+}
+
 std::vector<Tensor> BesidePass::run(const Device& device, std::vector<Tensor> inputs,
                                     const std::function<std::vector<Tensor>()>& work) {
   const Stream current = current_stream(device);
@@ -120,9 +142,7 @@ std::vector<Tensor> BesidePass::run(const Device& device, std::vector<Tensor> in
 
   Piece piece{std::make_unique<Event>(device), std::move(inputs)};
   piece.side_before->record(*side_);
-  Event fork(device);
-  fork.record(*chain_);
-  fork.wait(*side_);
+  fork();
   std::vector<Tensor> made;
   {
     StreamGuard on_side(*side_);

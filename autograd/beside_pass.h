@@ -31,6 +31,10 @@ class BesidePass {
   std::vector<Tensor> apply_beside(Node& node, std::vector<Tensor>&& grads);
   // `stream` (and the pass's own stream) wait for all side work so far.
   void join(const Stream& stream);
+  // Sums two gradients of one slot with `add`: on the side stream when both
+  // were made there (the sum counts as made there), on the current stream
+  // after a join when one was, as it is when neither was.
+  void sum_into(const Tensor& slot, const Tensor& g, const std::function<void()>& add);
 
   std::vector<Tensor> run(const Device& device, std::vector<Tensor> inputs,
                           const std::function<std::vector<Tensor>()>& work);
@@ -41,6 +45,11 @@ class BesidePass {
     std::unique_ptr<Event> side_before;  // the side stream before this piece
     std::vector<Tensor> inputs;          // chain tensors it reads
   };
+  // The side stream waits for everything queued so far on the chain's.
+  // Every piece of side work starts so: the chain may have freed memory
+  // that side work then gets (a block the chain read after a join, say),
+  // and the chain's last use of it is then behind the side stream.
+  void fork();
   void mark(const std::vector<Tensor>& made);
   bool made_beside(const Tensor& t) const;
 

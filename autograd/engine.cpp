@@ -137,7 +137,8 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
       const Edge& e = edges[i];
       if (!e.node) continue;
       NodeState& next = state[e.node.get()];
-      accumulate(next.grads[e.input_nr], in_grads[i]);
+      Tensor& slot = next.grads[e.input_nr];
+      beside.sum_into(slot, in_grads[i], [&] { accumulate(slot, in_grads[i]); });
       if (--next.pending == 0) ready.push(e.node.get());
     }
     if (t_observer) {

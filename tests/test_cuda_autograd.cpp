@@ -371,7 +371,8 @@ TEST(CudaAutograd, EmbeddingMatchesTheCpuWithRepeatedIndices) {
 // ordered after what it reads and the chain's tensors held until then. The
 // GEMMs are large enough that a missing wait or an early reuse of a chain
 // tensor would show. Covers sinks staying beside (a first pass, then a
-// second adding into .grad) and a sink with a hook (which waits instead).
+// second adding into .grad), a sink with a hook (which waits instead), and
+// a weight with gradients made beside and on the chain.
 TEST(CudaAutograd, WeightGradientsBesideTheChainMatchTheOrderedOnes) {
   MPT_SKIP_WITHOUT_CUDA();
   const uint64_t seed = testing::fresh_seed();
@@ -395,8 +396,11 @@ TEST(CudaAutograd, WeightGradientsBesideTheChainMatchTheOrderedOnes) {
       {
         amp::AutocastGuard autocast(DeviceType::cuda, DType::f16);
         for (const Tensor& t : w) h = gelu(linear(h, t, Tensor()));
+        h = linear(h, w.back(), Tensor());  // its cast's two gradients, both made beside, are summed there
       }
-      backward(sum(mul(to(h, DType::f32), out_weight)));
+      // A third gradient of the last weight, from the chain: summed with the
+      // others after the chain waits for the side stream.
+      backward(add(sum(mul(to(h, DType::f32), out_weight)), sum(w.back())));
     }
     beside::set_enabled(true);
     std::vector<std::vector<double>> grads;
