@@ -60,7 +60,8 @@ BesidePass::~BesidePass() {
 bool BesidePass::made_beside(const Tensor& t) const {
   if (!t.defined()) return false;
   const auto it = made_beside_.find(t.impl_ptr().get());
-  return it != made_beside_.end() && it->second.lock() == t.impl_ptr();
+  // While the tensor made beside lives, no other can have its address.
+  return it != made_beside_.end() && !it->second.expired();
 }
 
 bool BesidePass::any_made_beside(const std::vector<Tensor>& grads) const {
@@ -85,32 +86,29 @@ void BesidePass::mark(const std::vector<Tensor>& made) {
     if (t.defined()) made_beside_[t.impl_ptr().get()] = t.impl_ptr();
 }
 
-void BesidePass::fork() {
+void BesidePass::on_side(const std::function<void()>& work) {
   Event chain_now(side_->device());
   chain_now.record(*chain_);
   chain_now.wait(*side_);
+  StreamGuard side(*side_);
+  work();
 }
 
 std::vector<Tensor> BesidePass::apply_beside(Node& node, std::vector<Tensor>&& grads) {
-  fork();
   std::vector<Tensor> made;
-  {
-    StreamGuard on_side(*side_);
-    made = node.apply(std::move(grads));
-  }
+  on_side([&] { made = node.apply(std::move(grads)); });
   mark(made);
   return made;
 }
 
 void BesidePass::join(const Stream& stream) {
-  if (!side_has_work_) return;
+  if (in_flight_.empty()) return;  // no side work since the last join
   Event done(side_->device());
   done.record(*side_);
   done.wait(*chain_);
   if (stream.device().is_cuda() && !(stream == *chain_)) done.wait(stream);
   in_flight_.clear();  // the chain's stream is past every read of them
   made_beside_.clear();
-  side_has_work_ = false;
 }
 
 void BesidePass::sum_into(const Tensor& slot, const Tensor& g, const std::function<void()>& add) {
@@ -120,11 +118,7 @@ void BesidePass::sum_into(const Tensor& slot, const Tensor& g, const std::functi
     join(current_stream(side_->device()));
     return add();
   }
-  fork();
-  {
-    StreamGuard on_side(*side_);
-    add();
-  }
+  on_side(add);
   mark({slot});
 }
 
@@ -142,13 +136,8 @@ std::vector<Tensor> BesidePass::run(const Device& device, std::vector<Tensor> in
 
   Piece piece{std::make_unique<Event>(device), std::move(inputs)};
   piece.side_before->record(*side_);
-  fork();
   std::vector<Tensor> made;
-  {
-    StreamGuard on_side(*side_);
-    made = work();
-  }
-  side_has_work_ = true;
+  on_side([&] { made = work(); });
   mark(made);
   // The chain catches up with the side stream as it was before the previous
   // piece: the pieces before that are done for it, and their inputs free.

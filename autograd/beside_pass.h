@@ -45,21 +45,20 @@ class BesidePass {
     std::unique_ptr<Event> side_before;  // the side stream before this piece
     std::vector<Tensor> inputs;          // chain tensors it reads
   };
-  // The side stream waits for everything queued so far on the chain's.
-  // Every piece of side work starts so: the chain may have freed memory
-  // that side work then gets (a block the chain read after a join, say),
-  // and the chain's last use of it is then behind the side stream.
-  void fork();
+  // Runs `work` on the side stream after everything queued so far on the
+  // chain's. Every piece of side work starts so: the chain may have freed
+  // memory that side work then gets (a block the chain read after a join,
+  // say), and the chain's last use of it is then behind the side stream.
+  void on_side(const std::function<void()>& work);
   void mark(const std::vector<Tensor>& made);
   bool made_beside(const Tensor& t) const;
 
   BesidePass* previous_;
   std::optional<Stream> chain_, side_;  // set by the first piece
-  std::deque<Piece> in_flight_;
+  std::deque<Piece> in_flight_;  // empty: no side work since the last join
   // By address, with a weak reference that tells a tensor made beside from
   // a later one that happens to get its address.
   std::unordered_map<const TensorImpl*, std::weak_ptr<TensorImpl>> made_beside_;
-  bool side_has_work_ = false;
 };
 
 }  // namespace mpt
