@@ -55,9 +55,10 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
 }
 
 // d += a (16x16, row) · b (16x8, col) on tensor cores, f32 accumulators;
-// `type` is the inputs' PTX type.
+// `type` is the inputs' PTX type. Not volatile: a pure function of its
+// registers, which the compiler may interleave with other work.
 #define MPT_MMA_M16N8K16(type)                                                                                \
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." type "." type ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, " \
+  asm("mma.sync.aligned.m16n8k16.row.col.f32." type "." type ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, " \
                "{%8,%9}, {%0,%1,%2,%3};\n"                                                                  \
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                                              \
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1))
@@ -168,6 +169,15 @@ __device__ __forceinline__ void load_tile_async(T* tile, const T* src, int64_t r
                  "l"(from), "r"(inside ? 16 : 0));
   }
 }
+// Starts copying floats [row0, row0 + 64) of a per-row vector into shared
+// memory, 4 bytes per cp.async; rows past the end are zero-filled.
+__device__ __forceinline__ void load_row_values_async(float* dst, const float* src, int row0, int rows) {
+  for (int r = threadIdx.x; r < kTile; r += kBlockThreads) {
+    const bool inside = row0 + r < rows;
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(shared_address(dst + r)),
+                 "l"(inside ? src + row0 + r : src), "r"(inside ? 4 : 0));
+  }
+}
 __device__ __forceinline__ void async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void async_wait() {
@@ -179,7 +189,16 @@ __device__ __forceinline__ const T* head_of(const void* base, const AttentionLay
   return static_cast<const T*>(base) + (bh / heads) * l.batch + (bh % heads) * l.head;
 }
 
-// The rows of q, k and v of one (batch, head), blockIdx.y's.
+// Grid: blockIdx.x is the (batch, head), blockIdx.y the tile of 64 rows.
+// Under the causal mask the blocks' work differs by up to the number of
+// tiles; blocks start in the order of their linear index, so numbering
+// the longest first leaves the short ones to fill the last wave.
+// Query blocks (forward, dQ) see more key tiles the later their queries;
+// key blocks (dK, dV) see more query tiles the earlier their keys.
+__device__ __forceinline__ int query_tile_of_block() { return static_cast<int>(gridDim.y - 1 - blockIdx.y); }
+__device__ __forceinline__ int key_tile_of_block() { return static_cast<int>(blockIdx.y); }
+
+// The rows of q, k and v of one (batch, head), blockIdx.x's.
 template <typename T>
 struct HeadOperands {
   const T* q;
@@ -249,12 +268,13 @@ __global__ void __launch_bounds__(kBlockThreads)
   constexpr int kTileElems = kTile * L::ld;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
   const int len = a.len;
-  const int q0 = blockIdx.x * kTile;
-  const int64_t bh = blockIdx.y;
+  const int q_tile = query_tile_of_block();
+  const int q0 = q_tile * kTile;
+  const int64_t bh = blockIdx.x;
   const HeadOperands<T> h(a, bh);
 
   const int tiles = (len + kTile - 1) / kTile;
-  const int kv_tiles = a.causal ? min(static_cast<int>(blockIdx.x) + 1, tiles) : tiles;
+  const int kv_tiles = a.causal ? min(q_tile + 1, tiles) : tiles;
   load_tile_async<T, D>(sQ, h.q, a.q_layout.row, q0, len);
   load_tile_async<T, D>(sK, h.k, a.k_layout.row, 0, len);
   load_tile_async<T, D>(sV, h.v, a.v_layout.row, 0, len);
@@ -420,8 +440,9 @@ __global__ void __launch_bounds__(kBlockThreads, kKeyGradBlocksPerSm<D>)
   constexpr int kTileElems = kTile * L::ld;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
   const int len = a.len;
-  const int k0 = blockIdx.x * kTile;
-  const int64_t bh = blockIdx.y;
+  const int k_tile = key_tile_of_block();
+  const int k0 = k_tile * kTile;
+  const int64_t bh = blockIdx.x;
   const HeadOperands<T> h(a, bh);
   const T* dout = head_of<T>(gr.grad_out, gr.grad_out_layout, bh, a.heads);
   const float* lse = a.lse + bh * len;
@@ -429,18 +450,18 @@ __global__ void __launch_bounds__(kBlockThreads, kKeyGradBlocksPerSm<D>)
 
   const float scale_log2 = scale * kLog2e;
   const int tiles = (len + kTile - 1) / kTile;
-  const int first = a.causal ? blockIdx.x : 0;
-  // Starts loading query tile i (Q, dO, log-sum-exp, delta) into buffer i & 1.
+  const int first = a.causal ? k_tile : 0;
+  // Starts loading query tile i (Q, dO, log-sum-exp, delta) into buffer i
+  // & 1, all asynchronously: a plain load here would hold the block at the
+  // next barrier for a round trip to memory each tile. Rows past the end
+  // read zeros and are masked below.
   auto prefetch = [&](int i) {
     const int buf = i & 1, row0 = i * kTile;
     load_tile_async<T, D>(sQ + buf * kTileElems, h.q, a.q_layout.row, row0, len);
     load_tile_async<T, D>(sdO + buf * kTileElems, dout, gr.grad_out_layout.row, row0, len);
+    load_row_values_async(sLse + buf * kTile, lse, row0, len);
+    load_row_values_async(sDelta + buf * kTile, delta, row0, len);
     async_commit();
-    for (int r = threadIdx.x; r < kTile; r += kBlockThreads) {
-      const bool inside = row0 + r < len;
-      sLse[buf * kTile + r] = inside ? lse[row0 + r] * kLog2e : INFINITY;  // rows past the end: P = 0
-      sDelta[buf * kTile + r] = inside ? delta[row0 + r] : 0.0f;
-    }
   };
   load_tile_async<T, D>(sK, h.k, a.k_layout.row, k0, len);
   load_tile_async<T, D>(sV, h.v, a.v_layout.row, k0, len);
@@ -476,7 +497,7 @@ __global__ void __launch_bounds__(kBlockThreads, kKeyGradBlocksPerSm<D>)
         const int col = n * 8 + 2 * t + (e & 1);
         const int key = key_lo + (e >> 1) * 8, query = q0 + col;
         const bool masked = edge && (key >= len || query >= len || (a.causal && key > query));
-        probability_and_score_grad(s[n][e], dp[n][e], tLse[col], tDelta[col], scale, scale_log2, masked);
+        probability_and_score_grad(s[n][e], dp[n][e], tLse[col] * kLog2e, tDelta[col], scale, scale_log2, masked);
       }
     // dV += P^T dO, dK += dS^T Q.
     product_pb<T, D>(dv, s, tdO, L::ld, lane);
@@ -522,14 +543,15 @@ __global__ void __launch_bounds__(kBlockThreads, kQueryGradBlocksPerSm<D>)
   constexpr int kTileElems = kTile * L::ld;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
   const int len = a.len;
-  const int q0 = blockIdx.x * kTile;
-  const int64_t bh = blockIdx.y;
+  const int q_tile = query_tile_of_block();
+  const int q0 = q_tile * kTile;
+  const int64_t bh = blockIdx.x;
   const HeadOperands<T> h(a, bh);
   const T* dout = head_of<T>(gr.grad_out, gr.grad_out_layout, bh, a.heads);
 
   const float scale_log2 = scale * kLog2e;
   const int tiles = (len + kTile - 1) / kTile;
-  const int kv_tiles = a.causal ? min(static_cast<int>(blockIdx.x) + 1, tiles) : tiles;
+  const int kv_tiles = a.causal ? min(q_tile + 1, tiles) : tiles;
   load_tile_async<T, D>(sQ, h.q, a.q_layout.row, q0, len);
   load_tile_async<T, D>(sdO, dout, gr.grad_out_layout.row, q0, len);
   load_tile_async<T, D>(sK, h.k, a.k_layout.row, 0, len);
@@ -587,7 +609,7 @@ void allow_shared_memory(Kernel kernel, size_t bytes, int device, std::atomic<ui
 }
 
 dim3 grid_of(const AttentionArgs& a) {
-  return dim3(static_cast<unsigned>((a.len + kTile - 1) / kTile), static_cast<unsigned>(a.batch * a.heads));
+  return dim3(static_cast<unsigned>(a.batch * a.heads), static_cast<unsigned>((a.len + kTile - 1) / kTile));
 }
 
 template <typename T, int D>
