@@ -74,7 +74,12 @@ __device__ __forceinline__ uint32_t shared_address(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// Four 8x8 matrices of 16-bit elements; lane i names a row of matrix i / 8.
+// Two (four) 8x8 matrices of 16-bit elements; lane i names a row of matrix i / 8.
+__device__ __forceinline__ void ldmatrix_x2(uint32_t (&r)[2], const void* row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(shared_address(row)));
+}
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* row) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -97,13 +102,12 @@ template <typename T>
 __device__ __forceinline__ void load_a_transposed(uint32_t (&a)[4], const T* tile, int ld, int m0, int k0, int lane) {
   ldmatrix_x4_trans(a, tile + (k0 + (lane & 7) + (lane >> 4) * 8) * ld + m0 + ((lane >> 3) & 1) * 8);
 }
-// B operands of two k-steps (k0 and k0 + 16) for one 8-wide n-tile, from a
-// tile stored as B^T (rows are n, as K rows are for S = Q K^T):
-// {b[0], b[1]} for k0, {b[2], b[3]} for k0 + 16.
+// B operands of one k-step (k0) for one 8-wide n-tile, from a tile stored
+// as B^T (rows are n, as K rows are for S = Q K^T).
 template <typename T>
-__device__ __forceinline__ void load_b_from_rows_of_bt(uint32_t (&b)[4], const T* tile, int ld, int n0, int k0,
+__device__ __forceinline__ void load_b_from_rows_of_bt(uint32_t (&b)[2], const T* tile, int ld, int n0, int k0,
                                                        int lane) {
-  ldmatrix_x4(b, tile + (n0 + (lane & 7)) * ld + k0 + (lane >> 3) * 8);
+  ldmatrix_x2(b, tile + (n0 + (lane & 7)) * ld + k0 + ((lane >> 3) & 1) * 8);
 }
 // B operands of one k-step for two n-tiles (n0 and n0 + 8), from a tile
 // stored as B (rows are k, as V rows are for O = P V):
@@ -114,24 +118,57 @@ __device__ __forceinline__ void load_b_from_rows_of_b(uint32_t (&b)[4], const T*
   ldmatrix_x4_trans(b, tile + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * ld + n0 + (lane >> 4) * 8);
 }
 
+// acc (16 x 8·N) += a (one 16 x 16 k-step, in registers) · b, with b given
+// as columns [k0, k0 + 16) of the rows of b^T (tile_bt, N·8 rows). The N
+// products are independent, so none waits for the one before.
+template <typename T, int N>
+__device__ __forceinline__ void product_abt_step(float (&acc)[N][4], const uint32_t (&a)[4], const T* tile_bt, int ld,
+                                                 int k0, int lane) {
+#pragma unroll
+  for (int n = 0; n < N; ++n) {
+    uint32_t b[2];
+    load_b_from_rows_of_bt(b, tile_bt, ld, n * 8, k0, lane);
+    mma<T>(acc[n], a, b[0], b[1]);
+  }
+}
+
 // acc (16 x 8·N) += a (16 x K, rows r0 of tile_a) · b, with b given as the
 // rows of b^T (tile_bt, N·8 rows of K).
 template <typename T, int K, int N>
 __device__ __forceinline__ void product_abt(float (&acc)[N][4], const T* tile_a, int r0, const T* tile_bt, int ld,
                                             int lane) {
 #pragma unroll
-  for (int kk = 0; kk < K / 16; kk += 2) {
-    uint32_t a0[4], a1[4];
-    load_a(a0, tile_a, ld, r0, kk * 16, lane);
-    load_a(a1, tile_a, ld, r0, kk * 16 + 16, lane);
-#pragma unroll
-    for (int n = 0; n < N; ++n) {
-      uint32_t b[4];
-      load_b_from_rows_of_bt(b, tile_bt, ld, n * 8, kk * 16, lane);
-      mma<T>(acc[n], a0, b[0], b[1]);
-      mma<T>(acc[n], a1, b[2], b[3]);
-    }
+  for (int kk = 0; kk < K / 16; ++kk) {
+    uint32_t a[4];
+    load_a(a, tile_a, ld, r0, kk * 16, lane);
+    product_abt_step<T, N>(acc, a, tile_bt, ld, kk * 16, lane);
   }
+}
+
+// The maximum and the sum of row half h (elements e = 2h, 2h + 1) of a
+// thread's share of 16 x 8·N score accumulators, as trees: a chain of 2N
+// dependent operations would stall on each.
+template <int N>
+__device__ __forceinline__ float row_half_max(const float (&s)[N][4], int h) {
+  float v[N];
+#pragma unroll
+  for (int n = 0; n < N; ++n) v[n] = fmaxf(s[n][2 * h], s[n][2 * h + 1]);
+#pragma unroll
+  for (int w = N / 2; w > 0; w /= 2)
+#pragma unroll
+    for (int i = 0; i < w; ++i) v[i] = fmaxf(v[i], v[i + w]);
+  return v[0];
+}
+template <int N>
+__device__ __forceinline__ float row_half_sum(const float (&s)[N][4], int h) {
+  float v[N];
+#pragma unroll
+  for (int n = 0; n < N; ++n) v[n] = s[n][2 * h] + s[n][2 * h + 1];
+#pragma unroll
+  for (int w = N / 2; w > 0; w /= 2)
+#pragma unroll
+    for (int i = 0; i < w; ++i) v[i] += v[i + w];
+  return v[0];
 }
 
 // acc (16 x D) += p (16 x 64, as score accumulators: 8 n-tiles) · tile_b
@@ -295,19 +332,11 @@ __global__ void __launch_bounds__(kBlockThreads)
     // S = Q K^T for this warp's 16 rows: 8 n-tiles of 8 keys.
     float s[kTile / 8][4] = {};
 #pragma unroll
-    for (int kk = 0; kk < D / 16; kk += 2)
-#pragma unroll
-      for (int n = 0; n < kTile / 8; ++n) {
-        uint32_t b[4];
-        load_b_from_rows_of_bt(b, tK, L::ld, n * 8, kk * 16, lane);
-        mma<T>(s[n], qf[kk], b[0], b[1]);
-        mma<T>(s[n], qf[kk + 1], b[2], b[3]);
-      }
+    for (int kk = 0; kk < D / 16; ++kk) product_abt_step<T, kTile / 8>(s, qf[kk], tK, L::ld, kk * 16, lane);
 
     // Online softmax in base 2. Element (n, e) is row g + 8 * (e / 2), key
     // j * 64 + n * 8 + 2t + e % 2.
     const bool edge = (j + 1) * kTile > len || (a.causal && j == kv_tiles - 1);
-    float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int n = 0; n < kTile / 8; ++n)
 #pragma unroll
@@ -318,8 +347,8 @@ __global__ void __launch_bounds__(kBlockThreads)
           if (key >= len || (a.causal && key > row)) x = -INFINITY;
         }
         s[n][e] = x;
-        tile_max[e >> 1] = fmaxf(tile_max[e >> 1], x);
       }
+    float tile_max[2] = {row_half_max(s, 0), row_half_max(s, 1)};
     float base[2], alpha[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -334,10 +363,9 @@ __global__ void __launch_bounds__(kBlockThreads)
 #pragma unroll
     for (int n = 0; n < kTile / 8; ++n)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        s[n][e] = exp2f(s[n][e] - base[e >> 1]);
-        l[e >> 1] += s[n][e];
-      }
+      for (int e = 0; e < 4; ++e) s[n][e] = exp2f(s[n][e] - base[e >> 1]);
+    l[0] += row_half_sum(s, 0);
+    l[1] += row_half_sum(s, 1);
 #pragma unroll
     for (int n = 0; n < D / 8; ++n) {
       o[n][0] *= alpha[0], o[n][1] *= alpha[0];
