@@ -27,12 +27,16 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32; row < rows;
        row += warps) {
     const T* xr = x + row * d;
-    float v[kCols];
+    // The weight and bias load with the row, so the row waits for memory
+    // once, not again after its statistics.
+    float v[kCols], wv[kCols] = {}, bv[kCols] = {};
     float sum = 0.0f;
 #pragma unroll
     for (int i = 0; i < kCols; ++i) {
       const int c = lane + 32 * i;
       v[i] = c < d ? E::load(xr[c]) : 0.0f;
+      if (w) wv[i] = c < d ? E::load(w[c]) : 0.0f;
+      if (b) bv[i] = c < d ? E::load(b[c]) : 0.0f;
       sum += v[i];
     }
     const float mean = warp_sum(sum) / d;
@@ -50,8 +54,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
       const int c = lane + 32 * i;
       if (c >= d) continue;
       float out = (v[i] - mean) * rstd;
-      if (w) out *= E::load(w[c]);
-      if (b) out += E::load(b[c]);
+      if (w) out *= wv[i];
+      if (b) out += bv[i];
       yr[c] = Element<TY>::store(out);
     }
     if (lane == 0) {
@@ -151,13 +155,17 @@ __global__ void __launch_bounds__(32 * kParamRowsPerBlock)
 }
 
 // Calls f.template operator()<T, TY, kCols>() for x's dtype T, y's (and
-// dy's) dtype TY and the registers a row needs.
+// dy's) dtype TY and the registers a row needs (32 kCols columns; the
+// widths of common models, 384 and 768, get theirs exactly: a register
+// array a third too long costs the backward pass a block an SM).
 template <typename F>
 void dispatch(DType dtype, DType y_dtype, int d, const char* op, F&& f) {
   auto by_cols = [&]<typename T, typename TY>() {
     if (d <= 128) return f.template operator()<T, TY, 4>();
     if (d <= 256) return f.template operator()<T, TY, 8>();
+    if (d <= 384) return f.template operator()<T, TY, 12>();
     if (d <= 512) return f.template operator()<T, TY, 16>();
+    if (d <= 768) return f.template operator()<T, TY, 24>();
     return f.template operator()<T, TY, 32>();
   };
   if (y_dtype == dtype)
