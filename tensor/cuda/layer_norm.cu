@@ -1,6 +1,7 @@
 // Fused layer norm over the last dimension: one warp per row, the row held
-// in registers (each lane owns columns lane, lane + 32, ...), statistics in
-// f32. Forward writes y and each row's mean and 1/std; backward writes dx
+// in registers, statistics in f32. Each lane owns chunks of V adjacent
+// columns, chunks lane, lane + 32, ...: V = 4 (one 16- or 8-byte access a
+// chunk) where the width and the pointers allow, else 1. Forward writes y and each row's mean and 1/std; backward writes dx
 // (plus a gradient that reached x by another path, when given: a pre-norm
 // block's residual) and one row of column sums per block for dweight and
 // dbias, which a second small kernel adds up (no atomics: the same sums
@@ -16,7 +17,27 @@ namespace {
 
 constexpr int kWarpsPerBlock = 8;
 
-template <typename T, typename TY, int kCols>
+// The V elements at p (aligned to V elements) as floats, and back.
+template <typename T, int V>
+__device__ __forceinline__ void load_chunk(float* out, const T* p) {
+  const Pack<T, V> pack = *reinterpret_cast<const Pack<T, V>*>(p);
+#pragma unroll
+  for (int j = 0; j < V; ++j) out[j] = Element<T>::load(pack.v[j]);
+}
+template <typename T, int V>
+__device__ __forceinline__ void store_chunk(T* p, const float* in) {
+  Pack<T, V> pack;
+#pragma unroll
+  for (int j = 0; j < V; ++j) pack.v[j] = Element<T>::store(in[j]);
+  *reinterpret_cast<Pack<T, V>*>(p) = pack;
+}
+// The first column of a lane's chunk i.
+template <int V>
+__device__ __forceinline__ int chunk_column(int lane, int i) {
+  return (lane + 32 * i) * V;
+}
+
+template <typename T, typename TY, int kCols, int V>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     layer_norm_forward_kernel(TY* __restrict__ y, float* __restrict__ mean_out, float* __restrict__ rstd_out,
                               const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
@@ -29,34 +50,39 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     const T* xr = x + row * d;
     // The weight and bias load with the row, so the row waits for memory
     // once, not again after its statistics.
-    float v[kCols], wv[kCols] = {}, bv[kCols] = {};
+    float v[kCols] = {}, wv[kCols] = {}, bv[kCols] = {};
+#pragma unroll
+    for (int i = 0; i < kCols / V; ++i) {
+      const int c = chunk_column<V>(lane, i);
+      if (c >= d) continue;
+      load_chunk<T, V>(v + i * V, xr + c);
+      if (w) load_chunk<T, V>(wv + i * V, w + c);
+      if (b) load_chunk<T, V>(bv + i * V, b + c);
+    }
     float sum = 0.0f;
 #pragma unroll
-    for (int i = 0; i < kCols; ++i) {
-      const int c = lane + 32 * i;
-      v[i] = c < d ? E::load(xr[c]) : 0.0f;
-      if (w) wv[i] = c < d ? E::load(w[c]) : 0.0f;
-      if (b) bv[i] = c < d ? E::load(b[c]) : 0.0f;
-      sum += v[i];
-    }
+    for (int k = 0; k < kCols; ++k) sum += v[k];
     const float mean = warp_sum(sum) / d;
     float sq = 0.0f;
 #pragma unroll
-    for (int i = 0; i < kCols; ++i) {
-      const int c = lane + 32 * i;
-      const float dev = c < d ? v[i] - mean : 0.0f;
+    for (int k = 0; k < kCols; ++k) {
+      const float dev = chunk_column<V>(lane, k / V) < d ? v[k] - mean : 0.0f;
       sq += dev * dev;
     }
     const float rstd = 1.0f / sqrtf(warp_sum(sq) / d + eps);
     TY* yr = y + row * d;
 #pragma unroll
-    for (int i = 0; i < kCols; ++i) {
-      const int c = lane + 32 * i;
+    for (int i = 0; i < kCols / V; ++i) {
+      const int c = chunk_column<V>(lane, i);
       if (c >= d) continue;
-      float out = (v[i] - mean) * rstd;
-      if (w) out *= wv[i];
-      if (b) out += bv[i];
-      yr[c] = Element<TY>::store(out);
+      float out[V];
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        out[j] = (v[i * V + j] - mean) * rstd;
+        if (w) out[j] *= wv[i * V + j];
+        if (b) out[j] += bv[i * V + j];
+      }
+      store_chunk<TY, V>(yr + c, out);
     }
     if (lane == 0) {
       mean_out[row] = mean;
@@ -67,8 +93,13 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 
 // partial_w/partial_b: [blocks, d] f32, this block's sums over its rows.
 // dx_more: null, or a gradient of x (x's dtype) to add into dx.
-template <typename T, typename TY, int kCols>
-__global__ void __launch_bounds__(kWarpsPerBlock * 32)
+// Rows of up to 384 fit three backward blocks an SM in registers, with a
+// few bytes of spills; wider ones keep what their registers give.
+template <int kCols>
+constexpr int kBackwardBlocksPerSm = kCols <= 12 ? 3 : 1;
+
+template <typename T, typename TY, int kCols, int V>
+__global__ void __launch_bounds__(kWarpsPerBlock * 32, kBackwardBlocksPerSm<kCols>)
     layer_norm_backward_kernel(T* __restrict__ dx, float* __restrict__ partial_w, float* __restrict__ partial_b,
                                const TY* __restrict__ dy, const T* __restrict__ dx_more, const T* __restrict__ x,
                                const T* __restrict__ w, const float* __restrict__ mean_in,
@@ -83,40 +114,55 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   for (int i = 0; i < kCols; ++i) acc_w[i] = acc_b[i] = 0.0f;
   for (int64_t row = warp_id; row < rows; row += warps) {
     const float mean = mean_in[row], rstd = rstd_in[row];
-    float xhat[kCols], g[kCols];
+    // Everything the row reads is loaded before its sums, so it waits for
+    // memory once.
+    float xhat[kCols] = {}, g[kCols] = {}, more[kCols] = {};
+#pragma unroll
+    for (int i = 0; i < kCols / V; ++i) {
+      const int c = chunk_column<V>(lane, i);
+      if (c >= d) continue;
+      float gy[V], xv[V], wv[V];
+      load_chunk<TY, V>(gy, dy + row * d + c);
+      load_chunk<T, V>(xv, x + row * d + c);
+      if (w) load_chunk<T, V>(wv, w + c);
+      if (dx_more) load_chunk<T, V>(more + i * V, dx_more + row * d + c);
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const int k = i * V + j;
+        xhat[k] = (xv[j] - mean) * rstd;
+        g[k] = w ? gy[j] * wv[j] : gy[j];
+        acc_w[k] += gy[j] * xhat[k];
+        acc_b[k] += gy[j];
+      }
+    }
     float sum_g = 0.0f, sum_gx = 0.0f;
 #pragma unroll
-    for (int i = 0; i < kCols; ++i) {
-      const int c = lane + 32 * i;
-      if (c < d) {
-        const float gy = Element<TY>::load(dy[row * d + c]);
-        xhat[i] = (E::load(x[row * d + c]) - mean) * rstd;
-        g[i] = w ? gy * E::load(w[c]) : gy;
-        acc_w[i] += gy * xhat[i];
-        acc_b[i] += gy;
-      } else {
-        xhat[i] = g[i] = 0.0f;
-      }
-      sum_g += g[i];
-      sum_gx += g[i] * xhat[i];
+    for (int k = 0; k < kCols; ++k) {
+      sum_g += g[k];
+      sum_gx += g[k] * xhat[k];
     }
     const float mean_g = warp_sum(sum_g) / d, mean_gx = warp_sum(sum_gx) / d;
 #pragma unroll
-    for (int i = 0; i < kCols; ++i) {
-      const int c = lane + 32 * i;
+    for (int i = 0; i < kCols / V; ++i) {
+      const int c = chunk_column<V>(lane, i);
       if (c >= d) continue;
-      float grad = rstd * (g[i] - mean_g - xhat[i] * mean_gx);
-      // A separate rounded add (no FMA with the product above): the sum the
-      // engine would make of the two gradients, bit for bit.
-      if (dx_more) grad = __fadd_rn(grad, E::load(dx_more[row * d + c]));
-      dx[row * d + c] = E::store(grad);
+      float grad[V];
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const int k = i * V + j;
+        grad[j] = rstd * (g[k] - mean_g - xhat[k] * mean_gx);
+        // A separate rounded add (no FMA with the product above): the sum
+        // the engine would make of the two gradients, bit for bit.
+        if (dx_more) grad[j] = __fadd_rn(grad[j], more[k]);
+      }
+      store_chunk<T, V>(dx + row * d + c, grad);
     }
   }
   // The warps' column sums added in shared memory: one row per block, so
   // the second pass reads a few hundred rows instead of thousands.
   auto block_row = [&](const float (&acc)[kCols], float* partial) {
 #pragma unroll
-    for (int i = 0; i < kCols; ++i) block_sums[threadIdx.x / 32][lane + 32 * i] = acc[i];
+    for (int k = 0; k < kCols; ++k) block_sums[threadIdx.x / 32][chunk_column<V>(lane, k / V) + k % V] = acc[k];
     __syncthreads();
     for (int c = threadIdx.x; c < d; c += blockDim.x) {
       float sum = 0.0f;
@@ -154,19 +200,28 @@ __global__ void __launch_bounds__(32 * kParamRowsPerBlock)
   out[c] = sum;
 }
 
-// Calls f.template operator()<T, TY, kCols>() for x's dtype T, y's (and
-// dy's) dtype TY and the registers a row needs (32 kCols columns; the
-// widths of common models, 384 and 768, get theirs exactly: a register
-// array a third too long costs the backward pass a block an SM).
+// Whether a's rows (and those of `more` operands) can move in chunks of
+// four: the width a multiple of 4 and every pointer 16-byte aligned.
+bool chunks_of_four(const LayerNormArgs& a, std::initializer_list<const void*> more = {}) {
+  return a.d % 4 == 0 && aligned_to(16, {a.x, a.weight, a.bias}) && aligned_to(16, more);
+}
+
+// Calls f.template operator()<T, TY, kCols, V>() for x's dtype T, y's (and
+// dy's) dtype TY, the registers a row needs (32 kCols columns; the widths
+// of common models, 384 and 768, get theirs exactly: a register array a
+// third too long costs the backward pass a block an SM) and the chunk size.
 template <typename F>
-void dispatch(DType dtype, DType y_dtype, int d, const char* op, F&& f) {
+void dispatch(DType dtype, DType y_dtype, int d, bool four, const char* op, F&& f) {
   auto by_cols = [&]<typename T, typename TY>() {
-    if (d <= 128) return f.template operator()<T, TY, 4>();
-    if (d <= 256) return f.template operator()<T, TY, 8>();
-    if (d <= 384) return f.template operator()<T, TY, 12>();
-    if (d <= 512) return f.template operator()<T, TY, 16>();
-    if (d <= 768) return f.template operator()<T, TY, 24>();
-    return f.template operator()<T, TY, 32>();
+    auto by_chunk = [&]<int kCols>() {
+      return four ? f.template operator()<T, TY, kCols, 4>() : f.template operator()<T, TY, kCols, 1>();
+    };
+    if (d <= 128) return by_chunk.template operator()<4>();
+    if (d <= 256) return by_chunk.template operator()<8>();
+    if (d <= 384) return by_chunk.template operator()<12>();
+    if (d <= 512) return by_chunk.template operator()<16>();
+    if (d <= 768) return by_chunk.template operator()<24>();
+    return by_chunk.template operator()<32>();
   };
   if (y_dtype == dtype)
     return dispatch_floating<false>(dtype, op, [&](auto tag) {
@@ -190,11 +245,11 @@ unsigned blocks_for(const Launch& l, int64_t rows, int per_sm) {
 // sums, and a second, partial wave costs more than it hides (gpt_mini
 // single on an H200: 0.03 ms faster than 4 blocks an SM; 3 an SM 0.06 ms
 // and 16 an SM 0.2 ms slower than 4).
-template <typename T, typename TY, int kCols>
+template <typename T, typename TY, int kCols, int V>
 unsigned backward_blocks(const Launch& l, int64_t rows) {
   static const int resident = [] {
     int n = 0;
-    MPT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, layer_norm_backward_kernel<T, TY, kCols>,
+    MPT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, layer_norm_backward_kernel<T, TY, kCols, V>,
                                                                  kWarpsPerBlock * 32, 0));
     return std::max(n, 1);
   }();
@@ -214,8 +269,9 @@ void launch_layer_norm_forward(const Launch& l, const LayerNormArgs& a, void* y)
   // A block for every 8 rows (up to 16 an SM): its few registers let 6
   // blocks an SM run at once, and rows in flight hide the loads' latency
   // (gpt_mini single 5.49 -> 5.47 ms on an H200 against 4 blocks an SM).
-  dispatch(a.dtype, a.y_dtype, a.d, "layer_norm", [&]<typename T, typename TY, int kCols>() {
-    layer_norm_forward_kernel<T, TY, kCols><<<blocks_for(l, a.rows, 16), kWarpsPerBlock * 32, 0, l.stream>>>(
+  const bool four = chunks_of_four(a, {y});
+  dispatch(a.dtype, a.y_dtype, a.d, four, "layer_norm", [&]<typename T, typename TY, int kCols, int V>() {
+    layer_norm_forward_kernel<T, TY, kCols, V><<<blocks_for(l, a.rows, 16), kWarpsPerBlock * 32, 0, l.stream>>>(
         static_cast<TY*>(y), a.mean, a.rstd, static_cast<const T*>(a.x), static_cast<const T*>(a.weight),
         static_cast<const T*>(a.bias), a.rows, a.d, a.eps);
   });
@@ -224,18 +280,20 @@ void launch_layer_norm_forward(const Launch& l, const LayerNormArgs& a, void* y)
 
 int64_t layer_norm_backward_partials(const Launch& l, const LayerNormArgs& a) {
   int64_t blocks = 0;
-  dispatch(a.dtype, a.y_dtype, a.d, "layer_norm backward", [&]<typename T, typename TY, int kCols>() {
-    blocks = backward_blocks<T, TY, kCols>(l, a.rows);
-  });
+  dispatch(a.dtype, a.y_dtype, a.d, chunks_of_four(a), "layer_norm backward",
+           [&]<typename T, typename TY, int kCols, int V>() { blocks = backward_blocks<T, TY, kCols, V>(l, a.rows); });
   return blocks;
 }
 
 void launch_layer_norm_backward(const Launch& l, const LayerNormArgs& a, const void* dy, const void* dx_more,
                                 void* dx, float* partial_w, float* partial_b) {
   if (a.rows == 0) return;
-  dispatch(a.dtype, a.y_dtype, a.d, "layer_norm backward", [&]<typename T, typename TY, int kCols>() {
-    layer_norm_backward_kernel<T, TY, kCols><<<backward_blocks<T, TY, kCols>(l, a.rows), kWarpsPerBlock * 32, 0,
-                                               l.stream>>>(
+  // As many blocks as there are rows of partial sums, whichever chunk size
+  // the operands allow: every block writes one.
+  const auto blocks = static_cast<unsigned>(layer_norm_backward_partials(l, a));
+  const bool four = chunks_of_four(a, {dy, dx_more, dx});
+  dispatch(a.dtype, a.y_dtype, a.d, four, "layer_norm backward", [&]<typename T, typename TY, int kCols, int V>() {
+    layer_norm_backward_kernel<T, TY, kCols, V><<<blocks, kWarpsPerBlock * 32, 0, l.stream>>>(
         static_cast<T*>(dx), partial_w, partial_b, static_cast<const TY*>(dy), static_cast<const T*>(dx_more),
         static_cast<const T*>(a.x), static_cast<const T*>(a.weight), a.mean, a.rstd, a.rows, a.d);
   });
