@@ -75,7 +75,10 @@ std::vector<Case> cases() {
       {"layer_norm", [](const V& v) { return layer_norm(v[0], v[1], v[2]); }, {{4, 6, 48}, {48}, {48}}},
       {"layer_norm_wide_rows", [](const V& v) { return layer_norm(v[0], v[1], v[2]); }, {{3, 384}, {384}, {384}}},
       {"layer_norm_1000", [](const V& v) { return layer_norm(v[0], v[1], Tensor()); }, {{5, 1000}, {1000}}},
-      {"layer_norm_700", [](const V& v) { return layer_norm(v[0], Tensor(), v[1]); }, {{6, 700}, {700}}},
+      {"layer_norm_701", [](const V& v) { return layer_norm(v[0], Tensor(), v[1]); }, {{6, 701}, {701}}},
+      {"layer_norm_rows_off_alignment",  // rows one element past 16-byte alignment: one column at a time
+       [](const V& v) { return layer_norm(reshape(slice(v[0], 0, 1, 257), {4, 64}), v[1], v[2]); },
+       {{257}, {64}, {64}}},
       {"layer_norm_300", [](const V& v) { return layer_norm(v[0], v[1], v[2]); }, {{300, 300}, {300}, {300}}},
       {"layer_norm_many_rows", [](const V& v) { return layer_norm(v[0], Tensor(), v[1]); }, {{3000, 2, 40}, {40}}},
       {"layer_norm_with_skip",

@@ -145,6 +145,19 @@ __device__ __forceinline__ void product_abt(float (&acc)[N][4], const T* tile_a,
   }
 }
 
+// Calls f(n, e, row, column) for each element of a thread's share of 16 x
+// 8·N accumulators: element (n, e) is row row_lo + 8 (e / 2) and column
+// column_lo + 8n + e % 2 (the lane's offsets included in both). Masks are
+// applied this way only to the tiles that need them (the causal
+// diagonal, the end of the sequence), each tile-uniform flag on its own.
+template <int N, typename F>
+__device__ __forceinline__ void for_each_element(int row_lo, int column_lo, F&& f) {
+#pragma unroll
+  for (int n = 0; n < N; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) f(n, e, row_lo + (e >> 1) * 8, column_lo + n * 8 + (e & 1));
+}
+
 // The maximum and the sum of row half h (elements e = 2h, 2h + 1) of a
 // thread's share of 16 x 8·N score accumulators, as trees: a chain of 2N
 // dependent operations would stall on each.
@@ -197,19 +210,27 @@ __device__ __forceinline__ void product_pb(float (&acc)[D / 8][4], const float (
 template <typename T, int D>
 __device__ __forceinline__ void load_tile_async(T* tile, const T* src, int64_t row_stride, int row0, int rows) {
   constexpr int kVec = 16 / sizeof(T);
-  constexpr int kPerRow = D / kVec;
-  for (int i = threadIdx.x; i < kTile * kPerRow; i += kBlockThreads) {
-    const int r = i / kPerRow, c = (i % kPerRow) * kVec;
-    const bool inside = row0 + r < rows;
-    const T* from = inside ? src + (row0 + r) * row_stride + c : src;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address(tile + r * (D + kPad) + c)),
-                 "l"(from), "r"(inside ? 16 : 0));
+  constexpr int kPerRow = D / kVec;                      // 16-byte pieces a row
+  constexpr int kRowsPerPass = kBlockThreads / kPerRow;  // rows the block starts at once
+  static_assert(kBlockThreads % kPerRow == 0 && kTile % kRowsPerPass == 0);
+  // A thread's piece is the same column in every pass: its addresses are
+  // computed once, and the passes unroll to fixed offsets.
+  const int r = threadIdx.x / kPerRow, c = (threadIdx.x % kPerRow) * kVec;
+  const T* from = src + (row0 + r) * row_stride + c;
+  T* to = tile + r * (D + kPad) + c;
+#pragma unroll
+  for (int pass = 0; pass < kTile / kRowsPerPass; ++pass) {
+    const bool inside = row0 + r + pass * kRowsPerPass < rows;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
+                     shared_address(to + pass * kRowsPerPass * (D + kPad))),
+                 "l"(inside ? from + pass * kRowsPerPass * row_stride : src), "r"(inside ? 16 : 0));
   }
 }
 // Starts copying floats [row0, row0 + 64) of a per-row vector into shared
 // memory, 4 bytes per cp.async; rows past the end are zero-filled.
 __device__ __forceinline__ void load_row_values_async(float* dst, const float* src, int row0, int rows) {
-  for (int r = threadIdx.x; r < kTile; r += kBlockThreads) {
+  static_assert(kBlockThreads >= kTile);
+  if (const int r = threadIdx.x; r < kTile) {
     const bool inside = row0 + r < rows;
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(shared_address(dst + r)),
                  "l"(inside ? src + row0 + r : src), "r"(inside ? 4 : 0));
@@ -334,20 +355,20 @@ __global__ void __launch_bounds__(kBlockThreads)
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) product_abt_step<T, kTile / 8>(s, qf[kk], tK, L::ld, kk * 16, lane);
 
-    // Online softmax in base 2. Element (n, e) is row g + 8 * (e / 2), key
-    // j * 64 + n * 8 + 2t + e % 2.
-    const bool edge = (j + 1) * kTile > len || (a.causal && j == kv_tiles - 1);
+    // Online softmax in base 2, over this warp's rows and the tile's keys.
 #pragma unroll
     for (int n = 0; n < kTile / 8; ++n)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float x = s[n][e] * scale_log2;
-        if (edge) {
-          const int key = j * kTile + n * 8 + 2 * t + (e & 1), row = row_lo + (e >> 1) * 8;
-          if (key >= len || (a.causal && key > row)) x = -INFINITY;
-        }
-        s[n][e] = x;
-      }
+      for (int e = 0; e < 4; ++e) s[n][e] *= scale_log2;
+    const int key_lo = j * kTile + 2 * t;
+    if (a.causal && j == kv_tiles - 1)
+      for_each_element<kTile / 8>(row_lo, key_lo, [&](int n, int e, int row, int key) {
+        if (key > row) s[n][e] = -INFINITY;
+      });
+    if ((j + 1) * kTile > len)
+      for_each_element<kTile / 8>(row_lo, key_lo, [&](int n, int e, int, int key) {
+        if (key >= len) s[n][e] = -INFINITY;
+      });
     float tile_max[2] = {row_half_max(s, 0), row_half_max(s, 1)};
     float base[2], alpha[2];
 #pragma unroll
@@ -419,15 +440,16 @@ __global__ void attention_delta_kernel(AttentionArgs a, AttentionGrads gr) {
 }
 
 // The two backward kernels recompute P (and dS) from the saved log-sum-exp
-// for their element (n, e): row index `row`, column index `col`, s the raw
-// score and dp the raw dO·V product; p is 0 outside the causal triangle and
-// the sequence. lse2 is the row's log-sum-exp in base 2.
+// for each element: s the raw score and dp the raw dO·V product in, p and
+// dS out; lse2 is the row's log-sum-exp in base 2. Elements outside the
+// causal triangle or the sequence are then set to zero by `mask`.
 __device__ __forceinline__ void probability_and_score_grad(float& s, float& dp, float lse2, float delta,
-                                                           float scale, float scale_log2, bool masked) {
-  const float p = masked ? 0.0f : exp2f(s * scale_log2 - lse2);
+                                                           float scale, float scale_log2) {
+  const float p = exp2f(s * scale_log2 - lse2);
   s = p;
   dp = p * (dp - delta) * scale;
 }
+__device__ __forceinline__ void mask(float& p, float& ds) { p = ds = 0.0f; }
 
 // Blocks an SM for the backward kernels where the head size allows more
 // than their registers would give by themselves (two 4-warp blocks each):
@@ -516,17 +538,19 @@ __global__ void __launch_bounds__(kBlockThreads, kKeyGradBlocksPerSm<D>)
     product_abt<T, D, kTile / 8>(s, sK, warp * 16, tQ, L::ld, lane);
     product_abt<T, D, kTile / 8>(dp, sV, warp * 16, tdO, L::ld, lane);
 
-    // P^T and dS^T. Element (n, e) is key key_lo + 8 * (e / 2), query q0 + n * 8 + 2t + e % 2.
-    const bool edge = (i + 1) * kTile > len || (k0 + kTile) > len || (a.causal && i == first);
-#pragma unroll
-    for (int n = 0; n < kTile / 8; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int col = n * 8 + 2 * t + (e & 1);
-        const int key = key_lo + (e >> 1) * 8, query = q0 + col;
-        const bool masked = edge && (key >= len || query >= len || (a.causal && key > query));
-        probability_and_score_grad(s[n][e], dp[n][e], tLse[col] * kLog2e, tDelta[col], scale, scale_log2, masked);
-      }
+    // P^T and dS^T: rows are this warp's keys, columns the tile's queries.
+    for_each_element<kTile / 8>(key_lo, q0 + 2 * t, [&](int n, int e, int, int query) {
+      const int col = query - q0;
+      probability_and_score_grad(s[n][e], dp[n][e], tLse[col] * kLog2e, tDelta[col], scale, scale_log2);
+    });
+    if (a.causal && i == first)
+      for_each_element<kTile / 8>(key_lo, q0 + 2 * t, [&](int n, int e, int key, int query) {
+        if (key > query) mask(s[n][e], dp[n][e]);
+      });
+    if ((i + 1) * kTile > len || k0 + kTile > len)
+      for_each_element<kTile / 8>(key_lo, q0 + 2 * t, [&](int n, int e, int key, int query) {
+        if (key >= len || query >= len) mask(s[n][e], dp[n][e]);
+      });
     // dV += P^T dO, dK += dS^T Q.
     product_pb<T, D>(dv, s, tdO, L::ld, lane);
     product_pb<T, D>(dk, dp, tQ, L::ld, lane);
@@ -607,16 +631,19 @@ __global__ void __launch_bounds__(kBlockThreads, kQueryGradBlocksPerSm<D>)
     product_abt<T, D, kTile / 8>(s, sQ, warp * 16, tK, L::ld, lane);
     product_abt<T, D, kTile / 8>(dp, sdO, warp * 16, tV, L::ld, lane);
 
-    // P and dS. Element (n, e) is query row_lo + 8 * (e / 2), key j * 64 + n * 8 + 2t + e % 2.
-    const bool edge = (j + 1) * kTile > len || (a.causal && j == kv_tiles - 1);
-#pragma unroll
-    for (int n = 0; n < kTile / 8; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = j * kTile + n * 8 + 2 * t + (e & 1), row = row_lo + (e >> 1) * 8;
-        const bool masked = edge && (key >= len || (a.causal && key > row));
-        probability_and_score_grad(s[n][e], dp[n][e], lse2[e >> 1], delta[e >> 1], scale, scale_log2, masked);
-      }
+    // P and dS: rows are this warp's queries, columns the tile's keys.
+    const int key_lo = j * kTile + 2 * t;
+    for_each_element<kTile / 8>(row_lo, key_lo, [&](int n, int e, int, int) {
+      probability_and_score_grad(s[n][e], dp[n][e], lse2[e >> 1], delta[e >> 1], scale, scale_log2);
+    });
+    if (a.causal && j == kv_tiles - 1)
+      for_each_element<kTile / 8>(row_lo, key_lo, [&](int n, int e, int row, int key) {
+        if (key > row) mask(s[n][e], dp[n][e]);
+      });
+    if ((j + 1) * kTile > len)
+      for_each_element<kTile / 8>(row_lo, key_lo, [&](int n, int e, int, int key) {
+        if (key >= len) mask(s[n][e], dp[n][e]);
+      });
     product_pb<T, D>(dq, dp, tK, L::ld, lane);
     __syncthreads();  // everyone is done with this buffer before it is refilled
   }
