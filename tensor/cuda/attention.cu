@@ -70,6 +70,16 @@ __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint3
 }
 #undef MPT_MMA_M16N8K16
 
+// 2^x by the special-function unit alone, results below 2^-126 flushed to
+// zero. exp2f wraps the same instruction in a rescaling for such results,
+// three more instructions an exponent; a probability that small is zero
+// once rounded to 16 bits, and a sum of them changes nothing.
+__device__ __forceinline__ float exp2_flush(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 __device__ __forceinline__ uint32_t shared_address(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
@@ -377,14 +387,14 @@ __global__ void __launch_bounds__(kBlockThreads)
       tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
       const float m_new = fmaxf(m[h], tile_max[h]);
       base[h] = m_new == -INFINITY ? 0.0f : m_new;  // a fully masked row stays all zero
-      alpha[h] = exp2f(m[h] - base[h]);
+      alpha[h] = exp2_flush(m[h] - base[h]);
       m[h] = m_new;
       l[h] *= alpha[h];
     }
 #pragma unroll
     for (int n = 0; n < kTile / 8; ++n)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) s[n][e] = exp2f(s[n][e] - base[e >> 1]);
+      for (int e = 0; e < 4; ++e) s[n][e] = exp2_flush(s[n][e] - base[e >> 1]);
     l[0] += row_half_sum(s, 0);
     l[1] += row_half_sum(s, 1);
 #pragma unroll
@@ -445,7 +455,7 @@ __global__ void attention_delta_kernel(AttentionArgs a, AttentionGrads gr) {
 // causal triangle or the sequence are then set to zero by `mask`.
 __device__ __forceinline__ void probability_and_score_grad(float& s, float& dp, float lse2, float delta,
                                                            float scale, float scale_log2) {
-  const float p = exp2f(s * scale_log2 - lse2);
+  const float p = exp2_flush(s * scale_log2 - lse2);
   s = p;
   dp = p * (dp - delta) * scale;
 }
