@@ -57,11 +57,11 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
 // d += a (16x16, row) · b (16x8, col) on tensor cores, f32 accumulators;
 // `type` is the inputs' PTX type. Not volatile: a pure function of its
 // registers, which the compiler may interleave with other work.
-#define MPT_MMA_M16N8K16(type)                                                                                \
+#define MPT_MMA_M16N8K16(type)                                                                     \
   asm("mma.sync.aligned.m16n8k16.row.col.f32." type "." type ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, " \
-               "{%8,%9}, {%0,%1,%2,%3};\n"                                                                  \
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                                              \
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1))
+      "{%8,%9}, {%0,%1,%2,%3};\n"                                                                  \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                                             \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1))
 
 template <typename T>
 __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {

@@ -1,11 +1,11 @@
 // Fused layer norm over the last dimension: one warp per row, the row held
 // in registers, statistics in f32. Each lane owns chunks of V adjacent
 // columns, chunks lane, lane + 32, ...: V = 4 (one 16- or 8-byte access a
-// chunk) where the width and the pointers allow, else 1. Forward writes y and each row's mean and 1/std; backward writes dx
-// (plus a gradient that reached x by another path, when given: a pre-norm
-// block's residual) and one row of column sums per block for dweight and
-// dbias, which a second small kernel adds up (no atomics: the same sums
-// every run).
+// chunk) where the width and the pointers allow, else 1. Forward writes y
+// and each row's mean and 1/std; backward writes dx (plus a gradient that
+// reached x by another path, when given: a pre-norm block's residual) and
+// one row of column sums per block for dweight and dbias, which a second
+// small kernel adds up (no atomics: the same sums every run).
 // y and dy may be 16-bit where x is f32: autocast runs the norm in f32 and
 // a matmul after it would cast the result at once, so the norm rounds its
 // f32 result on the store instead (the same value the cast would make).
@@ -42,7 +42,6 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     layer_norm_forward_kernel(TY* __restrict__ y, float* __restrict__ mean_out, float* __restrict__ rstd_out,
                               const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
                               int64_t rows, int d, float eps) {
-  using E = Element<T>;
   const int lane = threadIdx.x % 32;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
   for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32; row < rows;
@@ -105,7 +104,6 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, kBackwardBlocksPerSm<kCol
                                const T* __restrict__ w, const float* __restrict__ mean_in,
                                const float* __restrict__ rstd_in, int64_t rows, int d) {
   __shared__ float block_sums[kWarpsPerBlock][kCols * 32];
-  using E = Element<T>;
   const int lane = threadIdx.x % 32;
   const int64_t warp_id = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
@@ -240,11 +238,11 @@ unsigned blocks_for(const Launch& l, int64_t rows, int per_sm) {
 }
 
 // The backward kernel runs one wave: as many blocks as fit on the GPU at
-// once (its row sums stay in registers, so few do: 2 an SM on an H200 for
-// rows of 384), each looping over rows. Every block adds a row of partial
-// sums, and a second, partial wave costs more than it hides (gpt_mini
-// single on an H200: 0.03 ms faster than 4 blocks an SM; 3 an SM 0.06 ms
-// and 16 an SM 0.2 ms slower than 4).
+// once (its row sums stay in registers, so few do: 3 an SM for rows of
+// 384, by its launch bounds), each looping over rows. Every block adds a
+// row of partial sums, and a second, partial wave costs more than it hides
+// (gpt_mini single on an H200, when 2 blocks an SM fitted: 0.03 ms faster
+// than 4 an SM; 3 an SM 0.06 ms and 16 an SM 0.2 ms slower than 4).
 template <typename T, typename TY, int kCols, int V>
 unsigned backward_blocks(const Launch& l, int64_t rows) {
   static const int resident = [] {
