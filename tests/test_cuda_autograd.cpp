@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <functional>
+#include <optional>
 #include <tuple>
 
 #include "amp/autocast.h"
@@ -255,20 +256,24 @@ TEST(CudaAutograd, CrossEntropyMatchesTheCpu) {
 
 // The fused f16/bf16 attention kernels against the composed math in f32 on
 // the CPU, for the head sizes they take, lengths that are not multiples of
-// their 64-row tiles, with and without the causal mask.
+// their 64-row tiles, with and without the causal mask, with the default
+// scale and others (a negative one takes the forward's other path).
 TEST(CudaAutograd, FusedAttentionMatchesTheCpu) {
   MPT_SKIP_WITHOUT_CUDA();
   struct Geometry {
     int64_t b, h, t, d;
     bool causal;
+    std::optional<double> scale;
   };
-  const Geometry geometries[] = {{2, 3, 100, 64, true}, {1, 2, 130, 32, false}, {2, 1, 64, 128, true},
-                                 {1, 1, 7, 64, true}, {3, 6, 256, 64, true}};
+  const Geometry geometries[] = {{2, 3, 100, 64, true, {}},  {1, 2, 130, 32, false, {}}, {2, 1, 64, 128, true, {}},
+                                 {1, 1, 7, 64, true, {}},    {3, 6, 256, 64, true, {}},  {2, 2, 90, 64, true, 0.3},
+                                 {1, 2, 70, 32, false, -0.2}};
   for (DType dt : {DType::f16, DType::bf16})
     for (const Geometry& g : geometries) {
       const uint64_t seed = testing::fresh_seed();
       SCOPED_TRACE(::testing::Message() << "seed " << seed << " " << dtype_name(dt) << " [" << g.b << ", " << g.h
-                                        << ", " << g.t << ", " << g.d << "] causal " << g.causal);
+                                        << ", " << g.t << ", " << g.d << "] causal " << g.causal << " scale "
+                                        << g.scale.value_or(0.0));
       Generator gen(seed);
       std::vector<Tensor> cpu, gpu;
       for (int i = 0; i < 3; ++i) {
@@ -277,8 +282,8 @@ TEST(CudaAutograd, FusedAttentionMatchesTheCpu) {
         gpu.push_back(prim::to(x, Device("cuda:0")).set_requires_grad(true));
       }
       ASSERT_TRUE(prim::fused_attention_available(gpu[0], gpu[1], gpu[2]));
-      const Tensor oc = scaled_dot_product_attention(cpu[0], cpu[1], cpu[2], g.causal);
-      const Tensor og = scaled_dot_product_attention(gpu[0], gpu[1], gpu[2], g.causal);
+      const Tensor oc = scaled_dot_product_attention(cpu[0], cpu[1], cpu[2], g.causal, g.scale);
+      const Tensor og = scaled_dot_product_attention(gpu[0], gpu[1], gpu[2], g.causal, g.scale);
       ASSERT_EQ(og.dtype(), dt);
       const double tol = dt == DType::f16 ? 5e-3 : 3e-2;
       EXPECT_LE(rel_error(host_f64(og), host_f64(oc)), tol) << "forward";

@@ -12,13 +12,14 @@
 // registers without a trip through memory. It writes the output and the
 // log-sum-exp of each row, which is all the backward pass needs.
 //
-// Backward: rowwise delta = rowsum(dO * O) first (a small kernel), then two
-// kernels that each rebuild P from the saved log-sum-exp and form
-// dS = P (dP - delta). One takes 64 keys a block (16 a warp) and keeps dK
-// and dV in registers while query tiles stream past: dV += P^T dO,
-// dK += dS^T Q. The other takes 64 queries a block, as the forward pass
-// does, and keeps dQ in registers while key tiles stream past: dQ += dS K.
-// Each gradient is written once, in the input type.
+// Backward: two kernels that each rebuild P from the saved log-sum-exp and
+// form dS = P (dP - delta), delta being rowsum(dO * O). The first takes 64
+// queries a block, as the forward pass does, works out its rows' delta
+// (and writes it for the second), and keeps dQ in registers while key
+// tiles stream past: dQ += dS K. The second takes 64 keys a block (16 a
+// warp) and keeps dK and dV in registers while query tiles stream past:
+// dV += P^T dO, dK += dS^T Q. Each gradient is written once, in the input
+// type.
 //
 // Operands are addressed through AttentionLayout, so q, k and v can be read
 // where a fused [B, T, 3C] projection left them and the output written as
@@ -351,6 +352,7 @@ __global__ void __launch_bounds__(kBlockThreads)
   uint32_t qf[D / 16][4];
   float o[D / 8][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // rows g and g + 8, this thread's share of l
+  const float factor = scale_log2 > 0.0f ? scale_log2 : 1.0f;  // what is left to scale the scores by
   const int row_lo = q0 + warp * 16 + g;
   for (int j = 0; j < kv_tiles; ++j) {
     next_key_value_tile<T, D>(sK, sV, h, a, j, kv_tiles);
@@ -366,10 +368,13 @@ __global__ void __launch_bounds__(kBlockThreads)
     for (int kk = 0; kk < D / 16; ++kk) product_abt_step<T, kTile / 8>(s, qf[kk], tK, L::ld, kk * 16, lane);
 
     // Online softmax in base 2, over this warp's rows and the tile's keys.
+    // A positive scale goes into the exponent's FFMA (the maximum of scaled
+    // scores is then the scaled maximum); any other scales them first.
+    if (!(scale_log2 > 0.0f))
 #pragma unroll
-    for (int n = 0; n < kTile / 8; ++n)
+      for (int n = 0; n < kTile / 8; ++n)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) s[n][e] *= scale_log2;
+        for (int e = 0; e < 4; ++e) s[n][e] *= scale_log2;
     const int key_lo = j * kTile + 2 * t;
     if (a.causal && j == kv_tiles - 1)
       for_each_element<kTile / 8>(row_lo, key_lo, [&](int n, int e, int row, int key) {
@@ -379,7 +384,7 @@ __global__ void __launch_bounds__(kBlockThreads)
       for_each_element<kTile / 8>(row_lo, key_lo, [&](int n, int e, int, int key) {
         if (key >= len) s[n][e] = -INFINITY;
       });
-    float tile_max[2] = {row_half_max(s, 0), row_half_max(s, 1)};
+    float tile_max[2] = {row_half_max(s, 0) * factor, row_half_max(s, 1) * factor};
     float base[2], alpha[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -394,7 +399,7 @@ __global__ void __launch_bounds__(kBlockThreads)
 #pragma unroll
     for (int n = 0; n < kTile / 8; ++n)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) s[n][e] = exp2_flush(s[n][e] - base[e >> 1]);
+      for (int e = 0; e < 4; ++e) s[n][e] = exp2_flush(fmaf(s[n][e], factor, -base[e >> 1]));
     l[0] += row_half_sum(s, 0);
     l[1] += row_half_sum(s, 1);
 #pragma unroll
@@ -421,32 +426,6 @@ __global__ void __launch_bounds__(kBlockThreads)
       const int row = row_lo + h * 8;
       if (row < len) a.lse[bh * len + row] = (m[h] + log2f(l[h])) * kLn2;
     }
-}
-
-// delta[row] = sum_d dO[row, d] * O[row, d]: D / 8 lanes per row, each
-// with one 16-byte load of each (rows are 16-byte aligned), added across
-// those lanes. (A warp per row moved 2 bytes per lane and load: 29 us of
-// gpt_mini's layer in Nsight Compute, for 25 MB.)
-template <typename T, int D>
-__global__ void attention_delta_kernel(AttentionArgs a, AttentionGrads gr) {
-  constexpr int kLanes = D / 8;
-  const int64_t rows = a.batch * a.heads * a.len;
-  const int64_t row = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kLanes;
-  const int part = threadIdx.x % kLanes;
-  float acc = 0.0f;
-  if (row < rows) {
-    const int64_t bh = row / a.len;
-    const int r = static_cast<int>(row % a.len);
-    const T* dout = head_of<T>(gr.grad_out, gr.grad_out_layout, bh, a.heads) + r * gr.grad_out_layout.row;
-    const T* out = head_of<T>(a.out, a.out_layout, bh, a.heads) + r * a.out_layout.row;
-    const Pack<T, 8> x = reinterpret_cast<const Pack<T, 8>*>(dout)[part];
-    const Pack<T, 8> y = reinterpret_cast<const Pack<T, 8>*>(out)[part];
-#pragma unroll
-    for (int j = 0; j < 8; ++j) acc += Element<T>::load(x.v[j]) * Element<T>::load(y.v[j]);
-  }
-#pragma unroll
-  for (int o = kLanes / 2; o > 0; o /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-  if (row < rows && part == 0) gr.delta[row] = acc;
 }
 
 // The two backward kernels recompute P (and dS) from the saved log-sum-exp
@@ -573,6 +552,25 @@ __global__ void __launch_bounds__(kBlockThreads, kKeyGradBlocksPerSm<D>)
   store_rows<T, D>(grad_v, gr.grad_v_layout.row, k0 + warp * 16, len, dv, 1.0f, 1.0f, lane);
 }
 
+// delta of one row, rowsum(dO * O), split over the four lanes of a quad
+// (lane t of the quad takes columns [t D / 4, (t + 1) D / 4), in 16-byte
+// packs; rows are 16-byte aligned) and added across the quad: every lane
+// of the warp must call it.
+template <typename T, int D>
+__device__ __forceinline__ float row_delta(const T* dout_row, const T* out_row, int t) {
+  constexpr int kPacks = D / 4 / 8;
+  float acc = 0.0f;
+#pragma unroll
+  for (int p = 0; p < kPacks; ++p) {
+    const Pack<T, 8> x = reinterpret_cast<const Pack<T, 8>*>(dout_row)[t * kPacks + p];
+    const Pack<T, 8> y = reinterpret_cast<const Pack<T, 8>*>(out_row)[t * kPacks + p];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc += Element<T>::load(x.v[j]) * Element<T>::load(y.v[j]);
+  }
+  acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+  return acc + __shfl_xor_sync(0xffffffffu, acc, 2);
+}
+
 template <typename T, int D>
 struct QueryGradLayout {
   static constexpr int ld = D + kPad;
@@ -621,14 +619,19 @@ __global__ void __launch_bounds__(kBlockThreads, kQueryGradBlocksPerSm<D>)
   async_commit();
 
   // This thread's rows, row_lo and row_lo + 8: their log-sum-exp (base 2)
-  // and delta; rows past the end get P = 0.
+  // and delta, which the key kernel (launched after) reads too; rows past
+  // the end get P = 0 (a row within the sequence stands in for them in
+  // row_delta, which the whole warp runs).
   const int row_lo = q0 + warp * 16 + g;
+  const T* out = head_of<T>(a.out, a.out_layout, bh, a.heads);
   float lse2[2], delta[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const int row = row_lo + h * 8;
+    const int row = row_lo + h * 8, r = min(row, len - 1);
+    const float d = row_delta<T, D>(dout + r * gr.grad_out_layout.row, out + r * a.out_layout.row, t);
     lse2[h] = row < len ? a.lse[bh * len + row] * kLog2e : INFINITY;
-    delta[h] = row < len ? gr.delta[bh * len + row] : 0.0f;
+    delta[h] = row < len ? d : 0.0f;
+    if (t == 0 && row < len) gr.delta[bh * len + row] = d;
   }
   float dq[D / 8][4] = {};
   for (int j = 0; j < kv_tiles; ++j) {
@@ -689,20 +692,19 @@ void forward_typed(const Launch& l, const AttentionArgs& a) {
 
 template <typename T, int D>
 void backward_typed(const Launch& l, const AttentionArgs& a, const AttentionGrads& g) {
-  const int64_t rows = a.batch * a.heads * a.len;
-  attention_delta_kernel<T, D><<<static_cast<unsigned>((rows * (D / 8) + 255) / 256), 256, 0, l.stream>>>(a, g);
-  MPT_CUDA_CHECK_LAUNCH("attention_delta_kernel");
   const float scale = static_cast<float>(a.scale);
-  auto key_kernel = attention_key_grad_kernel<T, D>;
-  static std::atomic<uint64_t> key_devices_set{0};
-  allow_shared_memory(key_kernel, KeyGradLayout<T, D>::bytes, l.device, key_devices_set);
-  key_kernel<<<grid_of(a), kBlockThreads, KeyGradLayout<T, D>::bytes, l.stream>>>(a, g, scale);
-  MPT_CUDA_CHECK_LAUNCH("attention_key_grad_kernel");
+  // The query kernel first: it writes each row's delta, which the key
+  // kernel reads.
   auto query_kernel = attention_query_grad_kernel<T, D>;
   static std::atomic<uint64_t> query_devices_set{0};
   allow_shared_memory(query_kernel, QueryGradLayout<T, D>::bytes, l.device, query_devices_set);
   query_kernel<<<grid_of(a), kBlockThreads, QueryGradLayout<T, D>::bytes, l.stream>>>(a, g, scale);
   MPT_CUDA_CHECK_LAUNCH("attention_query_grad_kernel");
+  auto key_kernel = attention_key_grad_kernel<T, D>;
+  static std::atomic<uint64_t> key_devices_set{0};
+  allow_shared_memory(key_kernel, KeyGradLayout<T, D>::bytes, l.device, key_devices_set);
+  key_kernel<<<grid_of(a), kBlockThreads, KeyGradLayout<T, D>::bytes, l.stream>>>(a, g, scale);
+  MPT_CUDA_CHECK_LAUNCH("attention_key_grad_kernel");
 }
 
 template <typename F>
