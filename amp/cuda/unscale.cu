@@ -20,9 +20,7 @@ constexpr int kBlockThreads = 512;
 struct TensorChunks {
   void* addresses[kMaxTensors];
   int64_t sizes[kMaxTensors];
-  unsigned char block_to_tensor[kMaxBlocks];
-  int block_to_chunk[kMaxBlocks];
-  int64_t chunk;  // elements per block (chunk_for)
+  mpt::cuda::BlockTable<kMaxBlocks> blocks;
 };
 static_assert(sizeof(TensorChunks) < 4000, "kernel parameters are limited to 4 KiB");
 
@@ -35,10 +33,9 @@ __device__ __forceinline__ T unscale_one(T x, float inv_scale, bool& found) {
 
 template <typename T>
 __global__ void unscale_kernel(TensorChunks list, float* found_inf, const float* inv_scale_ptr) {
-  const int tensor = list.block_to_tensor[blockIdx.x];
-  const int64_t start = static_cast<int64_t>(list.block_to_chunk[blockIdx.x]) * list.chunk;
-  T* p = static_cast<T*>(list.addresses[tensor]) + start;
-  const int64_t n = min(list.chunk, list.sizes[tensor] - start);
+  const mpt::cuda::BlockChunk c = mpt::cuda::this_block_chunk(list.blocks, [&](int slot) { return list.sizes[slot]; });
+  T* p = static_cast<T*>(list.addresses[c.slot]) + c.begin;
+  const int64_t n = c.count;
   const float inv_scale = *inv_scale_ptr;
   bool found = false;
 
@@ -65,9 +62,10 @@ template <typename T>
 void unscale_list(void* const* grads, const int64_t* sizes, size_t count, float* found_inf, const float* inv_scale,
                   cudaStream_t stream) {
   TensorChunks list;
-  list.chunk = mpt::cuda::chunk_for(sizes, count, mpt::cuda::multiprocessor_count(mpt::cuda::current_device()));
+  list.blocks.chunk =
+      mpt::cuda::chunk_for(sizes, count, mpt::cuda::multiprocessor_count(mpt::cuda::current_device()));
   mpt::cuda::plan_chunked_launches(
-      list, sizes, count, list.chunk, kMaxTensors,
+      list.blocks, sizes, count, kMaxTensors,
       [&](int slot, size_t i) {
         list.addresses[slot] = grads[i];
         list.sizes[slot] = sizes[i];

@@ -1,8 +1,8 @@
 // Multi-tensor AdamW and SGD. The tensor list travels in the kernel's
 // parameter block (no device copy of metadata, so a launch is capturable in a
 // CUDA graph): each launch carries up to kMaxTensors tensors and kMaxBlocks
-// chunks of `chunk` elements; block b updates chunk block_chunk[b] of tensor
-// block_tensor[b]. Longer lists take several launches.
+// chunks (tensor/cuda/multi_tensor.cuh); each block updates one chunk of
+// one tensor. Longer lists take several launches.
 #include "models/fused_optim.h"
 
 #include "tensor/cuda/kernel_utils.cuh"
@@ -19,9 +19,7 @@ constexpr int kThreads = 512;
 template <typename Tensor>
 struct TensorList {
   Tensor tensors[kMaxTensors];
-  uint8_t block_tensor[kMaxBlocks];
-  int32_t block_chunk[kMaxBlocks];
-  int64_t chunk;  // elements per block (cuda::chunk_for)
+  cuda::BlockTable<kMaxBlocks> blocks;
 };
 // The classic 4 KiB kernel parameter limit, so any driver takes it.
 static_assert(sizeof(TensorList<AdamWTensor>) + sizeof(AdamWScalars) <= 4000);
@@ -39,7 +37,8 @@ __device__ __forceinline__ void store(void* p, int64_t i, float v) {
 template <typename T>
 __global__ void __launch_bounds__(kThreads) adamw_kernel(TensorList<AdamWTensor> list, AdamWScalars s) {
   if (s.found_inf && *s.found_inf != 0.0f) return;  // the loss scaler skips this step
-  const AdamWTensor& t = list.tensors[list.block_tensor[blockIdx.x]];
+  const cuda::BlockChunk c = cuda::this_block_chunk(list.blocks, [&](int slot) { return list.tensors[slot].numel; });
+  const AdamWTensor& t = list.tensors[c.slot];
   float step_size = t.step_size, inv_bc2_sqrt = t.inv_bc2_sqrt;
   if (t.step) {
     // Bias corrections in double, as the host computes them, from this update's t.
@@ -47,8 +46,7 @@ __global__ void __launch_bounds__(kThreads) adamw_kernel(TensorList<AdamWTensor>
     step_size = static_cast<float>(s.lr / (1.0 - pow(static_cast<double>(s.beta1), step)));
     inv_bc2_sqrt = static_cast<float>(1.0 / sqrt(1.0 - pow(static_cast<double>(s.beta2), step)));
   }
-  const int64_t begin = static_cast<int64_t>(list.block_chunk[blockIdx.x]) * list.chunk;
-  const int64_t end = min(begin + list.chunk, t.numel);
+  const int64_t begin = c.begin, end = c.begin + c.count;
   auto update = [&](float p, float g, float& m, float& v) {
     m = s.beta1 * m + (1.0f - s.beta1) * g;
     v = s.beta2 * v + (1.0f - s.beta2) * g * g;
@@ -95,10 +93,10 @@ __global__ void __launch_bounds__(kThreads) adamw_kernel(TensorList<AdamWTensor>
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads) sgd_kernel(TensorList<SGDTensor> list, SGDScalars s) {
-  const SGDTensor& t = list.tensors[list.block_tensor[blockIdx.x]];
-  const int64_t begin = static_cast<int64_t>(list.block_chunk[blockIdx.x]) * list.chunk;
-  const int64_t end = min(begin + list.chunk, t.numel);
-  for (int64_t i = begin + threadIdx.x; i < end; i += kThreads) {
+  const cuda::BlockChunk c = cuda::this_block_chunk(list.blocks, [&](int slot) { return list.tensors[slot].numel; });
+  const SGDTensor& t = list.tensors[c.slot];
+  const int64_t end = c.begin + c.count;
+  for (int64_t i = c.begin + threadIdx.x; i < end; i += kThreads) {
     const float p = load<T>(t.param, i);
     float d = load<T>(t.grad, i) + s.weight_decay * p;
     if (t.momentum_buffer) {
@@ -125,27 +123,12 @@ __global__ void advance_steps_kernel(StepList list, const float* found_inf) {
 template <typename Tensor, typename Launch>
 void for_each_list(const std::vector<Tensor>& tensors, Launch&& launch) {
   TensorList<Tensor> list{};
-  int64_t total = 0;
-  for (const Tensor& t : tensors) total += t.numel;
-  list.chunk = cuda::chunk_for(total, cuda::multiprocessor_count(cuda::current_device()));
-  int n_tensors = 0, n_blocks = 0;
-  auto flush = [&] {
-    if (n_blocks > 0) launch(list, n_blocks);
-    n_tensors = 0;
-    n_blocks = 0;
-  };
-  for (const Tensor& t : tensors) {
-    if (t.numel == 0) continue;
-    const int64_t chunks = (t.numel + list.chunk - 1) / list.chunk;
-    for (int64_t c = 0; c < chunks; ++c) {
-      if (n_blocks == kMaxBlocks || (c == 0 && n_tensors == kMaxTensors)) flush();
-      if (c == 0 || n_blocks == 0) list.tensors[n_tensors++] = t;  // a tensor may continue in the next list
-      list.block_tensor[n_blocks] = static_cast<uint8_t>(n_tensors - 1);
-      list.block_chunk[n_blocks] = static_cast<int32_t>(c);
-      ++n_blocks;
-    }
-  }
-  flush();
+  std::vector<int64_t> sizes;
+  for (const Tensor& t : tensors) sizes.push_back(t.numel);
+  list.blocks.chunk = cuda::chunk_for(sizes.data(), sizes.size(), cuda::multiprocessor_count(cuda::current_device()));
+  cuda::plan_chunked_launches(
+      list.blocks, sizes.data(), sizes.size(), kMaxTensors,
+      [&](int slot, size_t i) { list.tensors[slot] = tensors[i]; }, [&](int blocks) { launch(list, blocks); });
 }
 
 }  // namespace

@@ -22,9 +22,7 @@ struct CopyChunks {
   const void* srcs[kMaxTensors];
   void* dsts[kMaxTensors];
   int64_t sizes[kMaxTensors];
-  unsigned char block_to_tensor[kMaxBlocks];
-  int block_to_chunk[kMaxBlocks];
-  int64_t chunk;  // elements per block (chunk_for)
+  BlockTable<kMaxBlocks> blocks;
 };
 static_assert(sizeof(CopyChunks) < 4000, "kernel parameters are limited to 4 KiB");
 
@@ -35,11 +33,10 @@ __device__ __forceinline__ Dst scaled(Src x, float scale) {
 
 template <typename Src, typename Dst>
 __global__ void scaled_copy_kernel(CopyChunks list, float scale) {
-  const int tensor = list.block_to_tensor[blockIdx.x];
-  const int64_t start = static_cast<int64_t>(list.block_to_chunk[blockIdx.x]) * list.chunk;
-  const Src* src = static_cast<const Src*>(list.srcs[tensor]) + start;
-  Dst* dst = static_cast<Dst*>(list.dsts[tensor]) + start;
-  const int64_t n = min(list.chunk, list.sizes[tensor] - start);
+  const BlockChunk c = this_block_chunk(list.blocks, [&](int slot) { return list.sizes[slot]; });
+  const Src* src = static_cast<const Src*>(list.srcs[c.slot]) + c.begin;
+  Dst* dst = static_cast<Dst*>(list.dsts[c.slot]) + c.begin;
+  const int64_t n = c.count;
 
   // 16-byte accesses on the wider side (the narrower one moves half that).
   constexpr int kVec = 16 / (sizeof(Src) > sizeof(Dst) ? sizeof(Src) : sizeof(Dst));
@@ -65,9 +62,9 @@ template <typename Src, typename Dst>
 void scaled_copy_list(const void* const* srcs, void* const* dsts, const int64_t* sizes, size_t count, float scale,
                       cudaStream_t stream) {
   CopyChunks list;
-  list.chunk = chunk_for(sizes, count, multiprocessor_count(current_device()));
+  list.blocks.chunk = chunk_for(sizes, count, multiprocessor_count(current_device()));
   plan_chunked_launches(
-      list, sizes, count, list.chunk, kMaxTensors,
+      list.blocks, sizes, count, kMaxTensors,
       [&](int slot, size_t i) {
         list.srcs[slot] = srcs[i];
         list.dsts[slot] = dsts[i];

@@ -1,14 +1,14 @@
 #pragma once
-// The host side of multi-tensor launches (PyTorch's multi_tensor_apply):
-// tensors are cut into chunks, each block of a launch takes one chunk of
-// one tensor, and the launch's tables travel in the kernel's parameters, so
-// one launch holds at most max_tensors tensors and as many chunks as
-// list.block_to_tensor has entries. On the device side, for_each_pack walks
-// a block's chunk.
+// Multi-tensor launches (PyTorch's multi_tensor_apply): tensors are cut
+// into chunks, each block of a launch takes one chunk of one tensor, and
+// the launch's tables travel in the kernel's parameters, so one launch
+// holds at most max_tensors tensors and kMaxBlocks chunks. On the host,
+// chunk_for sizes the chunks and plan_chunked_launches fills the tables;
+// on the device, this_block_chunk reads a block's entry and for_each_pack
+// walks its chunk.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <iterator>
 
 namespace mpt::cuda {
 
@@ -30,13 +30,24 @@ inline int64_t chunk_for(const int64_t* sizes, size_t count, int sm_count) {
   return chunk_for(total, sm_count);
 }
 
+// One launch's block table: block b takes chunk block_to_chunk[b] (of
+// `chunk` elements) of the tensor in slot block_to_tensor[b] of the
+// launch's own list of tensors.
+template <int kMaxBlocks>
+struct BlockTable {
+  unsigned char block_to_tensor[kMaxBlocks];
+  int block_to_chunk[kMaxBlocks];
+  int64_t chunk;  // elements per block (chunk_for)
+};
+
 // For each tensor i with sizes[i] > 0: add_tensor(slot, i) when it takes a
-// slot of the current launch, then its chunks go into list.block_to_tensor
-// and list.block_to_chunk; launch(blocks) runs a full launch and the last.
-template <typename List, typename AddTensor, typename Launch>
-void plan_chunked_launches(List& list, const int64_t* sizes, size_t count, int64_t chunk, int max_tensors,
+// slot of the current launch (a tensor whose chunks span two launches takes
+// one in each), then its chunks go into `table`; launch(blocks) runs a full
+// launch and the last. table.chunk is set by the caller.
+template <int kMaxBlocks, typename AddTensor, typename Launch>
+void plan_chunked_launches(BlockTable<kMaxBlocks>& table, const int64_t* sizes, size_t count, int max_tensors,
                            AddTensor add_tensor, Launch launch) {
-  const int max_blocks = static_cast<int>(std::size(list.block_to_tensor));
+  const int64_t chunk = table.chunk;
   int tensors = 0, blocks = 0;
   auto flush = [&] {
     if (blocks > 0) launch(blocks);
@@ -53,15 +64,29 @@ void plan_chunked_launches(List& list, const int64_t* sizes, size_t count, int64
         slot = tensors++;
         add_tensor(slot, i);
       }
-      list.block_to_tensor[blocks] = static_cast<unsigned char>(slot);
-      list.block_to_chunk[blocks] = static_cast<int>(c);
-      if (++blocks == max_blocks) {
+      table.block_to_tensor[blocks] = static_cast<unsigned char>(slot);
+      table.block_to_chunk[blocks] = static_cast<int>(c);
+      if (++blocks == kMaxBlocks) {
         flush();
         slot = -1;
       }
     }
   }
   flush();
+}
+
+// This block's entry of `table`: the slot of its tensor, and the first
+// element and the element count of its chunk, for a tensor of size(slot)
+// elements.
+struct BlockChunk {
+  int slot;
+  int64_t begin, count;
+};
+template <int kMaxBlocks, typename Size>
+__device__ __forceinline__ BlockChunk this_block_chunk(const BlockTable<kMaxBlocks>& table, Size size) {
+  const int slot = table.block_to_tensor[blockIdx.x];
+  const int64_t begin = static_cast<int64_t>(table.block_to_chunk[blockIdx.x]) * table.chunk;
+  return {slot, begin, min(table.chunk, static_cast<int64_t>(size(slot)) - begin)};
 }
 
 // A block's walk over `packs` 16-byte packs of its chunk: load(i) returns
