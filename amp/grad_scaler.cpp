@@ -14,7 +14,9 @@ namespace {
 
 constexpr double kF32Max = 3.4028234663852886e38;
 
-bool is_whole(double v) { return std::isfinite(v) && v == std::floor(v); }
+// Whole and within 2^53 (where doubles stop counting exactly; past 2^63 the
+// conversion to int64 would be undefined).
+bool is_whole(double v) { return std::isfinite(v) && v == std::floor(v) && std::fabs(v) <= 9007199254740992.0; }
 
 std::string param_name(const Tensor& p, size_t index) {
   const std::string& name = p.autograd_meta().name;

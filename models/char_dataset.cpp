@@ -61,8 +61,8 @@ Batch CharDataset::get_batch(const std::vector<int64_t>& indices) const {
 }
 
 CharDataset CharDataset::subset(int64_t first, int64_t count) const {
-  check(first >= 0 && count >= 1 && first + count <= count_,
-        "CharDataset::subset: windows [{}, {}) outside [0, {})", first, first + count, count_);
+  check(first >= 0 && first <= count_ && count >= 1 && count <= count_ - first,
+        "CharDataset::subset: {} windows from {} do not fit in [0, {})", count, first, count_);
   CharDataset out = *this;
   out.first_ = first_ + first;
   out.count_ = count;

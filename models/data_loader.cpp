@@ -12,7 +12,8 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, std::shared_ptr<c
   check(options.batch_size >= 1, "DataLoader: batch_size {} must be at least 1", options.batch_size);
   check(options.num_workers >= 0, "DataLoader: num_workers {} must not be negative", options.num_workers);
   check(options.prefetch >= 1, "DataLoader: prefetch {} must be at least 1", options.prefetch);
-  const int64_t n = static_cast<int64_t>(sampler_->indices(0).size());
+  epoch_length_ = static_cast<int64_t>(sampler_->indices(0).size());
+  const int64_t n = epoch_length_;
   batches_per_epoch_ = options.drop_last ? n / options.batch_size : (n + options.batch_size - 1) / options.batch_size;
   start_epoch(0);
 }
@@ -36,6 +37,10 @@ void DataLoader::start_epoch(int64_t epoch, int64_t first_batch) {
   stop_workers();
   epoch_ = epoch;
   order_ = sampler_->indices(epoch);
+  // The batch count was taken from epoch 0; a sampler must keep its length.
+  check(static_cast<int64_t>(order_.size()) == epoch_length_,
+        "DataLoader::start_epoch: the sampler gives {} indices for epoch {} but {} for epoch 0; every epoch must be "
+        "as long", order_.size(), epoch, epoch_length_);
   next_batch_ = first_batch;
   next_to_claim_ = first_batch;
   ready_.clear();
@@ -87,7 +92,11 @@ void DataLoader::worker_loop() {
 
 std::optional<Batch> DataLoader::next() {
   if (next_batch_ >= batches_per_epoch_) return std::nullopt;
-  if (workers_.empty()) return load(next_batch_++);
+  if (workers_.empty()) {
+    Batch b = load(next_batch_);  // a batch that fails to load is not counted as consumed
+    ++next_batch_;
+    return b;
+  }
   std::unique_lock lock(mutex_);
   batch_ready_.wait(lock, [&] { return ready_.count(next_batch_) || (failure_ && failed_batch_ == next_batch_); });
   auto it = ready_.find(next_batch_);

@@ -63,6 +63,7 @@ class DataLoader {
   std::shared_ptr<const Dataset> dataset_;
   std::shared_ptr<const Sampler> sampler_;
   DataLoaderOptions options_;
+  int64_t epoch_length_ = 0;  // indices per epoch (the sampler's length at epoch 0)
   int64_t batches_per_epoch_ = 0;
 
   int64_t epoch_ = 0;

@@ -61,8 +61,10 @@ IdxArray read_idx(const std::string& path) {
                    d, rank);
     const uint32_t size = (uint32_t{b[0]} << 24) | (uint32_t{b[1]} << 16) | (uint32_t{b[2]} << 8) | b[3];
     check<IOError>(size > 0, "read_idx: '{}' has dimension {} of size 0", path, d);
+    // Checked before the product, which could wrap around for a hostile header.
+    check<IOError>(count <= (uint64_t{1} << 34) / size, "read_idx: '{}' declares an implausible {} x {} elements",
+                   path, count, size);
     count *= size;
-    check<IOError>(count <= (uint64_t{1} << 34), "read_idx: '{}' declares an implausible {} elements", path, count);
     out.shape.push_back(size);
   }
   // The values grow as they arrive (doubling from 64 KiB), so a short (or

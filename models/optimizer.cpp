@@ -11,6 +11,10 @@
 namespace mpt::optim {
 namespace {
 
+// 2^53: a larger double is no exact count, and past 2^63 converting it to
+// int64 is undefined.
+constexpr double kMaxExactCount = 9007199254740992.0;
+
 // "state.12.exp_avg" -> {"state", "12", "exp_avg"}; empty when not three parts.
 std::vector<std::string> split_key(const std::string& key) {
   std::vector<std::string> parts;
@@ -208,6 +212,10 @@ void Optimizer::load_state_dict(const StateDict& dict) {
   const std::vector<std::string> buffers = buffer_names();
   std::vector<std::string> problems;
   std::vector<bool> group_lr(groups_.size()), group_wd(groups_.size());
+  // Per parameter: whether its step and how many of its buffers came, so a
+  // state cut short is refused here and not found missing mid-step.
+  std::vector<bool> has_step(all_params_.size());
+  std::vector<size_t> buffers_given(all_params_.size());
 
   for (const auto& [key, t] : dict) {
     const std::vector<std::string> parts = split_key(key);
@@ -236,12 +244,25 @@ void Optimizer::load_state_dict(const StateDict& dict) {
       problems.push_back(fmt::format("key '{}': this optimizer has {} parameter(s)", key, all_params_.size()));
     } else if (parts[2] == "step") {
       if (!is_host_scalar(t)) problems.push_back(fmt::format("key '{}' must be a scalar, got {}", key, describe(t)));
+      has_step[*index] = true;
     } else if (std::find(buffers.begin(), buffers.end(), parts[2]) == buffers.end()) {
       problems.push_back(fmt::format("unexpected key '{}' ({} keeps no '{}' buffer)", key, name_, parts[2]));
     } else if (t.shape() != all_params_[*index].shape() || !is_floating(t.dtype())) {
       problems.push_back(fmt::format("key '{}': {} does not fit parameter '{}' {}", key, describe(t),
                                      param_name(*index), describe(all_params_[*index])));
+    } else {
+      ++buffers_given[*index];
     }
+  }
+  for (size_t i = 0; i < all_params_.size(); ++i) {
+    // All of a parameter's buffers or none (none: made afresh at its next
+    // step), and with any of them its step count.
+    if (buffers_given[i] != 0 && buffers_given[i] != buffers.size())
+      problems.push_back(fmt::format("state of parameter {} ('{}') holds {} of the buffers {}", i, param_name(i),
+                                     buffers_given[i], fmt::join(buffers, ", ")));
+    if (buffers_given[i] != 0 && !has_step[i])
+      problems.push_back(fmt::format("missing key 'state.{}.step' beside the buffers of parameter '{}'", i,
+                                     param_name(i)));
   }
   for (size_t g = 0; g < groups_.size(); ++g) {
     if (!group_lr[g]) problems.push_back(fmt::format("missing key 'group.{}.lr'", g));
@@ -271,8 +292,8 @@ void Optimizer::load_state_dict(const StateDict& dict) {
     const size_t i = *parse_index(parts[1]);
     if (parts[2] == "step") {
       const double step = t.item();
-      check(step >= 0 && step == std::floor(step), "{}.load_state_dict: '{}' must be a count, got {}", name_, key,
-            step);
+      check(step >= 0 && step == std::floor(step) && step <= kMaxExactCount,
+            "{}.load_state_dict: '{}' must be a count (0 to 2^53), got {}", name_, key, step);
       states[i].step = static_cast<int64_t>(step);
     } else {
       // A private copy on the parameter's device and dtype: updates are in

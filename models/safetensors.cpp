@@ -107,18 +107,33 @@ void sync_directory(const std::string& dir) {
   check<IOError>(rc == 0, "save_safetensors: fsync of folder '{}' failed: {}", dir, std::strerror(errno));
 }
 
-// Temporaries of `target` left by writers that were killed mid-write
-// (".<name>.tmp.<pid>" whose pid no longer runs) are removed, so kills do
-// not fill the folder; a live writer's temporary is left alone.
+// The host's name as it goes into temporaries' names: on a folder that
+// several hosts share, only this host's processes can be asked whether
+// they still run.
+std::string this_host() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof(name) - 1) != 0 || name[0] == '\0') return "localhost";
+  return name;
+}
+
+std::string temporary_prefix(const std::string& target_name) {
+  return fmt::format(".{}.tmp.{}.", target_name, this_host());
+}
+
+// Temporaries of `target` that writers on this host left when they were
+// killed mid-write (".<name>.tmp.<host>.<pid>" whose pid no longer runs)
+// are removed, so kills do not fill the folder; a live writer's temporary,
+// and any other host's, is left alone.
 void remove_stale_temporaries(const std::filesystem::path& dir, const std::string& target_name) {
   namespace fs = std::filesystem;
-  const std::string prefix = fmt::format(".{}.tmp.", target_name);
+  const std::string prefix = temporary_prefix(target_name);
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
     if (name.rfind(prefix, 0) != 0) continue;
     const std::string pid_text = name.substr(prefix.size());
-    if (pid_text.empty() || pid_text.find_first_not_of("0123456789") != std::string::npos) continue;
+    if (pid_text.empty() || pid_text.size() > 9 || pid_text.find_first_not_of("0123456789") != std::string::npos)
+      continue;
     const long pid = std::strtol(pid_text.c_str(), nullptr, 10);
     if (pid == ::getpid() || ::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
     std::error_code ignored;
@@ -159,7 +174,7 @@ void save_safetensors(const std::string& path, const OrderedDict<Tensor>& tensor
   namespace fs = std::filesystem;
   const fs::path target(path);
   const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
-  const std::string temp = (dir / fmt::format(".{}.tmp.{}", target.filename().string(), ::getpid())).string();
+  const std::string temp = (dir / fmt::format("{}{}", temporary_prefix(target.filename().string()), ::getpid())).string();
   remove_stale_temporaries(dir, target.filename().string());
   try {
     OutputFile out(temp);
@@ -182,6 +197,9 @@ void save_safetensors(const std::string& path, const OrderedDict<Tensor>& tensor
 }
 
 TensorFile load_safetensors(const std::string& path) {
+  std::error_code ec;
+  check<IOError>(std::filesystem::is_regular_file(path, ec), "load_safetensors: '{}' is not a file{}", path,
+                 ec ? fmt::format(" ({})", ec.message()) : std::string());
   std::ifstream in(path, std::ios::binary | std::ios::ate);
   check<IOError>(in.good(), "load_safetensors: cannot open '{}'", path);
   const uint64_t file_size = static_cast<uint64_t>(in.tellg());
@@ -190,6 +208,7 @@ TensorFile load_safetensors(const std::string& path) {
                  file_size);
   uint8_t length_bytes[8];
   in.read(reinterpret_cast<char*>(length_bytes), 8);
+  check<IOError>(in.gcount() == 8, "load_safetensors: cannot read the header length of '{}'", path);
   uint64_t header_len = 0;
   for (int i = 0; i < 8; ++i) header_len |= static_cast<uint64_t>(length_bytes[i]) << (8 * i);
   check<IOError>(header_len >= 2 && header_len <= kMaxHeaderBytes && header_len <= file_size - 8,

@@ -4,10 +4,13 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <thread>
 
 #include "parallel/distributed_error.h"
 
@@ -61,29 +64,37 @@ Bytes FileStore::get(const std::string& key) {
 
 int64_t FileStore::add(const std::string& key, int64_t delta) {
   // Read-modify-write under an exclusive lock on one lock file, which every
-  // rank sharing the folder takes.
+  // rank sharing the folder takes; waiting for it is bounded like any wait.
   const std::string lock_path = folder_ + "/.lock";
   const int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   mpt::check<IOError>(fd >= 0, "FileStore: cannot open '{}': {}", lock_path, std::strerror(errno));
-  ::flock(fd, LOCK_EX);
-  int64_t value = 0;
-  try {
-    const std::string path = path_of(key);
-    if (fs::exists(path)) {
-      const Bytes b = read_file(path);
-      if (b.size() == sizeof value) std::memcpy(&value, b.data(), sizeof value);
-    }
-    value += delta;
-    Bytes out(sizeof value);
-    std::memcpy(out.data(), &value, sizeof value);
-    write_atomically(path, out);
-  } catch (...) {
-    ::flock(fd, LOCK_UN);
-    ::close(fd);
-    throw;
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }  // closing releases the lock too
+  } closer{fd};
+  const auto until = std::chrono::steady_clock::now() + timeout();
+  while (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    mpt::check<IOError>(err == EWOULDBLOCK || err == EINTR, "FileStore: cannot lock '{}': {}", lock_path,
+                        std::strerror(err));
+    mpt::check<TimeoutError>(std::chrono::steady_clock::now() < until,
+                             "FileStore: '{}' stayed locked by another process for the timeout ({} ms)", lock_path,
+                             timeout().count());
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  ::flock(fd, LOCK_UN);
-  ::close(fd);
+  const std::string path = path_of(key);
+  int64_t value = 0;
+  if (fs::exists(path)) {
+    const Bytes b = read_file(path);
+    mpt::check<DistributedError>(b.size() == sizeof value, "FileStore: key '{}' holds {} bytes, not a counter", key,
+                                 b.size());
+    std::memcpy(&value, b.data(), sizeof value);
+  }
+  mpt::check<ValueError>(!__builtin_add_overflow(value, delta, &value),
+                         "FileStore: adding {} to key '{}' overflows int64", delta, key);
+  Bytes out(sizeof value);
+  std::memcpy(out.data(), &value, sizeof value);
+  write_atomically(path, out);
   return value;
 }
 

@@ -112,12 +112,12 @@ std::string alive_key(int rank) { return fmt::format("mpt/alive/{}", rank); }
 
 }  // namespace
 
-std::vector<int> departed_ranks(Store& store, int world_size) {
+std::vector<int> departed_ranks(Store& store, int world_size, std::optional<Millis> timeout) {
   auto* tcp = dynamic_cast<TcpStore*>(&store);
   if (tcp == nullptr) return {};
   std::vector<std::pair<int64_t, int>> gone;
   for (int r = 0; r < world_size; ++r)
-    if (const int64_t order = tcp->departure_order(alive_key(r)); order > 0) gone.emplace_back(order, r);
+    if (const int64_t order = tcp->departure_order(alive_key(r), timeout); order > 0) gone.emplace_back(order, r);
   std::sort(gone.begin(), gone.end());
   std::vector<int> ranks;
   for (const auto& [order, r] : gone) ranks.push_back(r);
@@ -126,17 +126,12 @@ std::vector<int> departed_ranks(Store& store, int world_size) {
 
 std::string describe_departures(Store& store, int world_size, Millis grace) {
   // Each question to the store waits at most `grace`: a store out of reach
-  // must not stretch the failure.
-  struct ShortTimeout {
-    Store& store;
-    Millis saved;
-    ~ShortTimeout() { store.set_timeout(saved); }
-  } short_timeout{store, store.timeout()};
-  store.set_timeout(std::min(grace, store.timeout()));
+  // must not stretch the failure. (Lowering the store's own timeout instead
+  // would race with the other threads that use it.)
   try {
     const auto until = std::chrono::steady_clock::now() + grace;
     for (;;) {
-      const std::vector<int> gone = departed_ranks(store, world_size);
+      const std::vector<int> gone = departed_ranks(store, world_size, grace);
       if (!gone.empty()) {
         std::string text = fmt::format("rank {} left the job first (its process exited or died)", gone.front());
         if (gone.size() > 1)
@@ -160,7 +155,7 @@ void linger_for_departures(Store& store, int rank, int world_size, Millis grace)
   const auto until = std::chrono::steady_clock::now() + grace;
   try {
     while (std::chrono::steady_clock::now() < until) {
-      const std::vector<int> gone = departed_ranks(store, world_size);
+      const std::vector<int> gone = departed_ranks(store, world_size, grace);
       if (static_cast<int>(gone.size()) >= world_size - 1)
         return;
       std::this_thread::sleep_for(std::chrono::milliseconds(50));

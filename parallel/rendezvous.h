@@ -65,15 +65,15 @@ void join_world(Store& store, int rank, int world_size);
 
 // The ranks whose process has left the job since join_world (its store
 // connection closed: it exited or died), first to leave first. Empty where
-// the store cannot tell (a FileStore). Throws when the store is unreachable.
-std::vector<int> departed_ranks(Store& store, int world_size);
+// the store cannot tell (a FileStore). Throws when the store is unreachable
+// (each question waits at most `timeout`; default: the store's).
+std::vector<int> departed_ranks(Store& store, int world_size, std::optional<Millis> timeout = std::nullopt);
 
 // For the error of a collective that failed on a broken connection: which
 // rank left the job first ("rank 1 left the job first ..."), waiting up to
 // `grace` for the store to notice a connection that just closed; when the
 // store is unreachable too, that rank 0, its host, is gone. Each question
-// to the store waits at most `grace` (the store's timeout is lowered for
-// that long). Never throws.
+// to the store waits at most `grace`. Never throws.
 std::string describe_departures(Store& store, int world_size, Millis grace = std::chrono::seconds(2));
 
 // After a failure on the rank whose process hosts the store: waits until

@@ -1,12 +1,15 @@
 #include "parallel/socket_util.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <thread>
@@ -117,6 +120,45 @@ int listen_tcp(int port, int* bound_port, const std::string& bind_address) {
   return sock;
 }
 
+namespace {
+
+// One connection attempt that gives up after `limit`: a blocking connect to
+// an address that drops packets waits out the kernel's SYN retries (about
+// two minutes), whatever the store's timeout. Returns the socket, blocking
+// again, or -1 with *error set.
+int connect_within(const addrinfo& a, Millis limit, std::string* error) {
+  const int fd = ::socket(a.ai_family, a.ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a.ai_protocol);
+  if (fd < 0) {
+    *error = std::strerror(errno);
+    return -1;
+  }
+  int err = ::connect(fd, a.ai_addr, a.ai_addrlen) == 0 ? 0 : errno;
+  if (err == EINPROGRESS) {
+    pollfd p{fd, POLLOUT, 0};
+    int ready;
+    do ready = ::poll(&p, 1, static_cast<int>(std::max<int64_t>(1, limit.count())));
+    while (ready < 0 && errno == EINTR);
+    if (ready == 0) {
+      err = ETIMEDOUT;
+    } else if (ready < 0) {
+      err = errno;
+    } else {
+      socklen_t len = sizeof err;
+      if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
+    }
+  }
+  const int flags = err == 0 ? ::fcntl(fd, F_GETFL) : -1;
+  if (err == 0 && (flags < 0 || ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0)) err = errno;
+  if (err != 0) {
+    *error = std::strerror(err);
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+}  // namespace
+
 int connect_tcp(const std::string& host, int port, Millis timeout) {
   using clock = std::chrono::steady_clock;
   const auto start = clock::now();
@@ -133,16 +175,13 @@ int connect_tcp(const std::string& host, int port, Millis timeout) {
       last_error = fmt::format("cannot resolve '{}': {}", host, ::gai_strerror(gai));
     } else {
       for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
-        const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+        const auto left = timeout - std::chrono::duration_cast<Millis>(clock::now() - start);
+        const int fd = connect_within(*a, std::max(left, Millis(1)), &last_error);
         if (fd < 0) continue;
-        if (::connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
-          ::freeaddrinfo(found);
-          int on = 1;
-          ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof on);
-          return fd;
-        }
-        last_error = std::strerror(errno);
-        ::close(fd);
+        ::freeaddrinfo(found);
+        int on = 1;
+        ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof on);
+        return fd;
       }
       ::freeaddrinfo(found);
     }
@@ -158,11 +197,14 @@ int connect_tcp(const std::string& host, int port, Millis timeout) {
 }
 
 void set_io_timeout(int fd, Millis timeout) {
+  // A zero timeval means "block forever": a timeout of 0 ms becomes 1 ms.
+  const int64_t ms = std::max<int64_t>(1, timeout.count());
   timeval tv{};
-  tv.tv_sec = static_cast<time_t>(timeout.count() / 1000);
-  tv.tv_usec = static_cast<suseconds_t>((timeout.count() % 1000) * 1000);
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  tv.tv_sec = static_cast<time_t>(ms / 1000);
+  tv.tv_usec = static_cast<suseconds_t>((ms % 1000) * 1000);
+  check<DistributedError>(::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) == 0 &&
+                              ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) == 0,
+                          "TcpStore: cannot set a socket timeout: {}", std::strerror(errno));
 }
 
 void send_all(int fd, const void* data, size_t n, const std::string& what) {

@@ -6,10 +6,16 @@
 #include <fmt/ranges.h>
 
 #include "parallel/distributed_error.h"
+#include "tensor/error.h"
 
 namespace mpt::dist {
 
-void Store::wait(const std::vector<std::string>& keys) { wait(keys, timeout_); }
+void Store::set_timeout(Millis t) {
+  mpt::check<ValueError>(t.count() > 0, "Store: the timeout must be positive, got {} ms", t.count());
+  timeout_ms_.store(t.count());
+}
+
+void Store::wait(const std::vector<std::string>& keys) { wait(keys, timeout()); }
 
 void Store::wait(const std::vector<std::string>& keys, Millis timeout) {
   const auto start = std::chrono::steady_clock::now();

@@ -3,6 +3,7 @@
 // addresses, NCCL's unique id, arrival marks). Every wait is bounded by the
 // store's timeout and fails with a TimeoutError naming the keys it waited
 // for, so a misconfigured job stops instead of hanging.
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <string>
@@ -31,8 +32,9 @@ class Store {
   void wait(const std::vector<std::string>& keys);
   void wait(const std::vector<std::string>& keys, Millis timeout);
 
-  Millis timeout() const { return timeout_; }
-  void set_timeout(Millis t) { timeout_ = t; }
+  Millis timeout() const { return Millis(timeout_ms_.load()); }
+  // Positive (ValueError otherwise); threads may read it meanwhile.
+  void set_timeout(Millis t);
 
   // Text helpers.
   void set(const std::string& key, const std::string& value) { set(key, Bytes(value.begin(), value.end())); }
@@ -42,10 +44,10 @@ class Store {
   virtual std::string describe() const = 0;
 
  protected:
-  explicit Store(Millis timeout) : timeout_(timeout) {}
+  explicit Store(Millis timeout) { set_timeout(timeout); }
 
  private:
-  Millis timeout_;
+  std::atomic<int64_t> timeout_ms_{0};
 };
 
 }  // namespace mpt::dist

@@ -300,12 +300,24 @@ TcpStore::~TcpStore() {
 
 std::string TcpStore::describe() const { return fmt::format("tcp://{}:{}", host_, port_); }
 
-Bytes TcpStore::request(Command cmd, const std::string& key, const Bytes& value, bool* found) {
+Bytes TcpStore::request(Command cmd, const std::string& key, const Bytes& value, bool* found,
+                        std::optional<Millis> timeout) {
   std::lock_guard lock(mutex_);
-  set_io_timeout(fd_, timeout());  // set_timeout() applies to the next request
   const std::string what = fmt::format("TcpStore {} (key '{}')", describe(), shown_key(key));
-  send_message(fd_, static_cast<uint8_t>(cmd), key, value, what);
-  StoreMessage reply = recv_message(fd_, what);
+  mpt::check<DistributedError>(broken_.empty(), "{}: the connection to the store was closed after an earlier "
+                               "request failed: {}", what, broken_);
+  check_store_limits(key.size(), value.size(), what);  // refused before any byte goes out: the connection stays good
+  StoreMessage reply;
+  try {
+    set_io_timeout(fd_, timeout.value_or(this->timeout()));  // set_timeout() applies to the next request
+    send_message(fd_, static_cast<uint8_t>(cmd), key, value, what);
+    reply = recv_message(fd_, what);
+  } catch (const std::exception& e) {
+    broken_ = e.what();
+    close_fd(fd_);
+    fd_ = -1;
+    throw;
+  }
   mpt::check<DistributedError>(reply.head != Status::unknown_command, "{}: the server did not understand command {}",
                                what, int(cmd));
   mpt::check<DistributedError>(reply.head != Status::refused, "{}: the server refused the request: {}", what,
@@ -320,7 +332,9 @@ void TcpStore::set_ephemeral(const std::string& key, const Bytes& value) {
   request(Command::set_ephemeral, key, value);
 }
 
-int64_t TcpStore::departure_order(const std::string& key) { return add(key + "/departed", 0); }
+int64_t TcpStore::departure_order(const std::string& key, std::optional<Millis> timeout) {
+  return decode_int(request(Command::add, key + "/departed", encode_int(0), nullptr, timeout));
+}
 
 Bytes TcpStore::get(const std::string& key) {
   bool found = false;

@@ -12,6 +12,7 @@
 // in clear text.
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -55,8 +56,9 @@ class TcpStore : public Store {
   // can tell which process left first.
   void set_ephemeral(const std::string& key, const Bytes& value);
   // 0 while the ephemeral `key` is held (or was never set); else 1 for the
-  // first connection that closed, 2 for the next, ...
-  int64_t departure_order(const std::string& key);
+  // first connection that closed, 2 for the next, ... Waits for the answer
+  // at most `timeout` (default: the store's).
+  int64_t departure_order(const std::string& key, std::optional<Millis> timeout = std::nullopt);
 
   const std::string& host() const { return host_; }
   int port() const { return port_; }
@@ -68,13 +70,18 @@ class TcpStore : public Store {
  private:
   friend class TcpStoreServer;  // shares the wire commands
   enum class Command : uint8_t;
-  Bytes request(Command cmd, const std::string& key, const Bytes& value, bool* found = nullptr);
+  Bytes request(Command cmd, const std::string& key, const Bytes& value, bool* found = nullptr,
+                std::optional<Millis> timeout = std::nullopt);
   void greet(const std::string& job_token);
 
   std::string host_;
   int port_;
   std::unique_ptr<TcpStoreServer> server_;
   int fd_ = -1;
+  // Why the connection was closed: a request whose send or reply failed
+  // (a timeout included) leaves the stream at an unknown point, so a later
+  // request could read the late reply as its own.
+  std::string broken_;
   std::mutex mutex_;  // one request at a time on the connection
 };
 

@@ -71,7 +71,8 @@ Shape infer_shape(const Tensor& t, Shape shape, const char* op) {
       infer = static_cast<int>(i);
     } else {
       check<ShapeError>(shape[i] >= 0, "{}: invalid shape {}", op, shape_str(shape));
-      known *= shape[i];
+      check<ShapeError>(!__builtin_mul_overflow(known, shape[i], &known), "{}: shape {} has more elements than an "
+                        "int64 can count", op, shape_str(shape));
     }
   }
   if (infer >= 0) {
@@ -296,7 +297,7 @@ Tensor slice(const Tensor& t, int64_t dim, int64_t start, int64_t end, int64_t s
   start = std::clamp<int64_t>(start, 0, n);
   end = std::clamp<int64_t>(end, start, n);
   Shape shape = t.shape(), strides = t.strides();
-  shape[d] = (end - start + step - 1) / step;
+  shape[d] = end > start ? (end - start - 1) / step + 1 : 0;  // not (end - start + step - 1): it overflows for huge steps
   strides[d] *= step;
   return with_layout(t, std::move(shape), std::move(strides), t.offset() + start * t.strides()[d]);
 }
@@ -323,6 +324,9 @@ std::optional<Tensor> joined_slices(const std::vector<Tensor>& parts, int64_t di
 }
 
 Tensor expand(const Tensor& t, const Shape& shape) {
+  for (int64_t d : shape)
+    check<ShapeError>(d >= 0, "expand: {} cannot be expanded to {}: sizes must be given (no -1)", describe(t),
+                      shape_str(shape));
   const Shape b = broadcast_shapes(t.shape(), shape, "expand");
   check<ShapeError>(b == shape, "expand: {} cannot be expanded to {}", describe(t), shape_str(shape));
   return with_layout(t, shape, broadcast_strides(t.shape(), t.strides(), shape), t.offset());

@@ -106,7 +106,10 @@ std::pair<Tensor, Tensor> linear_weight_grad(const Tensor& grad, const Tensor& x
 Tensor cat(const std::vector<Tensor>& xs, int64_t dim);  // same dtype and device, shapes equal but in dim
 
 // ---- gathers, convolution, pooling -----------------------------------------------------
-// table [V, D], indices i64 of any shape -> [..., D]. Out-of-range indices throw ValueError.
+// table [V, D], indices i64 of any shape -> [..., D]. Out-of-range indices
+// throw ValueError on the CPU; on a GPU they give zero rows (and are skipped
+// by index_add_rows_), and the caller enqueues check_index_range
+// (tensor/index_check.h), as embedding does, to hear of them.
 Tensor index_select_rows(const Tensor& table, const Tensor& indices);
 // table[indices[i], :] += src[i, :] with src [..., D] matching indices' shape.
 void index_add_rows_(const Tensor& table, const Tensor& indices, const Tensor& src);

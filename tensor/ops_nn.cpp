@@ -1,6 +1,7 @@
 // Raw ops for joining, gathering, convolution and pooling: checks and
 // allocation here, arithmetic in the backends.
 #include "tensor/dispatch.h"
+#include "tensor/index_check.h"
 #include "tensor/ops.h"
 
 namespace mpt::prim {
@@ -72,6 +73,10 @@ Tensor index_select_rows(const Tensor& table, const Tensor& indices) {
   check<ShapeError>(table.dim() == 2, "index_select_rows: table must be [V, D], got {}", describe(table));
   check<DeviceError>(table.device() == indices.device(), "index_select_rows: table {} and indices {} are on different devices",
                      describe(table), describe(indices));
+  // CPU indices are checked here (the kernel copies rows blindly); CUDA
+  // kernels keep a bad index inside the table and callers enqueue the
+  // deferred check (embedding), which would cost a launch here.
+  if (!indices.device().is_cuda()) check_index_range("index_select_rows", indices, table.shape()[0]);
   const Tensor idx = as_i64(indices, "index_select_rows");
   Shape shape = indices.shape();
   shape.push_back(table.shape()[1]);
@@ -93,6 +98,7 @@ void index_add_rows_(const Tensor& table, const Tensor& indices, const Tensor& s
   check<ShapeError>(src.shape() == expect, "index_add_rows_: source {} does not match indices {} and table {}",
                     describe(src), describe(indices), describe(table));
   if (src.numel() == 0) return;
+  if (!indices.device().is_cuda()) check_index_range("index_add_rows_", indices, table.shape()[0]);  // as above
   const Tensor idx = as_i64(indices, "index_add_rows_");
   const Tensor s = contiguous(src);
   on_device(table.device(), [&](Backend& b) {

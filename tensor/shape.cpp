@@ -8,8 +8,12 @@
 namespace mpt {
 
 int64_t numel(const Shape& s) {
+  for (int64_t d : s)
+    if (d == 0) return 0;  // before the product, which could overflow on the other dimensions
   int64_t n = 1;
-  for (int64_t d : s) n *= d;
+  for (int64_t d : s)
+    if (__builtin_mul_overflow(n, d, &n))
+      throw ShapeError(fmt::format("shape {} has more elements than an int64 can count", shape_str(s)));
   return n;
 }
 

@@ -9,8 +9,12 @@ namespace mpt {
 Tensor Tensor::empty(const Shape& shape, DType dtype, const Device& device) {
   for (int64_t d : shape)
     check<ShapeError>(d >= 0, "empty: negative dimension in shape {}", shape_str(shape));
+  size_t bytes = 0;
+  check<ShapeError>(!__builtin_mul_overflow(static_cast<size_t>(mpt::numel(shape)), dtype_size(dtype), &bytes),
+                    "empty: shape {} of {} needs more bytes than a size_t can count", shape_str(shape),
+                    dtype_name(dtype));
   auto impl = std::make_shared<TensorImpl>();
-  impl->storage = Storage::allocate(static_cast<size_t>(mpt::numel(shape)) * dtype_size(dtype), device);
+  impl->storage = Storage::allocate(bytes, device);
   impl->shape = shape;
   impl->strides = contiguous_strides(shape);
   impl->dtype = dtype;

@@ -159,6 +159,11 @@ TEST_F(CheckpointTest, TruncatedAndCorruptedFilesAreRefused) {
   longer.push_back(0);
   write_bytes(bad, longer);
   expect_contains(error_of<IOError>([&] { ckpt::read_checkpoint(bad); }), {"extra bytes"});
+
+  // A folder where a file should be (`--resume ckpts/`).
+  fs::create_directories(file("folder.safetensors"));
+  expect_contains(error_of<IOError>([&] { ckpt::read_checkpoint(file("folder.safetensors")); }),
+                  {file("folder.safetensors"), "is not a file"});
 }
 
 TEST_F(CheckpointTest, MismatchedModelOrOptimizerIsRefusedAndNothingIsLoaded) {
@@ -257,7 +262,9 @@ TEST_F(CheckpointTest, KilledWhileWritingLeavesAWholeCheckpoint) {
       // Within a few milliseconds of the writer's temporary appearing: in
       // the middle of writing it (most of a save is spent before, building
       // the bytes and their checksum).
-      const fs::path temp = dir_.path() / fmt::format(".big.safetensors.tmp.{}", writer);
+      char host[256] = {};
+      ASSERT_EQ(::gethostname(host, sizeof(host) - 1), 0);
+      const fs::path temp = dir_.path() / fmt::format(".big.safetensors.tmp.{}.{}", host, writer);
       const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
       while (!fs::exists(temp) && std::chrono::steady_clock::now() < until)
         std::this_thread::sleep_for(std::chrono::microseconds(100));

@@ -108,6 +108,12 @@ TEST(IdxFile, MalformedFilesNameTheFileAndTheFault) {
   expect_contains(idx_error(p), {p, "truncated", "7 of 12"});
   p = with("trailing.gz", trailing);
   expect_contains(idx_error(p), {p, "after"});
+  // Sizes whose product wraps around 2^64 (to 0) are refused before the product.
+  Bytes wraps = {0, 0, 0x08, 4};
+  for (uint32_t d : {65536u, 65536u, 4u, 1u << 30})
+    for (int s = 24; s >= 0; s -= 8) wraps.push_back(static_cast<uint8_t>(d >> s));
+  p = with("wraps", wraps, false);
+  expect_contains(idx_error(p), {p, "implausible"});
   p = with("tiny", Bytes{0, 0}, false);
   expect_contains(idx_error(p), {p, "too short"});
   expect_contains(idx_error(dir.file("missing.gz")), {"cannot open", "missing.gz"});
@@ -399,6 +405,40 @@ TEST(DataLoaderTest, AWorkerFailureSurfacesAtItsBatch) {
     FAIL() << "no error";
   } catch (const IOError& e) {
     expect_contains(e.what(), {"sample 25"});
+  }
+}
+
+// Without workers too, a batch that fails to load is not consumed: asking
+// again fails again at the same batch, and the position stays before it.
+TEST(DataLoaderTest, AFailedBatchIsNotSkippedWithoutWorkers) {
+  auto ds = std::make_shared<CountingDataset>(40, /*fail_at=*/25);
+  DataLoader loader(ds, std::make_shared<SequentialOrRandomSampler>(40, false), {.batch_size = 10, .num_workers = 0});
+  ASSERT_TRUE(loader.next().has_value());
+  ASSERT_TRUE(loader.next().has_value());
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    EXPECT_THROW(loader.next(), IOError);
+    EXPECT_EQ(loader.position().batch, 2);
+  }
+}
+
+// A sampler whose epochs differ in length.
+class ShrinkingSampler : public Sampler {
+ public:
+  std::vector<int64_t> indices(int64_t epoch) const override {
+    std::vector<int64_t> out(static_cast<size_t>(epoch == 0 ? 40 : 15));
+    for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<int64_t>(i);
+    return out;
+  }
+};
+
+TEST(DataLoaderTest, AnEpochOfAnotherLengthIsRefused) {
+  DataLoader loader(std::make_shared<CountingDataset>(40, /*fail_at=*/-1), std::make_shared<ShrinkingSampler>(),
+                    {.batch_size = 10});
+  try {
+    loader.start_epoch(1);
+    FAIL() << "no error";
+  } catch (const ValueError& e) {
+    expect_contains(e.what(), {"start_epoch", "15 indices for epoch 1", "40 for epoch 0"});
   }
 }
 

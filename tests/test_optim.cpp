@@ -476,6 +476,10 @@ TEST_F(OptimTest, BadOptimizerStateDictChangesNothing) {
   expect_rejected(with("group.3.lr", scalar_tensor(0.1, DType::f64)), {"group.3.lr", "1 group"});
   expect_rejected(with("bogus", zeros({1})), {"unexpected key 'bogus'"});
   expect_rejected(without("group.0.weight_decay"), {"missing key 'group.0.weight_decay'"});
+  // A state cut short is refused whole, not found missing in the middle of a step.
+  expect_rejected(without("state.1.exp_avg_sq"), {"parameter 1", "1 of the buffers exp_avg, exp_avg_sq"});
+  expect_rejected(without("state.1.step"), {"missing key 'state.1.step'"});
+  expect_rejected(with("state.1.step", scalar_tensor(1e300, DType::f64)), {"state.1.step", "count", "1e+300"});
 }
 
 // ---- clip_grad_norm_ ---------------------------------------------------------------------------------
@@ -572,10 +576,21 @@ TEST(LrSchedule, ValidatesAndApplies) {
   b.set_requires_grad(true);
   optim::SGD opt(std::vector<optim::ParamGroup>{{{a}, std::nullopt, std::nullopt}, {{b}, 0.5, std::nullopt}},
                  {.lr = 1.0});
+  // Steps whose lr is neither group's starting lr (1.0 and 0.5): warm-up
+  // step 2 gives 2.0 * 3 / 4 = 1.5, step 3 the peak 2.0.
   const auto s = optim::LrSchedule::cosine(2.0, 4, 20);
-  s.apply(opt, 1);
-  EXPECT_DOUBLE_EQ(opt.lr(0), 1.0);
-  EXPECT_DOUBLE_EQ(opt.lr(1), 1.0);
+  s.apply(opt, 2);
+  EXPECT_DOUBLE_EQ(opt.lr(0), 1.5);
+  EXPECT_DOUBLE_EQ(opt.lr(1), 1.5);
+  // And the next step uses it, in both groups.
+  a.set_grad(ones({2}));
+  b.set_grad(ones({2}));
+  opt.step();
+  EXPECT_EQ(a.to_vector<float>(), (std::vector<float>{-1.5f, -1.5f}));
+  EXPECT_EQ(b.to_vector<float>(), (std::vector<float>{-1.5f, -1.5f}));
+  s.apply(opt, 3);
+  EXPECT_DOUBLE_EQ(opt.lr(0), 2.0);
+  EXPECT_DOUBLE_EQ(opt.lr(1), 2.0);
 }
 
 // Capturable mode needs the fused CUDA kernels: on the CPU it is refused,

@@ -2,12 +2,15 @@
 // failure the launcher's users meet (missing variable, busy port,
 // unreachable master, ranks that never come, disagreeing world sizes),
 // each within its timeout and with its message.
+#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstring>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <thread>
 
@@ -15,6 +18,7 @@
 #include "parallel/file_store.h"
 #include "parallel/free_port.h"
 #include "parallel/rendezvous.h"
+#include "parallel/store_message.h"
 #include "parallel/tcp_store.h"
 #include "test_util.h"
 
@@ -108,6 +112,111 @@ TEST(TcpStore, UnreachableMasterTimesOutWithAddressPortAndWait) {
   EXPECT_NE(msg.find("waiting"), std::string::npos) << msg;
   EXPECT_GE(took, 0.6);
   EXPECT_LT(took, 4.0);
+}
+
+// A loopback socket that listens with the given backlog and never accepts
+// unless the test does; *port receives its port.
+int listen_loopback(int backlog, int* port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  EXPECT_EQ(::listen(fd, backlog), 0);
+  socklen_t len = sizeof addr;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  *port = ntohs(addr.sin_port);
+  return fd;
+}
+
+// A master whose accept queue is full drops new connection requests (as a
+// host behind a firewall that drops packets does): a blocking connect would
+// wait out the kernel's retries, minutes; the store's timeout bounds it.
+TEST(TcpStore, AMasterThatDropsConnectionsTimesOutWithinTheTimeout) {
+  int port = 0;
+  const int listener = listen_loopback(0, &port);
+  std::vector<int> fillers;  // fill the accept queue, which nobody drains
+  for (int i = 0; i < 3; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    (void)::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+    fillers.push_back(fd);
+  }
+  std::this_thread::sleep_for(milliseconds(100));
+  const auto start = Clock::now();
+  const std::string msg =
+      error_of<TimeoutError>([&] { TcpStore client("127.0.0.1", port, false, milliseconds(800)); });
+  const double took = seconds_since(start);
+  EXPECT_NE(msg.find(fmt::format("127.0.0.1:{}", port)), std::string::npos) << msg;
+  EXPECT_NE(msg.find("timeout 800 ms"), std::string::npos) << msg;
+  EXPECT_GE(took, 0.7);
+  EXPECT_LT(took, 4.0);
+  for (int fd : fillers) ::close(fd);
+  ::close(listener);
+}
+
+// A request whose reply does not come within the timeout leaves the
+// connection at an unknown point of the stream: the store closes it, so a
+// later request fails naming the first failure instead of taking the late
+// reply for its own.
+TEST(TcpStore, AReplyThatCameTooLateIsNeverTakenForAnotherRequests) {
+  int port = 0;
+  const int listener = listen_loopback(4, &port);
+  std::thread server([&] {
+    const int fd = ::accept(listener, nullptr, nullptr);
+    ASSERT_GE(fd, 0);
+    auto read_exact = [fd](void* dst, size_t n) {
+      ASSERT_EQ(::recv(fd, dst, n, MSG_WAITALL), static_cast<ssize_t>(n));
+    };
+    auto send = [fd](const StoreMessage& m) {
+      const std::string bytes = encode_store_message(m, "test server");
+      (void)::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+    };
+    read_store_message(read_exact, "test server");  // the greeting
+    send({1, "", {}});                             // welcome
+    read_store_message(read_exact, "test server");  // the first add: answered too late
+    std::this_thread::sleep_for(milliseconds(700));
+    int64_t stale = 41;
+    Bytes value(sizeof stale);
+    std::memcpy(value.data(), &stale, sizeof stale);
+    send({1, "", value});
+    std::this_thread::sleep_for(milliseconds(300));
+    ::close(fd);
+  });
+  TcpStore client("127.0.0.1", port, false, milliseconds(300));
+  const std::string first = error_of<TimeoutError>([&] { client.add("n", 1); });
+  EXPECT_NE(first.find("no answer within the timeout"), std::string::npos) << first;
+  std::this_thread::sleep_for(milliseconds(800));  // the late reply has been sent by now
+  const std::string second = error_of<DistributedError>([&] { client.add("m", 1); });
+  EXPECT_NE(second.find("closed after an earlier request failed"), std::string::npos) << second;
+  EXPECT_NE(second.find("key 'n'"), std::string::npos) << second;
+  server.join();
+  ::close(listener);
+}
+
+TEST(Store, TheTimeoutMustBePositive) {
+  TcpStore master("127.0.0.1", 0, true, milliseconds(2000));
+  const std::string msg = error_of<ValueError>([&] { master.set_timeout(milliseconds(0)); });
+  EXPECT_NE(msg.find("positive"), std::string::npos) << msg;
+  EXPECT_EQ(master.timeout(), milliseconds(2000));
+}
+
+// The file store's counters: a file that is not a counter is refused, and
+// so is a sum past int64.
+TEST(FileStore, CountersRefuseOverflowAndForeignValues) {
+  const std::string folder = temp_folder("file-store-counters");
+  FileStore store(folder, milliseconds(2000));
+  EXPECT_EQ(store.add("n", std::numeric_limits<int64_t>::max() - 1), std::numeric_limits<int64_t>::max() - 1);
+  const std::string overflow = error_of<ValueError>([&] { store.add("n", 2); });
+  EXPECT_NE(overflow.find("overflows"), std::string::npos) << overflow;
+  EXPECT_EQ(store.add("n", 0), std::numeric_limits<int64_t>::max() - 1);  // unchanged
+  store.set("text", Bytes{'h', 'i'});
+  const std::string foreign = error_of<DistributedError>([&] { store.add("text", 1); });
+  EXPECT_NE(foreign.find("not a counter"), std::string::npos) << foreign;
+  std::filesystem::remove_all(folder);
 }
 
 TEST(Rendezvous, ReadsTorchrunVariables) {

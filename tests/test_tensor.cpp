@@ -1,6 +1,8 @@
 // Tensor basics: layout, views sharing storage, host round trips, errors.
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include "tensor/gpu_timeline.h"
 #include "tensor/ops.h"
 #include "tensor/pinned.h"
@@ -107,6 +109,10 @@ TEST(Tensor, SliceWithStepAndNegativeBounds) {
   EXPECT_EQ(prim::slice(t, 0, 1, 8, 3).to_vector<float>(), (std::vector<float>{1, 4, 7}));
   EXPECT_EQ(prim::slice(t, 0, -3, 10).to_vector<float>(), (std::vector<float>{7, 8, 9}));
   EXPECT_EQ(prim::slice(t, 0, 5, 2).numel(), 0);
+  // A step beyond the length takes the first element only (end - start + step would overflow).
+  const int64_t huge = std::numeric_limits<int64_t>::max();
+  EXPECT_EQ(prim::slice(t, 0, 2, 10, huge).to_vector<float>(), (std::vector<float>{2}));
+  EXPECT_EQ(prim::slice(t, 0, 2, 3, huge - 1).to_vector<float>(), (std::vector<float>{2}));
   EXPECT_THROW(prim::slice(t, 1, 0, 1), ShapeError);
 }
 

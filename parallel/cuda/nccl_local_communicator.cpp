@@ -29,7 +29,7 @@ class NcclLocalCommunicator : public LocalCommunicator {
   }
   ~NcclLocalCommunicator() override {
     for (ncclComm_t c : comms_)
-      if (c) ncclCommDestroy(c);
+      if (c) MPT_NCCL_RELEASE(ncclCommDestroy(c));
   }
 
   void allreduce_sum(const std::vector<Tensor>& ts) override { allreduce_sum_all({ts}); }
@@ -73,22 +73,31 @@ class NcclLocalCommunicator : public LocalCommunicator {
   void grouped(const std::vector<std::vector<Tensor>>& sets, Op&& op) {
     constexpr size_t kMaxGroupOps = 2048;
     size_t in_group = 0;
-    MPT_NCCL_CHECK(ncclGroupStart());
+    bool open = false;  // a group to close if an operation throws (and only then)
+    auto start = [&] {
+      MPT_NCCL_CHECK(ncclGroupStart());
+      open = true;
+    };
+    auto end = [&] {
+      open = false;
+      MPT_NCCL_CHECK(ncclGroupEnd());
+    };
     try {
+      start();
       for (const auto& ts : sets) {
         if (in_group + ts.size() > kMaxGroupOps) {
-          MPT_NCCL_CHECK(ncclGroupEnd());
-          MPT_NCCL_CHECK(ncclGroupStart());
+          end();
+          start();
           in_group = 0;
         }
         for (size_t i = 0; i < ts.size(); ++i) op(ts[i], i);
         in_group += ts.size();
       }
+      end();
     } catch (...) {
-      (void)ncclGroupEnd();
+      if (open) MPT_NCCL_RELEASE(ncclGroupEnd());
       throw;
     }
-    MPT_NCCL_CHECK(ncclGroupEnd());
   }
 
   std::vector<Device> devices_;

@@ -43,11 +43,11 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   Communicator(std::shared_ptr<Store> store, int world_size) : store_(std::move(store)), world_size_(world_size) {}
   ~Communicator() {
     if (comm_ != nullptr && aborted_because_.empty()) {
-      ncclCommDestroy(comm_);
+      MPT_NCCL_RELEASE(ncclCommDestroy(comm_));
       // Registered windows end with the communicator; their memory after
       // it. After an abort it is left alone: kernels waiting for a dead
       // peer may still touch it.
-      for (void* p : registered_) ncclMemFree(p);
+      for (void* p : registered_) MPT_NCCL_RELEASE(ncclMemFree(p));
     }
   }
   ncclComm_t get() const { return comm_; }
@@ -85,7 +85,7 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
     std::lock_guard lock(mutex_);
     if (!aborted_because_.empty() || comm_ == nullptr) return;
     aborted_because_ = why;
-    std::thread([self = shared_from_this()] { ncclCommAbort(self->comm_); }).detach();
+    std::thread([self = shared_from_this()] { MPT_NCCL_RELEASE(ncclCommAbort(self->comm_)); }).detach();
   }
   std::string aborted_because() {
     std::lock_guard lock(mutex_);
@@ -170,7 +170,7 @@ class NcclWork : public Work {
     DeviceGuard guard(Device(DeviceType::cuda, device_));
     MPT_CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
   }
-  ~NcclWork() override { cudaEventDestroy(done_); }
+  ~NcclWork() override { MPT_CUDA_RELEASE(cudaEventDestroy(done_)); }
 
   cudaEvent_t event() const { return done_; }
 
@@ -252,8 +252,8 @@ class ReplayWatchdog : public cuda::ReplayWatch {
     wake_.notify_one();
     if (thread_.joinable()) thread_.join();
     // Destroying an event a replay will still record is allowed.
-    for (const Pending& p : pending_) cudaEventDestroy(p.event);
-    for (cudaEvent_t e : spare_) cudaEventDestroy(e);
+    for (const Pending& p : pending_) MPT_CUDA_RELEASE(cudaEventDestroy(p.event));
+    for (cudaEvent_t e : spare_) MPT_CUDA_RELEASE(cudaEventDestroy(e));
   }
 
   // Waits for the previous replay (polling, as Work::wait() does: a small
@@ -384,16 +384,23 @@ void check_one_gpu_per_rank(Store& store, int64_t group_index, int rank, int siz
   char bus[32] = {};
   MPT_CUDA_CHECK(cudaDeviceGetPCIBusId(bus, sizeof bus, device));
   auto key = [&](int r) { return fmt::format("mpt/nccl/{}/gpu_of_rank/{}", group_index, r); };
-  const std::string mine = fmt::format("{} {} (cuda:{} there)", this_host_name(), bus, device);
+  // "host bus\ncuda:N": the GPU is the first line; the index, which differs
+  // between processes whose CUDA_VISIBLE_DEVICES differ, only names it.
+  const std::string mine = fmt::format("{} {}\ncuda:{}", this_host_name(), bus, device);
   store.set(key(rank), mine);
-  std::vector<std::string> gpus;
-  for (int r = 0; r < size; ++r) gpus.push_back(r == rank ? mine : store.get_string(key(r)));
+  std::vector<std::string> gpus, indices;
+  for (int r = 0; r < size; ++r) {
+    const std::string entry = r == rank ? mine : store.get_string(key(r));
+    const size_t nl = entry.find('\n');
+    gpus.push_back(entry.substr(0, nl));
+    indices.push_back(nl == std::string::npos ? "?" : entry.substr(nl + 1));
+  }
   for (int a = 0; a < size; ++a)
     for (int b = a + 1; b < size; ++b)
       check<DeviceError>(gpus[a] != gpus[b],
-                         "NCCL group (rank {} of {}): ranks {} and {} both drive the GPU at host/PCI address {}; "
-                         "each rank needs a GPU of its own (under mpt-run, the GPU of LOCAL_RANK)",
-                         rank, size, a, b, gpus[a]);
+                         "NCCL group (rank {} of {}): ranks {} ({} there) and {} ({} there) both drive the GPU at "
+                         "host/PCI address {}; each rank needs a GPU of its own (under mpt-run, the GPU of LOCAL_RANK)",
+                         rank, size, a, indices[a], b, indices[b], gpus[a]);
 }
 
 class NcclProcessGroup : public ProcessGroup {
@@ -432,8 +439,8 @@ class NcclProcessGroup : public ProcessGroup {
   }
 
   ~NcclProcessGroup() override {
-    if (ready_) cudaEventDestroy(ready_);
-    if (stream_) cudaStreamDestroy(stream_);
+    if (ready_) MPT_CUDA_RELEASE(cudaEventDestroy(ready_));
+    if (stream_) MPT_CUDA_RELEASE(cudaStreamDestroy(stream_));
   }
 
   std::string backend_name() const override { return "nccl"; }

@@ -1,5 +1,7 @@
 #include "tensor/cuda/check.h"
 
+#include <cstdio>
+
 #include <fmt/format.h>
 
 #include "tensor/error.h"
@@ -20,6 +22,12 @@ void throw_library_error(const char* library, int status, const char* status_nam
   throw CudaError(fmt::format("{} failed: {} error {}{}{} ({}) at {}:{}", expr, library, status,
                               status_name ? " " : "", status_name ? status_name : "",
                               status_text ? status_text : "no description", file, line));
+}
+
+void report_release_failure(const char* library, int status, const char* status_text, const char* expr,
+                            const char* file, int line) {
+  std::fprintf(stderr, "mptrain: warning: %s failed while releasing: %s error %d (%s) at %s:%d\n", expr, library,
+               status, status_text ? status_text : "no description", file, line);
 }
 
 }  // namespace mpt::cuda

@@ -15,6 +15,11 @@ namespace mpt::cuda {
 [[noreturn]] void throw_library_error(const char* library, int status, const char* status_name,
                                       const char* status_text, const char* expr, const char* file, int line);
 
+// For destructors and other places that cannot throw: a release that fails
+// is reported on standard error rather than dropped.
+void report_release_failure(const char* library, int status, const char* status_text, const char* expr,
+                            const char* file, int line);
+
 }  // namespace mpt::cuda
 
 #define MPT_CUDA_CHECK(expr)                                                             \
@@ -67,4 +72,26 @@ namespace mpt::cuda {
     if (mpt_status_ != ncclSuccess && mpt_status_ != ncclInProgress)                                \
       ::mpt::cuda::throw_library_error("NCCL", static_cast<int>(mpt_status_), nullptr,              \
                                        ncclGetErrorString(mpt_status_), #expr, __FILE__, __LINE__); \
+  } while (0)
+
+// A release in a destructor: the runtime's last-error slot is cleared (so no
+// later launch check blames an unrelated kernel) and the failure reported,
+// except when the runtime is already unloading at process exit.
+#define MPT_CUDA_RELEASE(expr)                                                                      \
+  do {                                                                                              \
+    const cudaError_t mpt_status_ = (expr);                                                         \
+    if (mpt_status_ != cudaSuccess) {                                                               \
+      (void)cudaGetLastError();                                                                     \
+      if (mpt_status_ != cudaErrorCudartUnloading)                                                  \
+        ::mpt::cuda::report_release_failure("CUDA", static_cast<int>(mpt_status_),                  \
+                                            cudaGetErrorString(mpt_status_), #expr, __FILE__, __LINE__); \
+    }                                                                                               \
+  } while (0)
+
+#define MPT_NCCL_RELEASE(expr)                                                                      \
+  do {                                                                                              \
+    const ncclResult_t mpt_status_ = (expr);                                                        \
+    if (mpt_status_ != ncclSuccess && mpt_status_ != ncclInProgress)                                \
+      ::mpt::cuda::report_release_failure("NCCL", static_cast<int>(mpt_status_),                    \
+                                          ncclGetErrorString(mpt_status_), #expr, __FILE__, __LINE__); \
   } while (0)

@@ -18,7 +18,7 @@ GpuTimeline::GpuTimeline(const Device& device, int capacity) : device_(device), 
 }
 
 GpuTimeline::~GpuTimeline() {
-  if (stamps_) (void)cudaFree(stamps_);
+  if (stamps_) MPT_CUDA_RELEASE(cudaFree(stamps_));
 }
 
 void GpuTimeline::begin_step() { labels_.clear(); }
