@@ -1,7 +1,8 @@
 // mpt-train end to end, on the CPU: a short run learns (test accuracy far
 // above the 10% of guessing), a run stopped and resumed ends bit-identical
-// to an uninterrupted one (with another number of loader workers, too), and
-// truncated, corrupted or mismatched checkpoints are refused with a message.
+// to an uninterrupted one (with another number of loader workers, too),
+// truncated, corrupted or mismatched checkpoints are refused with a message,
+// and so are wrong options, before any training.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -91,11 +92,15 @@ TEST_F(MptTrain, AShortRunLearns) {
   int step_lines = 0;
   const nlohmann::json* epoch = nullptr;
   for (const auto& l : lines) {
-    if (l["event"] == "step") ++step_lines;
+    if (l["event"] == "step") {
+      ++step_lines;
+      EXPECT_EQ(l["epoch"], 1) << l.dump();  // counted from 1, as the epoch summaries are
+    }
     if (l["event"] == "epoch") epoch = &l;
   }
   EXPECT_EQ(step_lines, 3);  // steps 20, 40, 60
   ASSERT_NE(epoch, nullptr);
+  EXPECT_EQ((*epoch)["epoch"], 1);
   for (const char* key : {"train_loss", "train_accuracy", "eval_loss", "eval_accuracy", "samples_per_s", "scale",
                           "skipped_steps"})
     EXPECT_TRUE(epoch->contains(key)) << key;
@@ -110,9 +115,24 @@ TEST_F(MptTrain, AShortRunLearns) {
 TEST_F(MptTrain, StoppedAndResumedRunEndsBitIdentical) {
   const std::string common = "--batch-size 32 --accumulation 2 --steps 12 --warmup-steps 4 --eval-batches 1 --seed 7";
   ASSERT_EQ(run(fmt::format("{} --workers 2 --checkpoint '{}'", common, file("whole.safetensors"))), 0) << stderr_;
-  ASSERT_EQ(run(fmt::format("{} --workers 0 --stop-after 5 --checkpoint '{}'", common, file("part.safetensors"))), 0)
+  // --stop-after ends as an interruption does (checkpoint, no evaluation of
+  // the unfinished epoch, an "interrupted" event), but with status 0.
+  ASSERT_EQ(run(fmt::format("{} --workers 0 --stop-after 5 --checkpoint '{}' --metrics '{}'", common,
+                            file("part.safetensors"), file("part.jsonl"))),
+            0)
       << stderr_;
   EXPECT_EQ(ckpt::read_checkpoint(file("part.safetensors")).step, 5);
+  EXPECT_NE(stdout_.find(fmt::format("stopped (--stop-after) after step 5; --resume '{}' continues",
+                                     file("part.safetensors"))),
+            std::string::npos)
+      << stdout_;
+  EXPECT_EQ(stdout_.find("epoch 1/2 done"), std::string::npos) << stdout_;
+  const auto part_lines = json_lines(file("part.jsonl"));
+  ASSERT_FALSE(part_lines.empty());
+  for (const auto& l : part_lines) EXPECT_NE(l["event"], "epoch") << l.dump();
+  EXPECT_EQ(part_lines.back()["event"], "interrupted");
+  EXPECT_EQ(part_lines.back()["reason"], "stop-after");
+  EXPECT_EQ(part_lines.back()["steps"], 5);
   EXPECT_NE(tensors_of(file("part.safetensors")), tensors_of(file("whole.safetensors")));
   ASSERT_EQ(run(fmt::format("{} --workers 1 --resume '{}' --checkpoint '{}'", common, file("part.safetensors"),
                             file("part.safetensors"))),
@@ -345,6 +365,42 @@ TEST_F(MptTrain, DdpWithBf16GradientTransitEndsCloseToF32) {
   EXPECT_LE(error, 1e-2);
 }
 #endif
+
+// Wrong option values are refused before any training, naming the option:
+// out of range (a usage error, status 2) or not fitting the rest of the run (1).
+TEST_F(MptTrain, BadOptionsAreRefusedNamingTheOption) {
+  for (const char* args : {"--log-every 0", "--eval-batches -1", "--checkpoint-every -1", "--stop-after -1",
+                           "--workers -1", "--context 0", "--gpt-d-model 0", "--init-scale 0"}) {
+    EXPECT_EQ(run(args), 2) << args;
+    const std::string flag = std::string(args).substr(0, std::string(args).find(' '));
+    EXPECT_NE(stderr_.find(flag + ": must be"), std::string::npos) << args << ": " << stderr_;
+    EXPECT_EQ(stderr_.find("179769"), std::string::npos) << stderr_;
+  }
+
+  EXPECT_EQ(run("--precision fp32 --growth-factor 0.5 --steps 1"), 1);
+  EXPECT_NE(stderr_.find("mpt-train: --growth-factor must be > 1"), std::string::npos) << stderr_;
+
+  EXPECT_EQ(run("--model gpt --data fashion-mnist --steps 1"), 1);
+  EXPECT_NE(stderr_.find("--model gpt trains on text"), std::string::npos) << stderr_;
+  EXPECT_EQ(run("--model mlp --data fortunes --steps 1"), 1);
+  EXPECT_NE(stderr_.find("--model mlp trains on --data fashion-mnist, not 'fortunes'"), std::string::npos) << stderr_;
+
+  // A checkpoint under a regular file cannot be written: refused at the
+  // start, not after the training.
+  std::ofstream(file("afile")) << "not a folder";
+  EXPECT_EQ(run(fmt::format("--steps 1 --checkpoint '{}'", file("afile/x.safetensors"))), 1);
+  EXPECT_NE(stderr_.find(fmt::format("mpt-train: --checkpoint '{}'", file("afile/x.safetensors"))), std::string::npos)
+      << stderr_;
+  EXPECT_EQ(stdout_.find("first input batch"), std::string::npos) << stdout_;
+}
+
+// Options that a run does not use are named on stderr, and it goes on.
+TEST_F(MptTrain, UnusedOptionsAreWarnedAbout) {
+  ASSERT_EQ(run("--precision bf16 --init-scale 1024 --scaler static --steps 1 --eval-batches 1"), 0) << stderr_;
+  EXPECT_NE(stderr_.find("warning: --scaler, --init-scale ignored"), std::string::npos) << stderr_;
+  ASSERT_EQ(run("--steps 4 --stop-after 1 --eval-batches 1"), 0) << stderr_;
+  EXPECT_NE(stderr_.find("warning: --stop-after 1 without --checkpoint"), std::string::npos) << stderr_;
+}
 
 TEST_F(MptTrain, GradientTransitNeedsDdp) {
   EXPECT_EQ(run("--steps 1 --grad-transit f16 --parallel none"), 1);

@@ -1,7 +1,8 @@
-// mpt-bench: the reference workloads of shared/reference/torch_bench.py
-// (same shapes, batch sizes, optimizer, precision and step), timed with
-// CUDA events: warm-up steps, then the median of the timed ones. Prints one
-// JSON line per run in torch_bench.py's form, plus peak GPU memory.
+// mpt-bench: the reference workloads of PyTorch's torch_bench.py (kept
+// beside the checkout, in ../shared/reference/) with the same shapes, batch
+// sizes, optimizer, precision and step, timed with CUDA events: warm-up
+// steps, then the median of the timed ones. Prints one JSON line per run in
+// torch_bench.py's form, plus peak GPU memory.
 //
 // Modes, as torch_bench.py has them:
 //   single  one GPU;
@@ -48,6 +49,7 @@
 #include "tensor/memory.h"
 #include "tensor/ops.h"
 #include "tensor/stream.h"
+#include "tools/cli_checks.h"
 
 namespace {
 
@@ -384,32 +386,39 @@ int relaunch_through_mpt_run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  using mpt::tools::non_negative;
+  using mpt::tools::positive;
   Options o;
-  CLI::App app{"mpt-bench: the reference workloads, timed as shared/reference/torch_bench.py times them"};
+  CLI::App app{"mpt-bench: the reference workloads, timed as PyTorch's torch_bench.py (in ../shared/reference/, "
+               "beside the checkout) times them"};
+  app.option_defaults()->always_capture_default();
   app.add_option("--workload", o.workload, "mlp_small, mlp_large, cnn or gpt_mini")
       ->check(CLI::IsMember({"mlp_small", "mlp_large", "cnn", "gpt_mini"}));
   app.add_option("--mode", o.mode, "single (one GPU), dp (a replica and a thread per GPU of this process), ddp (a process per GPU)")
       ->check(CLI::IsMember({"single", "dp", "ddp"}));
   app.add_option("--precision", o.precision, "fp16 (autocast + loss scaler), bf16 (autocast) or fp32")
       ->check(CLI::IsMember({"fp16", "bf16", "fp32"}));
-  app.add_option("--warmup", o.warmup, "untimed steps first")->check(CLI::NonNegativeNumber);
-  app.add_option("--steps", o.steps, "timed steps (the median is reported)")->check(CLI::PositiveNumber);
-  app.add_option("--batch", o.batch, "per-GPU batch (default: the workload's)")->check(CLI::NonNegativeNumber);
-  app.add_option("--device", o.device, "CUDA device index (single mode)")->check(CLI::NonNegativeNumber);
-  app.add_flag("!--no-graph", o.graph, "run each step eagerly instead of replaying it as a CUDA graph");
+  app.add_option("--warmup", o.warmup, "untimed steps first")->check(non_negative());
+  app.add_option("--steps", o.steps, "timed steps (the median is reported)")->check(positive());
+  app.add_option("--batch", o.batch, "per-GPU batch (0: the workload's)")->check(non_negative());
+  app.add_option("--device", o.device, "CUDA device index (single mode)")->check(non_negative());
+  // Callbacks, not "!--no-graph": the help would show that as "--no-graph{false}".
+  app.add_flag_callback("--no-graph", [&o] { o.graph = false; },
+                        "run each step eagerly instead of replaying it as a CUDA graph");
   bool conv_autotune = false;
   app.add_flag("--conv-autotune", conv_autotune,
                "time cuDNN's convolution algorithms once per geometry instead of taking its heuristic picks");
-  app.add_flag("--memory-trace", o.memory_trace, "single mode: print allocated memory after forward and backward");
+  app.add_flag("--memory-trace", o.memory_trace,
+               "single mode only: print allocated memory after forward and backward and after each backward node");
   app.add_flag("--timeline", o.timeline,
                "print the last step's timeline on each GPU (stamps of the GPU's timer at the step's phases, DDP's "
                "bucket fills and each collective's start and end; the stamps themselves cost a few us each)");
   double bucket_mb = 25, first_bucket_mb = 0;
   app.add_option("--bucket-mb", bucket_mb, "dp and ddp: gradient bucket size in MiB (PyTorch's bucket_cap_mb)")
-      ->check(CLI::PositiveNumber);
+      ->check(positive());
   app.add_option("--first-bucket-mb", first_bucket_mb,
                  "dp and ddp: size of the first bucket, which starts soonest (0: as --bucket-mb; PyTorch's is 1)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative());
   std::string grad_transit = "f32";
   app.add_option("--grad-transit", grad_transit,
                  "dp and ddp: dtype gradients are all-reduced in: f32 (the reference's), or f16 / bf16 (half the "
@@ -418,14 +427,18 @@ int main(int argc, char** argv) {
   app.add_flag("--registered-buffers", o.ddp.registered_buffers,
                "dp and ddp: bucket buffers in NCCL symmetric windows (lower latency; a dead peer can then block a "
                "host that waits on the GPU)");
-  app.add_flag("!--weights-cast-per-op", o.cast_weights_ahead,
-               "let each op cast its weights under autocast instead of casting them all in one launch before "
-               "forward");
+  app.add_flag_callback("--weights-cast-per-op", [&o] { o.cast_weights_ahead = false; },
+                        "let each op cast its weights under autocast instead of casting them all in one launch before "
+                        "forward");
   bool weight_grads_in_order = false;
   app.add_flag("--weight-grads-in-order", weight_grads_in_order,
                "compute weight gradients on backward's own stream, in order, instead of beside the chain of input "
                "gradients on a second stream");
-  CLI11_PARSE(app, argc, argv);
+  if (const auto status = mpt::tools::parse_command_line(app, argc, argv)) return *status;
+  if (o.memory_trace && o.mode != "single") {
+    std::cerr << "mpt-bench: --memory-trace works in single mode only, not with --mode " << o.mode << "\n";
+    return mpt::tools::kUsageError;
+  }
   beside::set_enabled(!weight_grads_in_order);
   if (grad_transit != "f32") o.ddp.compression = dtype_from_name(grad_transit);
   // Every collective of a timed step is replayed inside its graph, and the
@@ -447,8 +460,10 @@ int main(int argc, char** argv) {
     if (o.mode == "dp") return run_dp(o);
     if (o.mode == "ddp") return std::getenv("WORLD_SIZE") ? run_ddp(o) : relaunch_through_mpt_run(argc, argv);
     return run_single(o);
-  } catch (const Error& e) {
-    std::cerr << "mpt-bench: " << e.what() << "\n";
+  } catch (const std::exception& e) {
+    // mpt::Error, or what the standard library throws (std::filesystem, std::bad_alloc).
+    const std::string message = e.what();
+    std::cerr << (message.starts_with("mpt-bench:") ? "" : "mpt-bench: ") << message << "\n";
     return 1;
   }
 }

@@ -1,12 +1,13 @@
 // mpt-doctor: checks a machine and a job's environment before training, and
 // with --comm proves that every device and rank can all-reduce. Exit
 // status: 0 no problems (warnings allowed), 1 problems found, 2 the doctor
-// itself failed.
+// itself failed or its command line is wrong.
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
 
 #include "tensor/error.h"
+#include "tools/cli_checks.h"
 #include "tools/mpt-doctor/checks.h"
 
 int main(int argc, char** argv) {
@@ -19,7 +20,7 @@ int main(int argc, char** argv) {
   app.option_defaults()->always_capture_default();
   app.add_flag("--json", json, "Print the report as one JSON document");
   app.add_flag("--comm", comm, "All-reduce smoke tests: Gloo over CPU ranks, NCCL over every local GPU");
-  app.add_option("--sizes", sizes, "--comm: bytes per all-reduce")->check(CLI::PositiveNumber);
+  app.add_option("--sizes", sizes, "--comm: bytes per all-reduce")->check(mpt::tools::positive());
   app.add_option("--gloo-ranks", comm_options.gloo_ranks, "--comm: CPU ranks for the Gloo test")
       ->check(CLI::Range(2, 64));
   app.add_option("--iterations", comm_options.iterations, "--comm: timed all-reduces per size")
@@ -27,7 +28,7 @@ int main(int argc, char** argv) {
   app.add_option("--connect-timeout-ms", connect_timeout_ms,
                  "How long to try reaching MASTER_ADDR:MASTER_PORT (only for ranks other than 0)")
       ->check(CLI::Range(1, 600000));
-  CLI11_PARSE(app, argc, argv);
+  if (const auto status = mpt::tools::parse_command_line(app, argc, argv)) return *status;
   comm_options.sizes = sizes;
 
   try {

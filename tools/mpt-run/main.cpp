@@ -16,9 +16,11 @@
 
 #include "parallel/tcp_store.h"
 #include "supervisor.h"
+#include "tools/cli_checks.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"Start a distributed job: one process per local device, torchrun's variables set"};
+  app.option_defaults()->always_capture_default();
   int nproc = 0, nnodes = 1, node_rank = 0, master_port = 29500;
   std::string master_addr = "127.0.0.1";
   double kill_grace = 5.0;
@@ -27,26 +29,30 @@ int main(int argc, char** argv) {
   // The count is explicit: CUDA_VISIBLE_DEVICES alone never decides it.
   app.add_option("--nproc_per_node", nproc, "processes on this node (usually one per GPU)")
       ->required()
+      ->default_str("")  // required: the 0 it starts from is no default
       ->check(CLI::Range(1, 1024));
   app.add_option("--nnodes", nnodes, "number of nodes")->check(CLI::Range(1, 100000));
-  app.add_option("--node_rank", node_rank, "this node's index, 0..nnodes-1")->check(CLI::NonNegativeNumber);
+  app.add_option("--node_rank", node_rank, "this node's index, 0..nnodes-1")->check(mpt::tools::non_negative());
   app.add_option("--master_addr", master_addr, "host of rank 0 (its store)");
   app.add_option("--master_port", master_port, "port of rank 0's store")->check(CLI::Range(1, 65535));
   app.add_option("--job_token", job_token,
                  "shared secret of this job's processes (default: $MPT_JOB_TOKEN; on one node, a random one)");
   app.add_option("--kill_timeout", kill_grace, "seconds a rank gets to exit after SIGTERM before SIGKILL")
-      ->check(CLI::NonNegativeNumber);
+      ->check(mpt::tools::non_negative());
   app.prefix_command();  // everything from the program on belongs to it
-  app.footer("After the options: the program to run and its arguments.");
-  CLI11_PARSE(app, argc, argv);
+  app.footer("After the options: the program to run and its arguments (a '--' before them is optional).");
+  if (const auto status = mpt::tools::parse_command_line(app, argc, argv)) return *status;
   command = app.remaining();
+  // "mpt-run --nproc_per_node 2 -- ./train": the separator ends mpt-run's
+  // options; it is not the program.
+  if (!command.empty() && command.front() == "--") command.erase(command.begin());
   if (command.empty()) {
     fmt::print(stderr, "mpt-run: no program given\n{}", app.help());
-    return 2;
+    return mpt::tools::kUsageError;
   }
   if (node_rank >= nnodes) {
     fmt::print(stderr, "mpt-run: --node_rank {} must be below --nnodes {}\n", node_rank, nnodes);
-    return 2;
+    return mpt::tools::kUsageError;
   }
 
   if (job_token.empty())

@@ -10,6 +10,7 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -17,6 +18,7 @@
 #include "amp/scaler_replay.h"
 #include "amp/scaler_sweep.h"
 #include "tensor/error.h"
+#include "tools/cli_checks.h"
 #include "tools/mpt-scaler/plot.h"
 #include "tools/mpt-scaler/progress.h"
 #include "tools/mpt-scaler/sweep_training.h"
@@ -39,11 +41,14 @@ struct ScalerFlags {
   bool consecutive = false;
   double min_scale = 0, max_scale = 0;  // 0: none
 
-  void add_to(CLI::App& app) {
+  // with_growth_interval: false where the command sets the interval itself
+  // (sweep: --intervals).
+  void add_to(CLI::App& app, bool with_growth_interval = true) {
     app.add_option("--init-scale", init_scale, "initial loss scale")->capture_default_str();
     app.add_option("--growth-factor", growth_factor)->capture_default_str();
     app.add_option("--backoff-factor", backoff_factor)->capture_default_str();
-    app.add_option("--growth-interval", growth_interval, "clean steps before growing")->capture_default_str();
+    if (with_growth_interval)
+      app.add_option("--growth-interval", growth_interval, "clean steps before growing")->capture_default_str();
     app.add_option("--hysteresis", hysteresis, "hysteresis policy: overflows tolerated")->capture_default_str();
     app.add_flag("--consecutive-hysteresis", consecutive, "hysteresis policy: a clean step restores the allowance");
     app.add_option("--min-scale", min_scale, "floor (0: none)");
@@ -92,7 +97,9 @@ int main(int argc, char** argv) {
   replay->add_option("--policy", policies, "torch, hysteresis, static or all (repeatable)")->capture_default_str();
   replay->add_option("--pattern", pattern, "bernoulli:P | bursts:EVERY:LENGTH | periodic:PERIOD | file:PATH")
       ->capture_default_str();
-  replay->add_option("--steps", replay_steps, "steps to generate (ignored for file:)")->capture_default_str();
+  replay->add_option("--steps", replay_steps, "steps to generate (ignored for file:)")
+      ->check(tools::positive())
+      ->capture_default_str();
   replay->add_option("--seed", seed)->capture_default_str();
   replay->add_option("--out", replay_out, "trajectory file (.jsonl or .csv); several policies add .<policy>")
       ->capture_default_str();
@@ -101,16 +108,20 @@ int main(int argc, char** argv) {
   // ---- sweep ----
   auto* sweep = app.add_subcommand("sweep", "train the same model once per growth interval and compare");
   ScalerFlags sweep_flags;
-  sweep_flags.add_to(*sweep);
+  sweep_flags.add_to(*sweep, /*with_growth_interval=*/false);
   std::vector<int64_t> intervals{50, 200, 1000};
   tools::SweepTrainingConfig training;
   std::string device = "cpu", dtype = "f16", policy = "torch", unit = "steps", sweep_out, sweep_plot;
-  sweep->add_option("--intervals", intervals, "growth intervals to try")->delimiter(',')->capture_default_str();
+  sweep->add_option("--intervals", intervals, "growth intervals to try, one run each (comma-separated)")
+      ->delimiter(',')
+      ->capture_default_str();
   sweep->add_option("--model", training.model, "mlp or cnn (Fashion-MNIST), gpt (fortunes text)")
       ->check(CLI::IsMember({"mlp", "cnn", "gpt"}))
       ->capture_default_str();
-  sweep->add_option("--steps", training.steps)->capture_default_str();
-  sweep->add_option("--batch", training.batch)->capture_default_str();
+  sweep->add_option("--steps", training.steps, "training steps of each run")
+      ->check(tools::positive())
+      ->capture_default_str();
+  sweep->add_option("--batch", training.batch)->check(tools::positive())->capture_default_str();
   sweep->add_option("--lr", training.lr)->capture_default_str();
   sweep->add_option("--seed", training.seed)->capture_default_str();
   sweep->add_option("--device", device, "cpu or cuda[:N]")->capture_default_str();
@@ -130,7 +141,7 @@ int main(int argc, char** argv) {
   plot->add_option("--width", width)->capture_default_str();
   plot->add_option("--height", height)->capture_default_str();
 
-  CLI11_PARSE(app, argc, argv);
+  if (const auto status = tools::parse_command_line(app, argc, argv)) return *status;
 
   try {
     if (*replay) {
@@ -154,6 +165,12 @@ int main(int argc, char** argv) {
       training.autocast_dtype = dtype_from_name(dtype);
       amp::GradScalerOptions base = sweep_flags.options(amp::scale_policy_from_name(policy));
       base.growth_unit = amp::growth_unit_from_name(unit);
+      // The outputs are tried before the runs, so that a path that cannot be
+      // written fails now rather than after all the training (appending
+      // nothing leaves an existing file as it is until the end).
+      for (const auto& [flag, path] : {std::pair{"--out", sweep_out}, std::pair{"--plot", sweep_plot}})
+        if (!path.empty())
+          check<IOError>(std::ofstream(path, std::ios::app).good(), "cannot write {} '{}'", flag, path);
       // Progress counts training steps over all runs.
       tools::ProgressBar bar("sweep", static_cast<int64_t>(intervals.size()) * training.steps);
       size_t runs_done = 0;
@@ -186,7 +203,7 @@ int main(int argc, char** argv) {
       }
       if (!sweep_out.empty()) {
         std::ofstream out(sweep_out);
-        check<IOError>(out.good(), "mpt-scaler: cannot write '{}'", sweep_out);
+        check<IOError>(out.good(), "cannot write --out '{}'", sweep_out);
         out << results.dump(2) << '\n';
       }
       if (!sweep_plot.empty()) tools::plot_scale_trajectories(sweep_plot, series);
@@ -198,8 +215,10 @@ int main(int argc, char** argv) {
       }
       tools::plot_scale_trajectories(plot_out, series, width, height);
     }
-  } catch (const mpt::Error& e) {
-    std::fprintf(stderr, "mpt-scaler: %s\n", e.what());
+  } catch (const std::exception& e) {
+    // mpt::Error, or what the standard library throws (std::filesystem, std::bad_alloc).
+    const std::string message = e.what();
+    std::fprintf(stderr, "%s%s\n", message.starts_with("mpt-scaler:") ? "" : "mpt-scaler: ", message.c_str());
     return 1;
   }
   return 0;

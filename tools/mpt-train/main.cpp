@@ -2,75 +2,99 @@
 // Fashion-MNIST on the best device found; see --help for everything else.
 #include <CLI/CLI.hpp>
 
+#include <exception>
+
 #include "tensor/error.h"
+#include "tools/cli_checks.h"
 #include "tools/mpt-train/trainer.h"
 
 int main(int argc, char** argv) {
+  using mpt::tools::non_negative;
+  using mpt::tools::positive;
   mpt::train::TrainConfig c;
   CLI::App app{"mpt-train: train a reference model (MLP, CNN, GPT-mini) with mptrain"};
   app.option_defaults()->always_capture_default();
 
   app.add_option("--model", c.model, "Model")->check(CLI::IsMember({"mlp", "cnn", "gpt"}));
-  app.add_option("--data", c.data, "Data: fashion-mnist (mlp, cnn), or a text file for gpt ('fortunes': the default "
-                                   "corpus)");
-  app.add_option("--context", c.context, "gpt: sequence length");
-  app.add_option("--gpt-layers", c.gpt_layers, "gpt: number of blocks");
-  app.add_option("--gpt-heads", c.gpt_heads, "gpt: attention heads");
-  app.add_option("--gpt-d-model", c.gpt_d_model, "gpt: model width");
+  app.add_option("--data", c.data,
+                 "Data: fashion-mnist for mlp and cnn (their default); for gpt a text file, or 'fortunes' (its default "
+                 "corpus)");
+  app.add_option("--context", c.context, "gpt: sequence length")->check(positive());
+  app.add_option("--gpt-layers", c.gpt_layers, "gpt: number of blocks")->check(positive());
+  app.add_option("--gpt-heads", c.gpt_heads, "gpt: attention heads")->check(positive());
+  app.add_option("--gpt-d-model", c.gpt_d_model, "gpt: model width")->check(positive());
 
   app.add_option("--precision", c.precision,
                  "fp16 (autocast + loss scaler), bf16 (autocast), fp32, or auto (fp16 on a GPU, bf16 on the CPU)")
       ->check(CLI::IsMember({"auto", "fp16", "bf16", "fp32"}));
-  app.add_option("--scaler", c.scaler, "Loss-scaler policy for fp16: dynamic (PyTorch's), hysteresis, static")
+  // The loss scaler runs with fp16 only; its options are checked in every run.
+  const char* const scaler_flags[] = {"--scaler", "--init-scale", "--growth-factor", "--backoff-factor",
+                                      "--growth-interval"};
+  app.add_option("--scaler", c.scaler,
+                 "Loss-scaler policy for fp16: dynamic (PyTorch's; also called torch), hysteresis, static")
       ->check(CLI::IsMember({"dynamic", "torch", "hysteresis", "static"}));
-  app.add_option("--init-scale", c.init_scale, "Loss scaler: initial scale");
-  app.add_option("--growth-factor", c.growth_factor, "Loss scaler: growth factor");
-  app.add_option("--backoff-factor", c.backoff_factor, "Loss scaler: backoff factor");
-  app.add_option("--growth-interval", c.growth_interval, "Loss scaler: steps without overflow before growing");
+  app.add_option("--init-scale", c.init_scale, "Loss scaler: initial scale")->check(positive());
+  app.add_option("--growth-factor", c.growth_factor, "Loss scaler: growth factor (above 1)");
+  app.add_option("--backoff-factor", c.backoff_factor, "Loss scaler: backoff factor (between 0 and 1)");
+  app.add_option("--growth-interval", c.growth_interval, "Loss scaler: steps without overflow before growing")
+      ->check(positive());
 
-  app.add_option("--batch-size", c.batch_size, "Samples per micro-batch (0: the model's default, 128 or 64 for gpt)");
-  app.add_option("--accumulation", c.accumulation, "Micro-batches per optimizer step");
+  app.add_option("--batch-size", c.batch_size, "Samples per micro-batch (0: the model's default, 128 or 64 for gpt)")
+      ->check(non_negative());
+  app.add_option("--accumulation", c.accumulation, "Micro-batches per optimizer step")->check(positive());
   app.add_option("--optimizer", c.optimizer, "Optimizer")->check(CLI::IsMember({"adamw", "sgd"}));
   app.add_option("--lr", c.lr, "Peak learning rate");
   app.add_option("--weight-decay", c.weight_decay, "Weight decay");
   app.add_option("--momentum", c.momentum, "SGD momentum");
   app.add_option("--schedule", c.schedule, "Learning-rate schedule")->check(CLI::IsMember({"constant", "cosine"}));
-  app.add_option("--warmup-steps", c.warmup_steps, "cosine: linear warm-up steps");
+  app.add_option("--warmup-steps", c.warmup_steps, "cosine: linear warm-up steps")->check(non_negative());
   app.add_option("--min-lr-ratio", c.min_lr_ratio, "cosine: final lr as a fraction of --lr");
-  app.add_option("--epochs", c.epochs, "Epochs");
-  app.add_option("--steps", c.max_steps, "Stop after this many optimizer steps (0: all epochs)");
+  app.add_option("--epochs", c.epochs, "Epochs")->check(positive());
+  app.add_option("--steps", c.max_steps, "Stop after this many optimizer steps (0: all epochs)")
+      ->check(non_negative());
   app.add_option("--stop-after", c.stop_after,
-                 "End after this many steps, checkpointing as if interrupted; --resume continues the same run");
+                 "End after this many steps (counted from the start of the run), checkpointing as if interrupted, "
+                 "with exit status 0; --resume continues the same run (0: off)")
+      ->check(non_negative());
   app.add_option("--seed", c.seed, "Seed of the weights and the data order");
 
   app.add_option("--device", c.device,
                  "auto (a GPU if present, else the CPU), cpu, cuda, cuda:N; under ddp, auto and cuda mean the GPU of "
                  "LOCAL_RANK");
-  app.add_option("--parallel", c.parallel, "none, dp, ddp; auto: ddp when started by mpt-run")
+  app.add_option("--parallel", c.parallel,
+                 "none, dp, ddp; auto: ddp when started as one of several processes (by mpt-run or torchrun, "
+                 "Open MPI's mpirun or Slurm's srun)")
       ->check(CLI::IsMember({"auto", "none", "dp", "ddp"}));
   app.add_option("--dist-timeout", c.dist_timeout,
                  "ddp: seconds a rendezvous wait or a collective may take before the rank fails (a dead peer is "
                  "noticed at once; this bounds a silent one)")
-      ->check(CLI::PositiveNumber);
+      ->check(positive());
   app.add_option("--grad-transit", c.grad_transit,
                  "ddp: dtype gradients are all-reduced in: f32, or f16 / bf16 (half the traffic, rounded once; an "
                  "f16 overflow is an inf the loss scaler skips)")
       ->check(CLI::IsMember({"f32", "f16", "bf16"}));
-  app.add_option("--workers", c.workers, "Data-loading threads (0: load in the training thread)");
-  app.add_option("--eval-batches", c.eval_batches, "Batches evaluated per epoch (0: the whole test set or held-out text)");
+  app.add_option("--workers", c.workers, "Data-loading threads (0: load in the training thread)")
+      ->check(non_negative());
+  app.add_option("--eval-batches", c.eval_batches,
+                 "Batches evaluated per epoch (0: the whole test set or held-out text)")
+      ->check(non_negative());
 
   app.add_option("--checkpoint", c.checkpoint, "Checkpoint file (safetensors), written at the end");
-  app.add_option("--checkpoint-every", c.checkpoint_every, "Also write it every N steps");
+  app.add_option("--checkpoint-every", c.checkpoint_every, "Also write it every N steps (0: only at the end)")
+      ->check(non_negative());
   app.add_option("--resume", c.resume, "Continue from this checkpoint");
   app.add_option("--metrics", c.metrics, "Append metrics as JSON lines to this file");
   app.add_option("--progress", c.progress, "auto (a bar on a terminal, else lines), bar, lines, none")
       ->check(CLI::IsMember({"auto", "bar", "lines", "none"}));
-  app.add_option("--log-every", c.log_every, "Steps between progress lines and step metrics");
+  app.add_option("--log-every", c.log_every, "Steps between progress lines and step metrics")->check(positive());
 
-  CLI11_PARSE(app, argc, argv);
+  if (const auto status = mpt::tools::parse_command_line(app, argc, argv)) return *status;
+  for (const char* flag : scaler_flags)
+    if (app.count(flag) > 0) c.scaler_flags_given.emplace_back(flag);
   try {
     if (mpt::train::run_training(c).interrupted) return 130;  // as a shell reports death by SIGINT
-  } catch (const mpt::Error& e) {
+  } catch (const std::exception& e) {
+    // mpt::Error, or what the standard library throws (std::filesystem, std::bad_alloc).
     const std::string message = e.what();
     fmt::print(stderr, "{}{}\n", message.starts_with("mpt-train:") ? "" : "mpt-train: ", message);
     return 1;

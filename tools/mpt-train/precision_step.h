@@ -2,6 +2,8 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <utility>
 
 #include "amp/autocast.h"
 #include "amp/grad_scaler.h"
@@ -10,6 +12,38 @@
 #include "tools/mpt-train/train_config.h"
 
 namespace mpt::train {
+
+// The loss scaler's options as mpt-train's flags set them, checked as
+// GradScaler checks them but with the flag named ("--init-scale must be ..."
+// rather than "GradScaler: init_scale must be ..."). Run for every run, so
+// that a wrong value is refused also where no scaler runs (bf16, fp32).
+inline amp::GradScalerOptions scaler_options(const TrainConfig& c) {
+  amp::GradScalerOptions o;
+  o.policy = amp::scale_policy_from_name(c.scaler == "dynamic" ? "torch" : c.scaler);
+  o.init_scale = c.init_scale;
+  o.growth_factor = c.growth_factor;
+  o.backoff_factor = c.backoff_factor;
+  o.growth_interval = c.growth_interval;
+  try {
+    amp::scale_rule_from(o);
+  } catch (const ValueError& e) {
+    static constexpr std::pair<std::string_view, std::string_view> kFlags[] = {
+        {"init_scale", "--init-scale"},
+        {"growth_factor", "--growth-factor"},
+        {"backoff_factor", "--backoff-factor"},
+        {"growth_interval", "--growth-interval"}};
+    constexpr std::string_view kPrefix = "GradScaler: ";
+    std::string message = e.what();
+    if (message.starts_with(kPrefix)) message.erase(0, kPrefix.size());
+    for (const auto& [name, flag] : kFlags)
+      if (message.starts_with(name)) {
+        message.replace(0, name.size(), std::string(flag));
+        break;
+      }
+    throw ValueError("mpt-train: " + message);
+  }
+  return o;
+}
 
 // The one place where mixed precision plugs in. In fp32 a step is plain
 // backward() and optimizer.step(). With fp16/bf16, forward() runs under
@@ -25,15 +59,7 @@ class PrecisionStep {
           "mpt-train: unknown --precision '{}' (fp16, bf16, fp32)", c.precision);
     autocast_ = c.precision != "fp32";
     dtype_ = c.precision == "bf16" ? DType::bf16 : DType::f16;
-    if (c.precision == "fp16") {
-      amp::GradScalerOptions o;
-      o.policy = amp::scale_policy_from_name(c.scaler == "dynamic" ? "torch" : c.scaler);
-      o.init_scale = c.init_scale;
-      o.growth_factor = c.growth_factor;
-      o.backoff_factor = c.backoff_factor;
-      o.growth_interval = c.growth_interval;
-      scaler_.emplace(o);
-    }
+    if (c.precision == "fp16") scaler_.emplace(scaler_options(c));
   }
 
   // Runs f (a forward pass) under autocast, the weights cast ahead in one

@@ -35,7 +35,7 @@ void Progress::step(int64_t global_step, int64_t step_in_epoch, double loss, dou
   std::lock_guard lock(mutex_);
   const bool periodic = global_step % log_every_ == 0;
   if (periodic) {
-    nlohmann::ordered_json entry = {{"event", "step"}, {"step", global_step}, {"epoch", epoch_}, {"loss", loss},
+    nlohmann::ordered_json entry = {{"event", "step"}, {"step", global_step}, {"epoch", epoch_ + 1}, {"loss", loss},
                                     {"lr", lr}, {"samples_per_s", samples_per_s}};
     for (const auto& [k, v] : timing.items()) entry[k] = v;
     write(entry);

@@ -2,13 +2,15 @@
 // Everything a training run is told, as mpt-train's options set it.
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace mpt::train {
 
 struct TrainConfig {
   // What to train on what.
   std::string model = "mlp";            // mlp, cnn, gpt
-  std::string data = "fashion-mnist";   // fashion-mnist, or a text file for gpt ("fortunes": the default corpus)
+  std::string data;                     // fashion-mnist, or a text file for gpt ("fortunes": the default corpus);
+                                        // empty: the model's own (fashion-mnist; fortunes for gpt)
   int64_t context = 256;                // gpt: sequence length (and rows of the position table)
   int64_t gpt_layers = 6, gpt_heads = 6, gpt_d_model = 384;
 
@@ -18,6 +20,8 @@ struct TrainConfig {
   std::string scaler = "dynamic";       // scaler policy, with its parameters below
   double init_scale = 65536.0, growth_factor = 2.0, backoff_factor = 0.5;
   int64_t growth_interval = 2000;
+  std::vector<std::string> scaler_flags_given;  // the options above that the command line set: a run
+                                                // without a loss scaler warns that it ignores them
 
   // Optimisation.
   int64_t batch_size = 0;               // 0: the model's default (mlp, cnn 128; gpt 64)

@@ -1,9 +1,11 @@
 #include "tools/mpt-train/trainer.h"
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <optional>
 
@@ -17,6 +19,7 @@
 #include "parallel/data_parallel.h"
 #include "parallel/device_routed_group.h"
 #include "parallel/distributed_data_parallel.h"
+#include "parallel/rendezvous.h"
 #include "parallel/socket_util.h"
 #include "tensor/cuda_info.h"
 #include "tensor/nvtx.h"
@@ -65,21 +68,44 @@ Device pick_device(const std::string& spec, int local_rank) {
   return d;
 }
 
-// mpt-run tells its workers their place through the environment.
+// A launcher tells its workers their place through the environment; "auto"
+// reads it as the rendezvous will (torchrun's and mpt-run's variables, else
+// Open MPI's or Slurm's), so it means ddp wherever the rendezvous would find
+// several processes.
 std::string pick_parallel_mode(const std::string& mode) {
   if (mode != "auto") return mode;
-  const char* world = std::getenv("WORLD_SIZE");
-  return world && std::atoi(world) > 1 ? "ddp" : "none";
+  try {
+    return dist::config_from_env(dist::process_env, /*need_master=*/false).world_size > 1 ? "ddp" : "none";
+  } catch (const ValueError&) {
+    return "none";  // no launcher's variables (or unusable ones): a process on its own
+  }
 }
 
-// Under ddp each process trains on its own shard (RANK of WORLD_SIZE, as
-// mpt-run sets them); otherwise one shuffled order of the whole set.
-std::shared_ptr<data::Sampler> make_sampler(const std::string& parallel, int64_t size, uint64_t seed) {
-  if (parallel != "ddp") return std::make_shared<data::SequentialOrRandomSampler>(size, true, seed);
-  const char* rank = std::getenv("RANK");
-  const char* world = std::getenv("WORLD_SIZE");
-  check(rank && world, "mpt-train: --parallel ddp needs RANK and WORLD_SIZE in the environment (start it with mpt-run)");
-  return std::make_shared<data::DistributedSampler>(size, std::atoi(world), std::atoi(rank), true, seed);
+// Under ddp each process trains on its own shard (its rank of the world the
+// rendezvous found); otherwise one shuffled order of the whole set.
+std::shared_ptr<data::Sampler> make_sampler(const std::optional<dist::Distributed>& world, int64_t size,
+                                            uint64_t seed) {
+  if (!world) return std::make_shared<data::SequentialOrRandomSampler>(size, true, seed);
+  return std::make_shared<data::DistributedSampler>(size, world->config.world_size, world->config.rank, true, seed);
+}
+
+// Makes the checkpoint's folder before training, so that a path that cannot
+// be written fails now rather than at the first save, after the work.
+void prepare_checkpoint_path(const std::string& checkpoint) {
+  namespace fs = std::filesystem;
+  std::error_code ignored;
+  check<IOError>(!fs::is_directory(checkpoint, ignored), "mpt-train: --checkpoint '{}' is a folder; name a file in it",
+                 checkpoint);
+  const fs::path dir = fs::path(checkpoint).parent_path();
+  if (!dir.empty()) {
+    std::error_code error;
+    fs::create_directories(dir, error);
+    check<IOError>(!error, "mpt-train: --checkpoint '{}': cannot make its folder '{}': {}", checkpoint, dir.string(),
+                   error.message());
+  }
+  const std::string folder = dir.empty() ? "." : dir.string();
+  check<IOError>(::access(folder.c_str(), W_OK | X_OK) == 0, "mpt-train: --checkpoint '{}': cannot write into '{}': {}",
+                 checkpoint, folder, std::strerror(errno));
 }
 
 // What a resumed run must share with the one that wrote the checkpoint.
@@ -153,7 +179,8 @@ Evaluation evaluate(const Workload& w, const Device& device, int64_t batch_size,
 TrainResult run_training(const TrainConfig& config) {
   TrainConfig c = config;
   if (c.batch_size == 0) c.batch_size = c.model == "gpt" ? 64 : 128;
-  if (c.model == "gpt" && c.data == "fashion-mnist") c.data = "fortunes";  // the text default
+  // Data given for the wrong model is refused by make_workload.
+  if (c.data.empty()) c.data = c.model == "gpt" ? "fortunes" : "fashion-mnist";
   check(c.batch_size >= 1 && c.accumulation >= 1 && c.epochs >= 1 && c.max_steps >= 0,
         "mpt-train: --batch-size {}, --accumulation {} and --epochs {} must be positive, --steps {} not negative",
         c.batch_size, c.accumulation, c.epochs, c.max_steps);
@@ -165,7 +192,12 @@ TrainResult run_training(const TrainConfig& config) {
   check(c.grad_transit == "f32" || parallel == "ddp",
         "mpt-train: --grad-transit {} compresses DDP's all-reduces; it needs --parallel ddp (this run is {})",
         c.grad_transit, parallel);
-  // ddp: join the other ranks (rendezvous from mpt-run's variables); only
+  check(c.log_every >= 1 && c.eval_batches >= 0 && c.checkpoint_every >= 0 && c.stop_after >= 0,
+        "mpt-train: --log-every {} must be positive, --eval-batches {}, --checkpoint-every {} and --stop-after {} not "
+        "negative",
+        c.log_every, c.eval_batches, c.checkpoint_every, c.stop_after);
+  scaler_options(c);  // checks the loss-scaler options, whether or not this run uses them
+  // ddp: join the other ranks (rendezvous from the launcher's variables); only
   // rank 0 reports and writes checkpoints.
   std::optional<dist::Distributed> world;
   if (parallel == "ddp") {
@@ -178,10 +210,20 @@ TrainResult run_training(const TrainConfig& config) {
     c.progress = "none";
     c.metrics.clear();
   }
+  if (lead && !c.checkpoint.empty()) prepare_checkpoint_path(c.checkpoint);
+  if (lead && c.stop_after > 0 && c.checkpoint.empty())
+    fmt::print(stderr, "mpt-train: warning: --stop-after {} without --checkpoint: nothing is saved for --resume to "
+                       "continue from\n", c.stop_after);
   const auto started = Clock::now();
   Progress progress(c.progress, c.log_every, c.metrics);
   const Device device = pick_device(c.device, world ? world->config.local_rank : 0);
   if (c.precision == "auto") c.precision = device.is_cuda() ? "fp16" : "bf16";
+  if (lead && c.precision != "fp16" && !c.scaler_flags_given.empty()) {
+    std::string flags;
+    for (const std::string& flag : c.scaler_flags_given) flags += (flags.empty() ? "" : ", ") + flag;
+    fmt::print(stderr, "mpt-train: warning: {} ignored: the loss scaler runs with --precision fp16 only, and this run "
+                       "is {}{}\n", flags, c.precision, config.precision == "auto" ? " (auto on this device)" : "");
+  }
   Generator gen(c.seed);
   Workload w = make_workload(c, gen);
   w.model->to(device);
@@ -223,7 +265,7 @@ TrainResult run_training(const TrainConfig& config) {
       scaler->set_found_inf_reducer([&ddp](Tensor& found_inf) { ddp->allreduce_found_inf(found_inf); });
   }
 
-  auto sampler = make_sampler(parallel, w.train_set->size(), c.seed);
+  auto sampler = make_sampler(world, w.train_set->size(), c.seed);
   data::DataLoader loader(w.train_set, sampler,
                           {.batch_size = c.batch_size, .num_workers = c.workers, .prefetch = 4,
                            .pin_memory = device.is_cuda()});
@@ -258,9 +300,7 @@ TrainResult run_training(const TrainConfig& config) {
     snapshot.extra = precision.state_dict();
     snapshot.info = run_identity(c);
     snapshot.info["run.precision"] = c.precision;
-    const std::filesystem::path dir = std::filesystem::path(c.checkpoint).parent_path();
-    if (!dir.empty()) std::filesystem::create_directories(dir);
-    ckpt::save_checkpoint(c.checkpoint, snapshot);
+    ckpt::save_checkpoint(c.checkpoint, snapshot);  // into the folder prepare_checkpoint_path made
   };
 
   progress.message(fmt::format("mpt-train: {} on {}, {}, batch {} x {}, {} lr {:g} ({}), {} steps", w.description,
@@ -275,6 +315,9 @@ TrainResult run_training(const TrainConfig& config) {
   // Where this invocation ends: the whole run, or an early stop that a
   // later --resume continues.
   const int64_t last_step = c.stop_after > 0 ? std::min(total_steps, c.stop_after) : total_steps;
+  // A stop before the run's end, by signal or --stop-after: the epoch in
+  // progress is neither evaluated nor summed up; its resumption does that.
+  auto stopping_early = [&] { return stop_requested || (step >= last_step && last_step < total_steps); };
 
   // Diagnostics: the step-time breakdown (on device 0's stream under dp),
   // and on the lead rank a sampler of the GPUs this node's ranks use.
@@ -421,7 +464,7 @@ TrainResult run_training(const TrainConfig& config) {
       }
       if (c.checkpoint_every > 0 && step % c.checkpoint_every == 0) save();
     }
-    if (stop_requested) break;
+    if (stopping_early()) break;
     const double epoch_seconds = seconds_since(epoch_started);
     epoch_breakdown.add(timer.take());
     const Evaluation eval = evaluate(w, device, w.sequences ? c.batch_size : 500, c.eval_batches);
@@ -448,15 +491,19 @@ TrainResult run_training(const TrainConfig& config) {
   result.steps = step;
   result.seconds = seconds_since(started);
   result.interrupted = stop_requested;
-  progress.record({{"event", result.interrupted ? "interrupted" : "end"}, {"steps", step},
-                   {"eval_loss", result.eval_loss}, {"eval_accuracy", result.eval_accuracy},
-                   {"seconds", result.seconds}});
-  if (result.interrupted)
-    progress.message(fmt::format("mpt-train: interrupted after step {}{}", step,
+  result.stopped_early = stopping_early();
+  if (result.stopped_early) {
+    progress.record({{"event", "interrupted"}, {"reason", result.interrupted ? "signal" : "stop-after"},
+                     {"steps", step}, {"seconds", result.seconds}});
+    progress.message(fmt::format("mpt-train: {} after step {}{}",
+                                 result.interrupted ? "interrupted" : "stopped (--stop-after)", step,
                                  c.checkpoint.empty() ? "" : fmt::format("; --resume '{}' continues", c.checkpoint)));
-  else
+  } else {
+    progress.record({{"event", "end"}, {"steps", step}, {"eval_loss", result.eval_loss},
+                     {"eval_accuracy", result.eval_accuracy}, {"seconds", result.seconds}});
     progress.message(fmt::format("mpt-train: done: {} steps in {:.1f} s, test loss {:.4f}, test accuracy {:.2f}%",
                                  step, result.seconds, result.eval_loss, 100 * result.eval_accuracy));
+  }
   return result;
 }
 

@@ -13,7 +13,8 @@ struct TrainResult {
   int64_t steps = 0;
   double eval_loss = 0, eval_accuracy = 0;
   double seconds = 0;
-  bool interrupted = false;  // stopped by SIGINT/SIGTERM after a whole step
+  bool interrupted = false;    // stopped by SIGINT/SIGTERM after a whole step
+  bool stopped_early = false;  // interrupted, or ended by --stop-after before the run's last step
 };
 
 // Throws mpt::Error for anything the configuration or the data get wrong.
