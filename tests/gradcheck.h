@@ -13,10 +13,13 @@ namespace mpt::testing {
 using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
 
 // Inputs must be f64 leaves with requires_grad set (they may be views).
+// The forward value and both gradients must be finite: rel_error would pass
+// NaN against NaN.
 inline void expect_gradients_match(const Fn& f, std::vector<Tensor> inputs, double tol = 1e-6, double h = 1e-6) {
   Generator gen(fresh_seed());
   Tensor out = f(inputs);
   ASSERT_EQ(out.dtype(), DType::f64);
+  ASSERT_TRUE(all_finite(host_f64(out))) << "forward value";
   const Tensor weights = randn(out.shape(), DType::f64, out.device(), &gen);
   auto loss_value = [&]() {
     NoGradGuard no_grad;
@@ -31,6 +34,7 @@ inline void expect_gradients_match(const Fn& f, std::vector<Tensor> inputs, doub
     ASSERT_TRUE(x.grad().defined()) << "no gradient reached input " << i;
     ASSERT_EQ(x.grad().shape(), x.shape());
     const std::vector<double> analytic = host_f64(x.grad());
+    ASSERT_TRUE(all_finite(analytic)) << "analytic gradient";
     // Perturb each element in place through a contiguous view of the
     // logical positions (x may be a non-contiguous view of its storage).
     std::vector<double> numeric(analytic.size());
@@ -50,6 +54,7 @@ inline void expect_gradients_match(const Fn& f, std::vector<Tensor> inputs, doub
       *p = saved;
       numeric[k] = (up - down) / (2 * h);
     }
+    ASSERT_TRUE(all_finite(numeric)) << "numeric gradient";
     EXPECT_LE(rel_error(analytic, numeric), tol);
   }
 }

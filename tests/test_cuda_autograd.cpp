@@ -2,16 +2,24 @@
 // gradients of every input, on fresh random inputs, per dtype tolerance.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
+#include <memory>
 #include <optional>
+#include <string>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 #include "amp/autocast.h"
 #include "autograd/beside.h"
 #include "autograd/function.h"
 #include "autograd/ops.h"
 #include "autograd/engine.h"
+#include "models/gpt.h"
+#include "models/layers.h"
+#include "models/sequential.h"
 #include "tensor/cuda/conv_cudnn.h"
 #include "tensor/memory.h"
 #include "tensor/stream.h"
@@ -135,6 +143,192 @@ TEST(CudaAutograd, OpsMatchTheCpuInHalfTypes) {
       SCOPED_TRACE(c.name);
       expect_gpu_matches_cpu(c.f, c.shapes, dt, dt == DType::f16 ? 1e-2 : 5e-2, testing::fresh_seed());
     }
+}
+
+// Results the two devices compute in f32 and round to dt: equal, or one step
+// of dt apart where they straddle a rounding boundary (plus f32's own
+// difference, 2e-5 of 1 + |cpu|).
+void expect_within_a_rounding(const std::vector<double>& gpu, const std::vector<double>& cpu, DType dt,
+                              const std::string& what) {
+  const double step = std::ldexp(1.0, dt == DType::bf16 ? -7 : dt == DType::f16 ? -10 : -23);
+  ASSERT_EQ(gpu.size(), cpu.size()) << what;
+  for (size_t i = 0; i < gpu.size(); ++i)
+    if (!(std::fabs(gpu[i] - cpu[i]) <= step * std::fabs(cpu[i]) + 2e-5 * (1 + std::fabs(cpu[i])))) {
+      ADD_FAILURE() << what << ": element " << i << ": gpu " << gpu[i] << ", cpu " << cpu[i];
+      return;
+    }
+}
+
+// A norm written straight in 16 bits by the fused kernel (its f32 result
+// rounded on the store) is, bit for bit, the fused f32 norm and then the
+// cast, forward and in every gradient (the kernel widens the 16-bit
+// gradient as the cast's backward would); and it is the CPU's norm (held to
+// f64 in test_autograd) up to one 16-bit rounding, with gradients at f32
+// tolerance. A 16-bit input asked for f32 takes the composed path there too.
+TEST(CudaAutograd, LayerNormWrittenInSixteenBitsIsTheNormThenTheCastAndTheCpus) {
+  MPT_SKIP_WITHOUT_CUDA();
+  const uint64_t seed = testing::fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  Generator gen(seed);
+  const Device gpu("cuda:0");
+  for (DType low : {DType::f16, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(low));
+    const Tensor x0 = randn({3, 5, 384}, DType::f32, kCPU, &gen), w0 = randn({384}, DType::f32, kCPU, &gen),
+                 b0 = randn({384}, DType::f32, kCPU, &gen), dy = randn({3, 5, 384}, low, kCPU, &gen);
+    ASSERT_TRUE(prim::fused_layer_norm_available(prim::to(x0, gpu), prim::to(w0, gpu), prim::to(b0, gpu), low));
+    // {y, dx, dw, db}, the norm written in 16 bits (direct) or in f32 and cast.
+    auto run = [&](const Device& device, bool direct) {
+      Tensor x = prim::to(prim::clone(x0), device), w = prim::to(prim::clone(w0), device),
+             b = prim::to(prim::clone(b0), device);
+      for (Tensor* t : {&x, &w, &b}) t->set_requires_grad(true);
+      const Tensor y = direct ? layer_norm(x, w, b, 1e-5, low) : to(layer_norm(x, w, b), low);
+      EXPECT_EQ(y.dtype(), low);
+      backward(y, prim::to(dy, device));
+      return std::vector<std::vector<double>>{host_f64(y), host_f64(x.grad()), host_f64(w.grad()),
+                                              host_f64(b.grad())};
+    };
+    const auto direct = run(gpu, true), cast = run(gpu, false), cpu = run(kCPU, true);
+    const char* what[] = {"forward", "gradient of x", "gradient of the weight", "gradient of the bias"};
+    for (size_t i = 0; i < 4; ++i) EXPECT_EQ(direct[i], cast[i]) << what[i] << ": written in 16 bits against the cast";
+    expect_within_a_rounding(direct[0], cpu[0], low, "forward against the cpu");
+    for (size_t i = 1; i < 4; ++i) EXPECT_LE(rel_error(direct[i], cpu[i]), 2e-5) << what[i] << " against the cpu";
+
+    const Tensor x16 = prim::to(x0, low), w16 = prim::to(w0, low), b16 = prim::to(b0, low);
+    const Tensor asked = layer_norm(prim::to(x16, gpu), prim::to(w16, gpu), prim::to(b16, gpu), 1e-5, DType::f32);
+    ASSERT_EQ(asked.dtype(), DType::f32);
+    EXPECT_LE(rel_error(host_f64(asked), host_f64(layer_norm(x16, w16, b16, 1e-5, DType::f32))), 2e-5)
+        << "a 16-bit input asked for f32";
+  }
+}
+
+// The norm with its input passed on beside it is one node on the GPU, whose
+// backward adds the skip path's gradient as it writes dx: bit for bit the
+// composed expression there (x, and the norm; the engine adding x's two
+// gradients), and the CPU's results (held to f64 in test_autograd) up to
+// rounding, in f32 and into f16.
+TEST(CudaAutograd, LayerNormWithSkipIsTheComposedExpressionAndTheCpus) {
+  MPT_SKIP_WITHOUT_CUDA();
+  const uint64_t seed = testing::fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  Generator gen(seed);
+  const Device gpu("cuda:0");
+  for (DType out : {DType::f32, DType::f16}) {
+    SCOPED_TRACE(::testing::Message() << "into " << dtype_name(out));
+    auto draw = [&](const Shape& s) { return randn(s, DType::f32, kCPU, &gen); };
+    const Tensor x0 = draw({4, 7, 96}), w0 = draw({96}), b0 = draw({96}), dskip = draw({4, 7, 96}),
+                 dnorm = draw({4, 7, 96});
+    // {skip, norm, dx, dw, db}, as one node (fused) or composed.
+    auto run = [&](const Device& device, bool fused) {
+      Tensor x = prim::to(prim::clone(x0), device), w = prim::to(prim::clone(w0), device),
+             b = prim::to(prim::clone(b0), device);
+      for (Tensor* t : {&x, &w, &b}) t->set_requires_grad(true);
+      Tensor skip, normed;
+      if (fused) {
+        std::tie(skip, normed) = layer_norm_with_skip(x, w, b, 1e-5, out);
+      } else {
+        skip = x;
+        normed = to(layer_norm(x, w, b), out);
+      }
+      EXPECT_EQ(skip.dtype(), DType::f32);
+      EXPECT_EQ(normed.dtype(), out);
+      backward(sum(skip * prim::to(dskip, device)) + sum(to(normed, DType::f32) * prim::to(dnorm, device)));
+      return std::vector<std::vector<double>>{host_f64(skip), host_f64(normed), host_f64(x.grad()),
+                                              host_f64(w.grad()), host_f64(b.grad())};
+    };
+    const auto fused = run(gpu, true), composed = run(gpu, false), cpu = run(kCPU, true);
+    const char* what[] = {"skip", "norm", "gradient of x", "gradient of the weight", "gradient of the bias"};
+    for (size_t i = 0; i < 5; ++i) EXPECT_EQ(fused[i], composed[i]) << what[i] << ": one node against the composed";
+    EXPECT_EQ(fused[0], cpu[0]) << "skip against the cpu";
+    expect_within_a_rounding(fused[1], cpu[1], out, "norm against the cpu");
+    for (size_t i = 2; i < 5; ++i) EXPECT_LE(rel_error(fused[i], cpu[i]), 2e-5) << what[i] << " against the cpu";
+  }
+}
+
+// bf16 autocast on the GPU. A small model (linear, gelu, layer norm, linear,
+// cross-entropy) under AutocastGuard(cuda, bf16) against the same model
+// under AutocastGuard(cpu, bf16): the same casts and f32 accumulation on both
+// devices, which differ only where their f32 results round to neighbouring
+// bf16 values. And a tiny GPT (on the GPU the fused bf16 attention and
+// norms, on the CPU the composed f32 math) against f32 on the CPU, at a
+// tolerance of a few bf16 roundings (2^-9 each).
+TEST(CudaAutograd, Bf16AutocastMatchesTheCpu) {
+  MPT_SKIP_WITHOUT_CUDA();
+  const uint64_t seed = testing::fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const Device gpu("cuda:0");
+  Generator data(seed + 1);
+  auto labels = [&data](int64_t n, int64_t classes) {
+    std::vector<int64_t> out;
+    for (double u : host_f64(rand({n}, DType::f64, kCPU, &data, 0.0, static_cast<double>(classes))))
+      out.push_back(std::min<int64_t>(static_cast<int64_t>(u), classes - 1));
+    return out;
+  };
+  struct Result {
+    DType logits_dtype;
+    std::vector<double> logits;
+    double loss;
+    std::vector<std::pair<std::string, std::vector<double>>> grads;
+  };
+  // One forward and backward of `model`, moved to `device`, under bf16
+  // autocast there (or in f32).
+  auto run = [](nn::Module& model, const Device& device, bool bf16, const Tensor& input, const Tensor& target) {
+    model.to(device);
+    Tensor logits, loss;
+    {
+      std::optional<amp::AutocastGuard> autocast;
+      if (bf16) autocast.emplace(device.type, DType::bf16);
+      logits = model.forward(prim::to(input, device));
+      loss = cross_entropy(reshape(logits, {-1, logits.size(-1)}), prim::to(target, device));
+    }
+    backward(loss);
+    Result r{logits.dtype(), host_f64(logits), loss.item(), {}};
+    for (const auto& [name, p] : model.named_parameters()) r.grads.emplace_back(name, host_f64(p.grad()));
+    return r;
+  };
+
+  {
+    SCOPED_TRACE("linear, gelu, layer norm, linear: against the cpu in bf16");
+    auto make = [seed] {
+      Generator gen(seed);
+      auto m = std::make_shared<nn::Sequential>();
+      m->push_back(std::make_shared<nn::Linear>(32, 64, true, &gen));
+      m->push_back(std::make_shared<nn::GELU>());
+      m->push_back(std::make_shared<nn::LayerNorm>(64));
+      m->push_back(std::make_shared<nn::Linear>(64, 10, true, &gen));
+      return m;
+    };
+    const Tensor x = randn({48, 32}, DType::f32, kCPU, &data);
+    const Tensor target = from_vector(labels(48, 10), {48}, DType::i64);
+    auto on_cpu = make(), on_gpu = make();
+    const Result c = run(*on_cpu, kCPU, true, x, target), g = run(*on_gpu, gpu, true, x, target);
+    EXPECT_EQ(c.logits_dtype, DType::bf16);
+    EXPECT_EQ(g.logits_dtype, DType::bf16);
+    EXPECT_LE(rel_error(g.logits, c.logits), 1e-2) << "logits";
+    EXPECT_NEAR(g.loss, c.loss, 1e-2 * std::fabs(c.loss));
+    ASSERT_EQ(g.grads.size(), c.grads.size());
+    for (size_t i = 0; i < c.grads.size(); ++i)
+      EXPECT_LE(rel_error(g.grads[i].second, c.grads[i].second), 1e-2) << "gradient of " << c.grads[i].first;
+  }
+  {
+    SCOPED_TRACE("tiny GPT: against the cpu in f32");
+    nn::GPTOptions o;
+    o.vocab_size = 65, o.context = 32, o.d_model = 128, o.n_layers = 2, o.n_heads = 2;  // heads of 64: fused
+    auto make = [seed, &o] {
+      Generator gen(seed);
+      return std::make_shared<nn::GPT>(o, &gen);
+    };
+    const Tensor idx = from_vector(labels(2 * 32, 65), {2, 32}, DType::i64);
+    const Tensor target = from_vector(labels(2 * 32, 65), {2 * 32}, DType::i64);
+    auto on_cpu = make(), on_gpu = make();
+    const Result c = run(*on_cpu, kCPU, false, idx, target), g = run(*on_gpu, gpu, true, idx, target);
+    EXPECT_EQ(c.logits_dtype, DType::f32);
+    EXPECT_EQ(g.logits_dtype, DType::bf16);
+    EXPECT_LE(rel_error(g.logits, c.logits), 5e-2) << "logits";
+    EXPECT_NEAR(g.loss, c.loss, 1e-2 * std::fabs(c.loss));
+    ASSERT_EQ(g.grads.size(), c.grads.size());
+    for (size_t i = 0; i < c.grads.size(); ++i)
+      EXPECT_LE(rel_error(g.grads[i].second, c.grads[i].second), 0.1) << "gradient of " << c.grads[i].first;
+  }
 }
 
 // q, k and v split from one fused projection get their gradients in one

@@ -1,7 +1,6 @@
 // The reference models on the GPU against the same weights on the CPU
-// (outputs and parameter gradients, f32 tolerance), a checkpoint written
-// from GPU tensors and restored onto the GPU, and mpt-train's default path
-// picking the GPU. Skipped without a CUDA device.
+// (outputs and parameter gradients, f32 tolerance), and a checkpoint written
+// from GPU tensors and restored onto the GPU. Skipped without a CUDA device.
 #include <gtest/gtest.h>
 #include <unistd.h>
 

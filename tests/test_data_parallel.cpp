@@ -111,16 +111,24 @@ TEST(DataParallel, AModuleOnTheWrongDeviceIsAClearError) {
   }
 }
 
+// The replica's load of the module's state names the keys that differ.
 TEST(DataParallel, ReplicasMustMatchTheModule) {
   auto model = mpt::testing::make_mlp(1);
-  EXPECT_THROW(DataParallel(model, [] { return std::make_shared<mpt::testing::WithSpareHead>(1); },
-                            {Device("cpu:0"), Device("cpu:1")}),
-               Error);
+  const std::string msg = mpt::testing::error_of<ValueError>([&] {
+    DataParallel dp(model, [] { return std::make_shared<mpt::testing::WithSpareHead>(1); },
+                    {Device("cpu:0"), Device("cpu:1")});
+  });
+  mpt::testing::expect_contains(msg, {"WithSpareHead.load_state_dict", "nothing was loaded",
+                                      "missing key 'used.weight'", "unexpected key '0.weight'"});
 }
 
+// Without a CUDA build or without a device, the error names the device
+// asked for (and, either way, why there is none).
 TEST(DataParallel, CudaDevicesWithoutCudaSaySo) {
   if (mpt::testing::has_cuda()) GTEST_SKIP() << "this machine has CUDA";
   auto model = mpt::testing::make_mlp(1);
-  EXPECT_THROW(DataParallel(model, [] { return mpt::testing::make_mlp(1); }, {Device("cuda:0"), Device("cuda:1")}),
-               Error);
+  const std::string msg = mpt::testing::error_of<DeviceError>([&] {
+    DataParallel dp(model, [] { return mpt::testing::make_mlp(1); }, {Device("cuda:0"), Device("cuda:1")});
+  });
+  mpt::testing::expect_contains(msg, {"cuda:0 requested, but", "CUDA"});
 }

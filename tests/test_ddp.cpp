@@ -160,50 +160,59 @@ TEST(Ddp, AGradientAloneInItsBucketIsAveragedInPlace) {
   });
 }
 
-// With f16 compression each rank's gradient travels as f16(g / world), the
-// ranks' halves are summed and rounded to f16, and the result comes back to
-// f32: exactly that, element for element. A sum beyond f16's range arrives
-// as inf (NaN where the ranks' infs differ in sign), for the loss scaler to
-// find, where f32 transit stays finite.
+// With f16 or bf16 compression each rank's gradient travels as
+// t(g / world) in the transit type t, the ranks' halves are summed and
+// rounded to t, and the result comes back to f32: exactly that, element for
+// element. A loss scale of 1e6 puts the f16 sums beyond f16's range: they
+// arrive as inf (NaN where the ranks' infs differ in sign), for the loss
+// scaler to find, where f32 transit stays finite. bf16 has f32's exponent
+// range (its largest value is within 0.4% of f32's), so a sum that is finite
+// in f32 transit cannot overflow it by more than that sliver: there the same
+// scale must stay finite, and overflow is f16's case only.
 TEST(Ddp, CompressedGradientsAreTheRoundedAverageAndOverflowToInf) {
   const uint64_t seed = mpt::testing::fresh_seed();
   SCOPED_TRACE(seed);
-  for (const double loss_scale : {1.0, 1e6}) {
-    with_ranks(2, [&](ProcessGroup& g) {
-      Generator gen(seed + g.rank());
-      const Tensor x = randn({5, 6}, DType::f32, kCPU, &gen), y = randn({5, 3}, DType::f32, kCPU, &gen);
-      auto local = mpt::testing::make_mlp(seed);
-      backward(mul(mse_loss(local->forward(x), y), loss_scale));
-      std::vector<Tensor> expected;
-      bool f32_finite = true;
-      for (auto& p : local->parameters()) {
-        for (double v : p.grad().to_vector<double>()) f32_finite &= std::isfinite(v);
-        Tensor half = prim::to(prim::mul_scalar(p.grad(), 0.5), DType::f16);
-        g.allreduce(half, dist::ReduceOp::sum)->wait();
-        expected.push_back(prim::to(half, DType::f32));
-      }
-      EXPECT_TRUE(f32_finite);
-
-      auto model = mpt::testing::make_mlp(seed);
-      DistributedDataParallel ddp(model, borrowed(g),
-                                  {.first_bucket_bytes = 200, .bucket_bytes = 600, .compression = DType::f16});
-      backward(mul(mse_loss(ddp(x), y), loss_scale));
-      bool any_nonfinite = false;
-      auto params = model->parameters();
-      for (size_t i = 0; i < params.size(); ++i) {
-        ASSERT_EQ(params[i].grad().dtype(), DType::f32);
-        const auto got = params[i].grad().to_vector<float>(), want = expected[i].to_vector<float>();
-        ASSERT_EQ(got.size(), want.size());
-        for (size_t j = 0; j < got.size(); ++j) {
-          any_nonfinite |= !std::isfinite(got[j]);
-          // inf + -inf from two ranks is NaN on both sides.
-          if (!(std::isnan(got[j]) && std::isnan(want[j])))
-            ASSERT_EQ(got[j], want[j]) << "parameter " << i << " element " << j << ", loss scale " << loss_scale;
+  for (const DType transit : {DType::f16, DType::bf16})
+    for (const double loss_scale : {1.0, 1e6}) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(transit) << ", loss scale " << loss_scale);
+      with_ranks(2, [&](ProcessGroup& g) {
+        Generator gen(seed + g.rank());
+        const Tensor x = randn({5, 6}, DType::f32, kCPU, &gen), y = randn({5, 3}, DType::f32, kCPU, &gen);
+        auto local = mpt::testing::make_mlp(seed);
+        backward(mul(mse_loss(local->forward(x), y), loss_scale));
+        std::vector<Tensor> expected;
+        bool f32_finite = true;
+        for (auto& p : local->parameters()) {
+          for (double v : p.grad().to_vector<double>()) f32_finite &= std::isfinite(v);
+          Tensor half = prim::to(prim::mul_scalar(p.grad(), 0.5), transit);
+          g.allreduce(half, dist::ReduceOp::sum)->wait();
+          expected.push_back(prim::to(half, DType::f32));
         }
-      }
-      EXPECT_EQ(any_nonfinite, loss_scale > 1) << "loss scale " << loss_scale;
-    });
-  }
+        EXPECT_TRUE(f32_finite);
+
+        auto model = mpt::testing::make_mlp(seed);
+        DistributedDataParallel ddp(model, borrowed(g),
+                                    {.first_bucket_bytes = 200, .bucket_bytes = 600, .compression = transit});
+        backward(mul(mse_loss(ddp(x), y), loss_scale));
+        bool any_nonfinite = false;
+        auto params = model->parameters();
+        for (size_t i = 0; i < params.size(); ++i) {
+          ASSERT_EQ(params[i].grad().dtype(), DType::f32);
+          const auto got = params[i].grad().to_vector<float>(), want = expected[i].to_vector<float>();
+          ASSERT_EQ(got.size(), want.size());
+          for (size_t j = 0; j < got.size(); ++j) {
+            any_nonfinite |= !std::isfinite(got[j]);
+            // inf + -inf from two ranks is NaN on both sides.
+            if (!(std::isnan(got[j]) && std::isnan(want[j])))
+              ASSERT_EQ(got[j], want[j]) << dtype_name(transit) << ", loss scale " << loss_scale << ", parameter "
+                                         << i << " element " << j;
+          }
+        }
+        // (The trace above is the main thread's; ranks run on their own.)
+        EXPECT_EQ(any_nonfinite, transit == DType::f16 && loss_scale > 1)
+            << dtype_name(transit) << ", loss scale " << loss_scale;
+      });
+    }
 }
 
 TEST(Ddp, AllReducesStartWhileBackwardIsStillRunning) {

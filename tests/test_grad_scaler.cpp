@@ -3,15 +3,19 @@
 // host-sync budget, warnings and the trace.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <limits>
 #include <random>
+#include <vector>
 
 #include "amp/grad_scaler.h"
 #include "amp/scale_rule.h"
 #include "amp/scaler_trace.h"
 #include "autograd/ops.h"
+#include "models/clip_grad.h"
+#include "models/sgd.h"
 #include "tests/test_util.h"
 
 namespace mpt {
@@ -258,6 +262,57 @@ TEST(GradScaler, UnscaleDividesByTheScale) {
   EXPECT_EQ(opt.param.grad().to_vector<float>(), std::vector<float>(4, 1024.0f));
   scaler.unscale_(opt);
   EXPECT_EQ(opt.param.grad().to_vector<float>(), std::vector<float>(4, 1.0f));
+}
+
+// The order the scaler documents for clipping: unscale_, clip_grad_norm_,
+// step, update, with a real SGD. clip_grad_norm_ sees the true gradients
+// (the norm it returns is theirs, not the scaled one), and step neither
+// unscales them again nor skips: each parameter moves by lr * g * min(1,
+// max_norm / (|g| + 1e-6)), with g and its norm worked out here from the
+// loss sum(p * c) (whose gradient is c). Once with a bound that clips, once
+// with one above the norm.
+TEST(GradScaler, UnscaleClipStepUsesTheUnscaledClippedGradientsOnce) {
+  const uint64_t seed = testing::fresh_seed();
+  SCOPED_TRACE(seed);
+  Generator gen(seed);
+  for (const double fraction : {0.3, 2.0}) {  // max_norm over the gradients' norm
+    SCOPED_TRACE(::testing::Message() << "max_norm / norm " << fraction);
+    std::vector<Tensor> params{randn({3, 4}, DType::f32, kCPU, &gen).set_requires_grad(true),
+                               randn({5}, DType::f32, kCPU, &gen).set_requires_grad(true)};
+    const std::vector<Tensor> coeffs{randn({3, 4}, DType::f32, kCPU, &gen), randn({5}, DType::f32, kCPU, &gen)};
+    std::vector<std::vector<double>> start, g;
+    double norm_sq = 0;
+    for (size_t i = 0; i < params.size(); ++i) {
+      start.push_back(testing::host_f64(params[i]));
+      g.push_back(testing::host_f64(coeffs[i]));
+      for (double v : g.back()) norm_sq += v * v;
+    }
+    const double norm = std::sqrt(norm_sq), max_norm = fraction * norm, lr = 0.5;
+    const double clip = std::min(1.0, max_norm / (norm + 1e-6));
+
+    GradScalerOptions o;
+    o.init_scale = 1024;  // a power of two: the unscaled gradients are exactly c
+    GradScaler scaler(o);
+    optim::SGD opt(params, {.lr = lr});
+    backward(scaler.scale(sum(mul(params[0], coeffs[0])) + sum(mul(params[1], coeffs[1]))));
+    EXPECT_EQ(testing::host_f64(params[1].grad())[0], 1024 * g[1][0]) << "the gradients were not scaled";
+    scaler.unscale_(opt);
+    for (size_t i = 0; i < params.size(); ++i) EXPECT_EQ(testing::host_f64(params[i].grad()), g[i]) << i;
+    const double total = nn::clip_grad_norm_(params, max_norm);
+    EXPECT_NEAR(total, norm, 1e-5 * norm) << "the norm clip_grad_norm_ saw";
+    scaler.step(opt);
+    scaler.update();
+    EXPECT_EQ(scaler.get_scale(), 1024.0);  // a clean step, far from the growth interval
+    for (size_t i = 0; i < params.size(); ++i) {
+      const std::vector<double> now = testing::host_f64(params[i]), grad = testing::host_f64(params[i].grad());
+      for (size_t k = 0; k < now.size(); ++k) {
+        const double clipped = g[i][k] * clip;
+        EXPECT_NEAR(grad[k], clipped, 1e-6 * std::fabs(g[i][k])) << "gradient " << i << " element " << k;
+        EXPECT_NEAR(now[k], start[i][k] - lr * clipped, 1e-6 * (std::fabs(start[i][k]) + 1))
+            << "parameter " << i << " element " << k;
+      }
+    }
+  }
 }
 
 TEST(GradScaler, ContractErrors) {

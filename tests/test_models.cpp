@@ -3,8 +3,10 @@
 // that really learns, bit-identically run to run.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string>
 
 #include "amp/autocast.h"
 #include "autograd/engine.h"
@@ -388,7 +390,7 @@ TEST_F(ModelsTest, SequentialRunsALinearAndTheReluAfterItAsOneOp) {
 
 // Under autocast the GPT's norms write the dtype of the linear layer they
 // feed (no cast node between them); without autocast, their input's. The
-// values are the norm then the cast, bit for bit (test_autograd).
+// values are the norm rounded once (test_autograd holds them to f64).
 TEST_F(ModelsTest, EachGptNormWritesTheDtypeOfTheLinearItFeeds) {
   SCOPED_TRACE(trace());
   nn::GPTOptions o;
@@ -509,6 +511,87 @@ TEST_F(ModelsTest, CausalSelfAttentionMatchesReference) {
   for (const auto& [name, p] : attn.named_parameters()) EXPECT_TRUE(p.grad().defined()) << name;
   EXPECT_THROW(nn::CausalSelfAttention(10, 3), ValueError);
   EXPECT_THROW(attn.forward(zeros({2, 5, 8})), ShapeError);
+}
+
+// Layer norm of rows of C in f64 (eps 1e-5, the GPT's).
+Vec layer_norm_rows(const Vec& x, const Vec& w, const Vec& b, int64_t C) {
+  Vec y(x.size());
+  for (size_t at = 0; at < x.size(); at += static_cast<size_t>(C)) {
+    double mean = 0, var = 0;
+    for (int64_t j = 0; j < C; ++j) mean += x[at + j];
+    mean /= static_cast<double>(C);
+    for (int64_t j = 0; j < C; ++j) var += (x[at + j] - mean) * (x[at + j] - mean);
+    var /= static_cast<double>(C);
+    for (int64_t j = 0; j < C; ++j) y[at + j] = (x[at + j] - mean) / std::sqrt(var + 1e-5) * w[j] + b[j];
+  }
+  return y;
+}
+
+// Rows of `in` through x W^T + b (b empty: none), W [out, in].
+Vec linear_rows(const Vec& x, const Vec& w, const Vec& b, int64_t in, int64_t out) {
+  const int64_t rows = static_cast<int64_t>(x.size()) / in;
+  Vec y(static_cast<size_t>(rows * out));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t o = 0; o < out; ++o) {
+      double acc = b.empty() ? 0.0 : b[o];
+      for (int64_t i = 0; i < in; ++i) acc += x[r * in + i] * w[o * in + i];
+      y[r * out + o] = acc;
+    }
+  return y;
+}
+
+// f64 reference of the whole GPT, from its parameters by name: token plus
+// position rows; per block x += attention(ln1(x)) (attention_ref: the qkv
+// projection, causal heads, proj) and x += out(gelu(fc(ln2(x)))) with the
+// exact (erf) gelu; then the final norm and the head, which has no bias.
+Vec gpt_ref(const nn::GPT& model, const std::vector<int64_t>& idx, int64_t B, int64_t T) {
+  const auto params = model.named_parameters();
+  auto p = [&](const std::string& name) { return host_f64(params.at(name)); };
+  const int64_t C = model.options.d_model, H = model.options.n_heads;
+  const Vec tok = p("tok.weight"), pos = p("pos.weight");
+  Vec x(static_cast<size_t>(B * T * C));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t c = 0; c < C; ++c) x[(b * T + t) * C + c] = tok[idx[b * T + t] * C + c] + pos[t * C + c];
+  for (int64_t l = 0; l < model.options.n_layers; ++l) {
+    const std::string in = "blocks." + std::to_string(l) + ".";
+    const Vec a = layer_norm_rows(x, p(in + "ln1.weight"), p(in + "ln1.bias"), C);
+    const Vec att = attention_ref(a, p(in + "qkv.weight"), p(in + "qkv.bias"), p(in + "proj.weight"),
+                                  p(in + "proj.bias"), B, T, C, H);
+    for (size_t i = 0; i < x.size(); ++i) x[i] += att[i];
+    const Vec m = layer_norm_rows(x, p(in + "ln2.weight"), p(in + "ln2.bias"), C);
+    Vec f = linear_rows(m, p(in + "fc.weight"), p(in + "fc.bias"), C, 4 * C);
+    for (double& v : f) v = 0.5 * v * (1 + std::erf(v / std::sqrt(2.0)));
+    const Vec mlp = linear_rows(f, p(in + "out.weight"), p(in + "out.bias"), 4 * C, C);
+    for (size_t i = 0; i < x.size(); ++i) x[i] += mlp[i];
+  }
+  return linear_rows(layer_norm_rows(x, p("ln.weight"), p("ln.bias"), C), p("head.weight"), {}, C,
+                     model.options.vocab_size);
+}
+
+// nn::GPT's forward against the f64 reference of its parameters, on a tiny
+// config of two blocks of two heads. The norms' weights and biases are
+// drawn too (they start at 1 and 0), so that one applied in the wrong place
+// shows.
+TEST_F(ModelsTest, GptMatchesAnF64ReferenceOfItsParameters) {
+  SCOPED_TRACE(trace());
+  nn::GPTOptions o;
+  o.vocab_size = 11, o.context = 8, o.d_model = 16, o.n_layers = 2, o.n_heads = 2;
+  nn::GPT model(o, &gen_);
+  {
+    NoGradGuard no_grad;
+    for (const auto& [name, p] : model.named_parameters())
+      if (name.find("ln") != std::string::npos)
+        prim::copy_(p, prim::add_scalar(prim::mul_scalar(randn(p.shape(), DType::f32, kCPU, &gen_), 0.3),
+                                        name.ends_with(".weight") ? 1.0 : 0.0));
+  }
+  const int64_t B = 2, T = 6;
+  std::vector<int64_t> ids;
+  for (double u : host_f64(rand({B * T}, DType::f64, kCPU, &gen_, 0.0, static_cast<double>(o.vocab_size))))
+    ids.push_back(std::min<int64_t>(static_cast<int64_t>(u), o.vocab_size - 1));
+  const Tensor logits = model.forward(from_vector(ids, {B, T}, DType::i64));
+  ASSERT_EQ(logits.shape(), (Shape{B, T, o.vocab_size}));
+  EXPECT_LT(rel_error(host_f64(logits), gpt_ref(model, ids, B, T)), 1e-4);
 }
 
 TEST_F(ModelsTest, SmallCnnRunsForwardAndBackward) {

@@ -4,6 +4,8 @@
 
 #include <fmt/ranges.h>
 
+#include <algorithm>
+#include <cmath>
 #include <functional>
 
 #include "tensor/ops.h"
@@ -112,8 +114,10 @@ TEST_F(OpsCpu, BinaryBroadcastsAndMatchesReference) {
       {BinaryOp::mul, [](double a, double b) { return a * b; }},
       {BinaryOp::div, [](double a, double b) { return a / b; }, true},
       {BinaryOp::pow, [](double a, double b) { return std::pow(a, b); }, true},
-      {BinaryOp::maximum, [](double a, double b) { return std::max(a, b); }},
-      {BinaryOp::minimum, [](double a, double b) { return std::min(a, b); }},
+      // NaN in either operand gives NaN, as torch.maximum / torch.minimum do
+      // (std::max and std::min would return the first operand).
+      {BinaryOp::maximum, [](double a, double b) { return std::isnan(a) || std::isnan(b) ? NAN : std::max(a, b); }},
+      {BinaryOp::minimum, [](double a, double b) { return std::isnan(a) || std::isnan(b) ? NAN : std::min(a, b); }},
       {BinaryOp::eq, [](double a, double b) { return a == b ? 1.0 : 0.0; }},
       {BinaryOp::ne, [](double a, double b) { return a != b ? 1.0 : 0.0; }},
       {BinaryOp::lt, [](double a, double b) { return a < b ? 1.0 : 0.0; }},
@@ -130,8 +134,19 @@ TEST_F(OpsCpu, BinaryBroadcastsAndMatchesReference) {
     for (const Case& c : cases) {
       SCOPED_TRACE(fmt::format("{} {}", binary_op_name(c.op), dtype_name(dt)));
       const double lo = c.positive ? 0.2 : -2, hi = 2;
-      Tensor a = prim::permute(rand({5, 1, 3}, dt, lo, hi), {1, 2, 0});  // [1, 3, 5], strided
-      Tensor b = rand({4, 1, 5}, dt, lo, hi);
+      // a is [1, 3, 5] (a strided permute of [5, 1, 3]), b is [4, 1, 5]; out
+      // [i, j, k] = op(a[0, j, k], b[i, 0, k]). Rows 0 and 1 of b are copies
+      // of rows 0 and 1 of a, so the comparisons see ties at [0, 0, k] and
+      // [1, 1, k]; a NaN in a (at [0, 1, 1], copied into b's row 1) and
+      // another in b (at [2, 0, 3]) meet numbers and each other.
+      std::vector<double> a_values = host_f64(rand({5, 1, 3}, dt, lo, hi));
+      a_values[1 * 3 + 1] = NAN;  // [1, 0, 1] of [5, 1, 3]: a[0, 1, 1]
+      const Tensor a = prim::permute(from_vector(a_values, {5, 1, 3}, dt), {1, 2, 0});
+      const std::vector<double> a_rows = host_f64(a);  // [1, 3, 5], logical order
+      std::vector<double> b_values = host_f64(rand({4, 1, 5}, dt, lo, hi));
+      for (int64_t k = 0; k < 10; ++k) b_values[k] = a_rows[k];  // b[0..1, 0, :] = a[0, 0..1, :]
+      b_values[2 * 5 + 3] = NAN;
+      const Tensor b = from_vector(b_values, {4, 1, 5}, dt);
       Tensor out = prim::binary(c.op, a, b);
       const Shape shape{4, 3, 5};
       ASSERT_EQ(out.shape(), shape);
@@ -139,6 +154,13 @@ TEST_F(OpsCpu, BinaryBroadcastsAndMatchesReference) {
       const auto bv = broadcast_values(host_f64(b), b.shape(), shape);
       std::vector<double> ref(av.size());
       for (size_t i = 0; i < ref.size(); ++i) ref[i] = c.ref(av[i], bv[i]);
+      // The inputs hold ties (eq is 1 somewhere: an eq giving all zeros
+      // fails) and NaN on both sides.
+      ASSERT_GE(std::count_if(av.begin(), av.end(), [](double v) { return std::isnan(v); }), 1);
+      ASSERT_GE(std::count_if(bv.begin(), bv.end(), [](double v) { return std::isnan(v); }), 1);
+      int64_t ties = 0;
+      for (size_t i = 0; i < av.size(); ++i) ties += av[i] == bv[i];
+      ASSERT_GE(ties, 9);
       // Backward rules of gelu are checked against a numeric derivative.
       const double tol = std::max(tolerance(dt), c.op == BinaryOp::gelu_tanh_backward ||
                                                          c.op == BinaryOp::gelu_erf_backward

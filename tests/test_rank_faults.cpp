@@ -99,9 +99,14 @@ TEST(RankFaults, TheLauncherNamesAKilledRankAndLeavesNoProcess) {
                     "--kill_timeout", "2", ddp_worker_path(), "train"},
                    {{"MPT_TEST_TIMEOUT_S", std::to_string(kTimeoutS)}}, log_file("launcher"));
   ASSERT_TRUE(run.wait_for_output("[rank 1] rank 1: step 30", 60)) << run.output();
+  // Every rank's pid, known before the kill: without one, the check that
+  // no rank outlived mpt-run would pass for want of a process to look at.
   std::vector<pid_t> pids;
-  for (int r = 0; r < 3; ++r) pids.push_back(ready_pid(run.output(), r));
-  ASSERT_GT(pids[1], 0) << run.output();
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_TRUE(run.wait_for_output(fmt::format("rank {} of 3 ready, pid", r), 10)) << run.output();
+    pids.push_back(ready_pid(run.output(), r));
+    ASSERT_GT(pids.back(), 0) << "rank " << r << ":\n" << run.output();
+  }
   ::kill(pids[1], SIGKILL);
   const auto killed_at = Clock::now();
   const auto status = run.wait(kBoundS);
@@ -112,7 +117,7 @@ TEST(RankFaults, TheLauncherNamesAKilledRankAndLeavesNoProcess) {
   EXPECT_EQ(WEXITSTATUS(*status), 128 + SIGKILL) << out;
   EXPECT_NE(out.find(fmt::format("rank 1 (pid {}) failed with signal 9", pids[1])), std::string::npos) << out;
   EXPECT_LT(took, kBoundS);
-  for (int r = 0; r < 3; ++r) EXPECT_FALSE(pids[r] > 0 && alive(pids[r])) << "rank " << r << " outlived mpt-run";
+  for (int r = 0; r < 3; ++r) EXPECT_FALSE(alive(pids[r])) << "rank " << r << " outlived mpt-run";
   std::printf("faults injected: 1, survived: %d (mpt-run ended %.2f s after the kill)\n",
               status && !alive(pids[0]) && !alive(pids[2]) ? 1 : 0, took);
 }
@@ -133,7 +138,12 @@ TEST(RankFaults, TwoLaunchersBothEndWhenARankOfOneIsKilled) {
   auto node0 = node(0), node1 = node(1);
   ASSERT_TRUE(node1->wait_for_output("[rank 1] rank 1: step 30", 60)) << node1->output();
   const pid_t victim = ready_pid(node1->output(), 1);
-  ASSERT_GT(victim, 0);
+  ASSERT_GT(victim, 0) << node1->output();
+  // The survivor's pid, known before the kill (else the check that it
+  // ended would pass for want of a process to look at).
+  ASSERT_TRUE(node0->wait_for_output("rank 0 of 2 ready, pid", 10)) << node0->output();
+  const pid_t survivor = ready_pid(node0->output(), 0);
+  ASSERT_GT(survivor, 0) << node0->output();
   ::kill(victim, SIGKILL);
   const auto killed_at = Clock::now();
   const auto s1 = node1->wait(kBoundS);
@@ -150,8 +160,7 @@ TEST(RankFaults, TwoLaunchersBothEndWhenARankOfOneIsKilled) {
   EXPECT_NE(out0.find("rank 1 left the job first"), std::string::npos) << out0;
   EXPECT_NE(out0.find("mpt-run: rank 0 (pid"), std::string::npos) << out0;
   EXPECT_LT(took, kBoundS);
-  const pid_t survivor = ready_pid(out0, 0);
-  EXPECT_FALSE(survivor > 0 && alive(survivor));
+  EXPECT_FALSE(alive(survivor)) << "rank 0 outlived its launcher";
   std::printf("faults injected: 1, survived: %d (both launchers ended %.2f s after the kill)\n",
               s0 && s1 && out0.find("rank 1 left the job first") != std::string::npos ? 1 : 0, took);
 }

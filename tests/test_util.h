@@ -79,7 +79,17 @@ inline void expect_contains(const std::string& s, const std::vector<std::string>
 
 inline std::vector<double> host_f64(const Tensor& t) { return t.to_vector<double>(); }
 
-// ||a - b|| / ||b|| (0 when both are 0); NaN in either gives infinity.
+// Every element finite; else which is not. rel_error below passes NaN
+// against NaN, so a check whose values must be finite asserts this too.
+inline ::testing::AssertionResult all_finite(const std::vector<double>& v) {
+  for (size_t i = 0; i < v.size(); ++i)
+    if (!std::isfinite(v[i]))
+      return ::testing::AssertionFailure() << "element " << i << " of " << v.size() << " is " << v[i];
+  return ::testing::AssertionSuccess();
+}
+
+// ||a - b|| / ||b|| (0 when both are 0); NaN in one only gives infinity, NaN
+// in both is skipped (see all_finite).
 inline double rel_error(const std::vector<double>& a, const std::vector<double>& b) {
   EXPECT_EQ(a.size(), b.size());
   double num = 0, den = 0;
