@@ -23,7 +23,7 @@
 namespace mpt {
 
 class Node;           // autograd graph node (autograd/node.h)
-struct AutogradMeta;  // autograd/autograd_meta.h
+struct AutogradMeta;  // below
 
 struct TensorImpl {
   std::shared_ptr<Storage> storage;
