@@ -285,6 +285,14 @@ TEST(CudaAutograd, Bf16AutocastMatchesTheCpu) {
     for (const auto& [name, p] : model.named_parameters()) r.grads.emplace_back(name, host_f64(p.grad()));
     return r;
   };
+  // The GPU's logits, loss and every gradient against the CPU's.
+  auto expect_matches = [](const Result& g, const Result& c, double logits_tolerance, double grad_tolerance) {
+    EXPECT_LE(rel_error(g.logits, c.logits), logits_tolerance) << "logits";
+    EXPECT_NEAR(g.loss, c.loss, 1e-2 * std::fabs(c.loss));
+    ASSERT_EQ(g.grads.size(), c.grads.size());
+    for (size_t i = 0; i < c.grads.size(); ++i)
+      EXPECT_LE(rel_error(g.grads[i].second, c.grads[i].second), grad_tolerance) << "gradient of " << c.grads[i].first;
+  };
 
   {
     SCOPED_TRACE("linear, gelu, layer norm, linear: against the cpu in bf16");
@@ -303,11 +311,7 @@ TEST(CudaAutograd, Bf16AutocastMatchesTheCpu) {
     const Result c = run(*on_cpu, kCPU, true, x, target), g = run(*on_gpu, gpu, true, x, target);
     EXPECT_EQ(c.logits_dtype, DType::bf16);
     EXPECT_EQ(g.logits_dtype, DType::bf16);
-    EXPECT_LE(rel_error(g.logits, c.logits), 1e-2) << "logits";
-    EXPECT_NEAR(g.loss, c.loss, 1e-2 * std::fabs(c.loss));
-    ASSERT_EQ(g.grads.size(), c.grads.size());
-    for (size_t i = 0; i < c.grads.size(); ++i)
-      EXPECT_LE(rel_error(g.grads[i].second, c.grads[i].second), 1e-2) << "gradient of " << c.grads[i].first;
+    expect_matches(g, c, 1e-2, 1e-2);
   }
   {
     SCOPED_TRACE("tiny GPT: against the cpu in f32");
@@ -323,11 +327,7 @@ TEST(CudaAutograd, Bf16AutocastMatchesTheCpu) {
     const Result c = run(*on_cpu, kCPU, false, idx, target), g = run(*on_gpu, gpu, true, idx, target);
     EXPECT_EQ(c.logits_dtype, DType::f32);
     EXPECT_EQ(g.logits_dtype, DType::bf16);
-    EXPECT_LE(rel_error(g.logits, c.logits), 5e-2) << "logits";
-    EXPECT_NEAR(g.loss, c.loss, 1e-2 * std::fabs(c.loss));
-    ASSERT_EQ(g.grads.size(), c.grads.size());
-    for (size_t i = 0; i < c.grads.size(); ++i)
-      EXPECT_LE(rel_error(g.grads[i].second, c.grads[i].second), 0.1) << "gradient of " << c.grads[i].first;
+    expect_matches(g, c, 5e-2, 0.1);
   }
 }
 
