@@ -60,6 +60,14 @@ uint32_t crc32_of(uint32_t crc, const void* data, size_t n) {
 
 // The checksum covers the header as it reads without the checksum entry
 // (nlohmann's objects are sorted, so the dump is canonical) and every data byte.
+// The header as the file holds it: compact JSON padded with spaces so the
+// data starts 8-byte aligned (as the reference writer does).
+std::string header_text(const json& header) {
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+  return text;
+}
+
 uint32_t checksum(const json& header_without_crc, const std::vector<uint8_t>& data) {
   const std::string h = header_without_crc.dump();
   return crc32_of(crc32_of(static_cast<uint32_t>(crc32(0, nullptr, 0)), h.data(), h.size()), data.data(), data.size());
@@ -165,9 +173,7 @@ void save_safetensors(const std::string& path, const OrderedDict<Tensor>& tensor
   const uint32_t crc = checksum(header, data);
   header["__metadata__"][kChecksumKey] = hex32(crc);
 
-  std::string text = header.dump();
-  // Pad with spaces so the data starts 8-byte aligned (as the reference writer does).
-  text.append((8 - text.size() % 8) % 8, ' ');
+  const std::string text = header_text(header);
   uint8_t length[8];
   for (int i = 0; i < 8; ++i) length[i] = static_cast<uint8_t>(static_cast<uint64_t>(text.size()) >> (8 * i));
 
@@ -308,6 +314,11 @@ TensorFile load_safetensors(const std::string& path) {
                  expected, data.size(), expected < data.size() ? "extra bytes at the end" : "truncated");
 
   if (stored_crc) {
+    // The checksum covers the header as parsed, and the parser passes over
+    // bytes that change nothing (a NUL in the padding ends its input): a
+    // header not laid out exactly as the writer lays it out is damaged too.
+    check<IOError>(header_text(header) == text,
+                   "load_safetensors: '{}' is corrupted: its header bytes are not those of the header they hold", path);
     header["__metadata__"].erase(kChecksumKey);
     const std::string actual = hex32(checksum(header, data));
     check<IOError>(actual == *stored_crc,

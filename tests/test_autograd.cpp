@@ -167,7 +167,9 @@ TEST_F(Gradcheck, Attention) {
 // ---- forward values of the composite ops ---------------------------------------------
 
 TEST(AutogradForward, AttentionMatchesExplicitMath) {
-  Generator gen(testing::fresh_seed());
+  const uint64_t seed = testing::fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  Generator gen(seed);
   const Tensor q = randn({1, 1, 4, 2}, DType::f64, kCPU, &gen), k = randn({1, 1, 4, 2}, DType::f64, kCPU, &gen),
                v = randn({1, 1, 4, 2}, DType::f64, kCPU, &gen);
   const auto y = scaled_dot_product_attention(q, k, v, true).to_vector<double>();

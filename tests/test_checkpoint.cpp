@@ -98,7 +98,9 @@ TEST_F(CheckpointTest, ReadsAFileWrittenByHandFromTheSpec) {
 }
 
 TEST_F(CheckpointTest, RoundTripKeepsEveryDTypeBitForBit) {
-  Generator gen(testing::fresh_seed());
+  const uint64_t seed = testing::fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  Generator gen(seed);
   OrderedDict<Tensor> in;
   for (DType t : {DType::f32, DType::f16, DType::bf16, DType::f64})
     in.insert(dtype_name(t), prim::to(randn({3, 4}, DType::f32, kCPU, &gen), t));
@@ -153,6 +155,13 @@ TEST_F(CheckpointTest, TruncatedAndCorruptedFilesAreRefused) {
   ASSERT_NE(step_at, std::string::npos + 8);
   expect_contains(flipped(8 + step_at), {bad});
   expect_contains(flipped(8 + text.find('{')), {bad, "malformed JSON"});
+  // A padding space turned into a NUL, which ends the JSON parser's input
+  // and so changes nothing it reads.
+  ASSERT_EQ(text.back(), ' ') << "this header has no padding";
+  Bytes nul = good;
+  nul[8 + n - 1] = 0;
+  write_bytes(bad, nul);
+  expect_contains(error_of<IOError>([&] { ckpt::read_checkpoint(bad); }), {bad, "corrupted", "header bytes"});
 
   // Data appended after the last tensor.
   Bytes longer = good;
@@ -167,7 +176,9 @@ TEST_F(CheckpointTest, TruncatedAndCorruptedFilesAreRefused) {
 }
 
 TEST_F(CheckpointTest, MismatchedModelOrOptimizerIsRefusedAndNothingIsLoaded) {
-  Generator gen(testing::fresh_seed());
+  const uint64_t seed = testing::fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  Generator gen(seed);
   auto small = nn::make_mlp({.in_features = 6, .hidden = {5}, .num_classes = 3}, &gen);
   optim::AdamW small_opt(small->parameters());
   backward(sum(small->forward(randn({2, 6}, DType::f32, kCPU, &gen))));
@@ -343,7 +354,9 @@ TEST_F(CheckpointTest, ARefusedFileLeavesTheModelAsItWas) {
   };
   const std::string bad = file("bad.safetensors");
   int refused = 0;
-  std::mt19937_64 rng(testing::fresh_seed());
+  const uint64_t seed = testing::fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937_64 rng(seed);
   for (int trial = 0; trial < 40; ++trial) {
     Bytes b = good;
     if (trial % 2 == 0) b.resize(rng() % good.size());  // truncated anywhere

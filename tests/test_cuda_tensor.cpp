@@ -755,7 +755,9 @@ TEST_F(CudaTensor, UnknownDevicesAreRefusedWithTheCount) {
 // ---- pinned host memory ------------------------------------------------------------
 
 TEST_F(CudaTensor, PinnedCopiesArriveAndBlocksAreRecycledOnlyAfterTheCopy) {
-  Generator gen(testing::fresh_seed());
+  const uint64_t seed = testing::fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  Generator gen(seed);
   const Tensor src = mpt::randn({1 << 20}, DType::f32, kCPU, &gen);
   Tensor pinned = pin_memory(src);
   ASSERT_TRUE(is_pinned(pinned));
