@@ -54,6 +54,7 @@ void synchronize(const Device& device) { require_cpu(device); }
 Event::Event(const Device& device, bool) : device_(device) { require_cpu(device); }
 Event::~Event() = default;
 void Event::record(const Stream& s) { require_cpu(s.device()); }
+void Event::record_external(const Stream& s) { require_cpu(s.device()); }
 void Event::wait(const Stream& s) const { require_cpu(s.device()); }
 void Event::synchronize() const {}
 bool Event::query() const { return true; }

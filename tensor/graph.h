@@ -25,6 +25,11 @@
 // replay as they are when eager: a dead peer ends it within the group's
 // timeout, and run() first waits for the previous replay (the collectives
 // register a cuda::ReplayWatch while the step is captured).
+// The next batch can be copied in while a step runs (run(batch, next)): on
+// a stream of its own, from the point where the step no longer reads its
+// inputs (inputs_consumed(), or the step's end) while the rest of the step
+// (communication, the optimizer) goes on; the next run waits for the copy,
+// not for the host.
 // Hyper-parameters the step passes to kernels as values (a learning rate
 // from a schedule, say) are frozen into the graph: call reset() after
 // changing them.
@@ -34,6 +39,7 @@
 #include <string>
 #include <vector>
 
+#include "tensor/stream.h"
 #include "tensor/tensor.h"
 
 namespace mpt {
@@ -54,6 +60,16 @@ class CapturedStep {
 
   // One step on `batch` (any devices; copied into the fixed inputs).
   void run(const std::vector<Tensor>& batch = {});
+  // One step on `batch`, then `next` copied into the fixed inputs beside
+  // the rest of this step, so that a following run(next) copies nothing.
+  // `next` must keep its values until that run; a run on other tensors
+  // copies them as usual. On the CPU nothing is copied ahead.
+  void run(const std::vector<Tensor>& batch, const std::vector<Tensor>& next);
+
+  // For step functions: the step reads its inputs no more from this point
+  // of the current stream (where its backward pass ended, say), so the next
+  // batch may be copied in from here. Does nothing outside a CapturedStep.
+  static void inputs_consumed();
   // Drops the graph: the next runs are eager, then it is captured again.
   void reset();
 
@@ -65,6 +81,10 @@ class CapturedStep {
 
  private:
   bool same_layout(const std::vector<Tensor>& batch) const;
+  void load_inputs(const std::vector<Tensor>& batch);
+  bool take_staged(const std::vector<Tensor>& batch, const Stream& stream);
+  void step_once();
+  void stage(const std::vector<Tensor>& next, const Stream& stream);
 
   Device device_;
   StepFn step_;
@@ -75,6 +95,14 @@ class CapturedStep {
   int64_t replays_ = 0;
   int64_t captures_ = 0;
   std::string fallback_reason_;
+
+  // The copy of the next batch (run(batch, next)).
+  std::vector<Tensor> staged_;          // whose values are in the inputs, or on their way
+  std::unique_ptr<Event> batch_ready_;  // the caller's stream before the step: `next` is there
+  std::unique_ptr<Event> consumed_;     // the step reads the inputs no more
+  std::unique_ptr<Event> staged_ready_;  // the copy is done
+  bool consumed_marked_ = false;        // this run's step called inputs_consumed()
+  bool graph_marks_consumed_ = false;   // the captured graph records consumed_ itself
 };
 
 }  // namespace mpt

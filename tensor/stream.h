@@ -60,6 +60,11 @@ class Event {
 
   void record(const Stream& s);
   void record() { record(current_stream(device_)); }
+  // As record(), but while `s` is being captured into a CUDA graph the
+  // record becomes a node of the graph that every replay performs, so other
+  // streams can wait for that point of a replay (a plain record there only
+  // orders the streams of the capture).
+  void record_external(const Stream& s);
   void wait(const Stream& s) const;  // `s` waits for this event, without blocking the host
   void synchronize() const;          // the host waits
   bool query() const;                // done?

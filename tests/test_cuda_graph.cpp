@@ -3,7 +3,8 @@
 // the same parameters, scale and step counts as the same steps run eagerly,
 // including steps the scaler skips on the device; new batch shapes capture
 // again; a step that synchronizes falls back to eager; replays allocate
-// nothing. Index checks on the GPU report at the next synchronization.
+// nothing; batches copied in ahead of their steps train as batches copied
+// at the step. Index checks on the GPU report at the next synchronization.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -20,6 +21,7 @@
 #include "models/sequential.h"
 #include "tensor/cuda/conv_cudnn.h"
 #include "tensor/cuda/graph.h"
+#include "tensor/device_guard.h"
 #include "tensor/gpu_timeline.h"
 #include "tensor/graph.h"
 #include "tensor/memory.h"
@@ -33,6 +35,14 @@ using testing::rel_error;
 
 const Device kGPU("cuda:0");
 
+// About a millisecond of GPU work on the current stream, whose result no
+// one reads: a copy racing ahead of the step would win against it.
+void busy_gpu(const Device& device) {
+  const Tensor a = full({1024, 1024}, 1e-3, DType::f32, device);
+  Tensor y = a;
+  for (int i = 0; i < 8; ++i) y = prim::matmul(y, a);
+}
+
 // One training setup: model (inputs of `width`, one hidden layer of
 // `hidden`), capturable AdamW, a scaler whose scale moves (2^24 overflows
 // f16 gradients at first, so early steps are skipped and the scale backs
@@ -42,8 +52,10 @@ struct TrainingRun {
   std::unique_ptr<optim::AdamW> opt;
   amp::GradScaler scaler;
   bool read_loss_inside = false;  // makes the step synchronize
+  bool busy_before_reading = false;  // GPU work ahead of the first read of the inputs
+  bool mark_consumed = false;        // CapturedStep::inputs_consumed() after backward
 
-  explicit TrainingRun(uint64_t seed, int64_t width = 32, int64_t hidden = 64)
+  explicit TrainingRun(uint64_t seed, int64_t width = 32, int64_t hidden = 64, Device device = kGPU)
       : scaler([] {
           amp::GradScalerOptions o;
           o.init_scale = 16777216.0;
@@ -55,13 +67,14 @@ struct TrainingRun {
     model->push_back(std::make_shared<nn::Linear>(width, hidden, true, &gen));
     model->push_back(std::make_shared<nn::ReLU>());
     model->push_back(std::make_shared<nn::Linear>(hidden, 10, true, &gen));
-    model->to(kGPU);
+    model->to(device);
     opt = std::make_unique<optim::AdamW>(model->parameters(), optim::AdamWOptions{1e-2, 0.9, 0.999, 1e-8, 1e-2});
     opt->set_capturable(true);
   }
 
   void step(const std::vector<Tensor>& in) {
     opt->zero_grad();
+    if (busy_before_reading) busy_gpu(in[0].device());
     Tensor loss;
     {
       amp::AutocastGuard autocast(DeviceType::cuda, DType::f16);
@@ -69,6 +82,7 @@ struct TrainingRun {
     }
     if (read_loss_inside) (void)loss.item();
     backward(scaler.scale(loss));
+    if (mark_consumed) CapturedStep::inputs_consumed();
     scaler.step(*opt);
     scaler.update();
   }
@@ -158,6 +172,93 @@ TEST(CudaGraph, NewShapesCaptureAgain) {
   }
   EXPECT_EQ(captured.captures(), 2);
   EXPECT_EQ(captured.replays(), 12);
+  expect_same_training(graphed, eager);
+}
+
+// run(batch, next): each batch is copied into the fixed inputs while the
+// step before it runs, from where that step reads them no more. Every step
+// starts with a millisecond of GPU work before its first read, so a copy
+// that did not wait for the step's end (or its inputs_consumed()) would
+// overwrite the inputs first and the parameters would leave the eager ones.
+TEST(CudaGraph, BatchesCopiedAheadTrainLikeBatchesCopiedAtTheStep) {
+  MPT_SKIP_WITHOUT_CUDA();
+  const uint64_t seed = testing::fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  for (const bool mark_consumed : {true, false})
+    for (const bool on_gpu : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "inputs_consumed() " << mark_consumed << ", batches on the GPU " << on_gpu);
+      TrainingRun graphed(seed), eager(seed);
+      graphed.busy_before_reading = true;
+      graphed.mark_consumed = mark_consumed;
+      CapturedStep captured(kGPU, [&](const std::vector<Tensor>& in) { graphed.step(in); });
+      std::mt19937_64 rng(seed + 1);
+      auto make_batch = [&] {
+        std::vector<Tensor> b = batch(rng, 48);
+        if (on_gpu)
+          for (Tensor& t : b) t = prim::to(t, kGPU);
+        return b;
+      };
+      std::vector<Tensor> in = make_batch();
+      for (int i = 0; i < 12; ++i) {
+        const std::vector<Tensor> next = make_batch();
+        captured.run(in, next);
+        eager.step({prim::to(in[0], kGPU), prim::to(in[1], kGPU)});
+        in = next;
+      }
+      EXPECT_EQ(captured.captures(), 1);
+      EXPECT_EQ(captured.fallback_reason(), "");
+      expect_same_training(graphed, eager);
+    }
+}
+
+// A run on tensors other than those copied ahead copies its own; a run
+// with new shapes after a copy ahead starts over with them.
+TEST(CudaGraph, ARunOnOtherTensorsThanTheCopiedOnesUsesItsOwn) {
+  MPT_SKIP_WITHOUT_CUDA();
+  const uint64_t seed = testing::fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  TrainingRun graphed(seed), eager(seed);
+  graphed.mark_consumed = true;
+  CapturedStep captured(kGPU, [&](const std::vector<Tensor>& in) { graphed.step(in); }, 2);
+  std::mt19937_64 rng(seed + 1);
+  for (int i = 0; i < 10; ++i) {
+    const std::vector<Tensor> in = batch(rng, i < 6 ? 16 : 24);
+    const std::vector<Tensor> unused = batch(rng, 16);  // announced, never run
+    captured.run(in, unused);
+    eager.step({prim::to(in[0], kGPU), prim::to(in[1], kGPU)});
+  }
+  EXPECT_EQ(captured.captures(), 2);
+  expect_same_training(graphed, eager);
+}
+
+// As ReplicaGroup's replicas read their shares in mpt-bench's dp mode: a
+// step on cuda:1 whose batches lie on cuda:0.
+TEST(CudaGraph, BatchesCopiedAheadFromAnotherGpu) {
+  MPT_SKIP_WITHOUT_CUDA();
+  if (cuda_device_count() < 2) GTEST_SKIP() << "skipped: needs 2 CUDA devices";
+  const Device second("cuda:1");
+  const uint64_t seed = testing::fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  TrainingRun graphed(seed, 32, 64, second), eager(seed, 32, 64, second);
+  graphed.busy_before_reading = graphed.mark_consumed = true;
+  CapturedStep captured(second, [&](const std::vector<Tensor>& in) { graphed.step(in); });
+  std::mt19937_64 rng(seed + 1);
+  auto on_first_gpu = [&] {
+    std::vector<Tensor> b = batch(rng, 48);
+    for (Tensor& t : b) t = prim::to(t, kGPU);
+    return b;
+  };
+  std::vector<Tensor> in = on_first_gpu();
+  for (int i = 0; i < 12; ++i) {
+    const std::vector<Tensor> next = on_first_gpu();
+    captured.run(in, next);
+    {
+      DeviceGuard on_second(second);
+      eager.step({prim::to(in[0], second), prim::to(in[1], second)});
+    }
+    in = next;
+  }
+  EXPECT_EQ(captured.captures(), 1);
   expect_same_training(graphed, eager);
 }
 

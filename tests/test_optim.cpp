@@ -634,5 +634,28 @@ TEST(CapturedStepCpu, RunsEagerlyAndSaysWhy) {
   testing::expect_contains(testing::error_of<ValueError>([&] { CapturedStep(kCPU, {}); }), {"no step function"});
 }
 
+// On the CPU nothing is copied ahead: each step reads the batch it was run
+// on, whatever the previous run announced, and inputs_consumed() is harmless.
+TEST(CapturedStepCpu, EachStepReadsItsOwnBatch) {
+  Tensor w = zeros({2}, DType::f32, kCPU).set_requires_grad(true);
+  optim::SGD sgd({w}, optim::SGDOptions{1.0});
+  CapturedStep step(kCPU, [&](const std::vector<Tensor>& in) {
+    sgd.zero_grad();
+    backward(sum(mul(w, in[0])));
+    CapturedStep::inputs_consumed();
+    sgd.step();
+  });
+  CapturedStep::inputs_consumed();  // outside a step: nothing happens
+  const Tensor a = from_vector(std::vector<float>{1, 2}, {2}, DType::f32);
+  const Tensor b = from_vector(std::vector<float>{10, 20}, {2}, DType::f32);
+  const Tensor c = from_vector(std::vector<float>{100, 200}, {2}, DType::f32);
+  step.run({a}, {b});
+  step.run({b}, {b});  // as announced
+  step.run({c}, {a});  // not as announced
+  step.run({a});
+  // w -= x for each batch run: a + b + c + a.
+  EXPECT_EQ(w.to_vector<double>(), (std::vector<double>{-112, -224}));
+}
+
 }  // namespace
 }  // namespace mpt

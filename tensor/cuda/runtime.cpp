@@ -161,6 +161,19 @@ void Event::record(const Stream& s) {
   MPT_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(handle_), static_cast<cudaStream_t>(s.handle())));
 }
 
+void Event::record_external(const Stream& s) {
+  if (!handle_) return;
+  check<DeviceError>(s.device() == device_, "Event::record_external: the event belongs to {}, the stream to {}",
+                     device_.str(), s.device().str());
+  DeviceGuard guard(device_);
+  const auto stream = static_cast<cudaStream_t>(s.handle());
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  MPT_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
+  MPT_CUDA_CHECK(cudaEventRecordWithFlags(static_cast<cudaEvent_t>(handle_), stream,
+                                          capturing == cudaStreamCaptureStatusActive ? cudaEventRecordExternal
+                                                                                     : cudaEventRecordDefault));
+}
+
 void Event::wait(const Stream& s) const {
   if (!handle_) return;
   if (s.device().is_cpu()) {

@@ -161,7 +161,8 @@ struct Trainer {
   // unscale, AdamW, scale update) is recorded once as a CUDA graph after its
   // eager warm-up and replayed (AdamW keeps its step counts on the device
   // for that); `graphed` says whether it was. `batch` is copied into the
-  // graph's fixed inputs before each replay (eager steps get it as it is).
+  // graph's fixed inputs for each replay, while the step before it runs
+  // its optimizer (eager steps get it as it is).
   std::vector<double> time_steps(const std::function<void(const std::vector<Tensor>&)>& forward_backward,
                                  const std::vector<Tensor>& batch, bool graph, bool& graphed) {
     std::unique_ptr<GpuTimeline> timeline;
@@ -172,6 +173,8 @@ struct Trainer {
       gpu_stamp(device, "step start");
       optimizer.zero_grad();
       forward_backward(inputs);
+      // The optimizer reads no inputs: the next step's copy may start.
+      CapturedStep::inputs_consumed();
       gpu_stamp(device, "backward done");
       scaler.step(optimizer);
       gpu_stamp(device, "optimizer done");
@@ -187,7 +190,10 @@ struct Trainer {
     Event start(device, true), end(device, true);
     for (int i = 0; i < o.warmup + o.steps; ++i) {
       start.record();
-      if (captured) captured->run(batch);
+      // The reference's batch is the same every step; the copy is made for
+      // each step all the same (as nn.DataParallel scatters each step's),
+      // beside the step before it.
+      if (captured) captured->run(batch, batch);
       else step(batch);
       end.record();
       end.synchronize();
@@ -277,7 +283,7 @@ int run_dp(const Options& o) {
   std::vector<Device> devices;
   for (int i = 0; i < n; ++i) devices.emplace_back(DeviceType::cuda, i);
   // As torch_bench.py feeds nn.DataParallel: the whole batch on cuda:0;
-  // each replica copies its share to its GPU at the start of its step.
+  // the other replicas copy their shares to their GPUs for every step.
   Workload w = make(o.workload, devices[0], o.batch, n);
   dist::ReplicaGroup group(w.model, [&] { return make(o.workload, devices[0], 1).model; }, devices, {.ddp = o.ddp});
   const int64_t rows = w.x.shape()[0] / n;
@@ -290,7 +296,8 @@ int run_dp(const Options& o) {
     const auto begin = static_cast<int64_t>(r.rank) * rows;
     const Tensor x_share = prim::slice(w.x, 0, begin, begin + rows), y_share = prim::slice(w.y, 0, begin, begin + rows);
     // Replica 0 reads its rows where they are; the others' steps copy theirs
-    // (into the graph's fixed inputs when captured).
+    // (into the graph's fixed inputs when captured, while the step before
+    // runs its optimizer).
     const bool local = r.device == devices[0];
     const std::vector<Tensor> share = local ? std::vector<Tensor>{} : std::vector<Tensor>{x_share, y_share};
     Tensor loss;
