@@ -15,6 +15,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "tensor/host_name.h"
 #include "tensor/ops.h"
 
 namespace mpt::io {
@@ -115,17 +116,10 @@ void sync_directory(const std::string& dir) {
   check<IOError>(rc == 0, "save_safetensors: fsync of folder '{}' failed: {}", dir, std::strerror(errno));
 }
 
-// The host's name as it goes into temporaries' names: on a folder that
-// several hosts share, only this host's processes can be asked whether
-// they still run.
-std::string this_host() {
-  char name[256] = {};
-  if (::gethostname(name, sizeof(name) - 1) != 0 || name[0] == '\0') return "localhost";
-  return name;
-}
-
+// The host's name is in temporaries' names: on a folder that several hosts
+// share, only this host's processes can be asked whether they still run.
 std::string temporary_prefix(const std::string& target_name) {
-  return fmt::format(".{}.tmp.{}.", target_name, this_host());
+  return fmt::format(".{}.tmp.{}.", target_name, host_name());
 }
 
 // Temporaries of `target` that writers on this host left when they were

@@ -24,6 +24,7 @@
 #include "parallel/tcp_store.h"
 #include "parallel/work_queue.h"
 #include "tensor/cpu/cpu_kernels.h"
+#include "tensor/host_name.h"
 #include "tensor/ops.h"
 
 namespace mpt::dist {
@@ -103,7 +104,7 @@ std::string local_hostname(const dist::Store& store, const ProcessGroupOptions& 
     const std::string& h = tcp->host();
     if (h == "localhost" || h == "::1" || h.rfind("127.", 0) == 0) return "127.0.0.1";
   }
-  return this_host_name();
+  return host_name();
 }
 
 class GlooProcessGroup : public ProcessGroup {

@@ -238,10 +238,4 @@ void close_fd(int fd) {
   if (fd >= 0) ::close(fd);
 }
 
-std::string this_host_name() {
-  char name[256] = {};
-  ::gethostname(name, sizeof name - 1);
-  return name;
-}
-
 }  // namespace mpt::dist

@@ -23,7 +23,5 @@ void set_io_timeout(int fd, Millis timeout);
 void send_all(int fd, const void* data, size_t n, const std::string& what);
 void recv_all(int fd, void* data, size_t n, const std::string& what);
 void close_fd(int fd);
-// This host's name (gethostname), as peers and messages name it.
-std::string this_host_name();
 
 }  // namespace mpt::dist

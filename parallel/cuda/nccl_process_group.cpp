@@ -30,6 +30,7 @@
 #include "tensor/cuda/runtime.h"
 #include "tensor/device_guard.h"
 #include "tensor/gpu_timeline.h"
+#include "tensor/host_name.h"
 
 namespace mpt::dist {
 
@@ -386,7 +387,7 @@ void check_one_gpu_per_rank(Store& store, int64_t group_index, int rank, int siz
   auto key = [&](int r) { return fmt::format("mpt/nccl/{}/gpu_of_rank/{}", group_index, r); };
   // "host bus\ncuda:N": the GPU is the first line; the index, which differs
   // between processes whose CUDA_VISIBLE_DEVICES differ, only names it.
-  const std::string mine = fmt::format("{} {}\ncuda:{}", this_host_name(), bus, device);
+  const std::string mine = fmt::format("{} {}\ncuda:{}", host_name(), bus, device);
   store.set(key(rank), mine);
   std::vector<std::string> gpus, indices;
   for (int r = 0; r < size; ++r) {

@@ -2,10 +2,10 @@
 #include <fmt/format.h>
 
 #include "parallel/nccl_info.h"
-#include "parallel/socket_util.h"
 #include "tensor/cuda_info.h"
 #include "tensor/device.h"
 #include "tensor/error.h"
+#include "tensor/host_name.h"
 #include "tensor/nvml.h"
 #include "tools/mpt-doctor/checks.h"
 
@@ -17,7 +17,7 @@ std::string gib(uint64_t bytes) { return fmt::format("{:.1f} GiB", static_cast<d
 void check_libraries(Report& report, const cuda::Versions& v, const nvml::Library* nvml,
                      const std::string& nvml_error) {
   Section& s = report.add("software", "Driver and libraries");
-  const std::string host = dist::this_host_name();
+  const std::string host = host_name();
   s.data["host"] = host;
   s.data["cuda_built"] = v.built;
   s.ok(fmt::format("host {}, mptrain built {} CUDA", host, v.built ? "with" : "without"));

@@ -20,8 +20,8 @@
 #include "parallel/device_routed_group.h"
 #include "parallel/distributed_data_parallel.h"
 #include "parallel/rendezvous.h"
-#include "parallel/socket_util.h"
 #include "tensor/cuda_info.h"
+#include "tensor/host_name.h"
 #include "tensor/nvtx.h"
 #include "tensor/step_timer.h"
 #include "tools/mpt-train/diagnostics.h"
@@ -250,7 +250,7 @@ TrainResult run_training(const TrainConfig& config) {
     devices_text.clear();
     for (const Device& d : dp->devices()) devices_text += (devices_text.empty() ? "" : ", ") + device_label(d);
   }
-  fmt::print("rank {} of {}: host {}, pid {}, device {}{}\n", rank, world_size, dist::this_host_name(), ::getpid(),
+  fmt::print("rank {} of {}: host {}, pid {}, device {}{}\n", rank, world_size, host_name(), ::getpid(),
              devices_text, dp ? " (DataParallel)" : "");
   std::fflush(stdout);
   bool first_batch_reported = false;
@@ -309,7 +309,7 @@ TrainResult run_training(const TrainConfig& config) {
   progress.record({{"event", "start"}, {"model", c.model}, {"data", c.data}, {"device", device.str()},
                    {"precision", c.precision}, {"batch_size", c.batch_size}, {"accumulation", c.accumulation},
                    {"optimizer", c.optimizer}, {"lr", c.lr}, {"total_steps", total_steps}, {"seed", c.seed}});
-  progress.record({{"event", "rank"}, {"rank", rank}, {"world_size", world_size}, {"host", dist::this_host_name()},
+  progress.record({{"event", "rank"}, {"rank", rank}, {"world_size", world_size}, {"host", host_name()},
                    {"pid", ::getpid()}, {"device", devices_text}});
 
   // Where this invocation ends: the whole run, or an early stop that a
