@@ -17,6 +17,7 @@
 #include "models/layers.h"
 #include "models/sequential.h"
 #include "models/sgd.h"
+#include "tests/layer_norm_ref.h"
 #include "tests/test_util.h"
 
 namespace mpt {
@@ -515,16 +516,7 @@ TEST_F(ModelsTest, CausalSelfAttentionMatchesReference) {
 
 // Layer norm of rows of C in f64 (eps 1e-5, the GPT's).
 Vec layer_norm_rows(const Vec& x, const Vec& w, const Vec& b, int64_t C) {
-  Vec y(x.size());
-  for (size_t at = 0; at < x.size(); at += static_cast<size_t>(C)) {
-    double mean = 0, var = 0;
-    for (int64_t j = 0; j < C; ++j) mean += x[at + j];
-    mean /= static_cast<double>(C);
-    for (int64_t j = 0; j < C; ++j) var += (x[at + j] - mean) * (x[at + j] - mean);
-    var /= static_cast<double>(C);
-    for (int64_t j = 0; j < C; ++j) y[at + j] = (x[at + j] - mean) / std::sqrt(var + 1e-5) * w[j] + b[j];
-  }
-  return y;
+  return testing::layer_norm_ref(x, w, b, C, 1e-5).y;
 }
 
 // Rows of `in` through x W^T + b (b empty: none), W [out, in].
