@@ -8,7 +8,8 @@
 
 namespace mpt::amp::cuda {
 
-void unscale_and_check_inf(std::vector<Tensor>& grads, Tensor& found_inf, const Tensor& inv_scale);
+// inv_scale undefined: the check alone.
+void unscale_and_check_inf(const std::vector<Tensor>& grads, Tensor& found_inf, const Tensor& inv_scale);
 
 // One thread applies update_scale (amp/scale_rule.h) to the state tensors,
 // so the scale never leaves the GPU.

@@ -4,7 +4,7 @@
 
 namespace mpt::amp::cuda {
 
-void unscale_and_check_inf(std::vector<Tensor>& grads, Tensor& found_inf, const Tensor&) {
+void unscale_and_check_inf(const std::vector<Tensor>& grads, Tensor& found_inf, const Tensor&) {
   throw NotAvailableError(fmt::format(
       "unscale_and_check_inf_: found_inf is on {}, but this build of mptrain has no CUDA support",
       found_inf.device().str()));

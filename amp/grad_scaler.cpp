@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <unordered_set>
 
 #include "amp/amp_cuda.h"
 #include "amp/unscale.h"
@@ -118,22 +119,20 @@ Tensor GradScaler::scale(const Tensor& loss, int64_t samples) {
   return mul(loss, prim::reshape(prim::to(scale_, loss.device()), {}));
 }
 
-void GradScaler::unscale_(ScalableOptimizer& optimizer) {
-  if (!options_.enabled) return;
-  check_scale_exists("unscale_");
-  PerOptimizer& st = per_optimizer_[&optimizer];
-  check(st.stage != Stage::unscaled,
-        "GradScaler::unscale_: already called for this optimizer since the last update() (unscaling twice would "
-        "divide the gradients by the scale twice)");
-  check(st.stage != Stage::stepped, "GradScaler::unscale_: called after step() for this optimizer; call update() first");
+std::vector<LateGradients> GradScaler::take_late_gradients() {
+  std::vector<LateGradients> late;
+  for (const LateGradientSource& source : late_sources_)
+    if (std::optional<LateGradients> l = source()) late.push_back(std::move(*l));
+  return late;
+}
 
+Tensor GradScaler::unscale_gradients(const std::vector<Tensor>& params) {
   NoGradGuard no_grad;
   const Device home = scale_.device();
   const Tensor inv_scale = prim::to(prim::unary(UnaryOp::reciprocal, prim::to(scale_, DType::f64)), DType::f32);
   // One fused pass per device, in the order the devices first appear.
   std::vector<Device> devices;
   std::vector<std::vector<Tensor>> grads_by_device;
-  std::vector<Tensor> params = optimizer.scalable_parameters();
   for (size_t i = 0; i < params.size(); ++i) {
     Tensor g = params[i].grad();
     if (!g.defined()) continue;
@@ -159,6 +158,22 @@ void GradScaler::unscale_(ScalableOptimizer& optimizer) {
     unscale_and_check_inf_(grads_by_device[d], found_here, inv_here);
     if (devices[d] != home) found = prim::binary(BinaryOp::maximum, found, prim::to(found_here, home));
   }
+  return found;
+}
+
+void GradScaler::unscale_(ScalableOptimizer& optimizer) {
+  // Every gradient is final before anyone reads it (to clip, say).
+  for (LateGradients& late : take_late_gradients()) late.wait();
+  if (!options_.enabled) return;
+  check_scale_exists("unscale_");
+  PerOptimizer& st = per_optimizer_[&optimizer];
+  check(st.stage != Stage::unscaled,
+        "GradScaler::unscale_: already called for this optimizer since the last update() (unscaling twice would "
+        "divide the gradients by the scale twice)");
+  check(st.stage != Stage::stepped, "GradScaler::unscale_: called after step() for this optimizer; call update() first");
+
+  std::vector<Tensor> params = optimizer.scalable_parameters();
+  Tensor found = unscale_gradients(params);
   if (reducer_) reducer_(found);
   st.found_inf = found;
   st.params = std::move(params);
@@ -166,37 +181,90 @@ void GradScaler::unscale_(ScalableOptimizer& optimizer) {
   if (trace_) grad_norm_sq_ += std::pow(grad_norm(st.params), 2);
 }
 
+void GradScaler::step_unless_found(ScalableOptimizer& optimizer, const Tensor& found_inf,
+                                   const std::vector<Tensor>* only, StepDecision& decision) {
+  if (optimizer.skips_on_device()) {
+    if (only) optimizer.step_part(*only, found_inf);
+    else optimizer.step_skipping_if(found_inf);
+    if (trace_ && !decision.found) {
+      decision.found = found_inf.item() != 0.0;
+      decision.used_scale = scale_.item();
+    }
+    return;
+  }
+  if (!decision.found) {
+    // found_inf and the scale in one read: the step's only host sync.
+    const std::vector<float> both = prim::cat({found_inf, scale_}, 0).to_vector<float>();
+    ++host_syncs_;
+    decision.found = both[0] != 0.0f;
+    decision.used_scale = both[1];
+  }
+  if (*decision.found) return;
+  if (only) optimizer.step_part(*only, Tensor());
+  else optimizer.step();
+}
+
 void GradScaler::step(ScalableOptimizer& optimizer) {
+  std::vector<LateGradients> late = take_late_gradients();
+  const bool in_parts = !late.empty() && optimizer.steps_in_parts() &&
+                        (!options_.enabled || per_optimizer_[&optimizer].stage == Stage::ready);
+  auto wait_for_late = [&] {
+    for (LateGradients& l : late) l.wait();
+  };
+  if (!in_parts) wait_for_late();
+  // In parts: the parameters whose gradients are final step first, while
+  // the late ones travel; those step once they have arrived.
+  std::vector<Tensor> early, later;
+  if (in_parts) {
+    std::unordered_set<const void*> late_params;
+    for (const LateGradients& l : late)
+      for (const Tensor& p : l.params) late_params.insert(p.data_ptr());
+    for (const Tensor& p : optimizer.scalable_parameters())
+      (late_params.count(p.data_ptr()) ? later : early).push_back(p);
+  }
   if (!options_.enabled) {
-    optimizer.step();
+    if (!in_parts) {
+      optimizer.step();
+      return;
+    }
+    optimizer.step_part(early, Tensor());
+    wait_for_late();
+    optimizer.step_part(later, Tensor());
     return;
   }
   check_scale_exists("step");
   check(per_optimizer_[&optimizer].stage != Stage::stepped,
         "GradScaler::step: already called for this optimizer since the last update()");
-  if (per_optimizer_[&optimizer].stage == Stage::ready) unscale_(optimizer);
-  PerOptimizer& st = per_optimizer_[&optimizer];
-
-  std::optional<bool> found;
-  double used_scale = 0;
-  if (optimizer.skips_on_device()) {
-    optimizer.step_skipping_if(st.found_inf);
-    if (trace_) {
-      found = st.found_inf.item() != 0.0;
-      used_scale = scale_.item();
+  StepDecision decision;
+  if (in_parts) {
+    // One decision for both parts: the late gradients were checked on every
+    // rank before they were averaged, and an average of finite values
+    // (divided before it is summed) is finite, so their flag is what the
+    // check of the averages would say.
+    PerOptimizer& st = per_optimizer_[&optimizer];
+    Tensor found = unscale_gradients(early);
+    for (LateGradients& l : late) {
+      l.wait_for_check();
+      found = prim::binary(BinaryOp::maximum, found, prim::to(l.nonfinite, found.device()));
     }
+    if (reducer_) reducer_(found);
+    st.found_inf = found;
+    st.params = optimizer.scalable_parameters();
+    step_unless_found(optimizer, found, &early, decision);
+    wait_for_late();
+    (void)unscale_gradients(later);
+    step_unless_found(optimizer, found, &later, decision);
+    if (trace_) grad_norm_sq_ += std::pow(grad_norm(st.params), 2);
   } else {
-    // found_inf and the scale in one read: the step's only host sync.
-    const std::vector<float> both = prim::cat({st.found_inf, scale_}, 0).to_vector<float>();
-    ++host_syncs_;
-    found = both[0] != 0.0f;
-    used_scale = both[1];
-    if (!*found) optimizer.step();
+    if (per_optimizer_[&optimizer].stage == Stage::ready) unscale_(optimizer);
+    step_unless_found(optimizer, per_optimizer_[&optimizer].found_inf, nullptr, decision);
   }
+  PerOptimizer& st = per_optimizer_[&optimizer];
   st.stage = Stage::stepped;
-  if (!found) return;
+  if (!decision.found) return;
+  const double used_scale = decision.used_scale;
   used_scale_host_ = used_scale;
-  if (!*found) return;
+  if (!*decision.found) return;
   const bool collapsed = used_scale < 1.0 || (rule_.min_scale > 0 && used_scale <= rule_.min_scale);
   if ((trace_ || collapsed) && first_nonfinite_.empty()) first_nonfinite_ = first_nonfinite_gradient(st.params);
   if (collapsed) warn_collapse(used_scale);

@@ -36,6 +36,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "amp/late_gradients.h"
 #include "amp/scalable_optimizer.h"
 #include "amp/scale_rule.h"
 #include "amp/scaler_trace.h"
@@ -120,6 +121,11 @@ class GradScaler {
   // Combines found_inf (f32 [1] on the scale's device) across ranks in
   // place, with max; the data-parallel layer installs an all-reduce here.
   void set_found_inf_reducer(std::function<void(Tensor& found_inf)> reducer) { reducer_ = std::move(reducer); }
+  // Gradients that may still be arriving when backward returns (installed by
+  // DistributedDataParallel::overlap_step_with): unscale_() waits for them
+  // first; step() without an earlier unscale_() steps the other parameters
+  // meanwhile, when the optimizer steps in parts.
+  void add_late_gradient_source(LateGradientSource source) { late_sources_.push_back(std::move(source)); }
   // Receives one row per update() (costs host syncs; null turns it off).
   void set_trace_sink(ScalerTraceSink sink) { trace_ = std::move(sink); }
   // Where collapse warnings go (default: standard error).
@@ -133,7 +139,21 @@ class GradScaler {
     std::vector<Tensor> params;
   };
 
+  // The host's view of a step's skip decision, once read.
+  struct StepDecision {
+    std::optional<bool> found;
+    double used_scale = 0;
+  };
+
   void check_scale_exists(const char* fn) const;
+  std::vector<LateGradients> take_late_gradients();
+  // Unscales the gradients of `params` (one fused pass per device); their
+  // inf/NaN flag, on the scale's device.
+  Tensor unscale_gradients(const std::vector<Tensor>& params);
+  // Steps `only` (null: every parameter) unless found_inf is set; where the
+  // host decides, the decision is read once and kept in `decision`.
+  void step_unless_found(ScalableOptimizer& optimizer, const Tensor& found_inf, const std::vector<Tensor>* only,
+                         StepDecision& decision);
   std::string first_nonfinite_gradient(const std::vector<Tensor>& params) const;
   double grad_norm(const std::vector<Tensor>& params) const;
   void warn_collapse(double used_scale);
@@ -152,6 +172,7 @@ class GradScaler {
   std::string first_nonfinite_;
   double grad_norm_sq_ = 0;
   std::function<void(Tensor&)> reducer_;
+  std::vector<LateGradientSource> late_sources_;
   ScalerTraceSink trace_;
   std::function<void(const std::string&)> warn_;
 };

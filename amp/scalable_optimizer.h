@@ -4,6 +4,7 @@
 // the optimizers.
 #include <vector>
 
+#include "tensor/error.h"
 #include "tensor/tensor.h"
 
 namespace mpt::amp {
@@ -28,6 +29,18 @@ class ScalableOptimizer {
   // default reads found_inf on the host (one sync) and calls step().
   virtual void step_skipping_if(const Tensor& found_inf) {
     if (found_inf.item() == 0.0) step();
+  }
+
+  // Whether step_part() works, so the scaler can step the parameters whose
+  // gradients are final while others are still arriving (LateGradients).
+  virtual bool steps_in_parts() const { return false; }
+  // As step_skipping_if(found_inf), or step() when found_inf is undefined,
+  // for the parameters among `only` alone (the others and their step counts
+  // are left as they are).
+  virtual void step_part(const std::vector<Tensor>& only, const Tensor& found_inf) {
+    (void)only;
+    (void)found_inf;
+    throw NotAvailableError("ScalableOptimizer::step_part: this optimizer steps all of its parameters at once");
   }
 };
 

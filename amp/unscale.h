@@ -16,5 +16,8 @@ namespace mpt::amp {
 // launch (more for very long lists) on the current stream, without a host
 // sync.
 void unscale_and_check_inf_(std::vector<Tensor>& grads, Tensor& found_inf, const Tensor& inv_scale);
+// The check alone: found_inf raised when any element of `grads` is inf or
+// NaN, the gradients left as they are (half the memory traffic).
+void check_inf_(const std::vector<Tensor>& grads, Tensor& found_inf);
 
 }  // namespace mpt::amp

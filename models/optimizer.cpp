@@ -118,7 +118,7 @@ void Optimizer::step() {
     for (size_t j = 0; j < group.params.size(); ++j) {
       const Tensor& p = group.params[j];
       Tensor g = p.grad();
-      if (!g.defined()) continue;
+      if (!g.defined() || (part_ && !part_->count(p.data_ptr()))) continue;
       const size_t index = group.first_index + j;
       check<ShapeError>(g.shape() == p.shape(), "{}: gradient {} of '{}' does not match the parameter {}", name_,
                         describe(g), param_name(index), describe(p));
@@ -157,6 +157,20 @@ void Optimizer::step_skipping_if(const Tensor& found_inf) {
     throw;
   }
   found_inf_ = Tensor();
+}
+
+void Optimizer::step_part(const std::vector<Tensor>& only, const Tensor& found_inf) {
+  std::unordered_set<const void*> part;
+  for (const Tensor& p : only) part.insert(p.data_ptr());
+  part_ = &part;
+  try {
+    if (found_inf.defined()) step_skipping_if(found_inf);
+    else step();
+  } catch (...) {
+    part_ = nullptr;
+    throw;
+  }
+  part_ = nullptr;
 }
 
 void Optimizer::set_capturable(bool capturable) {

@@ -21,6 +21,7 @@
 // and are not saved. The buffers are the live tensors; clone to snapshot.
 #include <optional>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "amp/scalable_optimizer.h"
@@ -94,6 +95,8 @@ class Optimizer : public amp::ScalableOptimizer {
   bool capturable() const { return capturable_; }
   bool skips_on_device() const override { return capturable_; }
   void step_skipping_if(const Tensor& found_inf) override;
+  bool steps_in_parts() const override { return true; }
+  void step_part(const std::vector<Tensor>& only, const Tensor& found_inf) override;
 
   // On CUDA, whole groups update in one multi-tensor kernel (on by
   // default); off, every device uses the raw-op rule (for comparisons).
@@ -140,6 +143,8 @@ class Optimizer : public amp::ScalableOptimizer {
   std::vector<Tensor> all_params_;   // by global index
   bool capturable_ = false;
   Tensor found_inf_;
+  // During step_part(): the data of the parameters taking part (null: all).
+  const std::unordered_set<const void*>* part_ = nullptr;
   bool fused_ = true;
 };
 

@@ -6,6 +6,7 @@
 
 #include <fmt/ranges.h>
 
+#include "amp/unscale.h"
 #include "autograd/beside.h"
 #include "autograd/grad_mode.h"
 #include "autograd/node.h"
@@ -33,6 +34,18 @@ struct DistributedDataParallel::Reducer {
   Tensor arena;
   bool arena_asked = false;
 
+  // overlap_step_with(): the last bucket of a synchronised backward is left
+  // travelling, its inf/NaN flag all-reduced ahead of it.
+  bool overlap = false;
+  struct Late {
+    std::vector<Tensor> params;
+    Tensor nonfinite;  // f32 [1]: max over the ranks of "a gradient holds inf/NaN"
+    WorkPtr check;     // the flag's all-reduce
+    WorkPtr work;      // the bucket's
+    Tensor buffer;     // what the all-reduce writes: held until it is waited for
+  };
+  std::optional<Late> late;
+
   bool sync = true;               // false inside no_sync()
   bool expecting = false;         // a synchronised forward ran; its backward will reduce
   bool started = false;           // a hook of this iteration fired
@@ -54,6 +67,9 @@ struct DistributedDataParallel::Reducer {
   bool averaged_in_place(const Bucket& b) const;
   void place_in_arena();
   void finalize();
+  void check_ahead(Bucket& bucket, const std::vector<Tensor>& grads);
+  std::optional<amp::LateGradients> take_late();
+  void wait_for_late();
   std::string not_ready_names() const;
 };
 
@@ -185,6 +201,7 @@ std::string DistributedDataParallel::Reducer::not_ready_names() const {
 }
 
 void DistributedDataParallel::Reducer::prepare() {
+  wait_for_late();  // nobody took the last backward's late bucket
   if (started) {
     // The previous backward left buckets waiting for gradients that never
     // came; the other ranks may be stuck on them too.
@@ -285,8 +302,10 @@ void DistributedDataParallel::Reducer::fill_and_allreduce(Bucket& bucket) {
     const Tensor g = params[bucket.params[0]].grad();
     if (g.defined() && g.dtype() == bucket.dtype && g.is_contiguous()) {
       bucket.flat = prim::view(g, {g.numel()});
+      check_ahead(bucket, {g});
       NvtxRange range("ddp: all-reduce gradient in place");
       bucket.work = group->allreduce(bucket.flat, ReduceOp::avg);
+      if (late) late->work = bucket.work;
       return;
     }
   }
@@ -319,8 +338,44 @@ void DistributedDataParallel::Reducer::fill_and_allreduce(Bucket& bucket) {
   gpu_stamp(bucket.flat.device(), [&] { return fmt::format("ddp bucket {}: fill", index); });
   prim::scaled_copy_list_(slots, grads, scale);
   gpu_stamp(bucket.flat.device(), [&] { return fmt::format("ddp bucket {}: filled", index); });
+  check_ahead(bucket, slots);
   NvtxRange range("ddp: all-reduce bucket");
   bucket.work = group->allreduce(bucket.flat, ReduceOp::sum);
+  if (late) late->work = bucket.work;
+}
+
+// Under overlap_step_with, the last bucket's gradients are checked before
+// they are averaged and the ranks' flags all-reduced ahead of them, so the
+// scaler's decision does not wait for the bucket.
+void DistributedDataParallel::Reducer::check_ahead(Bucket& bucket, const std::vector<Tensor>& grads) {
+  if (!overlap || &bucket != &buckets.back()) return;
+  Late l;
+  for (size_t i : bucket.params) l.params.push_back(params[i]);
+  l.nonfinite = zeros({1}, DType::f32, bucket.flat.device());
+  amp::check_inf_(grads, l.nonfinite);
+  l.check = group->allreduce(l.nonfinite, ReduceOp::max);
+  l.buffer = bucket.flat;
+  late = std::move(l);
+}
+
+std::optional<amp::LateGradients> DistributedDataParallel::Reducer::take_late() {
+  if (!late) return std::nullopt;
+  Late l = std::move(*late);
+  late.reset();
+  amp::LateGradients out;
+  out.params = std::move(l.params);
+  out.nonfinite = l.nonfinite;
+  out.wait_for_check = [check = l.check] { check->wait(); };
+  // The buffer goes with the last copy of this function, after the wait.
+  out.wait = [work = l.work, buffer = l.buffer] { work->wait(); };
+  return out;
+}
+
+void DistributedDataParallel::Reducer::wait_for_late() {
+  if (!late) return;
+  late->check->wait();
+  late->work->wait();
+  late.reset();
 }
 
 void DistributedDataParallel::Reducer::finalize() {
@@ -334,7 +389,8 @@ void DistributedDataParallel::Reducer::finalize() {
   if (timer) timer->lap(StepPhase::backward);
   {
     NvtxRange range("ddp: wait for all-reduces");
-    for (auto& b : buckets) b.work->wait();
+    for (auto& b : buckets)
+      if (!(late && &b == &buckets.back())) b.work->wait();
   }
   gpu_stamp(params.front().device(), "ddp: all-reduces joined");
   if (timer) timer->lap(StepPhase::comm);
@@ -419,7 +475,14 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
     });
 }
 
-DistributedDataParallel::~DistributedDataParallel() = default;
+DistributedDataParallel::~DistributedDataParallel() {
+  // A bucket still travelling must not lose its buffer under the all-reduce.
+  try {
+    reducer_->wait_for_late();
+  } catch (...) {
+    // A destructor cannot throw; the group reports the failure at its next call.
+  }
+}
 
 void DistributedDataParallel::before_forward() {
   if (grad_enabled()) reducer_->prepare();
@@ -452,6 +515,23 @@ bool DistributedDataParallel::buckets_rebuilt() const { return reducer_->rebuilt
 int64_t DistributedDataParallel::registered_bytes() const {
   return reducer_->arena.defined() ? static_cast<int64_t>(reducer_->arena.nbytes()) : 0;
 }
+
+void DistributedDataParallel::overlap_step_with(amp::GradScaler& scaler) {
+  Reducer& r = *reducer_;
+  check<ValueError>(!r.options.compression && !r.options.find_unused_parameters,
+                    "DistributedDataParallel::overlap_step_with: not with {} (the last bucket's gradients would "
+                    "need work after their all-reduce that the scaler does not do)",
+                    r.options.compression ? "compression" : "find_unused_parameters");
+  check<ValueError>(!r.overlap, "DistributedDataParallel::overlap_step_with: already overlapping with a scaler");
+  r.overlap = true;
+  std::weak_ptr<Reducer> weak = reducer_;
+  scaler.add_late_gradient_source([weak]() -> std::optional<amp::LateGradients> {
+    auto reducer = weak.lock();
+    return reducer ? reducer->take_late() : std::nullopt;
+  });
+}
+
+void DistributedDataParallel::wait_for_gradients() { reducer_->wait_for_late(); }
 
 void DistributedDataParallel::allreduce_found_inf(const Tensor& found_inf) {
   dist::allreduce_found_inf(*group_, found_inf);

@@ -18,6 +18,11 @@
 // produces gradients) and are rebuilt once, before the second synchronised
 // iteration, in the order rank 0 observed them becoming ready.
 //
+// With overlap_step_with(scaler), backward returns without waiting for the
+// last bucket, whose all-reduce then overlaps the optimizer step the scaler
+// takes (the bucket of the first layers' gradients, which backward produces
+// last: nothing else can hide it).
+//
 // Gradient accumulation: inside no_sync(), backward only accumulates
 // locally; the first synchronised backward after it all-reduces the sums.
 // With a loss scaler, unscale once per accumulation window, after that
@@ -27,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "amp/grad_scaler.h"
 #include "models/module.h"
 #include "parallel/bucket.h"
 #include "parallel/process_group.h"
@@ -90,6 +96,21 @@ class DistributedDataParallel {
   };
   // While the guard lives, forward/backward pairs accumulate locally.
   [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(*this); }
+
+  // Overlaps the last bucket's all-reduce with the optimizer step `scaler`
+  // takes: that bucket's gradients are checked for inf/NaN on every rank and
+  // the flags all-reduced ahead of them, backward returns without waiting
+  // for them, and scaler.step(optimizer) steps the other parameters while
+  // they travel, the last bucket's once they have arrived, on one decision
+  // (an average of finite values, divided before it is summed, is finite).
+  // Until scaler.unscale_() or step() ran, the last bucket's gradients are
+  // not final: read them after those, or after wait_for_gradients(). Not
+  // with compression or find_unused_parameters (ValueError); at most one
+  // scaler.
+  void overlap_step_with(amp::GradScaler& scaler);
+  // Makes every gradient of the last backward final (a no-op unless
+  // overlap_step_with left the last bucket travelling).
+  void wait_for_gradients();
 
   // found_inf (one element, any float dtype) becomes the maximum over the
   // ranks, so every rank skips or takes the same optimizer step.

@@ -111,6 +111,32 @@ TEST(CudaAmp, ASingleInfOrNanAnywhereRaisesFoundInf) {
       }
 }
 
+// The check alone on the GPU: an inf or NaN in the vectorised body or the
+// scalar tail is found, and no element changes.
+TEST(CudaAmp, CheckInfFindsEveryNonFiniteAndWritesNothing) {
+  MPT_SKIP_WITHOUT_CUDA();
+  for (DType dtype : {DType::f32, DType::f16, DType::bf16})
+    for (const bool at_end : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(dtype) << (at_end ? " last element" : " first element"));
+      std::vector<Tensor> grads = odd_tensors(dtype, kGPU, 9);
+      Tensor found = zeros({1}, DType::f32, kGPU);
+      amp::check_inf_(grads, found);
+      EXPECT_EQ(found.item(), 0.0);
+      Tensor& t = grads[13];
+      const int64_t at = at_end ? t.numel() - 1 : 0;
+      prim::fill_(prim::slice(t, 0, at, at + 1), std::numeric_limits<double>::quiet_NaN());
+      const std::vector<Tensor> before = to_cpu(grads);
+      amp::check_inf_(grads, found);
+      EXPECT_EQ(found.item(), 1.0);
+      for (size_t i = 0; i < grads.size(); ++i) {
+        const auto a = prim::to(grads[i], DType::f32).to_vector<float>();
+        const auto b = prim::to(before[i], DType::f32).to_vector<float>();
+        for (size_t j = 0; j < a.size(); ++j)
+          ASSERT_TRUE(std::isnan(a[j]) ? std::isnan(b[j]) : a[j] == b[j]) << "tensor " << i << " element " << j;
+      }
+    }
+}
+
 struct OneParam : amp::ScalableOptimizer {
   Tensor param;
   int64_t steps = 0;

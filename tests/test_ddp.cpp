@@ -1,9 +1,14 @@
 // DistributedDataParallel with ranks as threads (Gloo over loopback): the
 // construction-time checks, averaging against an explicit all-reduce of
-// locally computed gradients, and communication starting during backward.
+// locally computed gradients, communication starting during backward, and
+// the last bucket's all-reduce overlapped with the optimizer step.
+#include <limits>
+
+#include "amp/grad_scaler.h"
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
 #include "autograd/ops.h"
+#include "models/adamw.h"
 #include "parallel/counting_group.h"
 #include "parallel/distributed_data_parallel.h"
 #include "parallel/thread_ranks.h"
@@ -240,5 +245,155 @@ TEST(Ddp, FoundInfIsTheMaximumOverRanks) {
     allreduce_found_inf(g, found_inf);
     EXPECT_EQ(found_inf.item(), 1.0);
     EXPECT_THROW(allreduce_found_inf(g, zeros({2})), ShapeError);
+  });
+}
+
+namespace {
+
+// An AdamW that counts the parts the scaler stepped it in.
+struct PartCountingAdamW : optim::AdamW {
+  using optim::AdamW::AdamW;
+  int parts = 0;
+  void step_part(const std::vector<Tensor>& only, const Tensor& found_inf) override {
+    ++parts;
+    optim::AdamW::step_part(only, found_inf);
+  }
+};
+
+// Six steps of mixed-precision style training through DDP and a scaler;
+// what they leave behind.
+struct ScaledRun {
+  std::vector<double> params;
+  std::vector<double> scales;  // after each update
+  std::vector<int64_t> step_counts;
+  int parts = 0;
+};
+
+// `late_inf_at`: on rank 1, the step whose last-bucket gradient (and only
+// that) turns inf before DDP sees it. `unscale_at`: the step that unscales
+// explicitly before stepping (as for clipping).
+ScaledRun scaled_run(ProcessGroup& g, const std::function<std::shared_ptr<nn::Module>()>& make_model,
+                     DdpOptions options, bool overlap, bool scaler_on, int late_inf_at, int unscale_at) {
+  auto model = make_model();
+  DistributedDataParallel ddp(model, borrowed(g), options);
+  PartCountingAdamW opt(model->parameters(), optim::AdamWOptions{.lr = 1e-2});
+  amp::GradScaler scaler({.init_scale = 1024.0, .growth_interval = 2, .enabled = scaler_on});
+  if (overlap) ddp.overlap_step_with(scaler);
+  const mpt::testing::MlpBatches data(6, 5, 77 + g.rank());
+  ScaledRun run;
+  for (int step = 0; step < 6; ++step) {
+    opt.zero_grad();
+    if (g.rank() == 1 && step == late_inf_at) {
+      // Placed before DDP's hooks: the gradient DDP checks and averages.
+      Tensor p = model->parameters()[ddp.bucket_assignment().back().front()];
+      auto& hooks = p.autograd_meta().post_accumulate_hooks;
+      hooks.push_back([](const Tensor& leaf) { prim::fill_(leaf.grad(), std::numeric_limits<double>::infinity()); });
+      backward(scaler.scale(mse_loss(ddp(data.x(step)), data.y(step))));
+      hooks.clear();
+    } else {
+      backward(scaler.scale(mse_loss(ddp(data.x(step)), data.y(step))));
+    }
+    if (step == unscale_at) scaler.unscale_(opt);
+    scaler.step(opt);
+    scaler.update();
+    run.scales.push_back(scaler_on ? scaler.get_scale() : 0.0);
+  }
+  run.params = mpt::testing::flat_parameters(*model);
+  for (size_t i = 0; i < opt.num_params(); ++i) run.step_counts.push_back(opt.step_count(i));
+  run.parts = opt.parts;
+  return run;
+}
+
+std::shared_ptr<nn::Module> first_layer_without_bias() {
+  Generator gen(8);
+  auto m = std::make_shared<nn::Sequential>();
+  m->push_back(std::make_shared<nn::Linear>(6, 24, false, &gen));  // 576 bytes, produced last
+  m->push_back(std::make_shared<nn::ReLU>());
+  m->push_back(std::make_shared<nn::Linear>(24, 3, true, &gen));
+  return m;
+}
+
+}  // namespace
+
+// overlap_step_with: backward leaves the last bucket travelling and the
+// scaler steps the other parameters meanwhile, then the late ones. The
+// training is the same, bit for bit, as with the whole backward waited for:
+// parameters, scales and step counts, through a step skipped on both ranks
+// for an inf that only rank 1's last bucket held (found by the check before
+// the average), a step unscaled explicitly first (which waits for every
+// gradient), and with the scaler off. Both the bucket filled by copies and
+// the large gradient averaged in place take part.
+TEST(Ddp, AnOverlappedStepTrainsAsTheStepAfterTheWholeBackward) {
+  struct Case {
+    const char* what;
+    std::function<std::shared_ptr<nn::Module>()> model;
+    DdpOptions options;
+  };
+  const std::vector<Case> cases = {
+      {"last bucket filled", [] { return mpt::testing::make_mlp(5); }, {.first_bucket_bytes = 200, .bucket_bytes = 600}},
+      {"last gradient averaged in place", first_layer_without_bias, {.bucket_bytes = 500}},
+  };
+  for (const Case& c : cases)
+    for (const bool scaler_on : {true, false}) {
+      SCOPED_TRACE(::testing::Message() << c.what << ", scaler " << (scaler_on ? "on" : "off"));
+      with_ranks(2, [&](ProcessGroup& g) {
+        // Without a scaler nothing skips the inf's step: none is injected.
+        const int late_inf_at = scaler_on ? 3 : -1;
+        const ScaledRun plain = scaled_run(g, c.model, c.options, false, scaler_on, late_inf_at, 4);
+        const ScaledRun overlapped = scaled_run(g, c.model, c.options, true, scaler_on, late_inf_at, 4);
+        EXPECT_EQ(overlapped.params, plain.params);
+        EXPECT_EQ(overlapped.scales, plain.scales);
+        EXPECT_EQ(overlapped.step_counts, plain.step_counts);
+        EXPECT_EQ(plain.parts, 0);
+        // Two parts a step, except the step unscaled first and (decided on
+        // the host before either part) the skipped one.
+        EXPECT_EQ(overlapped.parts, 2 * (scaler_on ? 4 : 5));
+        if (scaler_on) {
+          // The late inf skipped step 3 on both ranks: the scale backed off
+          // there, and no parameter counts six updates.
+          EXPECT_EQ(plain.scales[3], plain.scales[2] / 2);
+          for (int64_t n : plain.step_counts) EXPECT_EQ(n, 5);
+        }
+      });
+    }
+}
+
+// Without a scaler to take them, the late gradients become final with
+// wait_for_gradients() (or at the next forward).
+TEST(Ddp, WaitForGradientsMakesTheLateBucketFinal) {
+  with_ranks(2, [&](ProcessGroup& g) {
+    Generator gen(31 + g.rank());
+    const Tensor x = randn({5, 6}, DType::f32, kCPU, &gen), y = randn({5, 3}, DType::f32, kCPU, &gen);
+    auto plain_model = mpt::testing::make_mlp(5), model = mpt::testing::make_mlp(5);
+    DistributedDataParallel plain(plain_model, borrowed(g));
+    DistributedDataParallel ddp(model, borrowed(g));
+    amp::GradScaler scaler;
+    ddp.overlap_step_with(scaler);
+    for (int step = 0; step < 2; ++step) {
+      backward(mse_loss(plain(x), y));
+      backward(mse_loss(ddp(x), y));
+      ddp.wait_for_gradients();
+      const auto want = plain_model->parameters(), got = model->parameters();
+      for (size_t i = 0; i < got.size(); ++i)
+        EXPECT_EQ(got[i].grad().to_vector<float>(), want[i].grad().to_vector<float>()) << "parameter " << i;
+      plain_model->zero_grad();
+      model->zero_grad();
+    }
+  });
+}
+
+TEST(Ddp, OverlapStepWithRefusesWhatItCannotOverlap) {
+  with_ranks(2, [&](ProcessGroup& g) {
+    amp::GradScaler scaler;
+    DistributedDataParallel compressed(mpt::testing::make_mlp(5), borrowed(g), {.compression = DType::f16});
+    mpt::testing::expect_contains(
+        mpt::testing::error_of<ValueError>([&] { compressed.overlap_step_with(scaler); }), {"compression"});
+    DistributedDataParallel unused(mpt::testing::make_mlp(5), borrowed(g), {.find_unused_parameters = true});
+    mpt::testing::expect_contains(mpt::testing::error_of<ValueError>([&] { unused.overlap_step_with(scaler); }),
+                                  {"find_unused_parameters"});
+    DistributedDataParallel ddp(mpt::testing::make_mlp(5), borrowed(g));
+    ddp.overlap_step_with(scaler);
+    mpt::testing::expect_contains(mpt::testing::error_of<ValueError>([&] { ddp.overlap_step_with(scaler); }),
+                                  {"already"});
   });
 }

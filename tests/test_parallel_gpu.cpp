@@ -3,8 +3,10 @@
 // over NCCL through mpt-run against one process, DataParallel and
 // ReplicaGroup over two GPUs against one, and a bounded failure when a peer
 // never joins.
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <thread>
 
 #include "amp/autocast.h"
@@ -405,6 +407,68 @@ TEST(NcclDdp, AStepCapturedAsACudaGraphMatchesEagerSteps) {
       g.allreduce(mean, dist::ReduceOp::avg)->wait();
       EXPECT_EQ(mean.to_vector<double>(), p.to_vector<double>()) << "rank " << g.rank();
     }
+  });
+}
+
+// overlap_step_with on the GPU: the last bucket's flags all-reduced ahead
+// of it, its all-reduce beside the step of the other parameters, the whole
+// step captured as a CUDA graph. It trains as eager steps that wait for the
+// whole backward, through a step whose input holds an inf on rank 0 (every
+// rank skips it). One GPU runs it as a world of one.
+TEST(NcclDdp, AnOverlappedStepCapturedAsACudaGraphMatchesPlainEagerSteps) {
+  MPT_SKIP_WITHOUT_CUDA();
+  const uint64_t seed = mpt::testing::fresh_seed();
+  SCOPED_TRACE(seed);
+  const int steps = 10, world = std::min(2, cuda_device_count());
+  with_gpu_ranks(world, [&](ProcessGroup& g, const Device& dev) {
+    DeviceGuard on_device(dev);
+    const std::shared_ptr<ProcessGroup> group(&g, [](ProcessGroup*) {});  // owned by with_gpu_ranks
+    Generator data(seed + 1 + g.rank());
+    std::vector<Tensor> xs, ys;
+    for (int s = 0; s < steps; ++s) {
+      Tensor x = randn({8, 6}, DType::f32, kCPU, &data);
+      if (s == 6 && g.rank() == 0) prim::fill_(prim::slice(prim::reshape(x, {48}), 0, 5, 6), INFINITY);
+      xs.push_back(prim::to(x, dev));
+      ys.push_back(prim::to(randn({8, 3}, DType::f32, kCPU, &data), dev));
+    }
+    struct Run {
+      std::shared_ptr<nn::Sequential> model;
+      std::unique_ptr<DistributedDataParallel> ddp;
+      std::unique_ptr<optim::AdamW> opt;
+      amp::GradScaler scaler;
+    };
+    auto make_run = [&](bool overlap) {
+      Run r{mpt::testing::make_mlp(seed), nullptr, nullptr, amp::GradScaler(amp::GradScalerOptions{.growth_interval = 3})};
+      r.model->to(dev);
+      r.ddp = std::make_unique<DistributedDataParallel>(r.model, group,
+                                                        DdpOptions{.first_bucket_bytes = 200, .bucket_bytes = 600});
+      r.opt = std::make_unique<optim::AdamW>(r.model->parameters(), optim::AdamWOptions{.lr = 1e-2});
+      r.opt->set_capturable(true);
+      if (overlap) r.ddp->overlap_step_with(r.scaler);
+      return r;
+    };
+    auto step = [](Run& r, const Tensor& x, const Tensor& y) {
+      r.opt->zero_grad();
+      backward(r.scaler.scale(mse_loss(r.ddp->forward(x), y)));
+      r.scaler.step(*r.opt);
+      r.scaler.update();
+    };
+    Run eager = make_run(false), graphed = make_run(true);
+    CapturedStep captured(dev, [&](const std::vector<Tensor>& in) { step(graphed, in[0], in[1]); });
+    std::vector<double> eager_scales, graphed_scales;
+    for (int s = 0; s < steps; ++s) {
+      step(eager, xs[s], ys[s]);
+      captured.run({xs[s], ys[s]});
+      eager_scales.push_back(eager.scaler.get_scale());
+      graphed_scales.push_back(graphed.scaler.get_scale());
+    }
+    EXPECT_TRUE(captured.fallback_reason().empty()) << captured.fallback_reason();
+    EXPECT_GE(captured.replays(), 6);
+    EXPECT_EQ(graphed_scales, eager_scales);
+    EXPECT_EQ(eager_scales[6], eager_scales[5] / 2);  // the inf's step was skipped
+    EXPECT_EQ(graphed.opt->step_count(0), steps - 1);
+    EXPECT_LE(mpt::testing::rel_error(flat_parameters(*graphed.model), flat_parameters(*eager.model)), 1e-6)
+        << "rank " << g.rank();
   });
 }
 

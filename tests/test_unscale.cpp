@@ -67,6 +67,25 @@ TEST(Unscale, FoundInfAccumulatesAcrossCalls) {
   EXPECT_EQ(good[0].to_vector<float>(), std::vector<float>(3, 1.0f));
 }
 
+// The check alone: the same verdict, the gradients untouched.
+TEST(Unscale, CheckInfFindsWhatUnscaleFindsAndWritesNothing) {
+  for (DType dtype : {DType::f32, DType::f16, DType::bf16})
+    for (const bool poison : {false, true}) {
+      SCOPED_TRACE(fmt::format("{} poison {}", dtype_name(dtype), poison));
+      std::vector<Tensor> grads{prim::to(full({7}, 3.0), dtype), prim::to(full({1001}, -5.0), dtype)};
+      if (poison) prim::fill_(prim::slice(grads[1], 0, 500, 501), -std::numeric_limits<double>::infinity());
+      const auto before = grads[1].to_vector<float>();
+      Tensor found = zeros({1});
+      amp::check_inf_(grads, found);
+      EXPECT_EQ(found.item(), poison ? 1.0 : 0.0);
+      EXPECT_EQ(grads[0].to_vector<float>(), std::vector<float>(7, 3.0f));
+      const auto after = grads[1].to_vector<float>();
+      for (size_t i = 0; i < after.size(); ++i) ASSERT_TRUE(same_bits(after[i], before[i])) << i;
+    }
+  Tensor found_i32 = zeros({1}, DType::i32);
+  EXPECT_THROW(amp::check_inf_({full({2}, 1.0)}, found_i32), ValueError);
+}
+
 TEST(Unscale, RejectsBadOperandsBeforeTouchingAnything) {
   Tensor found = zeros({1});
   const Tensor inv = full({1}, 0.5);

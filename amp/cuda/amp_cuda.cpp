@@ -8,7 +8,7 @@
 
 namespace mpt::amp::cuda {
 
-void unscale_and_check_inf(std::vector<Tensor>& grads, Tensor& found_inf, const Tensor& inv_scale) {
+void unscale_and_check_inf(const std::vector<Tensor>& grads, Tensor& found_inf, const Tensor& inv_scale) {
   const Device device = found_inf.device();
   DeviceGuard guard(device);
   cudaStream_t stream = mpt::cuda::current_cuda_stream(device.index);
@@ -23,7 +23,7 @@ void unscale_and_check_inf(std::vector<Tensor>& grads, Tensor& found_inf, const 
       }
     if (pointers.empty()) continue;
     launch_unscale_and_check_inf(dtype, pointers.data(), sizes.data(), pointers.size(), found_inf.data<float>(),
-                                 inv_scale.data<float>(), stream);
+                                 inv_scale.defined() ? inv_scale.data<float>() : nullptr, stream);
   }
 }
 

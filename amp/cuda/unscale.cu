@@ -31,12 +31,13 @@ __device__ __forceinline__ T unscale_one(T x, float inv_scale, bool& found) {
   return Element<T>::store(v * inv_scale);
 }
 
-template <typename T>
+// kUnscale false: the check alone, nothing stored.
+template <typename T, bool kUnscale>
 __global__ void unscale_kernel(TensorChunks list, float* found_inf, const float* inv_scale_ptr) {
   const mpt::cuda::BlockChunk c = mpt::cuda::this_block_chunk(list.blocks, [&](int slot) { return list.sizes[slot]; });
   T* p = static_cast<T*>(list.addresses[c.slot]) + c.begin;
   const int64_t n = c.count;
-  const float inv_scale = *inv_scale_ptr;
+  const float inv_scale = kUnscale ? *inv_scale_ptr : 1.0f;
   bool found = false;
 
   constexpr int kVec = 16 / sizeof(T);
@@ -50,10 +51,13 @@ __global__ void unscale_kernel(TensorChunks list, float* found_inf, const float*
         [&](int64_t i, Pack<T, kVec> pack) {
 #pragma unroll
           for (int j = 0; j < kVec; ++j) pack.v[j] = unscale_one(pack.v[j], inv_scale, found);
-          packs[i] = pack;
+          if (kUnscale) packs[i] = pack;
         });
   }
-  for (int64_t i = vector_end + threadIdx.x; i < n; i += blockDim.x) p[i] = unscale_one(p[i], inv_scale, found);
+  for (int64_t i = vector_end + threadIdx.x; i < n; i += blockDim.x) {
+    const T v = unscale_one(p[i], inv_scale, found);
+    if (kUnscale) p[i] = v;
+  }
   // Every writer writes the same 1: the race is benign and needs no atomic.
   if (found) *found_inf = 1.0f;
 }
@@ -71,7 +75,10 @@ void unscale_list(void* const* grads, const int64_t* sizes, size_t count, float*
         list.sizes[slot] = sizes[i];
       },
       [&](int blocks) {
-        unscale_kernel<T><<<blocks, kBlockThreads, 0, stream>>>(list, found_inf, inv_scale);
+        if (inv_scale)
+          unscale_kernel<T, true><<<blocks, kBlockThreads, 0, stream>>>(list, found_inf, inv_scale);
+        else
+          unscale_kernel<T, false><<<blocks, kBlockThreads, 0, stream>>>(list, found_inf, inv_scale);
         MPT_CUDA_CHECK_LAUNCH("unscale_kernel");
       });
 }

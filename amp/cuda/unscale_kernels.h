@@ -11,6 +11,7 @@
 namespace mpt::amp::cuda {
 
 // grads[i] holds sizes[i] contiguous elements of `dtype` (f32, f16 or bf16).
+// inv_scale null: the check alone, the gradients left as they are.
 void launch_unscale_and_check_inf(DType dtype, void* const* grads, const int64_t* sizes, size_t count,
                                   float* found_inf, const float* inv_scale, cudaStream_t stream);
 

@@ -68,6 +68,7 @@ struct Options {
   bool timeline = false;  // print the last step's GPU timeline
   bool cast_weights_ahead = true;  // autocast's weight casts in one launch before forward
   dist::DdpOptions ddp;  // dp and ddp: the gradient buckets
+  bool overlap_step = false;  // dp and ddp: the last bucket's all-reduce beside the optimizer step
 };
 
 struct Workload {
@@ -222,10 +223,10 @@ void print_result(const Options& o, const std::string& mode, int gpus, int64_t b
                    "{{\"workload\": \"{}\", \"mode\": \"{}\", \"gpus\": {}, \"precision\": \"{}\", \"batch\": {}, "
                    "\"step_ms_median\": {:.4f}, \"step_ms_min\": {:.4f}, \"step_ms_max\": {:.4f}, "
                    "\"samples_per_s\": {:.1f}, \"loss\": {}, \"peak_mem_mb\": {:.1f}, \"cuda_graph\": {}, "
-                   "\"grad_transit\": \"{}\", \"registered_buffers\": {}, {}\"impl\": \"mptrain\"}}",
+                   "\"grad_transit\": \"{}\", \"registered_buffers\": {}, \"overlap_step\": {}, {}\"impl\": \"mptrain\"}}",
                    o.workload, mode, gpus, o.precision, batch, med, lo, hi, batch / med * 1e3, loss, peak_mb,
                    graphed ? "true" : "false", o.ddp.compression ? dtype_name(*o.ddp.compression) : "f32",
-                   o.ddp.registered_buffers ? "true" : "false",
+                   o.ddp.registered_buffers ? "true" : "false", o.overlap_step ? "true" : "false",
                    rank_medians.empty()
                        ? ""
                        : fmt::format("\"rank_ms_median\": [{:.4f}], ", fmt::join(rank_medians, ", ")))
@@ -293,6 +294,7 @@ int run_dp(const Options& o) {
   for (const Device& d : devices) reset_peak_memory_stats(d);
   group.run([&](dist::Replica& r) {
     Trainer t(o, r.device, r.module->parameters());
+    if (o.overlap_step) r.ddp->overlap_step_with(t.scaler);
     const auto begin = static_cast<int64_t>(r.rank) * rows;
     const Tensor x_share = prim::slice(w.x, 0, begin, begin + rows), y_share = prim::slice(w.y, 0, begin, begin + rows);
     // Replica 0 reads its rows where they are; the others' steps copy theirs
@@ -341,6 +343,7 @@ int run_ddp(const Options& o) {
   Workload w = make(o.workload, device, o.batch);
   dist::DistributedDataParallel ddp(w.model, world.group, o.ddp);
   Trainer t(o, device, w.model->parameters());
+  if (o.overlap_step) ddp.overlap_step_with(t.scaler);
   // No found_inf all-reduce, as in torch_bench.py: DDP leaves every rank
   // the same averaged gradients, so every rank finds the same overflows.
   reset_peak_memory_stats(device);
@@ -434,6 +437,9 @@ int main(int argc, char** argv) {
   app.add_flag("--registered-buffers", o.ddp.registered_buffers,
                "dp and ddp: bucket buffers in NCCL symmetric windows (lower latency; a dead peer can then block a "
                "host that waits on the GPU)");
+  app.add_flag("--overlap-step", o.overlap_step,
+               "dp and ddp: overlap the last gradient bucket's all-reduce with the optimizer step of the other "
+               "parameters (DistributedDataParallel::overlap_step_with)");
   app.add_flag_callback("--weights-cast-per-op", [&o] { o.cast_weights_ahead = false; },
                         "let each op cast its weights under autocast instead of casting them all in one launch before "
                         "forward");
