@@ -206,22 +206,22 @@ void GradScaler::step_unless_found(ScalableOptimizer& optimizer, const Tensor& f
 
 void GradScaler::step(ScalableOptimizer& optimizer) {
   std::vector<LateGradients> late = take_late_gradients();
-  const bool in_parts = !late.empty() && optimizer.steps_in_parts() &&
-                        (!options_.enabled || per_optimizer_[&optimizer].stage == Stage::ready);
-  auto wait_for_late = [&] {
-    for (LateGradients& l : late) l.wait();
-  };
-  if (!in_parts) wait_for_late();
   // In parts: the parameters whose gradients are final step first, while
   // the late ones travel; those step once they have arrived.
   std::vector<Tensor> early, later;
-  if (in_parts) {
+  if (!late.empty()) {
     std::unordered_set<const void*> late_params;
     for (const LateGradients& l : late)
       for (const Tensor& p : l.params) late_params.insert(p.data_ptr());
     for (const Tensor& p : optimizer.scalable_parameters())
       (late_params.count(p.data_ptr()) ? later : early).push_back(p);
   }
+  const bool in_parts = !early.empty() && !later.empty() && optimizer.steps_in_parts() &&
+                        (!options_.enabled || per_optimizer_[&optimizer].stage == Stage::ready);
+  auto wait_for_late = [&] {
+    for (LateGradients& l : late) l.wait();
+  };
+  if (!in_parts) wait_for_late();
   if (!options_.enabled) {
     if (!in_parts) {
       optimizer.step();

@@ -348,7 +348,8 @@ void DistributedDataParallel::Reducer::fill_and_allreduce(Bucket& bucket) {
 // they are averaged and the ranks' flags all-reduced ahead of them, so the
 // scaler's decision does not wait for the bucket.
 void DistributedDataParallel::Reducer::check_ahead(Bucket& bucket, const std::vector<Tensor>& grads) {
-  if (!overlap || &bucket != &buckets.back()) return;
+  // With one bucket nothing is left to step beside it.
+  if (!overlap || &bucket != &buckets.back() || buckets.size() == 1) return;
   Late l;
   for (size_t i : bucket.params) l.params.push_back(params[i]);
   l.nonfinite = zeros({1}, DType::f32, bucket.flat.device());

@@ -365,8 +365,9 @@ TEST(Ddp, WaitForGradientsMakesTheLateBucketFinal) {
     Generator gen(31 + g.rank());
     const Tensor x = randn({5, 6}, DType::f32, kCPU, &gen), y = randn({5, 3}, DType::f32, kCPU, &gen);
     auto plain_model = mpt::testing::make_mlp(5), model = mpt::testing::make_mlp(5);
-    DistributedDataParallel plain(plain_model, borrowed(g));
-    DistributedDataParallel ddp(model, borrowed(g));
+    const DdpOptions small_buckets{.first_bucket_bytes = 200, .bucket_bytes = 600};
+    DistributedDataParallel plain(plain_model, borrowed(g), small_buckets);
+    DistributedDataParallel ddp(model, borrowed(g), small_buckets);
     amp::GradScaler scaler;
     ddp.overlap_step_with(scaler);
     for (int step = 0; step < 2; ++step) {
@@ -379,6 +380,18 @@ TEST(Ddp, WaitForGradientsMakesTheLateBucketFinal) {
       plain_model->zero_grad();
       model->zero_grad();
     }
+  });
+}
+
+// With one bucket there is nothing to step beside it: the step is whole.
+TEST(Ddp, AnOverlappedStepWithOneBucketIsAWholeStep) {
+  with_ranks(2, [&](ProcessGroup& g) {
+    const auto model = [] { return mpt::testing::make_mlp(5); };
+    const ScaledRun plain = scaled_run(g, model, {}, false, true, 3, 4);
+    const ScaledRun overlapped = scaled_run(g, model, {}, true, true, 3, 4);
+    EXPECT_EQ(overlapped.params, plain.params);
+    EXPECT_EQ(overlapped.scales, plain.scales);
+    EXPECT_EQ(overlapped.parts, 0);
   });
 }
 
