@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <memory>
 #include <random>
 
@@ -175,6 +176,27 @@ TEST(CudaGraph, NewShapesCaptureAgain) {
   expect_same_training(graphed, eager);
 }
 
+// Twelve steps of `graphed` on `device` through run(batch, next), each
+// batch from make_batch() copied in during the step before, against `eager`
+// stepping on the same batches.
+void train_with_batches_copied_ahead(TrainingRun& graphed, TrainingRun& eager, const Device& device,
+                                     const std::function<std::vector<Tensor>()>& make_batch) {
+  CapturedStep captured(device, [&](const std::vector<Tensor>& in) { graphed.step(in); });
+  std::vector<Tensor> in = make_batch();
+  for (int i = 0; i < 12; ++i) {
+    const std::vector<Tensor> next = make_batch();
+    captured.run(in, next);
+    {
+      DeviceGuard on_device(device);
+      eager.step({prim::to(in[0], device), prim::to(in[1], device)});
+    }
+    in = next;
+  }
+  EXPECT_EQ(captured.captures(), 1);
+  EXPECT_EQ(captured.fallback_reason(), "");
+  expect_same_training(graphed, eager);
+}
+
 // run(batch, next): each batch is copied into the fixed inputs while the
 // step before it runs, from where that step reads them no more. Every step
 // starts with a millisecond of GPU work before its first read, so a copy
@@ -190,24 +212,13 @@ TEST(CudaGraph, BatchesCopiedAheadTrainLikeBatchesCopiedAtTheStep) {
       TrainingRun graphed(seed), eager(seed);
       graphed.busy_before_reading = true;
       graphed.mark_consumed = mark_consumed;
-      CapturedStep captured(kGPU, [&](const std::vector<Tensor>& in) { graphed.step(in); });
       std::mt19937_64 rng(seed + 1);
-      auto make_batch = [&] {
+      train_with_batches_copied_ahead(graphed, eager, kGPU, [&] {
         std::vector<Tensor> b = batch(rng, 48);
         if (on_gpu)
           for (Tensor& t : b) t = prim::to(t, kGPU);
         return b;
-      };
-      std::vector<Tensor> in = make_batch();
-      for (int i = 0; i < 12; ++i) {
-        const std::vector<Tensor> next = make_batch();
-        captured.run(in, next);
-        eager.step({prim::to(in[0], kGPU), prim::to(in[1], kGPU)});
-        in = next;
-      }
-      EXPECT_EQ(captured.captures(), 1);
-      EXPECT_EQ(captured.fallback_reason(), "");
-      expect_same_training(graphed, eager);
+      });
     }
 }
 
@@ -241,25 +252,12 @@ TEST(CudaGraph, BatchesCopiedAheadFromAnotherGpu) {
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   TrainingRun graphed(seed, 32, 64, second), eager(seed, 32, 64, second);
   graphed.busy_before_reading = graphed.mark_consumed = true;
-  CapturedStep captured(second, [&](const std::vector<Tensor>& in) { graphed.step(in); });
   std::mt19937_64 rng(seed + 1);
-  auto on_first_gpu = [&] {
+  train_with_batches_copied_ahead(graphed, eager, second, [&] {
     std::vector<Tensor> b = batch(rng, 48);
     for (Tensor& t : b) t = prim::to(t, kGPU);
     return b;
-  };
-  std::vector<Tensor> in = on_first_gpu();
-  for (int i = 0; i < 12; ++i) {
-    const std::vector<Tensor> next = on_first_gpu();
-    captured.run(in, next);
-    {
-      DeviceGuard on_second(second);
-      eager.step({prim::to(in[0], second), prim::to(in[1], second)});
-    }
-    in = next;
-  }
-  EXPECT_EQ(captured.captures(), 1);
-  expect_same_training(graphed, eager);
+  });
 }
 
 TEST(CudaGraph, StepThatSynchronizesFallsBackToEager) {

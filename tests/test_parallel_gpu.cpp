@@ -53,6 +53,30 @@ std::vector<double> input_of(int rank, int n) {
   return v;
 }
 
+// A DDP training run on one GPU rank: make_mlp(seed), capturable AdamW
+// (lr 1e-2), a loss scaler that grows every 3 clean steps.
+struct ScaledDdpRun {
+  std::shared_ptr<nn::Sequential> model;
+  std::unique_ptr<DistributedDataParallel> ddp;
+  std::unique_ptr<optim::AdamW> opt;
+  amp::GradScaler scaler{amp::GradScalerOptions{.growth_interval = 3}};
+
+  ScaledDdpRun(uint64_t seed, const Device& dev, const std::shared_ptr<ProcessGroup>& group, DdpOptions options = {})
+      : model(mpt::testing::make_mlp(seed)) {
+    model->to(dev);
+    ddp = std::make_unique<DistributedDataParallel>(model, group, options);
+    opt = std::make_unique<optim::AdamW>(model->parameters(), optim::AdamWOptions{.lr = 1e-2});
+    opt->set_capturable(true);
+  }
+
+  void step(const Tensor& x, const Tensor& y) {
+    opt->zero_grad();
+    backward(scaler.scale(mse_loss(ddp->forward(x), y)));
+    scaler.step(*opt);
+    scaler.update();
+  }
+};
+
 }  // namespace
 
 // DDP's bucket fill on a GPU (one launch for many gradients) against the
@@ -368,32 +392,14 @@ TEST(NcclDdp, AStepCapturedAsACudaGraphMatchesEagerSteps) {
       xs.push_back(prim::to(randn({8, 6}, DType::f32, kCPU, &data), dev));
       ys.push_back(prim::to(randn({8, 3}, DType::f32, kCPU, &data), dev));
     }
-    struct Run {
-      std::shared_ptr<nn::Sequential> model;
-      std::unique_ptr<DistributedDataParallel> ddp;
-      std::unique_ptr<optim::AdamW> opt;
-      amp::GradScaler scaler;
-    };
-    auto make_run = [&] {
-      Run r{mpt::testing::make_mlp(seed), nullptr, nullptr, amp::GradScaler(amp::GradScalerOptions{.growth_interval = 3})};
-      r.model->to(dev);
-      r.ddp = std::make_unique<DistributedDataParallel>(r.model, group);
-      r.opt = std::make_unique<optim::AdamW>(r.model->parameters(), optim::AdamWOptions{.lr = 1e-2});
-      r.opt->set_capturable(true);
-      DistributedDataParallel* ddp = r.ddp.get();
-      r.scaler.set_found_inf_reducer([ddp](Tensor& found_inf) { ddp->allreduce_found_inf(found_inf); });
-      return r;
-    };
-    auto step = [](Run& r, const Tensor& x, const Tensor& y) {
-      r.opt->zero_grad();
-      backward(r.scaler.scale(mse_loss(r.ddp->forward(x), y)));
-      r.scaler.step(*r.opt);
-      r.scaler.update();
-    };
-    Run eager = make_run(), graphed = make_run();
-    CapturedStep captured(dev, [&](const std::vector<Tensor>& in) { step(graphed, in[0], in[1]); });
+    ScaledDdpRun eager(seed, dev, group), graphed(seed, dev, group);
+    for (ScaledDdpRun* r : {&eager, &graphed}) {
+      DistributedDataParallel* ddp = r->ddp.get();
+      r->scaler.set_found_inf_reducer([ddp](Tensor& found_inf) { ddp->allreduce_found_inf(found_inf); });
+    }
+    CapturedStep captured(dev, [&](const std::vector<Tensor>& in) { graphed.step(in[0], in[1]); });
     for (int s = 0; s < steps; ++s) {
-      step(eager, xs[s], ys[s]);
+      eager.step(xs[s], ys[s]);
       captured.run({xs[s], ys[s]});
     }
     EXPECT_TRUE(captured.fallback_reason().empty()) << captured.fallback_reason();
@@ -431,33 +437,13 @@ TEST(NcclDdp, AnOverlappedStepCapturedAsACudaGraphMatchesPlainEagerSteps) {
       xs.push_back(prim::to(x, dev));
       ys.push_back(prim::to(randn({8, 3}, DType::f32, kCPU, &data), dev));
     }
-    struct Run {
-      std::shared_ptr<nn::Sequential> model;
-      std::unique_ptr<DistributedDataParallel> ddp;
-      std::unique_ptr<optim::AdamW> opt;
-      amp::GradScaler scaler;
-    };
-    auto make_run = [&](bool overlap) {
-      Run r{mpt::testing::make_mlp(seed), nullptr, nullptr, amp::GradScaler(amp::GradScalerOptions{.growth_interval = 3})};
-      r.model->to(dev);
-      r.ddp = std::make_unique<DistributedDataParallel>(r.model, group,
-                                                        DdpOptions{.first_bucket_bytes = 200, .bucket_bytes = 600});
-      r.opt = std::make_unique<optim::AdamW>(r.model->parameters(), optim::AdamWOptions{.lr = 1e-2});
-      r.opt->set_capturable(true);
-      if (overlap) r.ddp->overlap_step_with(r.scaler);
-      return r;
-    };
-    auto step = [](Run& r, const Tensor& x, const Tensor& y) {
-      r.opt->zero_grad();
-      backward(r.scaler.scale(mse_loss(r.ddp->forward(x), y)));
-      r.scaler.step(*r.opt);
-      r.scaler.update();
-    };
-    Run eager = make_run(false), graphed = make_run(true);
-    CapturedStep captured(dev, [&](const std::vector<Tensor>& in) { step(graphed, in[0], in[1]); });
+    const DdpOptions small_buckets{.first_bucket_bytes = 200, .bucket_bytes = 600};
+    ScaledDdpRun eager(seed, dev, group, small_buckets), graphed(seed, dev, group, small_buckets);
+    graphed.ddp->overlap_step_with(graphed.scaler);
+    CapturedStep captured(dev, [&](const std::vector<Tensor>& in) { graphed.step(in[0], in[1]); });
     std::vector<double> eager_scales, graphed_scales;
     for (int s = 0; s < steps; ++s) {
-      step(eager, xs[s], ys[s]);
+      eager.step(xs[s], ys[s]);
       captured.run({xs[s], ys[s]});
       eager_scales.push_back(eager.scaler.get_scale());
       graphed_scales.push_back(graphed.scaler.get_scale());
