@@ -146,6 +146,10 @@ class GlooProcessGroup : public ProcessGroup {
                       "allreduce(avg): {} is not a floating tensor; average floats, or sum integers", describe(tensor));
     return queue_.enqueue([this, tensor, op] {
       guarded(fmt::format("allreduce({}) of {}", reduce_op_name(op), describe(tensor)), [&] {
+        // The average divides before it sums, as NCCL's does for floats: an
+        // average of finite values is finite (DDP's overlapped step counts
+        // on it).
+        if (op == ReduceOp::avg) prim::unary_(UnaryOp::affine, tensor, tensor, 1.0 / size(), 0.0);
         if (size() > 1) {
           cpu::dispatch_all(tensor.dtype(), [&](auto zero) {
             using T = decltype(zero);
@@ -157,7 +161,6 @@ class GlooProcessGroup : public ProcessGroup {
             gloo::allreduce(opts);
           });
         }
-        if (op == ReduceOp::avg) prim::unary_(UnaryOp::affine, tensor, tensor, 1.0 / size(), 0.0);
       });
     });
   }

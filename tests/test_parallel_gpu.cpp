@@ -1,5 +1,6 @@
 // The GPU side of data parallelism, on a machine with at least two GPUs
-// (skipped elsewhere): NCCL collectives against their written rules, DDP
+// (skipped elsewhere, but for the DDP steps that one GPU runs as a world of
+// one): NCCL collectives against their written rules, DDP
 // over NCCL through mpt-run against one process, DataParallel and
 // ReplicaGroup over two GPUs against one, and a bounded failure when a peer
 // never joins.
@@ -377,13 +378,13 @@ TEST(NcclDdp, TwoGpusMatchOneProcess) {
 // A whole DDP step (forward, backward with its bucket all-reduces, the
 // scaler's found_inf all-reduce, AdamW) recorded as a CUDA graph and
 // replayed trains exactly as the same steps run eagerly, and leaves both
-// ranks with the same parameters.
+// ranks with the same parameters. One GPU runs it as a world of one.
 TEST(NcclDdp, AStepCapturedAsACudaGraphMatchesEagerSteps) {
-  SKIP_WITHOUT_TWO_GPUS();
+  MPT_SKIP_WITHOUT_CUDA();
   const uint64_t seed = mpt::testing::fresh_seed();
   SCOPED_TRACE(seed);
-  const int steps = 8;
-  with_gpu_ranks(2, [&](ProcessGroup& g, const Device& dev) {
+  const int steps = 8, world = std::min(2, cuda_device_count());
+  with_gpu_ranks(world, [&](ProcessGroup& g, const Device& dev) {
     DeviceGuard on_device(dev);
     const std::shared_ptr<ProcessGroup> group(&g, [](ProcessGroup*) {});  // owned by with_gpu_ranks
     Generator data(seed + 1 + g.rank());                                   // each rank its own batches
