@@ -1,16 +1,23 @@
 // The reference models on the GPU against the same weights on the CPU
-// (outputs and parameter gradients, f32 tolerance), and a checkpoint written
-// from GPU tensors and restored onto the GPU. Skipped without a CUDA device.
+// (outputs and parameter gradients, f32 tolerance; weights drawn again
+// where a ReLU or a pooling window sits within rounding of its switch),
+// and a checkpoint written from GPU tensors and restored onto the GPU.
+// Skipped without a CUDA device.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 
+#include "autograd/grad_mode.h"
 #include "models/adamw.h"
 #include "models/checkpoint.h"
 #include "models/cnn.h"
 #include "models/gpt.h"
+#include "models/layers.h"
 #include "models/mlp.h"
+#include "models/sequential.h"
 #include "tests/test_util.h"
 
 namespace mpt {
@@ -19,14 +26,68 @@ namespace {
 using testing::host_f64;
 using testing::rel_error;
 
+double rms(const std::vector<float>& v) {
+  double sum = 0;
+  for (float x : v) sum += double(x) * x;
+  return std::sqrt(sum / static_cast<double>(v.size()));
+}
+
+// Whether a ReLU's input lies within `margin` (of the values' rms) of zero,
+// or a pooling window's two largest values within it of each other, in the
+// CPU forward of a Sequential model. There the derivative is a coin flip
+// between two devices that round differently (their f32 results differ by
+// about 1e-7 of the scale), and the gradients of every layer before it then
+// differ by a whole term: about 2% of the CNN's draws did.
+bool derivative_is_a_coin_flip(nn::Module& model, const Tensor& input, double margin) {
+  auto* sequential = dynamic_cast<nn::Sequential*>(&model);
+  if (sequential == nullptr) return false;  // GPT: GELU, smooth, and no pooling
+  NoGradGuard no_grad;
+  Tensor h = input;
+  for (const auto& [name, child] : sequential->named_children()) {
+    const std::vector<float> v = h.to_vector<float>();
+    const double eps = margin * rms(v);
+    if (child->type_name() == "ReLU")
+      for (float z : v)
+        if (std::fabs(z) < eps) return true;
+    if (child->type_name() == "MaxPool2d") {
+      const Pool2dParams& g = static_cast<nn::MaxPool2d&>(*child).geometry;
+      const Shape& s = h.shape();
+      const int64_t ho = (s[2] - g.kernel_h) / g.stride_h + 1, wo = (s[3] - g.kernel_w) / g.stride_w + 1;
+      for (int64_t plane = 0; plane < s[0] * s[1]; ++plane)
+        for (int64_t oy = 0; oy < ho; ++oy)
+          for (int64_t ox = 0; ox < wo; ++ox) {
+            float top = -INFINITY, second = -INFINITY;
+            for (int64_t ky = 0; ky < g.kernel_h; ++ky)
+              for (int64_t kx = 0; kx < g.kernel_w; ++kx) {
+                const float x = v[static_cast<size_t>((plane * s[2] + oy * g.stride_h + ky) * s[3] + ox * g.stride_w + kx)];
+                second = std::max(second, std::min(top, x));
+                top = std::max(top, x);
+              }
+            if (top > eps && top - second < eps) return true;
+          }
+    }
+    h = child->forward(h);
+  }
+  return false;
+}
+
 // Builds the model twice from one seed, moves one copy to the GPU, runs
-// the same input and loss through both and compares.
+// the same input and loss through both and compares. Seeds whose
+// derivatives are coin flips between the devices are drawn again.
 template <typename Make>
 void expect_gpu_matches_cpu(Make&& make, const Tensor& input, const Tensor& target, double tol) {
-  const uint64_t seed = testing::fresh_seed();
+  uint64_t seed = 0;
+  std::shared_ptr<nn::Module> cpu;
+  for (int draw = 0;; ++draw) {
+    ASSERT_LT(draw, 100) << "every draw had a ReLU input or a pooling tie within rounding";
+    seed = testing::fresh_seed();
+    Generator g(seed);
+    cpu = make(g);
+    if (!derivative_is_a_coin_flip(*cpu, input, 1e-6)) break;
+  }
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
-  Generator g1(seed), g2(seed);
-  std::shared_ptr<nn::Module> cpu = make(g1), gpu = make(g2);
+  Generator g2(seed);
+  std::shared_ptr<nn::Module> gpu = make(g2);
   gpu->to(Device("cuda:0"));
   auto loss_of = [&](nn::Module& m, const Device& d) {
     Tensor out = m.forward(prim::to(input, d));
@@ -51,13 +112,23 @@ Tensor labels(int64_t n, int64_t classes, Generator& gen) {
   return from_vector(y, {n}, DType::i64);
 }
 
-TEST(CudaModels, ReferenceModelsMatchTheCpu) {
+TEST(CudaModels, MlpMatchesTheCpu) {
   MPT_SKIP_WITHOUT_CUDA();
   Generator gen(1);
   expect_gpu_matches_cpu([](Generator& g) { return nn::make_mlp({}, &g); }, randn({16, 784}, DType::f32, kCPU, &gen),
                          labels(16, 10, gen), 1e-4);
+}
+
+TEST(CudaModels, CnnMatchesTheCpu) {
+  MPT_SKIP_WITHOUT_CUDA();
+  Generator gen(2);
   expect_gpu_matches_cpu([](Generator& g) { return nn::make_cnn({}, &g); },
                          randn({4, 1, 28, 28}, DType::f32, kCPU, &gen), labels(4, 10, gen), 1e-4);
+}
+
+TEST(CudaModels, GptMatchesTheCpu) {
+  MPT_SKIP_WITHOUT_CUDA();
+  Generator gen(3);
   const Tensor idx = reshape(labels(2 * 32, 65, gen), {2, 32});
   expect_gpu_matches_cpu([](Generator& g) { return std::make_shared<nn::GPT>(nn::GPTOptions{}, &g); }, idx,
                          labels(2 * 32, 65, gen), 1e-4);
