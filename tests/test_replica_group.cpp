@@ -77,9 +77,10 @@ TEST(ReplicaGroup, ReplicasOnVirtualCpuDevicesTrainLikeOneDevice) {
 }
 
 // Autocast carries into the threads; each replica's scaler sees the same
-// averaged gradients, so all follow one device's scale trajectory. The
-// reference averages its halves' gradients as the replicas do (see
-// sharded_reference.h for why not one backward over the whole batch).
+// averaged gradients, so all follow one device's scale trajectory, whole
+// steps or with the last bucket overlapped. The reference averages its
+// halves' gradients as the replicas do (see sharded_reference.h for why not
+// one backward over the whole batch).
 TEST(ReplicaGroup, AutocastAndAScalerPerReplicaFollowOneDevice) {
   const uint64_t seed = mpt::testing::fresh_seed();
   SCOPED_TRACE(seed);
@@ -90,39 +91,50 @@ TEST(ReplicaGroup, AutocastAndAScalerPerReplicaFollowOneDevice) {
   so.init_scale = 1024;
   so.growth_interval = 2;
 
-  ReplicaGroup group(mpt::testing::make_mlp(seed), [&] { return mpt::testing::make_mlp(seed); },
-                     {Device("cpu:0"), Device("cpu:1")}, test_options());
-  struct Trainer {
-    std::unique_ptr<optim::SGD> opt;
-    amp::GradScaler scaler;
-  };
-  std::vector<Trainer> trainers;
-  for (size_t r = 0; r < group.size(); ++r)
-    trainers.push_back({std::make_unique<optim::SGD>(group.replica(r).module->parameters(), optim::SGDOptions{.lr = 0.1}),
-                        amp::GradScaler(so)});
-  auto reference = mpt::testing::make_mlp(seed);
-  optim::SGD ref_opt(reference->parameters(), {.lr = 0.1});
-  amp::GradScaler ref_scaler(so);
+  // Also with the last bucket's all-reduce beside each replica's step
+  // (small buckets, so that there is a last one and others).
+  for (const bool overlap : {false, true}) {
+    SCOPED_TRACE(overlap ? "overlap_step_with" : "whole steps");
+    ReplicaGroupOptions options = test_options();
+    options.ddp.first_bucket_bytes = 200;
+    options.ddp.bucket_bytes = 600;
+    ReplicaGroup group(mpt::testing::make_mlp(seed), [&] { return mpt::testing::make_mlp(seed); },
+                       {Device("cpu:0"), Device("cpu:1")}, options);
+    struct Trainer {
+      std::unique_ptr<optim::SGD> opt;
+      amp::GradScaler scaler;
+    };
+    std::vector<Trainer> trainers;
+    for (size_t r = 0; r < group.size(); ++r)
+      trainers.push_back(
+          {std::make_unique<optim::SGD>(group.replica(r).module->parameters(), optim::SGDOptions{.lr = 0.1}),
+           amp::GradScaler(so)});
+    if (overlap)
+      for (size_t r = 0; r < group.size(); ++r) group.replica(r).ddp->overlap_step_with(trainers[r].scaler);
+    auto reference = mpt::testing::make_mlp(seed);
+    optim::SGD ref_opt(reference->parameters(), {.lr = 0.1});
+    amp::GradScaler ref_scaler(so);
 
-  for (int s = 0; s < steps; ++s) {
-    const Tensor x = data.x(s), y = data.y(s);
-    amp::AutocastGuard autocast(DeviceType::cpu, DType::f16);
-    group.run([&](Replica& r) {
-      Trainer& t = trainers[r.rank];
-      t.opt->zero_grad();
-      backward(t.scaler.scale(mse_loss(r.ddp->forward(share_of(x, r, batch / 2)), share_of(y, r, batch / 2))));
-      t.scaler.step(*t.opt);
-      t.scaler.update();
-    });
-    mpt::testing::backward_averaged_over_shards(*reference, ref_scaler, x, y, 2);
-    ref_scaler.step(ref_opt);
-    ref_scaler.update();
-  }
-  EXPECT_EQ(ref_scaler.get_scale(), 1024.0 * 4);  // grew twice in 5 clean steps
-  for (size_t r = 0; r < group.size(); ++r) {
-    EXPECT_EQ(trainers[r].scaler.get_scale(), ref_scaler.get_scale()) << "replica " << r;
-    EXPECT_LE(mpt::testing::rel_error(flat_parameters(*group.replica(r).module), flat_parameters(*reference)), 1e-6)
-        << "replica " << r;
+    for (int s = 0; s < steps; ++s) {
+      const Tensor x = data.x(s), y = data.y(s);
+      amp::AutocastGuard autocast(DeviceType::cpu, DType::f16);
+      group.run([&](Replica& r) {
+        Trainer& t = trainers[r.rank];
+        t.opt->zero_grad();
+        backward(t.scaler.scale(mse_loss(r.ddp->forward(share_of(x, r, batch / 2)), share_of(y, r, batch / 2))));
+        t.scaler.step(*t.opt);
+        t.scaler.update();
+      });
+      mpt::testing::backward_averaged_over_shards(*reference, ref_scaler, x, y, 2);
+      ref_scaler.step(ref_opt);
+      ref_scaler.update();
+    }
+    EXPECT_EQ(ref_scaler.get_scale(), 1024.0 * 4);  // grew twice in 5 clean steps
+    for (size_t r = 0; r < group.size(); ++r) {
+      EXPECT_EQ(trainers[r].scaler.get_scale(), ref_scaler.get_scale()) << "replica " << r;
+      EXPECT_LE(mpt::testing::rel_error(flat_parameters(*group.replica(r).module), flat_parameters(*reference)), 1e-6)
+          << "replica " << r;
+    }
   }
 }
 
