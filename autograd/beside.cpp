@@ -1,11 +1,10 @@
 #include "autograd/beside.h"
 
 #include <atomic>
-#include <map>
-#include <mutex>
 
 #include "autograd/beside_pass.h"
 #include "autograd/node.h"
+#include "tensor/stream_per_device.h"
 
 namespace mpt {
 namespace {
@@ -13,15 +12,10 @@ namespace {
 std::atomic<bool> g_enabled{true};
 thread_local BesidePass* t_pass = nullptr;
 
-// One side stream per device for the life of the process (streams the
-// library creates are never destroyed, so the handle cannot dangle).
+// One side stream per device for the life of the process.
 Stream side_stream(const Device& device) {
-  static std::mutex mutex;
-  static std::map<int, Stream> streams;
-  std::lock_guard<std::mutex> lock(mutex);
-  auto it = streams.find(device.index);
-  if (it == streams.end()) it = streams.emplace(device.index, Stream::create(device)).first;
-  return it->second;
+  static auto* streams = new StreamPerDevice();  // leaked: used until exit
+  return streams->get(device);
 }
 
 }  // namespace

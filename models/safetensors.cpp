@@ -59,8 +59,6 @@ uint32_t crc32_of(uint32_t crc, const void* data, size_t n) {
   return crc;
 }
 
-// The checksum covers the header as it reads without the checksum entry
-// (nlohmann's objects are sorted, so the dump is canonical) and every data byte.
 // The header as the file holds it: compact JSON padded with spaces so the
 // data starts 8-byte aligned (as the reference writer does).
 std::string header_text(const json& header) {
@@ -69,6 +67,8 @@ std::string header_text(const json& header) {
   return text;
 }
 
+// The checksum covers the header as it reads without the checksum entry
+// (nlohmann's objects are sorted, so the dump is canonical) and every data byte.
 uint32_t checksum(const json& header_without_crc, const std::vector<uint8_t>& data) {
   const std::string h = header_without_crc.dump();
   return crc32_of(crc32_of(static_cast<uint32_t>(crc32(0, nullptr, 0)), h.data(), h.size()), data.data(), data.size());

@@ -1,12 +1,10 @@
 #include "tensor/graph.h"
 
-#include <map>
-#include <mutex>
-
 #include "tensor/cuda/graph.h"
 #include "tensor/device_guard.h"
 #include "tensor/ops.h"
 #include "tensor/pinned.h"
+#include "tensor/stream_per_device.h"
 
 namespace mpt {
 namespace {
@@ -27,14 +25,10 @@ class Running {
 };
 
 // One stream per device for the batches copied in ahead of their steps,
-// shared by the device's CapturedSteps (streams live as long as the process).
+// shared by the device's CapturedSteps.
 Stream input_copy_stream(const Device& device) {
-  static std::mutex mutex;
-  static auto* streams = new std::map<int, Stream>();  // leaked: used until exit
-  std::lock_guard<std::mutex> lock(mutex);
-  auto it = streams->find(device.index);
-  if (it == streams->end()) it = streams->emplace(device.index, Stream::create(device)).first;
-  return it->second;
+  static auto* streams = new StreamPerDevice();  // leaked: used until exit
+  return streams->get(device);
 }
 
 bool same_tensor(const Tensor& a, const Tensor& b) {
