@@ -95,6 +95,8 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
   // run on the caller's current stream. Where consecutive nodes change
   // stream, the next waits for the previous, so gradients handed from one
   // to the other are complete; the caller's stream waits for the last.
+  // (The streams stay joined this way, so a gradient freed after its rule
+  // is never reused on its own stream while another still reads it.)
   std::optional<Stream> previous;
   auto enter = [&previous](const Stream& next) {
     if (previous && !(*previous == next)) {
@@ -104,6 +106,10 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
     }
     previous = next;
   };
+  // The roots' gradients were made (by the caller, or above) on the caller's
+  // streams: the first rule waits for them when it runs on another stream.
+  for (const Tensor& r : roots)
+    if (r.device().is_cuda()) enter(current_stream(r.device()));
 
   // Backward ops record no history of their own.
   NoGradGuard no_grad;

@@ -524,6 +524,9 @@ TEST(CudaAutograd, BackwardRunsOnTheForwardStream) {
   const Device gpu("cuda:0");
   const Stream side = Stream::create(gpu);
   Tensor x = randn({64, 64}, DType::f32, gpu).set_requires_grad(true);
+  Event x_made(gpu);  // the side stream reads x: it must wait for its making
+  x_made.record();
+  x_made.wait(side);
   Stream seen_by_rule;
   Tensor loss;
   {
@@ -543,6 +546,41 @@ TEST(CudaAutograd, BackwardRunsOnTheForwardStream) {
                                                      prim::unary(UnaryOp::square, prim::unary(UnaryOp::tanh, prim::mul_scalar(x, 3.0)))),
                                            3.0);
   EXPECT_LE(rel_error(host_f64(x.grad()), host_f64(expected)), 1e-5);
+}
+
+// The gradient of the root is made on the caller's stream, behind other
+// work there; the first rule, on the forward's stream, must wait for it
+// (a given gradient and the implicit 1 of a scalar alike).
+TEST(CudaAutograd, BackwardOnTheForwardStreamWaitsForTheRootsGradient) {
+  MPT_SKIP_WITHOUT_CUDA();
+  const Device gpu("cuda:0");
+  const Stream side = Stream::create(gpu);
+  const uint64_t seed = testing::fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  Generator gen(seed);
+  for (const bool given : {true, false}) {
+    SCOPED_TRACE(given ? "gradient given" : "implicit gradient");
+    Tensor x = randn({256, 256}, DType::f32, gpu, &gen).set_requires_grad(true);
+    Event x_made(gpu);
+    x_made.record();
+    x_made.wait(side);
+    Tensor loss;
+    {
+      StreamGuard guard(side);
+      loss = sum(mul(x, x));
+    }
+    Event loss_made(gpu);  // the caller reads loss below
+    loss_made.record(side);
+    loss_made.wait(current_stream(gpu));
+    testing::busy_gpu(gpu);  // ahead of the gradient on the caller's stream
+    const double dloss = given ? 3.0 : 1.0;
+    if (given)
+      backward(loss, full({}, dloss, DType::f32, gpu));
+    else
+      backward(loss);
+    const Tensor expected = prim::mul_scalar(detach(x), 2.0 * dloss);
+    EXPECT_LE(rel_error(host_f64(x.grad()), host_f64(expected)), 1e-6);
+  }
 }
 
 TEST(CudaAutograd, EmbeddingMatchesTheCpuWithRepeatedIndices) {

@@ -31,18 +31,11 @@
 namespace mpt {
 namespace {
 
+using testing::busy_gpu;
 using testing::host_f64;
 using testing::rel_error;
 
 const Device kGPU("cuda:0");
-
-// About a millisecond of GPU work on the current stream, whose result no
-// one reads: a copy racing ahead of the step would win against it.
-void busy_gpu(const Device& device) {
-  const Tensor a = full({1024, 1024}, 1e-3, DType::f32, device);
-  Tensor y = a;
-  for (int i = 0; i < 8; ++i) y = prim::matmul(y, a);
-}
 
 // One training setup: model (inputs of `width`, one hidden layer of
 // `hidden`), capturable AdamW, a scaler whose scale moves (2^24 overflows

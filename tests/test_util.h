@@ -126,6 +126,15 @@ inline double tolerance(DType t) {
 
 inline bool has_cuda() { return cuda_device_count() > 0; }
 
+// About a millisecond of GPU work on the current stream, whose result no
+// one reads: work on another stream that races ahead of what is queued
+// after it wins against it.
+inline void busy_gpu(const Device& device) {
+  const Tensor a = full({1024, 1024}, 1e-3, DType::f32, device);
+  Tensor y = a;
+  for (int i = 0; i < 8; ++i) y = prim::matmul(y, a);
+}
+
 #define MPT_SKIP_WITHOUT_CUDA() \
   if (!::mpt::testing::has_cuda()) GTEST_SKIP() << "skipped: no CUDA device"
 
