@@ -25,7 +25,10 @@ class Work {
  public:
   virtual ~Work() = default;
   // Blocks until done; throws the operation's error (TimeoutError,
-  // DistributedError, ...). Waiting twice is fine.
+  // DistributedError, ...). Waiting twice is fine. A Work may be dropped
+  // unwaited: the operation's tensors are safe to free at once (on CUDA,
+  // later work on the stream that launched it runs after it), but their
+  // values are defined only after wait().
   virtual void wait() = 0;
   virtual bool is_completed() = 0;
 };

@@ -156,6 +156,34 @@ TEST(NcclProcessGroup, CollectivesFollowTheirRules) {
   });
 }
 
+// A collective's Work dropped at once, with its output: the output's memory
+// goes back to the caching allocator at once, and the next tensor of that
+// size on the caller's stream gets it while the collective (behind a busy
+// GPU) has not run. Filled on that stream, it must keep its values: the
+// stream waits for the collective before the fill. (Without that wait the
+// 256 MB copy of the all-gather and the fill run side by side.)
+TEST(NcclProcessGroup, ADroppedWorkKeepsTheMemoryOfItsTensorsFromLaterKernels) {
+  MPT_SKIP_WITHOUT_CUDA();
+  with_gpu_ranks(1, [&](ProcessGroup& g, const Device& dev) {
+    const int64_t n = int64_t(64) << 20;
+    const Tensor input = full({n}, 7.0, DType::f32, dev);
+    for (int round = 0; round < 5; ++round) {
+      SCOPED_TRACE(round);
+      mpt::testing::busy_gpu(dev);
+      const void* freed = nullptr;
+      {
+        const Tensor out = Tensor::empty({n}, DType::f32, dev);
+        freed = out.data_ptr();
+        g.allgather({out}, input);
+      }
+      const Tensor later = full({n}, 3.0, DType::f32, dev);
+      ASSERT_EQ(later.data_ptr(), freed) << "the freed block was not handed out again";
+      EXPECT_EQ(prim::amin(later).item(), 3.0);
+      EXPECT_EQ(prim::amax(later).item(), 3.0);
+    }
+  });
+}
+
 // registered_buffer: NCCL memory in a symmetric window. Sums over the
 // whole buffer and over one slice of it (the same offsets on both ranks,
 // as symmetric windows require) follow the rule; another GPU is refused.

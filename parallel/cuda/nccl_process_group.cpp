@@ -164,14 +164,28 @@ void pause_between_looks(Clock::time_point start) {
 
 class NcclWork : public Work {
  public:
-  NcclWork(int device, std::shared_ptr<Communicator> comm, Millis timeout, std::string what,
-           std::vector<Tensor> keep_alive)
-      : device_(device), comm_(std::move(comm)), timeout_(timeout), what_(std::move(what)),
-        keep_alive_(std::move(keep_alive)) {
+  NcclWork(int device, cudaStream_t caller, bool captured, std::shared_ptr<Communicator> comm, Millis timeout,
+           std::string what, std::vector<Tensor> keep_alive)
+      : device_(device), caller_(caller), captured_(captured), comm_(std::move(comm)), timeout_(timeout),
+        what_(std::move(what)), keep_alive_(std::move(keep_alive)) {
     DeviceGuard guard(Device(DeviceType::cuda, device_));
     MPT_CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
   }
-  ~NcclWork() override { MPT_CUDA_RELEASE(cudaEventDestroy(done_)); }
+  // Dropped without wait(): the tensors go back to the caching allocator
+  // now, which hands their memory to the next request on the stream they
+  // were made on (the caller's, as a rule) while NCCL may still read or
+  // write it. So that stream waits for the collective, as after wait(); the
+  // host does not. (Skipped where it cannot be done: a capture ended since
+  // the launch, or began since; and after a failure, whose abort may leave
+  // the collective's kernel where it was.)
+  ~NcclWork() override {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    if (!completed_ && comm_->aborted_because().empty() &&
+        cudaStreamIsCapturing(caller_, &capture) == cudaSuccess &&
+        (capture == cudaStreamCaptureStatusActive) == captured_)
+      MPT_CUDA_RELEASE(cudaStreamWaitEvent(caller_, done_, 0));
+    MPT_CUDA_RELEASE(cudaEventDestroy(done_));
+  }
 
   cudaEvent_t event() const { return done_; }
 
@@ -214,6 +228,8 @@ class NcclWork : public Work {
 
  private:
   int device_;
+  cudaStream_t caller_;  // the stream the collective waited for
+  bool captured_;        // launched into a CUDA graph being captured
   std::shared_ptr<Communicator> comm_;
   Millis timeout_;
   std::string what_;
@@ -570,7 +586,8 @@ class NcclProcessGroup : public ProcessGroup {
     MPT_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
     const Device device(DeviceType::cuda, device_);
     gpu_stamp(device, [&] { return "nccl start: " + what; }, stream_);
-    auto work = std::make_shared<NcclWork>(device_, comm_, timeout_, what, std::move(keep_alive));
+    auto work = std::make_shared<NcclWork>(device_, caller, capture == cudaStreamCaptureStatusActive, comm_, timeout_,
+                                           what, std::move(keep_alive));
     aborting_on_failure(*comm_, [&] {
       comm_->use(what, [&] {
         enqueue(stream_);
