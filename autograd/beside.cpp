@@ -12,10 +12,13 @@ namespace {
 std::atomic<bool> g_enabled{true};
 thread_local BesidePass* t_pass = nullptr;
 
-// One side stream per device for the life of the process.
+// One side stream per device for each thread that runs backward passes.
+// Shared by two threads, it would hand one thread's freed side-made
+// gradients to the other's side work, which waits only for its own
+// thread's stream, not for the optimizer that may still read them.
 Stream side_stream(const Device& device) {
-  static auto* streams = new StreamPerDevice();  // leaked: used until exit
-  return streams->get(device);
+  thread_local StreamPerDevice streams;
+  return streams.get(device);
 }
 
 }  // namespace
@@ -34,6 +37,10 @@ std::vector<Tensor> run(const Device& device, std::vector<Tensor> inputs,
 void follow(const Device& device, std::vector<Tensor> inputs, const std::function<void()>& work) {
   if (!t_pass || !device.is_cuda()) return work();
   t_pass->follow(device, std::move(inputs), work);
+}
+
+void written_here(const Tensor& t) {
+  if (t_pass && t.defined() && t.device().is_cuda()) t_pass->written_here(t);
 }
 
 }  // namespace beside
@@ -144,12 +151,24 @@ std::vector<Tensor> BesidePass::run(const Device& device, std::vector<Tensor> in
 }
 
 void BesidePass::follow(const Device& device, std::vector<Tensor> inputs, const std::function<void()>& work) {
-  const bool on_chain = !chain_ || current_stream(device) == *chain_;
+  const Stream current = current_stream(device);
+  const bool on_chain = !chain_ || current == *chain_;
   if (on_chain && !any_made_beside(inputs)) return work();
+  // On a third stream (a sink on the caller's stream, forward having run on
+  // another): run() would run the work there as it is; it must wait for
+  // the side stream first.
+  if (!on_chain && !(current == *side_)) {
+    if (any_made_beside(inputs)) join(current);
+    return work();
+  }
   run(device, std::move(inputs), [&] {
     work();
     return std::vector<Tensor>{};
   });
+}
+
+void BesidePass::written_here(const Tensor& t) {
+  if (side_ && current_stream(side_->device()) == *side_) mark({t});
 }
 
 }  // namespace mpt

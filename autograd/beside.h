@@ -5,7 +5,7 @@
 // A weight's gradient is not on that chain (only the optimizer reads it),
 // and its GEMM (rows summed over the whole batch into a small output) keeps
 // few of the GPU's SMs busy. So on CUDA the backward engine gives each pass a
-// second stream of the device, and an op's backward rule may issue such work
+// second stream of the device (one per thread), and an op's backward rule may issue such work
 // there (beside::run): it starts after everything queued so far on the
 // pass's stream and overlaps what the chain does next, in eager mode and in
 // a captured CUDA graph alike (the fork and join are events).
@@ -47,5 +47,11 @@ std::vector<Tensor> run(const Device& device, std::vector<Tensor> inputs,
 // `inputs` was made beside; otherwise as run() does, on the side stream
 // after the work queued so far on both.
 void follow(const Device& device, std::vector<Tensor> inputs, const std::function<void()>& work);
+
+// For a rule that writes a gradient other than its results (a leaf's sink,
+// into the leaf's .grad, which hooks on the chain may read before the pass
+// ends): when the current stream is the pass's side stream, counts `t` as
+// made beside, so follow() waits for it. Elsewhere: nothing.
+void written_here(const Tensor& t);
 
 }  // namespace mpt::beside

@@ -39,6 +39,7 @@ class BesidePass {
   std::vector<Tensor> run(const Device& device, std::vector<Tensor> inputs,
                           const std::function<std::vector<Tensor>()>& work);
   void follow(const Device& device, std::vector<Tensor> inputs, const std::function<void()>& work);
+  void written_here(const Tensor& t);
 
  private:
   struct Piece {

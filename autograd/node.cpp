@@ -2,6 +2,7 @@
 
 #include <limits>
 
+#include "autograd/beside.h"
 #include "tensor/ops.h"
 
 namespace mpt {
@@ -49,6 +50,9 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grads) {
   } else {
     prim::binary_(BinaryOp::add, meta.grad, meta.grad, g);
   }
+  // Running beside the chain (backward's side stream), the gradient is
+  // complete only there: a hook on the chain that reads it must wait.
+  beside::written_here(meta.grad);
   for (auto& hook : meta.post_accumulate_hooks) hook(leaf);
   for (auto& hook : meta.stream_ordered_post_accumulate_hooks) hook(leaf);
   return {};

@@ -14,6 +14,7 @@
 #include "amp/grad_scaler.h"
 #include "autograd/beside.h"
 #include "autograd/engine.h"
+#include "autograd/function.h"
 #include "autograd/ops.h"
 #include "models/adamw.h"
 #include "models/sgd.h"
@@ -532,6 +533,98 @@ TEST(NcclDdp, WeightGradientsBesideTheChainAverageLikeOrderedOnes) {
   for (int r = 0; r < world; ++r)
     for (size_t i = 0; i < grads[0][r].size(); ++i)
       EXPECT_EQ(grads[1][r][i], grads[0][r][i]) << "rank " << r << ", parameter " << i;
+}
+
+// Identity whose backward rule first queues about a millisecond of work on
+// backward's side stream: side work issued after it (a weight gradient, the
+// sink that sums it up) ends that much later, so a reader off the side
+// stream that does not wait for it reads the gradient before it is complete.
+class DelaysTheSideStream : public nn::Module {
+ public:
+  DelaysTheSideStream() : Module("DelaysTheSideStream") {}
+  Tensor forward(const Tensor& x) override {
+    Tensor y = prim::mul_scalar(x, 1.0);
+    const Device device = x.device();
+    record("delays_the_side_stream", y, {x}, [device](const Grads& g) {
+      beside::run(device, {}, [&] {
+        mpt::testing::busy_gpu(device);
+        return std::vector<Tensor>{};
+      });
+      return Grads{g[0]};
+    });
+    return y;
+  }
+};
+
+// One bucket mixes a large weight, whose gradient is made beside the chain
+// (its sink runs there too), with a small first layer's parameters, made on
+// the chain last, so that a hook off the side stream completes the bucket.
+// The fill must wait for the side stream in two cases: when the large
+// weight's sink adds into a gradient accumulated under no_sync (the sum is
+// a tensor the side stream wrote in place), and when forward ran on a
+// stream of its own and backward is called from another (the small layer's
+// sinks run on the caller's stream, neither the pass's chain nor its side
+// stream). Averaged gradients: the same bits as in order.
+TEST(NcclDdp, BucketsCompletedOffTheSideStreamWaitForIt) {
+  MPT_SKIP_WITHOUT_CUDA();
+  const uint64_t seed = mpt::testing::fresh_seed();
+  SCOPED_TRACE(seed);
+  const int world = std::min(2, cuda_device_count());
+  for (const bool accumulate : {true, false}) {
+    SCOPED_TRACE(accumulate ? "accumulated under no_sync" : "forward on a stream of its own");
+    std::vector<std::vector<std::vector<double>>> grads[2];  // [beside][rank][parameter]
+    for (bool overlap : {false, true}) {
+      beside::set_enabled(overlap);
+      grads[overlap].assign(world, {});
+      with_gpu_ranks(world, [&](ProcessGroup& g, const Device& dev) {
+        DeviceGuard on_device(dev);
+        const std::shared_ptr<ProcessGroup> group(&g, [](ProcessGroup*) {});  // owned by with_gpu_ranks
+        Generator init(seed), data(seed + 1 + g.rank());
+        // Weight gradients of 2^27, 2^32 and 2^24 multiply-adds: only the
+        // middle one beside; 17 MB of f32 gradients, one bucket.
+        auto model = std::make_shared<nn::Sequential>();
+        model->push_back(std::make_shared<nn::Linear>(64, 2048, true, &init));
+        model->push_back(std::make_shared<nn::ReLU>());
+        model->push_back(std::make_shared<nn::Linear>(2048, 2048, true, &init));
+        model->push_back(std::make_shared<nn::ReLU>());
+        model->push_back(std::make_shared<DelaysTheSideStream>());
+        model->push_back(std::make_shared<nn::Linear>(2048, 8, true, &init));
+        model->to(dev);
+        DistributedDataParallel ddp(model, group);
+        const Stream forward_stream = Stream::create(dev);
+        auto micro_batch = [&] {
+          const Tensor x = prim::to(randn({1024, 64}, DType::f32, kCPU, &data), dev);
+          const Tensor y = prim::to(randn({1024, 8}, DType::f32, kCPU, &data), dev);
+          Tensor loss;
+          {
+            std::optional<StreamGuard> on_forward_stream;
+            if (!accumulate) {
+              Event inputs_made(dev);
+              inputs_made.record();
+              inputs_made.wait(forward_stream);
+              on_forward_stream.emplace(forward_stream);
+            }
+            amp::AutocastGuard autocast(DeviceType::cuda, DType::f16);
+            loss = mse_loss(to(ddp.forward(x), DType::f32), y);
+          }
+          backward(loss);
+        };
+        for (int iteration = 0; iteration < 2; ++iteration) {
+          model->zero_grad();
+          if (accumulate) {
+            const auto no_sync = ddp.no_sync();
+            micro_batch();
+          }
+          micro_batch();
+        }
+        for (const Tensor& p : model->parameters()) grads[overlap][g.rank()].push_back(p.grad().to_vector<double>());
+      });
+    }
+    beside::set_enabled(true);
+    for (int r = 0; r < world; ++r)
+      for (size_t i = 0; i < grads[0][r].size(); ++i)
+        EXPECT_EQ(grads[1][r][i], grads[0][r][i]) << "rank " << r << ", parameter " << i;
+  }
 }
 
 TEST(DataParallelGpu, TwoGpusTrainLikeOne) {
