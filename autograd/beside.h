@@ -5,10 +5,11 @@
 // A weight's gradient is not on that chain (only the optimizer reads it),
 // and its GEMM (rows summed over the whole batch into a small output) keeps
 // few of the GPU's SMs busy. So on CUDA the backward engine gives each pass a
-// second stream of the device (one per thread), and an op's backward rule may issue such work
-// there (beside::run): it starts after everything queued so far on the
-// pass's stream and overlaps what the chain does next, in eager mode and in
-// a captured CUDA graph alike (the fork and join are events).
+// second stream of the device (one per thread), and an op's backward rule
+// may issue such work there (beside::run): it starts after everything
+// queued so far on the pass's stream and overlaps what the chain does next,
+// in eager mode and in a captured CUDA graph alike (the fork and join are
+// events).
 //
 // The engine keeps track of the gradients made beside. A node all of whose
 // incoming gradients were made beside, and that reads nothing else (a dtype
