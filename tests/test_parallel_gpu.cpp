@@ -535,6 +535,8 @@ TEST(NcclDdp, WeightGradientsBesideTheChainAverageLikeOrderedOnes) {
       EXPECT_EQ(grads[1][r][i], grads[0][r][i]) << "rank " << r << ", parameter " << i;
 }
 
+namespace {
+
 // Identity whose backward rule first queues about a millisecond of work on
 // backward's side stream: side work issued after it (a weight gradient, the
 // sink that sums it up) ends that much later, so a reader off the side
@@ -555,6 +557,8 @@ class DelaysTheSideStream : public nn::Module {
     return y;
   }
 };
+
+}  // namespace
 
 // One bucket mixes a large weight, whose gradient is made beside the chain
 // (its sink runs there too), with a small first layer's parameters, made on
