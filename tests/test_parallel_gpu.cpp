@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <thread>
 
 #include "amp/autocast.h"
@@ -488,19 +489,20 @@ TEST(NcclDdp, AnOverlappedStepCapturedAsACudaGraphMatchesPlainEagerSteps) {
   });
 }
 
-// DDP over layers whose weight gradients are large enough to run beside
-// backward's chain of input gradients (autograd/beside.h): the sinks and
-// DDP's hooks follow them onto the side stream, and each bucket's fill and
-// all-reduce go where all of its gradients are complete. The averaged
-// gradients are the same bits as with every gradient made in order, over
-// two iterations (buckets made again) with buckets averaged in place (the
-// 4 MiB weights) and filled (the biases). One GPU runs it as a world of one.
-TEST(NcclDdp, WeightGradientsBesideTheChainAverageLikeOrderedOnes) {
-  MPT_SKIP_WITHOUT_CUDA();
-  const uint64_t seed = mpt::testing::fresh_seed();
-  SCOPED_TRACE(seed);
+namespace {
+
+// A DDP training run on one GPU rank: given the rank's group and device,
+// generators for the weights (the same on every rank) and the data (the
+// rank's own), trains and returns every parameter's gradient on the host.
+using DdpRunOnRank = std::function<std::vector<std::vector<double>>(
+    const std::shared_ptr<ProcessGroup>&, const Device&, Generator& init, Generator& data)>;
+
+// Runs `run` on every GPU rank (one GPU: a world of one) with every gradient
+// made in order, then with weight gradients beside the chain (the default),
+// and expects the same bits of every gradient.
+void expect_gradients_beside_the_chain_as_in_order(uint64_t seed, const DdpRunOnRank& run) {
   const int world = std::min(2, cuda_device_count());
-  std::vector<std::vector<std::vector<double>>> grads[2];  // [overlap][rank][parameter]
+  std::vector<std::vector<std::vector<double>>> grads[2];  // [beside][rank][parameter]
   for (bool overlap : {false, true}) {
     beside::set_enabled(overlap);
     grads[overlap].assign(world, {});
@@ -508,25 +510,7 @@ TEST(NcclDdp, WeightGradientsBesideTheChainAverageLikeOrderedOnes) {
       DeviceGuard on_device(dev);
       const std::shared_ptr<ProcessGroup> group(&g, [](ProcessGroup*) {});  // owned by with_gpu_ranks
       Generator init(seed), data(seed + 1 + g.rank());
-      auto model = std::make_shared<nn::Sequential>();
-      for (int64_t out : {1024, 1024, 10}) {  // weight gradients of 2^30 multiply-adds, then a small one
-        model->push_back(std::make_shared<nn::Linear>(1024, out, true, &init));
-        if (out != 10) model->push_back(std::make_shared<nn::ReLU>());
-      }
-      model->to(dev);
-      DistributedDataParallel ddp(model, group, {.bucket_bytes = size_t(1) << 20});
-      for (int iteration = 0; iteration < 2; ++iteration) {
-        model->zero_grad();
-        const Tensor x = prim::to(randn({1024, 1024}, DType::f32, kCPU, &data), dev);
-        const Tensor y = prim::to(randn({1024, 10}, DType::f32, kCPU, &data), dev);
-        Tensor out;
-        {
-          amp::AutocastGuard autocast(DeviceType::cuda, DType::f16);
-          out = ddp.forward(x);
-        }
-        backward(mse_loss(to(out, DType::f32), y));
-      }
-      for (const Tensor& p : model->parameters()) grads[overlap][g.rank()].push_back(p.grad().to_vector<double>());
+      grads[overlap][g.rank()] = run(group, dev, init, data);
     });
   }
   beside::set_enabled(true);
@@ -535,7 +519,11 @@ TEST(NcclDdp, WeightGradientsBesideTheChainAverageLikeOrderedOnes) {
       EXPECT_EQ(grads[1][r][i], grads[0][r][i]) << "rank " << r << ", parameter " << i;
 }
 
-namespace {
+std::vector<std::vector<double>> host_gradients(nn::Module& model) {
+  std::vector<std::vector<double>> grads;
+  for (const Tensor& p : model.parameters()) grads.push_back(p.grad().to_vector<double>());
+  return grads;
+}
 
 // Identity whose backward rule first queues about a millisecond of work on
 // backward's side stream: side work issued after it (a weight gradient, the
@@ -560,6 +548,41 @@ class DelaysTheSideStream : public nn::Module {
 
 }  // namespace
 
+// DDP over layers whose weight gradients are large enough to run beside
+// backward's chain of input gradients (autograd/beside.h): the sinks and
+// DDP's hooks follow them onto the side stream, and each bucket's fill and
+// all-reduce go where all of its gradients are complete. The averaged
+// gradients are the same bits as with every gradient made in order, over
+// two iterations (buckets made again) with buckets averaged in place (the
+// 4 MiB weights) and filled (the biases). One GPU runs it as a world of one.
+TEST(NcclDdp, WeightGradientsBesideTheChainAverageLikeOrderedOnes) {
+  MPT_SKIP_WITHOUT_CUDA();
+  const uint64_t seed = mpt::testing::fresh_seed();
+  SCOPED_TRACE(seed);
+  expect_gradients_beside_the_chain_as_in_order(seed, [](const std::shared_ptr<ProcessGroup>& group,
+                                                         const Device& dev, Generator& init, Generator& data) {
+    auto model = std::make_shared<nn::Sequential>();
+    for (int64_t out : {1024, 1024, 10}) {  // weight gradients of 2^30 multiply-adds, then a small one
+      model->push_back(std::make_shared<nn::Linear>(1024, out, true, &init));
+      if (out != 10) model->push_back(std::make_shared<nn::ReLU>());
+    }
+    model->to(dev);
+    DistributedDataParallel ddp(model, group, {.bucket_bytes = size_t(1) << 20});
+    for (int iteration = 0; iteration < 2; ++iteration) {
+      model->zero_grad();
+      const Tensor x = prim::to(randn({1024, 1024}, DType::f32, kCPU, &data), dev);
+      const Tensor y = prim::to(randn({1024, 10}, DType::f32, kCPU, &data), dev);
+      Tensor out;
+      {
+        amp::AutocastGuard autocast(DeviceType::cuda, DType::f16);
+        out = ddp.forward(x);
+      }
+      backward(mse_loss(to(out, DType::f32), y));
+    }
+    return host_gradients(*model);
+  });
+}
+
 // One bucket mixes a large weight, whose gradient is made beside the chain
 // (its sink runs there too), with a small first layer's parameters, made on
 // the chain last, so that a hook off the side stream completes the bucket.
@@ -573,61 +596,50 @@ TEST(NcclDdp, BucketsCompletedOffTheSideStreamWaitForIt) {
   MPT_SKIP_WITHOUT_CUDA();
   const uint64_t seed = mpt::testing::fresh_seed();
   SCOPED_TRACE(seed);
-  const int world = std::min(2, cuda_device_count());
   for (const bool accumulate : {true, false}) {
     SCOPED_TRACE(accumulate ? "accumulated under no_sync" : "forward on a stream of its own");
-    std::vector<std::vector<std::vector<double>>> grads[2];  // [beside][rank][parameter]
-    for (bool overlap : {false, true}) {
-      beside::set_enabled(overlap);
-      grads[overlap].assign(world, {});
-      with_gpu_ranks(world, [&](ProcessGroup& g, const Device& dev) {
-        DeviceGuard on_device(dev);
-        const std::shared_ptr<ProcessGroup> group(&g, [](ProcessGroup*) {});  // owned by with_gpu_ranks
-        Generator init(seed), data(seed + 1 + g.rank());
-        // Weight gradients of 2^27, 2^32 and 2^24 multiply-adds: only the
-        // middle one beside; 17 MB of f32 gradients, one bucket.
-        auto model = std::make_shared<nn::Sequential>();
-        model->push_back(std::make_shared<nn::Linear>(64, 2048, true, &init));
-        model->push_back(std::make_shared<nn::ReLU>());
-        model->push_back(std::make_shared<nn::Linear>(2048, 2048, true, &init));
-        model->push_back(std::make_shared<nn::ReLU>());
-        model->push_back(std::make_shared<DelaysTheSideStream>());
-        model->push_back(std::make_shared<nn::Linear>(2048, 8, true, &init));
-        model->to(dev);
-        DistributedDataParallel ddp(model, group);
-        const Stream forward_stream = Stream::create(dev);
-        auto micro_batch = [&] {
-          const Tensor x = prim::to(randn({1024, 64}, DType::f32, kCPU, &data), dev);
-          const Tensor y = prim::to(randn({1024, 8}, DType::f32, kCPU, &data), dev);
-          Tensor loss;
-          {
-            std::optional<StreamGuard> on_forward_stream;
-            if (!accumulate) {
-              Event inputs_made(dev);
-              inputs_made.record();
-              inputs_made.wait(forward_stream);
-              on_forward_stream.emplace(forward_stream);
-            }
-            amp::AutocastGuard autocast(DeviceType::cuda, DType::f16);
-            loss = mse_loss(to(ddp.forward(x), DType::f32), y);
+    expect_gradients_beside_the_chain_as_in_order(seed, [accumulate](const std::shared_ptr<ProcessGroup>& group,
+                                                                     const Device& dev, Generator& init,
+                                                                     Generator& data) {
+      // Weight gradients of 2^27, 2^32 and 2^24 multiply-adds: only the
+      // middle one beside; 17 MB of f32 gradients, one bucket.
+      auto model = std::make_shared<nn::Sequential>();
+      model->push_back(std::make_shared<nn::Linear>(64, 2048, true, &init));
+      model->push_back(std::make_shared<nn::ReLU>());
+      model->push_back(std::make_shared<nn::Linear>(2048, 2048, true, &init));
+      model->push_back(std::make_shared<nn::ReLU>());
+      model->push_back(std::make_shared<DelaysTheSideStream>());
+      model->push_back(std::make_shared<nn::Linear>(2048, 8, true, &init));
+      model->to(dev);
+      DistributedDataParallel ddp(model, group);
+      const Stream forward_stream = Stream::create(dev);
+      auto micro_batch = [&] {
+        const Tensor x = prim::to(randn({1024, 64}, DType::f32, kCPU, &data), dev);
+        const Tensor y = prim::to(randn({1024, 8}, DType::f32, kCPU, &data), dev);
+        Tensor loss;
+        {
+          std::optional<StreamGuard> on_forward_stream;
+          if (!accumulate) {
+            Event inputs_made(dev);
+            inputs_made.record();
+            inputs_made.wait(forward_stream);
+            on_forward_stream.emplace(forward_stream);
           }
-          backward(loss);
-        };
-        for (int iteration = 0; iteration < 2; ++iteration) {
-          model->zero_grad();
-          if (accumulate) {
-            const auto no_sync = ddp.no_sync();
-            micro_batch();
-          }
+          amp::AutocastGuard autocast(DeviceType::cuda, DType::f16);
+          loss = mse_loss(to(ddp.forward(x), DType::f32), y);
+        }
+        backward(loss);
+      };
+      for (int iteration = 0; iteration < 2; ++iteration) {
+        model->zero_grad();
+        if (accumulate) {
+          const auto no_sync = ddp.no_sync();
           micro_batch();
         }
-        for (const Tensor& p : model->parameters()) grads[overlap][g.rank()].push_back(p.grad().to_vector<double>());
-      });
-    }
-    beside::set_enabled(true);
-    for (int r = 0; r < world; ++r)
-      for (size_t i = 0; i < grads[0][r].size(); ++i)
-        EXPECT_EQ(grads[1][r][i], grads[0][r][i]) << "rank " << r << ", parameter " << i;
+        micro_batch();
+      }
+      return host_gradients(*model);
+    });
   }
 }
 
