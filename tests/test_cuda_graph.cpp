@@ -272,6 +272,98 @@ TEST(CudaGraph, StepThatSynchronizesFallsBackToEager) {
   expect_same_training(graphed, eager);
 }
 
+// Input shapes that change and come back (an epoch's short last batch, say)
+// drop the graph and capture again each time. A dropped graph's memory
+// goes back to the stream its replays ran on, and the next capture from
+// that stream takes it: after the first round of shapes, no more memory is
+// reserved, and training still follows the eager steps.
+TEST(CudaGraph, ShapesThatComeBackCaptureIntoTheMemoryOfEarlierGraphs) {
+  MPT_SKIP_WITHOUT_CUDA();
+  const uint64_t seed = testing::fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  TrainingRun graphed(seed, 32, 512), eager(seed, 32, 512);
+  CapturedStep captured(kGPU, [&](const std::vector<Tensor>& in) { graphed.step(in); }, 1);
+  std::mt19937_64 rng(seed + 1);
+  uint64_t reserved_after_first_round = 0;
+  const int rounds = 5;
+  for (int round = 0; round < rounds; ++round) {
+    for (const int64_t rows : {192, 320}) {
+      for (int i = 0; i < 3; ++i) {
+        const std::vector<Tensor> in = batch(rng, rows);
+        captured.run(in);
+        eager.step({prim::to(in[0], kGPU), prim::to(in[1], kGPU)});
+      }
+    }
+    synchronize(kGPU);
+    if (round == 0) reserved_after_first_round = memory_stats(kGPU).reserved_bytes;
+  }
+  EXPECT_EQ(captured.captures(), 2 * rounds);
+  EXPECT_EQ(memory_stats(kGPU).reserved_bytes, reserved_after_first_round)
+      << "each new capture reserved memory of its own";
+  expect_same_training(graphed, eager);
+}
+
+// A graph replayed on another stream than the one it was captured from
+// first waits for the work that stream had queued: the graph may write
+// memory that work still reads (a block freed there and taken by the
+// capture).
+TEST(CudaGraph, AReplayOnAnotherStreamWaitsForTheWorkQueuedBeforeTheCapture) {
+  MPT_SKIP_WITHOUT_CUDA();
+  const int64_t n = 1 << 22;
+  const Stream origin = Stream::create(kGPU), other = Stream::create(kGPU);
+  Tensor copied;
+  const void* freed = nullptr;
+  cuda::Graph graph(0);
+  {
+    StreamGuard on_origin(origin);
+    busy_gpu(kGPU);
+    Tensor fives = full({n}, 5.0, DType::f32, kGPU);
+    copied = prim::mul_scalar(fives, 1.0);  // queued behind the busy work
+    freed = fives.data_ptr();
+    fives = Tensor();
+    graph.capture([&] {
+      const Tensor nines = full({n}, 9.0, DType::f32, kGPU);
+      EXPECT_EQ(nines.data_ptr(), freed) << "the capture did not take the block its stream freed";
+    });
+  }
+  {
+    StreamGuard on_other(other);
+    graph.replay();
+  }
+  origin.synchronize();
+  EXPECT_EQ(prim::amin(copied).item(), 5.0);
+  EXPECT_EQ(prim::amax(copied).item(), 5.0);
+}
+
+// A dropped graph's tensors, cached or still held, belong to the stream its
+// replays ran on: eager requests there get them, and nothing new is
+// reserved.
+TEST(CudaGraph, ADroppedGraphsMemoryServesEagerWorkOnTheStreamOfItsReplays) {
+  MPT_SKIP_WITHOUT_CUDA();
+  const int64_t n = 300001;  // a size class no other tensor here has
+  const Stream replays = Stream::create(kGPU);
+  StreamGuard on_replays(replays);
+  const Tensor x = full({n}, 3.0, DType::f32, kGPU);
+  Tensor out;
+  {
+    cuda::Graph graph(0);
+    graph.capture([&] {
+      const Tensor doubled = prim::mul_scalar(x, 2.0);  // freed back into the graph's pool
+      out = prim::add_scalar(doubled, 1.0);             // held after the graph is gone
+    });
+    graph.replay();
+    graph.replay();
+  }
+  EXPECT_EQ(out.to_vector<float>()[n - 1], 7.0f);
+  const uint64_t mallocs = memory_stats(kGPU).num_device_mallocs;
+  const Tensor first = full({n}, 1.0, DType::f32, kGPU);  // the pool's cached block
+  const void* held = out.data_ptr();
+  out = Tensor();
+  const Tensor second = full({n}, 2.0, DType::f32, kGPU);
+  EXPECT_EQ(second.data_ptr(), held);
+  EXPECT_EQ(memory_stats(kGPU).num_device_mallocs, mallocs);
+}
+
 // What a collective registers while its step is captured: called around
 // every replay of that graph, once however often it was registered.
 struct CountingWatch : cuda::ReplayWatch {

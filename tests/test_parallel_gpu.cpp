@@ -29,6 +29,7 @@
 #include "parallel/replica_group.h"
 #include "parallel/thread_ranks.h"
 #include "parallel/tiny_models.h"
+#include "tensor/cuda/graph.h"
 #include "tensor/device_guard.h"
 #include "tensor/graph.h"
 #include "test_util.h"
@@ -183,6 +184,26 @@ TEST(NcclProcessGroup, ADroppedWorkKeepsTheMemoryOfItsTensorsFromLaterKernels) {
       EXPECT_EQ(prim::amin(later).item(), 3.0);
       EXPECT_EQ(prim::amax(later).item(), 3.0);
     }
+  });
+}
+
+// A graph cannot wait for a collective launched before its capture: wait()
+// there says so, naming the collective, and the work can still be waited
+// for after the capture.
+TEST(NcclProcessGroup, WaitingInsideACaptureForAnEagerCollectiveIsRefusedClearly) {
+  MPT_SKIP_WITHOUT_CUDA();
+  with_gpu_ranks(1, [&](ProcessGroup& g, const Device& dev) {
+    const Tensor t = full({16}, 2.0, DType::f32, dev);
+    const WorkPtr work = g.allreduce(t, dist::ReduceOp::sum);
+    cuda::Graph graph(dev.index);
+    try {
+      graph.capture([&] { work->wait(); });
+      ADD_FAILURE() << "wait() inside the capture did not throw";
+    } catch (const ValueError& e) {
+      mpt::testing::expect_contains(e.what(), {"allreduce(sum) of", "before the capture began"});
+    }
+    work->wait();
+    EXPECT_EQ(t.to_vector<double>(), std::vector<double>(16, 2.0));
   });
 }
 

@@ -211,6 +211,12 @@ class NcclWork : public Work {
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     MPT_CUDA_CHECK(cudaStreamIsCapturing(caller, &capture));
     if (capture == cudaStreamCaptureStatusActive) {
+      // A graph cannot wait for work outside it (CUDA would only say
+      // "operation not permitted when stream is capturing").
+      check<ValueError>(captured_,
+                        "NCCL {}: wait() inside a CUDA graph capture for a collective launched before the capture "
+                        "began; wait for it before capturing, or launch it inside the capture",
+                        what_);
       MPT_CUDA_CHECK(cudaStreamWaitEvent(caller, done_, 0));
       completed_ = true;
       keep_alive_.clear();  // the graph's own memory pool holds the tensors

@@ -50,7 +50,7 @@ void* CachingAllocator::allocate(size_t nbytes, cudaStream_t stream) {
   // Event queries are not allowed while a capture is open.
   if (!parked_.empty() && !capture_pool_) collect_parked(/*wait=*/false);
 
-  Block* block = pool ? take_from_pool(pool, size, stream) : take_cached(size, stream);
+  Block* block = pool ? take_for_capture(size, stream) : take_cached(size, stream);
   if (!block) {
     void* ptr = device_malloc(size, nbytes);
     block = new Block{ptr, size, stream, {}, pool};
@@ -85,6 +85,21 @@ CachingAllocator::Block* CachingAllocator::take_from_pool(int pool, size_t size,
   Block* block = blocks.back();
   blocks.pop_back();
   cached_bytes_ -= block->size;
+  return block;
+}
+
+// The pool's own block first; on the capture's own stream, then a cached
+// block of the stream it follows: the graph's kernels on that block come
+// after the work the origin had queued (the first replay waits for it, and
+// later ones follow the first).
+CachingAllocator::Block* CachingAllocator::take_for_capture(size_t size, cudaStream_t stream) {
+  if (Block* block = take_from_pool(capture_pool_, size, stream)) return block;
+  if (stream != capture_stream_) return nullptr;
+  Block* block = take_cached(size, capture_origin_);
+  if (block) {
+    block->stream = stream;
+    block->pool = capture_pool_;
+  }
   return block;
 }
 
@@ -141,6 +156,12 @@ void CachingAllocator::free(void* ptr) noexcept {
     return;
   }
   block->pool = 0;
+  cache_unused(block);
+}
+
+// Into the shared cache, or parked until the other streams that used the
+// block are past their use.
+void CachingAllocator::cache_unused(Block* block) noexcept {
   try {
     if (block->extra_streams.empty()) {
       free_[FreeKey{block->stream, block->size}].push_back(block);
@@ -252,11 +273,12 @@ void CachingAllocator::throw_out_of_memory(size_t requested, size_t size) const 
       device_info));
 }
 
-int CachingAllocator::begin_capture(cudaStream_t stream) {
+int CachingAllocator::begin_capture(cudaStream_t stream, cudaStream_t origin) {
   std::lock_guard<std::mutex> lock(mutex_);
   check(capture_pool_ == 0, "caching allocator: cuda:{} already has a graph capture in progress", device_);
   capture_pool_ = next_pool_++;
   capture_stream_ = stream;
+  capture_origin_ = origin;
   pools_[capture_pool_];
   return capture_pool_;
 }
@@ -265,16 +287,26 @@ void CachingAllocator::end_capture() {
   std::lock_guard<std::mutex> lock(mutex_);
   capture_pool_ = 0;
   capture_stream_ = nullptr;
+  capture_origin_ = nullptr;
 }
 
-void CachingAllocator::release_pool(int id) {
+void CachingAllocator::release_pool(int id, cudaStream_t home) {
   std::lock_guard<std::mutex> lock(mutex_);
   const auto it = pools_.find(id);
   if (it == pools_.end()) return;
+  // Filed under the capture's streams they would wait for a capture that
+  // never comes back (or, once such a stream is destroyed, for whichever
+  // new stream gets its handle).
+  for (auto& [ptr, block] : active_)
+    if (block->pool == id) {
+      block->pool = 0;
+      block->stream = home;
+    }
   for (auto& [key, blocks] : it->second)
     for (Block* block : blocks) {
       block->pool = 0;
-      free_[FreeKey{block->stream, block->size}].push_back(block);
+      block->stream = home;
+      cache_unused(block);  // parked if record_stream named other users
     }
   pools_.erase(it);
 }

@@ -16,6 +16,9 @@
 // those of streams the capture forked to, come from a private pool of the
 // graph (see begin_capture): the graph's kernels keep using those addresses
 // at every replay, so no other tensor may get them while the graph lives.
+// When the graph goes, its memory returns to the shared cache on the stream
+// its replays ran on, where a later capture from that stream (the same step
+// on new shapes, say) can take it again.
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
@@ -47,12 +50,18 @@ class CachingAllocator {
   // From now on, requests on `stream` (being captured into a graph), and on
   // any stream that joins its capture, come from a new private pool; returns
   // its id. Blocks freed back into the pool serve later requests of the same
-  // capture on the same stream (in order there).
-  int begin_capture(cudaStream_t stream);
+  // capture on the same stream (in order there). Requests on `stream` the
+  // pool cannot serve take cached blocks of `origin` (the stream the
+  // capture's work follows), so the graph's first replay must come after
+  // the work `origin` had queued when the capture began.
+  int begin_capture(cudaStream_t stream, cudaStream_t origin);
   void end_capture();
-  // The graph of pool `id` is gone: its cached blocks return to the shared
-  // cache, and blocks still held by tensors go there when freed.
-  void release_pool(int id);
+  // The graph of pool `id` is gone and its replays have ended. Its blocks,
+  // cached or still held by tensors, now belong to `home` (the stream the
+  // replays ran on: every kernel of the graph, forks included, was ordered
+  // there): cached ones return to the shared cache at once, held ones when
+  // freed.
+  void release_pool(int id, cudaStream_t home);
 
   MemoryStats stats() const;
   void reset_peak();
@@ -87,6 +96,8 @@ class CachingAllocator {
 
   Block* take_cached(size_t size, cudaStream_t stream);
   Block* take_from_pool(int pool, size_t size, cudaStream_t stream);
+  Block* take_for_capture(size_t size, cudaStream_t stream);
+  void cache_unused(Block* block) noexcept;
   bool in_capture(cudaStream_t stream) const;
   void* device_malloc(size_t size, size_t requested);
   void collect_parked(bool wait);
@@ -105,6 +116,7 @@ class CachingAllocator {
   int next_pool_ = 1;
   int capture_pool_ = 0;               // the pool of the capture in progress, if any
   cudaStream_t capture_stream_ = nullptr;
+  cudaStream_t capture_origin_ = nullptr;
   MemoryStats stats_;
   uint64_t cached_bytes_ = 0;  // free_ plus parked_
 };

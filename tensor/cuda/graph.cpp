@@ -19,6 +19,11 @@ struct Graph::State {
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
   int pool = 0;  // the allocator's private pool for the graph's tensors
+  // The stream the capture's work follows, and an event recorded there as
+  // the capture began: the pool may hold blocks that stream used before.
+  cudaStream_t origin = nullptr;
+  cudaEvent_t capture_began = nullptr;
+  cudaStream_t last_replay_stream = nullptr;
   cudaEvent_t replayed = nullptr;  // recorded after each replay (replays run in launch order)
   std::vector<std::shared_ptr<ReplayWatch>> watches;
 };
@@ -55,9 +60,11 @@ Graph::~Graph() {
     // work on this device before they can end (an in-process NCCL peer).
     (void)cudaStreamSynchronize(state_->capture_stream);
     if (state_->replayed) (void)cudaEventSynchronize(state_->replayed);
-    caching_allocator(state_->device).release_pool(state_->pool);
+    caching_allocator(state_->device).release_pool(state_->pool, state_->replayed ? state_->last_replay_stream
+                                                                                  : state_->origin);
   }
   if (state_->replayed) (void)cudaEventDestroy(state_->replayed);
+  if (state_->capture_began) (void)cudaEventDestroy(state_->capture_began);
   (void)cudaStreamDestroy(state_->capture_stream);
   (void)cudaGetLastError();
 }
@@ -68,15 +75,14 @@ void Graph::capture(const std::function<void()>& work) {
   const Device device = cuda_device(s.device);
   DeviceGuard guard(device);
   const Stream user = current_stream(device);
+  // The graph's work comes after what the caller queued before it.
+  s.origin = static_cast<cudaStream_t>(user.handle());
+  if (!s.capture_began) MPT_CUDA_CHECK(cudaEventCreateWithFlags(&s.capture_began, cudaEventDisableTiming));
+  MPT_CUDA_CHECK(cudaEventRecord(s.capture_began, s.origin));
+  MPT_CUDA_CHECK(cudaStreamWaitEvent(s.capture_stream, s.capture_began, 0));
   const Stream capturing(device, s.capture_stream);
-  {
-    // The graph's work comes after what the caller queued before it.
-    Event queued(device);
-    queued.record(user);
-    queued.wait(capturing);
-  }
   CachingAllocator& allocator = caching_allocator(s.device);
-  s.pool = allocator.begin_capture(s.capture_stream);
+  s.pool = allocator.begin_capture(s.capture_stream, s.origin);
   MPT_CUDA_CHECK(cudaStreamBeginCapture(s.capture_stream, cudaStreamCaptureModeThreadLocal));
   s.watches.clear();
   t_capturing = &s.watches;
@@ -92,6 +98,9 @@ void Graph::capture(const std::function<void()>& work) {
     if (abandoned) (void)cudaGraphDestroy(abandoned);
     (void)cudaGetLastError();
     allocator.end_capture();
+    // Nothing captured will run: the pool's blocks go back to the caller's stream.
+    allocator.release_pool(s.pool, s.origin);
+    s.pool = 0;
     throw;
   }
   const cudaError_t ended = cudaStreamEndCapture(s.capture_stream, &s.graph);
@@ -106,7 +115,11 @@ void Graph::replay() {
   DeviceGuard guard(cuda_device(s.device));
   const cudaStream_t stream = current_cuda_stream(s.device);
   for (const auto& w : s.watches) w->before_replay();
+  // The pool's blocks taken from the origin's cache: the first replay must
+  // follow their earlier users there (later replays follow the first).
+  if (!s.replayed && stream != s.origin) MPT_CUDA_CHECK(cudaStreamWaitEvent(stream, s.capture_began, 0));
   MPT_CUDA_CHECK(cudaGraphLaunch(s.exec, stream));
+  s.last_replay_stream = stream;
   if (!s.replayed) MPT_CUDA_CHECK(cudaEventCreateWithFlags(&s.replayed, cudaEventDisableTiming));
   MPT_CUDA_CHECK(cudaEventRecord(s.replayed, stream));
   for (const auto& w : s.watches) w->replay_launched(s.device);
