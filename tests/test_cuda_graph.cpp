@@ -316,9 +316,9 @@ TEST(CudaGraph, AReplayOnAnotherStreamWaitsForTheWorkQueuedBeforeTheCapture) {
   cuda::Graph graph(0);
   {
     StreamGuard on_origin(origin);
-    busy_gpu(kGPU);
     Tensor fives = full({n}, 5.0, DType::f32, kGPU);
-    copied = prim::mul_scalar(fives, 1.0);  // queued behind the busy work
+    busy_gpu(kGPU, 4096);
+    copied = prim::mul_scalar(fives, 1.0);  // reads the block behind the busy work
     freed = fives.data_ptr();
     fives = Tensor();
     graph.capture([&] {

@@ -126,11 +126,14 @@ inline double tolerance(DType t) {
 
 inline bool has_cuda() { return cuda_device_count() > 0; }
 
-// About a millisecond of GPU work on the current stream, whose result no
-// one reads: work on another stream that races ahead of what is queued
-// after it wins against it.
-inline void busy_gpu(const Device& device) {
-  const Tensor a = full({1024, 1024}, 1e-3, DType::f32, device);
+// GPU work on the current stream, whose result no one reads: work on
+// another stream that races ahead of what is queued after it wins against
+// it. Eight f32 matmuls of `size` squared: at 1024 a fraction of a
+// millisecond on an H200, at 4096 a few milliseconds (for races whose other
+// side first goes through host calls that take longer, a graph's
+// instantiation, say).
+inline void busy_gpu(const Device& device, int64_t size = 1024) {
+  const Tensor a = full({size, size}, 1e-3, DType::f32, device);
   Tensor y = a;
   for (int i = 0; i < 8; ++i) y = prim::matmul(y, a);
 }
