@@ -59,23 +59,26 @@ GrowthUnit growth_unit_from_name(const std::string& name) {
       fmt::format("GradScaler: unknown growth unit '{}' (expected steps, micro_batches or samples)", name));
 }
 
-ScaleRule scale_rule_from(const GradScalerOptions& o) {
+ScaleRule scale_rule_from(const GradScalerOptions& o, const OptionNames& names) {
+  const std::string& owner = names.owner;
+  const auto name = [&](std::string_view field) { return names.field(field); };
   check(std::isfinite(o.init_scale) && o.init_scale > 0 && o.init_scale <= kF32Max,
-        "GradScaler: init_scale must be positive and within f32 range, got {}", o.init_scale);
+        "{}: {} must be positive and within f32 range, got {}", owner, name("init_scale"), o.init_scale);
   // As PyTorch requires: a factor of 1 is no dynamic scaling at all (a fixed scale is ScalePolicy::fixed).
-  check(std::isfinite(o.growth_factor) && o.growth_factor > 1.0, "GradScaler: growth_factor must be > 1, got {}",
-        o.growth_factor);
-  check(o.backoff_factor > 0.0 && o.backoff_factor < 1.0, "GradScaler: backoff_factor must be in (0, 1), got {}",
-        o.backoff_factor);
-  check(o.growth_interval >= 1, "GradScaler: growth_interval must be >= 1, got {}", o.growth_interval);
-  check(o.hysteresis >= 1, "GradScaler: hysteresis must be >= 1, got {}", o.hysteresis);
+  check(std::isfinite(o.growth_factor) && o.growth_factor > 1.0, "{}: {} must be > 1, got {}", owner,
+        name("growth_factor"), o.growth_factor);
+  check(o.backoff_factor > 0.0 && o.backoff_factor < 1.0, "{}: {} must be in (0, 1), got {}", owner,
+        name("backoff_factor"), o.backoff_factor);
+  check(o.growth_interval >= 1, "{}: {} must be >= 1, got {}", owner, name("growth_interval"), o.growth_interval);
+  check(o.hysteresis >= 1, "{}: {} must be >= 1, got {}", owner, name("hysteresis"), o.hysteresis);
   const double min_scale = o.min_scale.value_or(0.0);
   const double max_scale = o.max_scale.value_or(kF32Max);
-  check(std::isfinite(min_scale) && min_scale >= 0, "GradScaler: min_scale must be >= 0 and finite, got {}",
-        min_scale);
-  check(max_scale > 0 && max_scale <= kF32Max, "GradScaler: max_scale must be positive and within f32 range, got {}",
+  check(std::isfinite(min_scale) && min_scale >= 0, "{}: {} must be >= 0 and finite, got {}", owner,
+        name("min_scale"), min_scale);
+  check(max_scale > 0 && max_scale <= kF32Max, "{}: {} must be positive and within f32 range, got {}", owner,
+        name("max_scale"), max_scale);
+  check(min_scale <= max_scale, "{}: {} {} is above {} {}", owner, name("min_scale"), min_scale, name("max_scale"),
         max_scale);
-  check(min_scale <= max_scale, "GradScaler: min_scale {} is above max_scale {}", min_scale, max_scale);
   ScaleRule rule;
   rule.policy = o.policy;
   rule.growth_factor = static_cast<float>(o.growth_factor);

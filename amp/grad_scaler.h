@@ -33,6 +33,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -70,8 +71,15 @@ const char* scale_policy_name(ScalePolicy policy);
 ScalePolicy scale_policy_from_name(const std::string& name);  // "torch", "hysteresis", "static"
 const char* growth_unit_name(GrowthUnit unit);
 GrowthUnit growth_unit_from_name(const std::string& name);    // "steps", "micro_batches", "samples"
+// How scale_rule_from's errors name what they refuse: the owner of the
+// options and each option's field, so that a command line can name its own
+// flags ("mpt-train: --init-scale must be ...").
+struct OptionNames {
+  std::string owner = "GradScaler";
+  std::function<std::string(std::string_view field)> field = [](std::string_view f) { return std::string(f); };
+};
 // The rule constants the options describe (ValueError for invalid options).
-ScaleRule scale_rule_from(const GradScalerOptions& options);
+ScaleRule scale_rule_from(const GradScalerOptions& options, const OptionNames& names = {});
 
 class GradScaler {
  public:

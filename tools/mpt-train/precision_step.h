@@ -1,4 +1,5 @@
 #pragma once
+#include <algorithm>
 #include <map>
 #include <optional>
 #include <string>
@@ -14,9 +15,9 @@
 namespace mpt::train {
 
 // The loss scaler's options as mpt-train's flags set them, checked as
-// GradScaler checks them but with the flag named ("--init-scale must be ..."
-// rather than "GradScaler: init_scale must be ..."). Run for every run, so
-// that a wrong value is refused also where no scaler runs (bf16, fp32).
+// GradScaler checks them but with the flag named ("mpt-train: --init-scale
+// must be ..."). Run for every run, so that a wrong value is refused also
+// where no scaler runs (bf16, fp32).
 inline amp::GradScalerOptions scaler_options(const TrainConfig& c) {
   amp::GradScalerOptions o;
   o.policy = amp::scale_policy_from_name(c.scaler == "dynamic" ? "torch" : c.scaler);
@@ -24,24 +25,12 @@ inline amp::GradScalerOptions scaler_options(const TrainConfig& c) {
   o.growth_factor = c.growth_factor;
   o.backoff_factor = c.backoff_factor;
   o.growth_interval = c.growth_interval;
-  try {
-    amp::scale_rule_from(o);
-  } catch (const ValueError& e) {
-    static constexpr std::pair<std::string_view, std::string_view> kFlags[] = {
-        {"init_scale", "--init-scale"},
-        {"growth_factor", "--growth-factor"},
-        {"backoff_factor", "--backoff-factor"},
-        {"growth_interval", "--growth-interval"}};
-    constexpr std::string_view kPrefix = "GradScaler: ";
-    std::string message = e.what();
-    if (message.starts_with(kPrefix)) message.erase(0, kPrefix.size());
-    for (const auto& [name, flag] : kFlags)
-      if (message.starts_with(name)) {
-        message.replace(0, name.size(), std::string(flag));
-        break;
-      }
-    throw ValueError("mpt-train: " + message);
-  }
+  const auto flag = [](std::string_view field) {
+    std::string name = "--" + std::string(field);
+    std::replace(name.begin(), name.end(), '_', '-');
+    return name;
+  };
+  amp::scale_rule_from(o, {"mpt-train", flag});
   return o;
 }
 
