@@ -304,24 +304,26 @@ TEST(CudaGraph, ShapesThatComeBackCaptureIntoTheMemoryOfEarlierGraphs) {
 }
 
 // A graph replayed on another stream than the one it was captured from
-// first waits for the work that stream had queued: the graph may write
-// memory that work still reads (a block freed there and taken by the
-// capture).
-TEST(CudaGraph, AReplayOnAnotherStreamWaitsForTheWorkQueuedBeforeTheCapture) {
+// first waits for the work that stream had queued by the capture's end: the
+// graph may write memory that work still reads (a block freed there, here
+// during the capture, and taken by it).
+TEST(CudaGraph, AReplayOnAnotherStreamWaitsForTheWorkQueuedBeforeTheCaptureEnded) {
   MPT_SKIP_WITHOUT_CUDA();
   const int64_t n = 1 << 22;
   const Stream origin = Stream::create(kGPU), other = Stream::create(kGPU);
   Tensor copied;
-  const void* freed = nullptr;
   cuda::Graph graph(0);
   {
     StreamGuard on_origin(origin);
     Tensor fives = full({n}, 5.0, DType::f32, kGPU);
-    busy_gpu(kGPU, 4096);
-    copied = prim::mul_scalar(fives, 1.0);  // reads the block behind the busy work
-    freed = fives.data_ptr();
-    fives = Tensor();
+    const void* freed = fives.data_ptr();
     graph.capture([&] {
+      {
+        StreamGuard eager_on_origin(origin);  // not captured: origin is not the capture's stream
+        busy_gpu(kGPU, 4096);
+        copied = prim::mul_scalar(fives, 1.0);  // reads the block behind the busy work
+        fives = Tensor();
+      }
       const Tensor nines = full({n}, 9.0, DType::f32, kGPU);
       EXPECT_EQ(nines.data_ptr(), freed) << "the capture did not take the block its stream freed";
     });
@@ -333,6 +335,24 @@ TEST(CudaGraph, AReplayOnAnotherStreamWaitsForTheWorkQueuedBeforeTheCapture) {
   origin.synchronize();
   EXPECT_EQ(prim::amin(copied).item(), 5.0);
   EXPECT_EQ(prim::amax(copied).item(), 5.0);
+}
+
+// A graph's replay recorded into another graph's capture is refused: the
+// other graph's replays would outlive this graph's memory. The graph still
+// replays outside.
+TEST(CudaGraph, AReplayInsideAnotherCaptureIsRefused) {
+  MPT_SKIP_WITHOUT_CUDA();
+  const Tensor x = full({64}, 1.0, DType::f32, kGPU);
+  cuda::Graph inner(0), outer(0);
+  inner.capture([&] { prim::copy_(x, prim::mul_scalar(x, 2.0)); });
+  try {
+    outer.capture([&] { inner.replay(); });
+    ADD_FAILURE() << "the replay inside a capture was not refused";
+  } catch (const ValueError& e) {
+    testing::expect_contains(e.what(), {"cuda::Graph::replay", "captured into another graph"});
+  }
+  inner.replay();
+  EXPECT_EQ(x.to_vector<double>(), std::vector<double>(64, 2.0));
 }
 
 // A dropped graph's tensors, cached or still held, belong to the stream its

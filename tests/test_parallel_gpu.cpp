@@ -187,23 +187,36 @@ TEST(NcclProcessGroup, ADroppedWorkKeepsTheMemoryOfItsTensorsFromLaterKernels) {
   });
 }
 
-// A graph cannot wait for a collective launched before its capture: wait()
-// there says so, naming the collective, and the work can still be waited
-// for after the capture.
-TEST(NcclProcessGroup, WaitingInsideACaptureForAnEagerCollectiveIsRefusedClearly) {
+// A graph cannot wait for a collective launched outside its capture:
+// before it (the work can still be waited for after the capture), or inside
+// another capture. wait() says which, naming the collective.
+TEST(NcclProcessGroup, WaitingInsideACaptureForACollectiveOutsideItIsRefusedClearly) {
   MPT_SKIP_WITHOUT_CUDA();
   with_gpu_ranks(1, [&](ProcessGroup& g, const Device& dev) {
     const Tensor t = full({16}, 2.0, DType::f32, dev);
-    const WorkPtr work = g.allreduce(t, dist::ReduceOp::sum);
-    cuda::Graph graph(dev.index);
-    try {
-      graph.capture([&] { work->wait(); });
-      ADD_FAILURE() << "wait() inside the capture did not throw";
-    } catch (const ValueError& e) {
-      mpt::testing::expect_contains(e.what(), {"allreduce(sum) of", "before the capture began"});
-    }
-    work->wait();
+    const auto expect_refused = [&](const WorkPtr& work, const std::string& where) {
+      cuda::Graph graph(dev.index);
+      try {
+        graph.capture([&] { work->wait(); });
+        ADD_FAILURE() << "wait() inside the capture did not throw";
+      } catch (const ValueError& e) {
+        mpt::testing::expect_contains(e.what(), {"allreduce(sum) of", where});
+      }
+    };
+    const WorkPtr eager = g.allreduce(t, dist::ReduceOp::sum);
+    expect_refused(eager, "before the capture began");
+    eager->wait();
     EXPECT_EQ(t.to_vector<double>(), std::vector<double>(16, 2.0));
+
+    // The second collective's wait joins NCCL's stream back into the
+    // capture (after both), so the first capture ends with one unwaited.
+    WorkPtr captured;
+    cuda::Graph first(dev.index);
+    first.capture([&] {
+      captured = g.allreduce(t, dist::ReduceOp::sum);
+      g.allreduce(t, dist::ReduceOp::sum)->wait();
+    });
+    expect_refused(captured, "inside another capture");
   });
 }
 

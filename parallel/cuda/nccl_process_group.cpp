@@ -162,11 +162,21 @@ void pause_between_looks(Clock::time_point start) {
   else std::this_thread::sleep_for(std::chrono::microseconds(100));
 }
 
+// The id of the CUDA graph capture that `stream` records into, if any.
+cudaError_t capture_of(cudaStream_t stream, std::optional<unsigned long long>& capture) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  unsigned long long id = 0;
+  const cudaError_t result = cudaStreamGetCaptureInfo(stream, &status, &id);
+  capture.reset();
+  if (result == cudaSuccess && status == cudaStreamCaptureStatusActive) capture = id;
+  return result;
+}
+
 class NcclWork : public Work {
  public:
-  NcclWork(int device, cudaStream_t caller, bool captured, std::shared_ptr<Communicator> comm, Millis timeout,
-           std::string what, std::vector<Tensor> keep_alive)
-      : device_(device), caller_(caller), captured_(captured), comm_(std::move(comm)), timeout_(timeout),
+  NcclWork(int device, cudaStream_t caller, std::optional<unsigned long long> capture,
+           std::shared_ptr<Communicator> comm, Millis timeout, std::string what, std::vector<Tensor> keep_alive)
+      : device_(device), caller_(caller), capture_(capture), comm_(std::move(comm)), timeout_(timeout),
         what_(std::move(what)), keep_alive_(std::move(keep_alive)) {
     DeviceGuard guard(Device(DeviceType::cuda, device_));
     MPT_CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
@@ -175,14 +185,14 @@ class NcclWork : public Work {
   // now, which hands their memory to the next request on the stream they
   // were made on (the caller's, as a rule) while NCCL may still read or
   // write it. So that stream waits for the collective, as after wait(); the
-  // host does not. (Skipped where it cannot be done: a capture ended since
-  // the launch, or began since; and after a failure, whose abort may leave
-  // the collective's kernel where it was.)
+  // host does not. (Skipped where it cannot be done: the stream no longer
+  // records into the capture the collective was launched in, or records
+  // into one begun since; and after a failure, whose abort may leave the
+  // collective's kernel where it was.)
   ~NcclWork() override {
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    if (!completed_ && comm_->aborted_because().empty() &&
-        cudaStreamIsCapturing(caller_, &capture) == cudaSuccess &&
-        (capture == cudaStreamCaptureStatusActive) == captured_)
+    std::optional<unsigned long long> capture;
+    if (!completed_ && comm_->aborted_because().empty() && capture_of(caller_, capture) == cudaSuccess &&
+        capture == capture_)
       MPT_CUDA_RELEASE(cudaStreamWaitEvent(caller_, done_, 0));
     MPT_CUDA_RELEASE(cudaEventDestroy(done_));
   }
@@ -208,15 +218,15 @@ class NcclWork : public Work {
     check<DistributedError>(earlier.empty(), "NCCL {}: the communicator was aborted by an earlier failure ({})",
                             what_, earlier);
     const cudaStream_t caller = cuda::current_cuda_stream(device_);
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    MPT_CUDA_CHECK(cudaStreamIsCapturing(caller, &capture));
-    if (capture == cudaStreamCaptureStatusActive) {
+    std::optional<unsigned long long> capture;
+    MPT_CUDA_CHECK(capture_of(caller, capture));
+    if (capture) {
       // A graph cannot wait for work outside it (CUDA would only say
-      // "operation not permitted when stream is capturing").
-      check<ValueError>(captured_,
-                        "NCCL {}: wait() inside a CUDA graph capture for a collective launched before the capture "
-                        "began; wait for it before capturing, or launch it inside the capture",
-                        what_);
+      // "dependency created on uncaptured work in another stream").
+      check<ValueError>(capture == capture_,
+                        "NCCL {}: wait() inside a CUDA graph capture for a collective launched {}; wait for it "
+                        "before capturing, or launch it inside the capture",
+                        what_, capture_ ? "inside another capture" : "before the capture began");
       MPT_CUDA_CHECK(cudaStreamWaitEvent(caller, done_, 0));
       completed_ = true;
       keep_alive_.clear();  // the graph's own memory pool holds the tensors
@@ -235,7 +245,7 @@ class NcclWork : public Work {
  private:
   int device_;
   cudaStream_t caller_;  // the stream the collective waited for
-  bool captured_;        // launched into a CUDA graph being captured
+  std::optional<unsigned long long> capture_;  // the capture it was launched into, if any
   std::shared_ptr<Communicator> comm_;
   Millis timeout_;
   std::string what_;
@@ -584,15 +594,15 @@ class NcclProcessGroup : public ProcessGroup {
                             "group",
                             what, earlier);
     const cudaStream_t caller = cuda::current_cuda_stream(device_);
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    MPT_CUDA_CHECK(cudaStreamIsCapturing(caller, &capture));
+    std::optional<unsigned long long> capture;
+    MPT_CUDA_CHECK(capture_of(caller, capture));
     // Recorded into a graph: its replays are watched instead of this Work.
-    if (capture == cudaStreamCaptureStatusActive) cuda::watch_replays(replay_watchdog_);
+    if (capture) cuda::watch_replays(replay_watchdog_);
     MPT_CUDA_CHECK(cudaEventRecord(ready_, caller));
     MPT_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
     const Device device(DeviceType::cuda, device_);
     gpu_stamp(device, [&] { return "nccl start: " + what; }, stream_);
-    auto work = std::make_shared<NcclWork>(device_, caller, capture == cudaStreamCaptureStatusActive, comm_, timeout_,
+    auto work = std::make_shared<NcclWork>(device_, caller, capture, comm_, timeout_,
                                            what, std::move(keep_alive));
     aborting_on_failure(*comm_, [&] {
       comm_->use(what, [&] {

@@ -90,8 +90,8 @@ CachingAllocator::Block* CachingAllocator::take_from_pool(int pool, size_t size,
 
 // The pool's own block first; on the capture's own stream, then a cached
 // block of the stream it follows: the graph's kernels on that block come
-// after the work the origin had queued (the first replay waits for it, and
-// later ones follow the first).
+// after the work the origin had queued by the capture's end (a first replay
+// on another stream waits for it, and later ones follow the first).
 CachingAllocator::Block* CachingAllocator::take_for_capture(size_t size, cudaStream_t stream) {
   if (Block* block = take_from_pool(capture_pool_, size, stream)) return block;
   if (stream != capture_stream_) return nullptr;

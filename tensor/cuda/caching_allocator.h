@@ -53,14 +53,15 @@ class CachingAllocator {
   // capture on the same stream (in order there). Requests on `stream` the
   // pool cannot serve take cached blocks of `origin` (the stream the
   // capture's work follows), so the graph's first replay must come after
-  // the work `origin` had queued when the capture began.
+  // the work `origin` had queued when the capture ended.
   int begin_capture(cudaStream_t stream, cudaStream_t origin);
   void end_capture();
   // The graph of pool `id` is gone and its replays have ended. Its blocks,
   // cached or still held by tensors, now belong to `home` (the stream the
   // replays ran on: every kernel of the graph, forks included, was ordered
   // there): cached ones return to the shared cache at once, held ones when
-  // freed.
+  // freed. A held one used on another stream than `home` needs
+  // record_stream, as any tensor used off its own stream does.
   void release_pool(int id, cudaStream_t home);
 
   MemoryStats stats() const;

@@ -3,6 +3,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <map>
+#include <mutex>
 
 #include "tensor/cuda/caching_allocator.h"
 #include "tensor/cuda/check.h"
@@ -15,14 +17,15 @@ namespace mpt::cuda {
 
 struct Graph::State {
   int device;
-  cudaStream_t capture_stream = nullptr;  // capture cannot happen on the legacy default stream
+  cudaStream_t capture_stream = nullptr;  // capture cannot happen on the legacy default stream (see CaptureStreams)
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
   int pool = 0;  // the allocator's private pool for the graph's tensors
-  // The stream the capture's work follows, and an event recorded there as
-  // the capture began: the pool may hold blocks that stream used before.
+  // The stream the capture's work follows (the caller's), and an event
+  // recorded there as the capture ended: the pool may hold blocks freed on
+  // that stream before, whose last users the first replay must follow.
   cudaStream_t origin = nullptr;
-  cudaEvent_t capture_began = nullptr;
+  cudaEvent_t origin_at_capture_end = nullptr;
   cudaStream_t last_replay_stream = nullptr;
   cudaEvent_t replayed = nullptr;  // recorded after each replay (replays run in launch order)
   std::vector<std::shared_ptr<ReplayWatch>> watches;
@@ -32,6 +35,46 @@ namespace {
 // The watches of the graph whose capture runs on this thread (captures are
 // thread-local).
 thread_local std::vector<std::shared_ptr<ReplayWatch>>* t_capturing = nullptr;
+
+// Capture streams outlive their graphs and serve later ones: what was
+// launched inside a capture (an NCCL Work, say) may be dropped after its
+// graph and still ask the stream whether it is capturing, and a destroyed
+// stream's handle may come back as another stream's.
+class CaptureStreams {
+ public:
+  cudaStream_t take(int device) {
+    {
+      std::lock_guard lock(mutex_);
+      if (auto& idle = idle_[device]; !idle.empty()) {
+        const cudaStream_t stream = idle.back();
+        idle.pop_back();
+        return stream;
+      }
+    }
+    DeviceGuard guard(cuda_device(device));
+    cudaStream_t stream = nullptr;
+    MPT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    return stream;
+  }
+  // With no work queued on it (or forgotten, if host memory ran out).
+  void give_back(int device, cudaStream_t stream) noexcept {
+    std::lock_guard lock(mutex_);
+    try {
+      idle_[device].push_back(stream);
+    } catch (...) {
+    }
+  }
+
+ private:
+  std::mutex mutex_;
+  std::map<int, std::vector<cudaStream_t>> idle_;
+};
+
+// Never destroyed: graphs may be destroyed during the process's exit.
+CaptureStreams& capture_streams() {
+  static auto* streams = new CaptureStreams;
+  return *streams;
+}
 }  // namespace
 
 void watch_replays(const std::shared_ptr<ReplayWatch>& watch) {
@@ -42,8 +85,7 @@ void watch_replays(const std::shared_ptr<ReplayWatch>& watch) {
 
 Graph::Graph(int device) : state_(std::make_unique<State>()) {
   state_->device = device;
-  DeviceGuard guard(cuda_device(device));
-  MPT_CUDA_CHECK(cudaStreamCreateWithFlags(&state_->capture_stream, cudaStreamNonBlocking));
+  state_->capture_stream = capture_streams().take(device);
 }
 
 Graph::~Graph() {
@@ -58,14 +100,16 @@ Graph::~Graph() {
     // Replays still queued may use the pool's memory: let them finish first.
     // An event, not the whole device: another thread may have to enqueue
     // work on this device before they can end (an in-process NCCL peer).
-    (void)cudaStreamSynchronize(state_->capture_stream);
     if (state_->replayed) (void)cudaEventSynchronize(state_->replayed);
     caching_allocator(state_->device).release_pool(state_->pool, state_->replayed ? state_->last_replay_stream
                                                                                   : state_->origin);
   }
   if (state_->replayed) (void)cudaEventDestroy(state_->replayed);
-  if (state_->capture_began) (void)cudaEventDestroy(state_->capture_began);
-  (void)cudaStreamDestroy(state_->capture_stream);
+  if (state_->origin_at_capture_end) (void)cudaEventDestroy(state_->origin_at_capture_end);
+  // Only captures ran on it, and nothing is queued there eagerly; a failing
+  // driver (at exit) keeps it.
+  if (cudaStreamQuery(state_->capture_stream) == cudaSuccess)
+    capture_streams().give_back(state_->device, state_->capture_stream);
   (void)cudaGetLastError();
 }
 
@@ -74,12 +118,7 @@ void Graph::capture(const std::function<void()>& work) {
   check(s.exec == nullptr, "cuda::Graph::capture: this graph already holds a capture");
   const Device device = cuda_device(s.device);
   DeviceGuard guard(device);
-  const Stream user = current_stream(device);
-  // The graph's work comes after what the caller queued before it.
-  s.origin = static_cast<cudaStream_t>(user.handle());
-  if (!s.capture_began) MPT_CUDA_CHECK(cudaEventCreateWithFlags(&s.capture_began, cudaEventDisableTiming));
-  MPT_CUDA_CHECK(cudaEventRecord(s.capture_began, s.origin));
-  MPT_CUDA_CHECK(cudaStreamWaitEvent(s.capture_stream, s.capture_began, 0));
+  s.origin = current_cuda_stream(s.device);
   const Stream capturing(device, s.capture_stream);
   CachingAllocator& allocator = caching_allocator(s.device);
   s.pool = allocator.begin_capture(s.capture_stream, s.origin);
@@ -106,6 +145,11 @@ void Graph::capture(const std::function<void()>& work) {
   const cudaError_t ended = cudaStreamEndCapture(s.capture_stream, &s.graph);
   allocator.end_capture();
   MPT_CUDA_CHECK(ended);
+  // Every block the pool took from the origin's cache was freed there
+  // before this point, after the work that used it was queued.
+  if (!s.origin_at_capture_end)
+    MPT_CUDA_CHECK(cudaEventCreateWithFlags(&s.origin_at_capture_end, cudaEventDisableTiming));
+  MPT_CUDA_CHECK(cudaEventRecord(s.origin_at_capture_end, s.origin));
   MPT_CUDA_CHECK(cudaGraphInstantiate(&s.exec, s.graph, 0));
 }
 
@@ -114,10 +158,18 @@ void Graph::replay() {
   check(s.exec != nullptr, "cuda::Graph::replay: nothing was captured");
   DeviceGuard guard(cuda_device(s.device));
   const cudaStream_t stream = current_cuda_stream(s.device);
+  // Recorded into another graph, the replays would outlive this graph's
+  // bookkeeping: its memory goes back to the cache after its own last replay.
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  MPT_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  check(capture == cudaStreamCaptureStatusNone,
+        "cuda::Graph::replay: the current stream of cuda:{} is being captured into another graph; replay this graph "
+        "outside that capture",
+        s.device);
   for (const auto& w : s.watches) w->before_replay();
   // The pool's blocks taken from the origin's cache: the first replay must
   // follow their earlier users there (later replays follow the first).
-  if (!s.replayed && stream != s.origin) MPT_CUDA_CHECK(cudaStreamWaitEvent(stream, s.capture_began, 0));
+  if (!s.replayed && stream != s.origin) MPT_CUDA_CHECK(cudaStreamWaitEvent(stream, s.origin_at_capture_end, 0));
   MPT_CUDA_CHECK(cudaGraphLaunch(s.exec, stream));
   s.last_replay_stream = stream;
   if (!s.replayed) MPT_CUDA_CHECK(cudaEventCreateWithFlags(&s.replayed, cudaEventDisableTiming));

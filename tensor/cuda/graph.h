@@ -46,7 +46,9 @@ class Graph {
   // CudaError/the exception propagates; the graph stays empty.
   void capture(const std::function<void()>& work);
   // Launches the captured work on the device's current stream, between the
-  // calls of the ReplayWatches registered during the capture.
+  // calls of the ReplayWatches registered during the capture. Refused
+  // (Error) while that stream is being captured into another graph, whose
+  // replays this graph's memory could not follow.
   void replay();
 
  private:
