@@ -294,9 +294,10 @@ void CachingAllocator::release_pool(int id, cudaStream_t home) {
   std::lock_guard<std::mutex> lock(mutex_);
   const auto it = pools_.find(id);
   if (it == pools_.end()) return;
-  // Filed under the capture's streams they would wait for a capture that
-  // never comes back (or, once such a stream is destroyed, for whichever
-  // new stream gets its handle).
+  // Their last users ran in the replays. Left filed under the capture's
+  // streams, they would serve only later work there, unordered with those
+  // replays (and, once such a stream is destroyed, whichever new stream
+  // gets its handle).
   for (auto& [ptr, block] : active_)
     if (block->pool == id) {
       block->pool = 0;
