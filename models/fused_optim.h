@@ -33,6 +33,9 @@ struct AdamWScalars {
   float beta1, beta2, eps;
   float lr = 0;                       // device-step mode only
   const float* found_inf = nullptr;   // when set and nonzero, nothing changes
+  // When set (device-step mode): {lr, decay} read on the device, in place
+  // of the two fields above.
+  const float* lr_and_decay = nullptr;
 };
 
 // On the current device's current stream; dtype f32, f16 or bf16.

@@ -104,6 +104,22 @@ void Optimizer::set_lr(size_t g, double lr) {
   check(g < groups_.size(), "{}: set_lr: no group {} (there are {})", name_, g, groups_.size());
   check_lr(lr, g);
   groups_[g].lr = lr;
+  write_hyper_to_device(g);
+}
+
+void Optimizer::write_hyper_to_device(size_t g) {
+  Group& group = groups_[g];
+  if (!capturable_) {
+    group.hyper_on_device = Tensor();
+    return;
+  }
+  // Fill kernels, not copies from the host: stream-ordered with the replays,
+  // and allowed inside a capture. The values are the floats the host passes
+  // to the kernels outside capturable mode.
+  if (!group.hyper_on_device.defined())
+    group.hyper_on_device = Tensor::empty({2}, DType::f32, all_params_.front().device());
+  prim::fill_(prim::slice(group.hyper_on_device, 0, 0, 1), static_cast<float>(group.lr));
+  prim::fill_(prim::slice(group.hyper_on_device, 0, 1, 2), static_cast<float>(1.0 - group.lr * group.weight_decay));
 }
 
 void Optimizer::zero_grad() {
@@ -197,6 +213,7 @@ void Optimizer::set_capturable(bool capturable) {
     }
   }
   capturable_ = capturable;
+  for (size_t g = 0; g < groups_.size(); ++g) write_hyper_to_device(g);
 }
 
 int64_t Optimizer::step_count(size_t index) const {
@@ -320,6 +337,7 @@ void Optimizer::load_state_dict(const StateDict& dict) {
   }
   groups_ = std::move(groups);
   states_ = std::move(states);
+  for (size_t g = 0; g < groups_.size(); ++g) write_hyper_to_device(g);
 }
 
 }  // namespace mpt::optim

@@ -87,7 +87,10 @@ class Optimizer : public amp::ScalableOptimizer {
 
   // Capturable mode (PyTorch's `capturable`): step counts live on the device
   // and a loss scaler's skip decision is read there, so a step needs no host
-  // synchronization and can be recorded in a CUDA graph (CapturedStep).
+  // synchronization and can be recorded in a CUDA graph (CapturedStep). The
+  // learning rate and weight decay are read there too: set_lr() between the
+  // replays of a captured step (a schedule) takes effect without capturing
+  // again; called inside the step, its value is captured with it.
   // Needs a rule with a device-step kernel (AdamW), fusion on, and every
   // parameter a contiguous f32/f16/bf16 tensor on one CUDA device; otherwise
   // ValueError names what is missing. Turning it off brings the counts back.
@@ -114,6 +117,11 @@ class Optimizer : public amp::ScalableOptimizer {
     double lr = 0;
     double weight_decay = 0;
     size_t first_index = 0;  // global index of params[0]
+    // Capturable mode: {lr, 1 - lr * weight_decay} as f32 [2] on the
+    // parameters' device, written (on the current stream) at every change,
+    // so a rule's kernel reads them there and a replayed graph follows a
+    // schedule.
+    Tensor hyper_on_device;
   };
 
   Optimizer(std::string name, std::vector<ParamGroup> groups, double default_lr, double default_weight_decay);
@@ -132,6 +140,9 @@ class Optimizer : public amp::ScalableOptimizer {
   // "blocks.0.attn.qkv.weight" when the module named it, else "param <i>".
   std::string param_name(size_t index) const;
   void check_lr(double lr, size_t g) const;
+  // Capturable mode: group g's lr and weight decay written to its
+  // hyper_on_device (made on first use); otherwise nothing.
+  void write_hyper_to_device(size_t g);
   // Whether `batch` can go to a fused kernel: fusion on, every parameter and
   // gradient contiguous, on one CUDA device, in one dtype of f32/f16/bf16.
   bool can_fuse(const std::vector<ParamUpdate>& batch) const;

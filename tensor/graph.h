@@ -30,9 +30,10 @@
 // inputs (inputs_consumed(), or the step's end) while the rest of the step
 // (communication, the optimizer) goes on; the next run waits for the copy,
 // not for the host.
-// Hyper-parameters the step passes to kernels as values (a learning rate
-// from a schedule, say) are frozen into the graph: call reset() after
-// changing them.
+// Values the step passes to kernels as numbers are frozen into the graph:
+// call reset() after changing them. A capturable optimizer's learning rate
+// is not one of them (it is read on the device): set_lr() between runs, as
+// a schedule does, needs no reset.
 #include <cstdint>
 #include <functional>
 #include <memory>

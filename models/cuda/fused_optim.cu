@@ -40,10 +40,12 @@ __global__ void __launch_bounds__(kThreads) adamw_kernel(TensorList<AdamWTensor>
   const cuda::BlockChunk c = cuda::this_block_chunk(list.blocks, [&](int slot) { return list.tensors[slot].numel; });
   const AdamWTensor& t = list.tensors[c.slot];
   float step_size = t.step_size, inv_bc2_sqrt = t.inv_bc2_sqrt;
+  const float lr = s.lr_and_decay ? s.lr_and_decay[0] : s.lr;
+  const float decay = s.lr_and_decay ? s.lr_and_decay[1] : s.decay;
   if (t.step) {
     // Bias corrections in double, as the host computes them, from this update's t.
     const double step = *t.step + 1.0;
-    step_size = static_cast<float>(s.lr / (1.0 - pow(static_cast<double>(s.beta1), step)));
+    step_size = static_cast<float>(lr / (1.0 - pow(static_cast<double>(s.beta1), step)));
     inv_bc2_sqrt = static_cast<float>(1.0 / sqrt(1.0 - pow(static_cast<double>(s.beta2), step)));
   }
   const int64_t begin = c.begin, end = c.begin + c.count;
@@ -51,7 +53,7 @@ __global__ void __launch_bounds__(kThreads) adamw_kernel(TensorList<AdamWTensor>
     m = s.beta1 * m + (1.0f - s.beta1) * g;
     v = s.beta2 * v + (1.0f - s.beta2) * g * g;
     const float denom = sqrtf(v) * inv_bc2_sqrt + s.eps;
-    return p * s.decay - step_size * m / denom;
+    return p * decay - step_size * m / denom;
   };
   // 16-byte packs of all four operands when they allow it (they start
   // aligned from the caching allocator, and chunks are whole packs): four
