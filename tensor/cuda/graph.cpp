@@ -3,11 +3,10 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <map>
-#include <mutex>
 
 #include "tensor/cuda/caching_allocator.h"
 #include "tensor/cuda/check.h"
+#include "tensor/cuda/recycled_handles.h"
 #include "tensor/cuda/runtime.h"
 #include "tensor/device_guard.h"
 #include "tensor/error.h"
@@ -17,7 +16,7 @@ namespace mpt::cuda {
 
 struct Graph::State {
   int device;
-  cudaStream_t capture_stream = nullptr;  // capture cannot happen on the legacy default stream (see CaptureStreams)
+  cudaStream_t capture_stream = nullptr;  // capture cannot happen on the legacy default stream (see capture_streams)
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
   int pool = 0;  // the allocator's private pool for the graph's tensors
@@ -39,40 +38,14 @@ thread_local std::vector<std::shared_ptr<ReplayWatch>>* t_capturing = nullptr;
 // Capture streams outlive their graphs and serve later ones: what was
 // launched inside a capture (an NCCL Work, say) may be dropped after its
 // graph and still ask the stream whether it is capturing, and a destroyed
-// stream's handle may come back as another stream's.
-class CaptureStreams {
- public:
-  cudaStream_t take(int device) {
-    {
-      std::lock_guard lock(mutex_);
-      if (auto& idle = idle_[device]; !idle.empty()) {
-        const cudaStream_t stream = idle.back();
-        idle.pop_back();
-        return stream;
-      }
-    }
-    DeviceGuard guard(cuda_device(device));
+// stream's handle may come back as another stream's. Never destroyed:
+// graphs may be destroyed during the process's exit.
+RecycledHandles<cudaStream_t>& capture_streams() {
+  static auto* streams = new RecycledHandles<cudaStream_t>([] {
     cudaStream_t stream = nullptr;
     MPT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     return stream;
-  }
-  // With no work queued on it (or forgotten, if host memory ran out).
-  void give_back(int device, cudaStream_t stream) noexcept {
-    std::lock_guard lock(mutex_);
-    try {
-      idle_[device].push_back(stream);
-    } catch (...) {
-    }
-  }
-
- private:
-  std::mutex mutex_;
-  std::map<int, std::vector<cudaStream_t>> idle_;
-};
-
-// Never destroyed: graphs may be destroyed during the process's exit.
-CaptureStreams& capture_streams() {
-  static auto* streams = new CaptureStreams;
+  });
   return *streams;
 }
 }  // namespace
