@@ -23,18 +23,17 @@ struct AdamWTensor {
   float step_size;     // lr / (1 - beta1^t)
   float inv_bc2_sqrt;  // 1 / sqrt(1 - beta2^t)
   // Device-step mode: the parameter's update count so far (f32 [1] on the
-  // device); the kernel derives both corrections from it and `lr`, and the
-  // two fields above are unused.
+  // device); the kernel derives both corrections from it and the device's
+  // lr (AdamWScalars::lr_and_decay), and the two fields above are unused.
   const float* step = nullptr;
 };
 
 struct AdamWScalars {
   float decay;  // 1 - lr * weight_decay
   float beta1, beta2, eps;
-  float lr = 0;                       // device-step mode only
-  const float* found_inf = nullptr;   // when set and nonzero, nothing changes
-  // When set (device-step mode): {lr, decay} read on the device, in place
-  // of the two fields above.
+  const float* found_inf = nullptr;  // when set and nonzero, nothing changes
+  // Device-step mode (required there): {lr, decay} (f32 [2]) read on the
+  // device, in place of `decay`.
   const float* lr_and_decay = nullptr;
 };
 

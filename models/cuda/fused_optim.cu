@@ -39,12 +39,12 @@ __global__ void __launch_bounds__(kThreads) adamw_kernel(TensorList<AdamWTensor>
   if (s.found_inf && *s.found_inf != 0.0f) return;  // the loss scaler skips this step
   const cuda::BlockChunk c = cuda::this_block_chunk(list.blocks, [&](int slot) { return list.tensors[slot].numel; });
   const AdamWTensor& t = list.tensors[c.slot];
-  float step_size = t.step_size, inv_bc2_sqrt = t.inv_bc2_sqrt;
-  const float lr = s.lr_and_decay ? s.lr_and_decay[0] : s.lr;
-  const float decay = s.lr_and_decay ? s.lr_and_decay[1] : s.decay;
+  float step_size = t.step_size, inv_bc2_sqrt = t.inv_bc2_sqrt, decay = s.decay;
   if (t.step) {
     // Bias corrections in double, as the host computes them, from this update's t.
     const double step = *t.step + 1.0;
+    const float lr = s.lr_and_decay[0];
+    decay = s.lr_and_decay[1];
     step_size = static_cast<float>(lr / (1.0 - pow(static_cast<double>(s.beta1), step)));
     inv_bc2_sqrt = static_cast<float>(1.0 / sqrt(1.0 - pow(static_cast<double>(s.beta2), step)));
   }

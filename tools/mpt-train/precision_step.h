@@ -4,7 +4,6 @@
 #include <optional>
 #include <string>
 #include <string_view>
-#include <utility>
 
 #include "amp/autocast.h"
 #include "amp/grad_scaler.h"
