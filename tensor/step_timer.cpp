@@ -12,6 +12,7 @@ const char* step_phase_name(StepPhase p) {
     case StepPhase::backward: return "backward";
     case StepPhase::comm: return "comm";
     case StepPhase::optimizer: return "optimizer";
+    case StepPhase::graph: return "graph";
     case StepPhase::other: return "other";
   }
   return "?";

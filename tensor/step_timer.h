@@ -1,7 +1,8 @@
 #pragma once
 // Where a training step's time goes: data wait, forward, backward,
-// communication not hidden behind backward, optimizer, and the rest (loss
-// readout, logging). Each phase boundary is a mark; the time since the
+// communication not hidden behind backward, optimizer, a replayed CUDA
+// graph of the whole step (whose parts cannot be told apart), and the rest
+// (loss readout, logging). Each phase boundary is a mark; the time since the
 // previous mark goes to the phase named. On a CUDA device a mark is a
 // timing event on the current stream, read only once the GPU has passed it
 // (a step later, or when the averages are taken), so timing adds no
@@ -21,8 +22,8 @@
 
 namespace mpt {
 
-enum class StepPhase { data_wait, forward, backward, comm, optimizer, other };
-inline constexpr int kStepPhases = 6;
+enum class StepPhase { data_wait, forward, backward, comm, optimizer, graph, other };
+inline constexpr int kStepPhases = 7;
 const char* step_phase_name(StepPhase p);  // "data_wait", "forward", ...
 
 // Mean milliseconds per step of each phase, over `steps` steps.

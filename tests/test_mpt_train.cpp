@@ -2,7 +2,9 @@
 // above the 10% of guessing), a run stopped and resumed ends bit-identical
 // to an uninterrupted one (with another number of loader workers, too),
 // truncated, corrupted or mismatched checkpoints are refused with a message,
-// and so are wrong options, before any training.
+// and so are wrong options, before any training. On a GPU (skipped without
+// one) the step runs as a CUDA graph: it trains as the eager step does,
+// resumes bit-identically, and carries DDP's all-reduces.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -41,9 +43,10 @@ class MptTrain : public ::testing::Test {
   }
   std::string file(const std::string& name) const { return dir_.file(name); }
 
-  // Runs mpt-train with `args`; returns its exit status, keeps its output.
-  int run(const std::string& args) {
-    const std::string cmd = fmt::format("'{}' --device cpu --progress lines {} >'{}' 2>'{}'", mpt_train(), args,
+  // Runs mpt-train with `args` (on the CPU unless told); returns its exit
+  // status, keeps its output.
+  int run(const std::string& args, const std::string& device = "cpu") {
+    const std::string cmd = fmt::format("'{}' --device {} --progress lines {} >'{}' 2>'{}'", mpt_train(), device, args,
                                         file("stdout"), file("stderr"));
     const int rc = std::system(cmd.c_str());
     stdout_ = slurp(file("stdout"));
@@ -63,6 +66,14 @@ std::vector<nlohmann::json> json_lines(const std::string& path) {
   std::vector<nlohmann::json> out;
   std::ifstream in(path);
   for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+// The entries of a metrics file for one event ("epoch", "start", ...), in order.
+std::vector<nlohmann::json> events(const std::string& path, const std::string& event) {
+  std::vector<nlohmann::json> out;
+  for (const auto& l : json_lines(path))
+    if (l["event"] == event) out.push_back(l);
   return out;
 }
 
@@ -251,7 +262,8 @@ TEST_F(MptTrain, GptTrainsOnText) {
 // The step-time breakdown: every logging step and every epoch summary
 // carries mean milliseconds per phase, which add up to about the step's
 // wall-clock time; a single process has nothing to communicate.
-constexpr const char* kPhases[] = {"data_wait_ms", "forward_ms", "backward_ms", "comm_ms", "optimizer_ms", "other_ms"};
+constexpr const char* kPhases[] = {"data_wait_ms", "forward_ms",   "backward_ms", "comm_ms",
+                                   "optimizer_ms", "graph_ms", "other_ms"};
 
 void expect_breakdown(const nlohmann::json& l, bool communicates) {
   SCOPED_TRACE(l.dump());
@@ -264,6 +276,7 @@ void expect_breakdown(const nlohmann::json& l, bool communicates) {
   for (const char* key : {"forward_ms", "backward_ms", "optimizer_ms"}) EXPECT_GT(l[key].get<double>(), 0.0) << key;
   if (communicates) EXPECT_GT(l["comm_ms"].get<double>(), 0.0);
   else EXPECT_EQ(l["comm_ms"].get<double>(), 0.0);
+  EXPECT_EQ(l["graph_ms"].get<double>(), 0.0);  // the CPU has no graphs
   const double step = l["step_ms"].get<double>();
   EXPECT_GT(step, 0.0);
   // The phases cover the step from its data wait to the optimizer; only the
@@ -364,6 +377,32 @@ TEST_F(MptTrain, DdpWithBf16GradientTransitEndsCloseToF32) {
   EXPECT_GT(error, 0.0);
   EXPECT_LE(error, 1e-2);
 }
+// DDP's step is captured with its all-reduces (and the loss scaler's
+// found_inf all-reduce): over one rank per GPU (one or two), it trains as
+// the eager DDP step does.
+TEST_F(MptTrain, OnGpusADdpStepIsCapturedWithItsAllReduces) {
+  MPT_SKIP_WITHOUT_CUDA();
+  const int ranks = std::min(cuda_device_count(), 2);
+  auto train = [&](const std::string& graph, const std::string& name) {
+    const std::string cmd = fmt::format(
+        "'{}' --nproc_per_node {} --master_port {} --kill_timeout 2 '{}' --parallel ddp --device cuda --progress none "
+        "--epochs 1 --batch-size 2048 --accumulation 2 --eval-batches 1 --seed 6 --cuda-graph {} --metrics '{}' "
+        "--checkpoint '{}' >'{}' 2>&1",
+        mpt_run(), ranks, testing::free_port(), mpt_train(), graph, file(name + ".jsonl"),
+        file(name + ".safetensors"), file("out"));
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << slurp(file("out"));
+  };
+  train("on", "graph");
+  train("off", "eager");
+  const auto graph = events(file("graph.jsonl"), "epoch"), eager = events(file("eager.jsonl"), "epoch");
+  ASSERT_EQ(graph.size(), 1u);
+  ASSERT_EQ(eager.size(), 1u);
+  EXPECT_GT(graph[0]["graph_replays"].get<int64_t>(), 0) << graph[0].dump();
+  EXPECT_NEAR(graph[0]["train_loss"].get<double>(), eager[0]["train_loss"].get<double>(),
+              1e-2 * eager[0]["train_loss"].get<double>());
+  const std::vector<double> g = model_values(file("graph.safetensors")), e = model_values(file("eager.safetensors"));
+  EXPECT_LE(testing::rel_error(g, e), 1e-2);
+}
 #endif
 
 // Wrong option values are refused before any training, naming the option:
@@ -392,6 +431,87 @@ TEST_F(MptTrain, BadOptionsAreRefusedNamingTheOption) {
   EXPECT_NE(stderr_.find(fmt::format("mpt-train: --checkpoint '{}'", file("afile/x.safetensors"))), std::string::npos)
       << stderr_;
   EXPECT_EQ(stdout_.find("first input batch"), std::string::npos) << stdout_;
+}
+
+// On a GPU the step runs as a CUDA graph unless told otherwise. Two epochs
+// of 15 steps, each ending in a short batch (60000 = 14 x 4096 + 2656): the
+// graph is captured again when the full batches come back, and the totals
+// counted inside it, the evaluation and the weights match an eager run's up
+// to the last bits that the two AdamW paths round differently.
+TEST_F(MptTrain, OnAGpuTheStepIsACudaGraphThatTrainsAsTheEagerStepDoes) {
+  MPT_SKIP_WITHOUT_CUDA();
+  const std::string common = "--batch-size 4096 --epochs 2 --lr 3e-3 --warmup-steps 5 --eval-batches 2 --seed 4";
+  ASSERT_EQ(run(fmt::format("{} --metrics '{}' --checkpoint '{}'", common, file("g.jsonl"), file("g.safetensors")),
+                "cuda"),
+            0)
+      << stderr_;
+  EXPECT_NE(stdout_.find(", CUDA graph"), std::string::npos) << stdout_;
+  ASSERT_EQ(run(fmt::format("{} --cuda-graph off --metrics '{}' --checkpoint '{}'", common, file("e.jsonl"),
+                            file("e.safetensors")),
+                "cuda"),
+            0)
+      << stderr_;
+  EXPECT_TRUE(events(file("g.jsonl"), "start").at(0)["cuda_graph"].get<bool>());
+  EXPECT_FALSE(events(file("e.jsonl"), "start").at(0)["cuda_graph"].get<bool>());
+  const auto graph = events(file("g.jsonl"), "epoch"), eager = events(file("e.jsonl"), "epoch");
+  ASSERT_EQ(graph.size(), 2u);
+  ASSERT_EQ(eager.size(), 2u);
+  // Each epoch's full batches: three eager steps, a capture, then replays
+  // (11 a epoch); the short batch runs eagerly.
+  EXPECT_EQ(graph[1]["graph_captures"], 2);
+  EXPECT_EQ(graph[1]["graph_replays"], 22);
+  EXPECT_FALSE(eager[1].contains("graph_replays"));
+  for (size_t e = 0; e < 2; ++e) {
+    SCOPED_TRACE(graph[e].dump() + "\n" + eager[e].dump());
+    for (const char* key : {"train_loss", "eval_loss"})
+      EXPECT_NEAR(graph[e][key].get<double>(), eager[e][key].get<double>(), 1e-2 * eager[e][key].get<double>()) << key;
+    for (const char* key : {"train_accuracy", "eval_accuracy"})
+      EXPECT_NEAR(graph[e][key].get<double>(), eager[e][key].get<double>(), 5e-3) << key;
+    EXPECT_GT(graph[e]["train_accuracy"].get<double>(), 0.5);
+    EXPECT_EQ(graph[e]["skipped_steps"], eager[e]["skipped_steps"]);
+    EXPECT_EQ(graph[e]["scale"], eager[e]["scale"]);
+    EXPECT_GT(graph[e]["graph_ms"].get<double>(), 0.0);
+    EXPECT_EQ(eager[e]["graph_ms"].get<double>(), 0.0);
+    EXPECT_GT(eager[e]["forward_ms"].get<double>(), 0.0);
+  }
+  const std::vector<double> g = model_values(file("g.safetensors")), e = model_values(file("e.safetensors"));
+  EXPECT_LE(testing::rel_error(g, e), 1e-2);
+}
+
+// A graph run stopped and resumed ends bit-identical to one that was not:
+// an eager step and a replay of it compute alike. Accumulation 3 over 59
+// batches an epoch makes the epoch's last step two batches, the last short.
+TEST_F(MptTrain, OnAGpuAStoppedAndResumedGraphRunEndsBitIdentical) {
+  MPT_SKIP_WITHOUT_CUDA();
+  const std::string common = "--batch-size 1024 --accumulation 3 --steps 25 --warmup-steps 4 --eval-batches 1 --seed 9";
+  ASSERT_EQ(run(fmt::format("{} --checkpoint '{}'", common, file("whole.safetensors")), "cuda"), 0) << stderr_;
+  ASSERT_EQ(run(fmt::format("{} --stop-after 12 --checkpoint '{}'", common, file("part.safetensors")), "cuda"), 0)
+      << stderr_;
+  ASSERT_EQ(run(fmt::format("{} --resume '{}' --checkpoint '{}' --metrics '{}'", common, file("part.safetensors"),
+                            file("part.safetensors"), file("m.jsonl")),
+                "cuda"),
+            0)
+      << stderr_;
+  // The resumed steps 13 to 25 end the first epoch (20 steps) and go into the second.
+  const auto epochs = events(file("m.jsonl"), "epoch");
+  ASSERT_EQ(epochs.size(), 2u);
+  EXPECT_GT(epochs[0]["graph_replays"].get<int64_t>(), 0);
+  EXPECT_EQ(ckpt::read_checkpoint(file("part.safetensors")).step, 25);
+  EXPECT_EQ(tensors_of(file("part.safetensors")), tensors_of(file("whole.safetensors")));
+}
+
+// --cuda-graph on where the step cannot be captured says why, before training.
+TEST_F(MptTrain, CudaGraphOnIsRefusedWhereTheStepCannotBeCaptured) {
+  EXPECT_EQ(run("--cuda-graph on --steps 1"), 1);
+  EXPECT_NE(stderr_.find("mpt-train: --cuda-graph on cannot be: the run is on cpu, not a GPU"), std::string::npos)
+      << stderr_;
+  EXPECT_EQ(stdout_.find("first input batch"), std::string::npos) << stdout_;
+  if (!testing::has_cuda()) return;
+  EXPECT_EQ(run("--cuda-graph on --optimizer sgd --steps 1", "cuda"), 1);
+  EXPECT_NE(stderr_.find("--cuda-graph on cannot be: --optimizer sgd decides on the host"), std::string::npos)
+      << stderr_;
+  EXPECT_EQ(run("--cuda-graph on --parallel dp --steps 1", "cuda"), 1);
+  EXPECT_NE(stderr_.find("--cuda-graph on cannot be: --parallel dp"), std::string::npos) << stderr_;
 }
 
 // Options that a run does not use are named on stderr, and it goes on.

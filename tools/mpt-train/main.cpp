@@ -73,6 +73,10 @@ int main(int argc, char** argv) {
                  "ddp: dtype gradients are all-reduced in: f32, or f16 / bf16 (half the traffic, rounded once; an "
                  "f16 overflow is an inf the loss scaler skips)")
       ->check(CLI::IsMember({"f32", "f16", "bf16"}));
+  app.add_option("--cuda-graph", c.cuda_graph,
+                 "Record the training step once as a CUDA graph and replay it (one launch per step): on, off; "
+                 "auto: on where it can be (a GPU, --optimizer adamw, --parallel none or ddp)")
+      ->check(CLI::IsMember({"auto", "on", "off"}));
   app.add_option("--workers", c.workers, "Data-loading threads (0: load in the training thread)")
       ->check(non_negative());
   app.add_option("--eval-batches", c.eval_batches,

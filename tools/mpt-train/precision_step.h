@@ -59,16 +59,15 @@ class PrecisionStep {
     return f();
   }
   void backward(const Tensor& loss) { mpt::backward(scaler_ ? scaler_->scale(loss) : loss); }
-  // Whether the step was taken (the loss scaler skips steps with inf/NaN gradients).
-  bool step() {
+  // The loss scaler skips a step whose gradients hold inf/NaN (deciding on
+  // the device with a capturable optimizer, so nothing here waits for it).
+  void step() {
     if (!scaler_) {
       optimizer_.step();
-      return true;
+      return;
     }
-    const int64_t before = optimizer_step_count();
     scaler_->step(optimizer_);
     scaler_->update();
-    return optimizer_step_count() > before;
   }
   amp::GradScaler* scaler() { return scaler_ ? &*scaler_ : nullptr; }
   double scale() const { return scaler_ ? scaler_->get_scale() : 1.0; }
@@ -98,13 +97,6 @@ class PrecisionStep {
   }
 
  private:
-  // Steps the optimizer has applied (a skipped step leaves it unchanged).
-  int64_t optimizer_step_count() const {
-    int64_t total = 0;
-    for (size_t i = 0; i < optimizer_.num_params(); ++i) total += optimizer_.state(i).step;
-    return total;
-  }
-
   optim::Optimizer& optimizer_;
   DeviceType device_type_;
   bool autocast_ = false;

@@ -30,10 +30,16 @@ void Progress::start_epoch(int64_t epoch, int64_t epochs, int64_t steps_in_epoch
   steps_in_epoch_ = steps_in_epoch;
 }
 
-void Progress::step(int64_t global_step, int64_t step_in_epoch, double loss, double lr, double samples_per_s,
-                    const nlohmann::ordered_json& timing) {
+void Progress::step(int64_t global_step, int64_t step_in_epoch, const std::function<double()>& read_loss, double lr,
+                    double samples_per_s, const nlohmann::ordered_json& timing) {
   std::lock_guard lock(mutex_);
   const bool periodic = global_step % log_every_ == 0;
+  // Redraw the bar at most ten times a second: a terminal is slower than a small model.
+  const auto now = std::chrono::steady_clock::now();
+  const bool redraw = style_ == Style::bar && (step_in_epoch == steps_in_epoch_ ||
+                                               now - last_draw_ >= std::chrono::milliseconds(100));
+  if (!periodic && !redraw) return;
+  const double loss = read_loss();
   if (periodic) {
     nlohmann::ordered_json entry = {{"event", "step"}, {"step", global_step}, {"epoch", epoch_ + 1}, {"loss", loss},
                                     {"lr", lr}, {"samples_per_s", samples_per_s}};
@@ -47,14 +53,13 @@ void Progress::step(int64_t global_step, int64_t step_in_epoch, double loss, dou
                           timing["step_ms"].get<double>(), timing["data_wait_ms"].get<double>(),
                           timing["forward_ms"].get<double>(), timing["backward_ms"].get<double>(),
                           timing["comm_ms"].get<double>(), timing["optimizer_ms"].get<double>());
+    // A replayed CUDA graph is the whole step at once.
+    if (timing.value("graph_ms", 0.0) > 0) times += fmt::format(" graph {:.2f}", timing["graph_ms"].get<double>());
     fmt::print("epoch {}/{} step {} ({}/{}): loss {:.4f} lr {:.3g} {:.0f} samples/s{}\n", epoch_ + 1, epochs_,
                global_step, step_in_epoch, steps_in_epoch_, loss, lr, samples_per_s, times);
     std::fflush(stdout);
   }
-  if (style_ == Style::bar) {
-    // Redraw at most ten times a second: a terminal is slower than a small model.
-    const auto now = std::chrono::steady_clock::now();
-    if (step_in_epoch != steps_in_epoch_ && now - last_draw_ < std::chrono::milliseconds(100)) return;
+  if (redraw) {
     last_draw_ = now;
     constexpr int kWidth = 30;
     const int filled = steps_in_epoch_ > 0 ? static_cast<int>(kWidth * step_in_epoch / steps_in_epoch_) : kWidth;

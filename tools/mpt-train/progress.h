@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <mutex>
 #include <string>
 
@@ -21,9 +22,10 @@ class Progress {
 
   void start_epoch(int64_t epoch, int64_t epochs, int64_t steps_in_epoch);
   // After each optimizer step; `timing` (the step-time breakdown, at
-  // logging steps) joins the step's metrics and line.
-  void step(int64_t global_step, int64_t step_in_epoch, double loss, double lr, double samples_per_s,
-            const nlohmann::ordered_json& timing = nlohmann::ordered_json::object());
+  // logging steps) joins the step's metrics and line. `loss` reads the
+  // step's loss: called only when it is shown (it waits for the GPU).
+  void step(int64_t global_step, int64_t step_in_epoch, const std::function<double()>& loss, double lr,
+            double samples_per_s, const nlohmann::ordered_json& timing = nlohmann::ordered_json::object());
   void end_epoch(const nlohmann::ordered_json& summary);  // also printed as one line
   void message(const std::string& text);
   // One JSON object per line in the metrics file (when there is one).

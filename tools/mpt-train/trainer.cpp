@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "autograd/ops.h"
+#include "models/dataset.h"
 #include "models/adamw.h"
 #include "models/checkpoint.h"
 #include "models/lr_schedule.h"
@@ -28,6 +29,8 @@
 #include "tools/mpt-train/gpu_sampler.h"
 #include "tools/mpt-train/precision_step.h"
 #include "tools/mpt-train/progress.h"
+#include "tools/mpt-train/training_step.h"
+#include "tools/mpt-train/training_totals.h"
 #include "tools/mpt-train/workload.h"
 
 namespace mpt::train {
@@ -174,6 +177,38 @@ Evaluation evaluate(const Workload& w, const Device& device, int64_t batch_size,
   return {loss_sum / static_cast<double>(predictions), static_cast<double>(correct) / static_cast<double>(predictions)};
 }
 
+// Why this run's step cannot be captured as a CUDA graph (empty: it can).
+std::string cuda_graph_obstacle(const TrainConfig& c, const Device& device, const std::string& parallel) {
+  if (!device.is_cuda()) return fmt::format("the run is on {}, not a GPU", device.str());
+  if (c.optimizer != "adamw")
+    return fmt::format("--optimizer {} decides on the host (adamw keeps its step counts on the device)", c.optimizer);
+  if (parallel == "dp") return "--parallel dp drives every GPU from one step";
+  return "";
+}
+
+// DataParallel's step: every device runs forward, loss and backward on its
+// share of each micro-batch. The loss function also counts its device's
+// right predictions, on the host: the replicas return the loss there anyway.
+void dp_step(dist::DataParallel& dp, const Workload& w, PrecisionStep& precision, optim::Optimizer& optimizer,
+             TrainingTotals& totals, const std::vector<data::Batch>& batches) {
+  optimizer.zero_grad();
+  totals.start_step();
+  const auto group = static_cast<int64_t>(batches.size());
+  const double weight = 1.0 / static_cast<double>(group);
+  for (const data::Batch& b : batches) {
+    std::atomic<int64_t> right{0};
+    auto loss_fn = [&](const Tensor& out, const Tensor& y) {
+      right += w.correct(out, y);
+      const Tensor l = w.loss(out, y);
+      return group > 1 ? l * weight : l;
+    };
+    const Tensor x = w.flatten_input ? flatten(b.input, 1) : b.input;
+    const double value =
+        precision.forward([&] { return dp.forward_backward(x, b.target, loss_fn, precision.scaler()); }) / weight;
+    totals.add(value, right, w.predictions(b), weight);
+  }
+}
+
 }  // namespace
 
 TrainResult run_training(const TrainConfig& config) {
@@ -218,6 +253,10 @@ TrainResult run_training(const TrainConfig& config) {
   Progress progress(c.progress, c.log_every, c.metrics);
   const Device device = pick_device(c.device, world ? world->config.local_rank : 0);
   if (c.precision == "auto") c.precision = device.is_cuda() ? "fp16" : "bf16";
+  check(c.cuda_graph == "auto" || c.cuda_graph == "on" || c.cuda_graph == "off",
+        "mpt-train: unknown --cuda-graph '{}' (auto, on, off)", c.cuda_graph);
+  const std::string graph_obstacle = cuda_graph_obstacle(c, device, parallel);
+  check(c.cuda_graph != "on" || graph_obstacle.empty(), "mpt-train: --cuda-graph on cannot be: {}", graph_obstacle);
   if (lead && c.precision != "fp16" && !c.scaler_flags_given.empty()) {
     std::string flags;
     for (const std::string& flag : c.scaler_flags_given) flags += (flags.empty() ? "" : ", ") + flag;
@@ -303,12 +342,18 @@ TrainResult run_training(const TrainConfig& config) {
     ckpt::save_checkpoint(c.checkpoint, snapshot);  // into the folder prepare_checkpoint_path made
   };
 
-  progress.message(fmt::format("mpt-train: {} on {}, {}, batch {} x {}, {} lr {:g} ({}), {} steps", w.description,
+  // A capturable optimizer keeps its step counts and learning rate on the
+  // device (set after --resume has loaded its state).
+  const bool graph = c.cuda_graph != "off" && graph_obstacle.empty();
+  if (graph) optimizer->set_capturable(true);
+
+  progress.message(fmt::format("mpt-train: {} on {}, {}, batch {} x {}, {} lr {:g} ({}), {} steps{}", w.description,
                                device.str(), c.precision, c.batch_size, c.accumulation, c.optimizer, c.lr,
-                               c.schedule, total_steps));
+                               c.schedule, total_steps, graph ? ", CUDA graph" : ""));
   progress.record({{"event", "start"}, {"model", c.model}, {"data", c.data}, {"device", device.str()},
                    {"precision", c.precision}, {"batch_size", c.batch_size}, {"accumulation", c.accumulation},
-                   {"optimizer", c.optimizer}, {"lr", c.lr}, {"total_steps", total_steps}, {"seed", c.seed}});
+                   {"optimizer", c.optimizer}, {"lr", c.lr}, {"total_steps", total_steps}, {"seed", c.seed},
+                   {"cuda_graph", graph}});
   progress.record({{"event", "rank"}, {"rank", rank}, {"world_size", world_size}, {"host", host_name()},
                    {"pid", ::getpid()}, {"device", devices_text}});
 
@@ -339,97 +384,62 @@ TrainResult run_training(const TrainConfig& config) {
     if (!sampler_thread->running()) progress.message("mpt-train: GPU sampler off: " + sampler_thread->reason());
   }
 
+  // The model's own step, eager or as a CUDA graph (every step but
+  // DataParallel's, which drives several devices).
+  TrainingTotals totals(device);
+  std::optional<TrainingStep> train_step;
+  if (!dp) train_step.emplace(w, precision, *optimizer, totals, ddp.get(), device, graph);
+  bool fallback_reported = false;
+
   TrainResult result;
-  int64_t skipped = 0;
   StopOnSignal stop_on_signal;
   for (int64_t epoch = position.epoch; epoch < c.epochs && step < last_step && !stop_requested; ++epoch) {
     loader.start_epoch(epoch, epoch == position.epoch ? position.batch : 0);
     progress.start_epoch(epoch, c.epochs, steps_per_epoch);
     const auto epoch_started = Clock::now();
     auto window_started = Clock::now();
-    double loss_sum = 0;
-    int64_t correct = 0, predictions = 0, samples = 0, window_samples = 0;
+    totals.start_epoch();
+    int64_t samples = 0, window_samples = 0;
+    // Steps the loss scaler skipped show as updates missing from the first
+    // parameter's count (every model here updates all of its parameters).
+    const int64_t epoch_first_step = step, epoch_first_update = optimizer->step_count(0);
     StepBreakdown epoch_breakdown;
     while (step < last_step && !stop_requested) {
       const int64_t group = std::min(c.accumulation, batches - loader.position().batch);
       if (group <= 0) break;
       timer.begin_step();
       schedule.apply(*optimizer, step);
-      optimizer->zero_grad();
-      double step_loss = 0;
+      std::vector<data::Batch> micro_batches;
       for (int64_t micro = 0; micro < group; ++micro) {
-        const data::Batch b = *loader.next();
-        const int64_t count = w.predictions(b);
-        if (dp) {
-          timer.lap(StepPhase::data_wait);
-          if (!first_batch_reported) {
-            fmt::print("rank {} of {}: first input batch {}, split over the replicas by DataParallel\n", rank,
-                       world_size, describe(b.input));
-            std::fflush(stdout);
-            first_batch_reported = true;
-          }
-          // Each device runs forward, loss and backward on its share; the
-          // loss function also counts its device's right predictions.
-          std::atomic<int64_t> right{0};
-          const double weight = 1.0 / static_cast<double>(group);
-          auto loss_fn = [&](const Tensor& out, const Tensor& y) {
-            right += w.correct(out, y);
-            const Tensor l = w.loss(out, y);
-            return group > 1 ? l * weight : l;
-          };
-          const Tensor x = w.flatten_input ? flatten(b.input, 1) : b.input;
-          const double value =
-              precision.forward([&] { return dp->forward_backward(x, b.target, loss_fn, precision.scaler()); }) /
-              weight;
-          step_loss += value * weight;
-          loss_sum += value * static_cast<double>(count);
-          correct += right;
-          predictions += count;
-          samples += b.size();
-          window_samples += b.size();
-          timer.lap(StepPhase::other);
-          continue;
+        micro_batches.push_back(*loader.next());
+        samples += micro_batches.back().size();
+        window_samples += micro_batches.back().size();
+      }
+      if (!first_batch_reported) {
+        const Tensor& input = micro_batches.front().input;
+        fmt::print("rank {} of {}: first input batch {}{} on {}{}\n", rank, world_size, dtype_name(input.dtype()),
+                   shape_str(input.shape()), dp ? dp->devices().front().str() : device.str(),
+                   dp ? ", split over the replicas by DataParallel" : "");
+        std::fflush(stdout);
+        first_batch_reported = true;
+      }
+      if (train_step) {
+        train_step->run(micro_batches);
+        if (!fallback_reported && !train_step->fallback_reason().empty()) {
+          progress.message("mpt-train: the step could not be captured as a CUDA graph and runs eagerly: " +
+                           train_step->fallback_reason());
+          fallback_reported = true;
         }
-        const Tensor target = prim::to(b.target, device);
-        const Tensor input = prim::to(b.input, device);
+      } else {
         timer.lap(StepPhase::data_wait);
-        if (!first_batch_reported) {
-          fmt::print("rank {} of {}: first input batch {}\n", rank, world_size, describe(input));
-          std::fflush(stdout);
-          first_batch_reported = true;
-        }
-        // Under ddp, only the last micro-batch of a step all-reduces.
-        std::optional<dist::DistributedDataParallel::NoSyncGuard> local_only;
-        if (ddp && micro + 1 < group) local_only.emplace(*ddp);
-        if (ddp) ddp->before_forward();
-        Tensor out, loss;
-        {
-          NvtxRange range("forward");
-          out = precision.forward([&] { return w.forward(input); });
-          loss = w.loss(out, target);
-        }
-        timer.lap(StepPhase::forward);
-        {
-          // Micro-batch gradients add up; averaging them makes the step the
-          // mean over the whole group, as one big batch would give.
-          NvtxRange range("backward");
-          precision.backward(group > 1 ? loss * (1.0 / static_cast<double>(group)) : loss);
-        }
-        timer.lap(StepPhase::backward);
-        const double value = loss.item();
-        step_loss += value / static_cast<double>(group);
-        loss_sum += value * static_cast<double>(count);
-        correct += w.correct(out, target);
-        predictions += count;
-        samples += b.size();
-        window_samples += b.size();
+        dp_step(*dp, w, precision, *optimizer, totals, micro_batches);
         timer.lap(StepPhase::other);
+        {
+          NvtxRange range("optimizer");
+          precision.step();
+        }
+        timer.lap(StepPhase::optimizer);
       }
-      {
-        NvtxRange range("optimizer");
-        if (!precision.step()) ++skipped;
-      }
-      timer.lap(StepPhase::optimizer);
       timer.end_step();
       ++step;
       current = loader.position();
@@ -456,8 +466,8 @@ TrainResult run_training(const TrainConfig& config) {
           if (auto warning = imbalance_warning(per_rank)) progress.message(*warning);
         }
       }
-      progress.step(step, (loader.position().batch + c.accumulation - 1) / c.accumulation, step_loss,
-                    optimizer->lr(), rate, timing);
+      progress.step(step, (loader.position().batch + c.accumulation - 1) / c.accumulation,
+                    [&totals] { return totals.step_loss(); }, optimizer->lr(), rate, timing);
       if (step % c.log_every == 0) {
         window_started = Clock::now();
         window_samples = 0;
@@ -473,14 +483,19 @@ TrainResult run_training(const TrainConfig& config) {
     nlohmann::ordered_json summary = {{"event", "epoch"},
                               {"epoch", epoch + 1},
                               {"step", step},
-                              {"train_loss", predictions ? loss_sum / predictions : 0.0},
-                              {"train_accuracy", predictions ? static_cast<double>(correct) / predictions : 0.0},
+                              {"train_loss", totals.mean_loss()},
+                              {"train_accuracy", totals.accuracy()},
                               {"eval_loss", eval.loss},
                               {"eval_accuracy", eval.accuracy},
                               {"samples_per_s", samples / std::max(epoch_seconds, 1e-9)},
                               {"seconds", epoch_seconds},
                               {"scale", precision.scale()},
-                              {"skipped_steps", skipped}};
+                              {"skipped_steps", (step - epoch_first_step) -
+                                                    (optimizer->step_count(0) - epoch_first_update)}};
+    if (train_step && train_step->graph()) {
+      summary["graph_captures"] = train_step->captures();
+      summary["graph_replays"] = train_step->replays();
+    }
     const nlohmann::ordered_json epoch_timing =
         timing_fields(epoch_breakdown, 1e3 * epoch_seconds / std::max<int64_t>(epoch_breakdown.steps, 1));
     for (const auto& [k, v] : epoch_timing.items()) summary[k] = v;
