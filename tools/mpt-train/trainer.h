@@ -1,8 +1,9 @@
 #pragma once
 // The training run behind mpt-train: builds the workload, then loops over
-// epochs of optimizer steps (each of `accumulation` micro-batches) with the
-// learning-rate schedule, evaluation after every epoch, progress and
-// metrics, and checkpoints that a later run resumes bit-identically.
+// epochs of optimizer steps (each of `accumulation` micro-batches, as a CUDA
+// graph where it can be) with the learning-rate schedule, evaluation after
+// every epoch, progress and metrics, and checkpoints that a later run
+// resumes bit-identically.
 #include <cstdint>
 
 #include "tools/mpt-train/train_config.h"
