@@ -443,13 +443,16 @@ TrainResult run_training(const TrainConfig& config) {
       timer.end_step();
       ++step;
       current = loader.position();
+      // The host queues steps ahead of the GPU. At logging steps the timer
+      // waits for the GPU to finish the window's steps, and the window's
+      // time is read after that: it is the GPU's pace, not only the host's.
+      const bool logging = step % c.log_every == 0;
+      StepBreakdown window;
+      if (logging) window = timer.take();
       const double window_seconds = seconds_since(window_started);
       const double rate = window_samples / std::max(window_seconds, 1e-9);
       nlohmann::ordered_json timing = nlohmann::ordered_json::object();
-      if (step % c.log_every == 0) {
-        // Read at logging steps only: this waits for the GPU to finish the
-        // steps of the window, which the loss readout did already.
-        const StepBreakdown window = timer.take();
+      if (logging) {
         epoch_breakdown.add(window);
         timing = timing_fields(window, 1e3 * window_seconds / std::max<int64_t>(window.steps, 1));
         if (world) {
@@ -468,15 +471,15 @@ TrainResult run_training(const TrainConfig& config) {
       }
       progress.step(step, (loader.position().batch + c.accumulation - 1) / c.accumulation,
                     [&totals] { return totals.step_loss(); }, optimizer->lr(), rate, timing);
-      if (step % c.log_every == 0) {
+      if (logging) {
         window_started = Clock::now();
         window_samples = 0;
       }
       if (c.checkpoint_every > 0 && step % c.checkpoint_every == 0) save();
     }
     if (stopping_early()) break;
+    epoch_breakdown.add(timer.take());  // waits for the epoch's last step
     const double epoch_seconds = seconds_since(epoch_started);
-    epoch_breakdown.add(timer.take());
     const Evaluation eval = evaluate(w, device, w.sequences ? c.batch_size : 500, c.eval_batches);
     result.eval_loss = eval.loss;
     result.eval_accuracy = eval.accuracy;
