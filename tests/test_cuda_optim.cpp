@@ -4,6 +4,8 @@
 // chunks), per dtype tolerance.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstring>
 #include <functional>
 #include <memory>
 
@@ -104,6 +106,56 @@ TEST(CudaOptim, FusedAdamWMatchesTheCpu) {
   for (bool fused : {true, false}) expect_gpu_matches_cpu(make, DType::f32, fused, 1e-5);
   expect_gpu_matches_cpu(make, DType::bf16, true, 2e-2);
   expect_gpu_matches_cpu(make, DType::f16, true, 5e-3);
+}
+
+// The fused f32 AdamW rounds exactly as its written rule: each multiply,
+// fused multiply-add, square root and division once, in the order the
+// kernel spells them. The host replays the rule in f32 (this file is built
+// without floating-point contraction) from the same bias corrections the
+// optimizer computes; every parameter and moment must match bit for bit.
+// A kernel whose arithmetic the compiler contracts as it pleases gives
+// results that change with the build.
+TEST(CudaOptim, FusedAdamWRoundsAsItsWrittenRule) {
+  MPT_SKIP_WITHOUT_CUDA();
+  const uint64_t seed = testing::fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  Generator gen(seed);
+  const double lr = 3e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.05;
+  const int64_t n = 40000;
+  const Tensor start = randn({n}, DType::f32, kCPU, &gen);
+  Tensor param = prim::to(start, kGPU).set_requires_grad(true);
+  optim::AdamW adamw({param}, optim::AdamWOptions{lr, beta1, beta2, eps, weight_decay});
+  std::vector<float> p = start.to_vector<float>(), m(n, 0.0f), v(n, 0.0f);
+  const float b1 = static_cast<float>(beta1), b2 = static_cast<float>(beta2), e = static_cast<float>(eps);
+  const float decay = static_cast<float>(1.0 - lr * weight_decay);
+  for (int step = 1; step <= 3; ++step) {
+    const Tensor grad = prim::mul_scalar(randn({n}, DType::f32, kCPU, &gen), std::pow(10.0, step - 2));
+    param.set_grad(prim::to(grad, kGPU));
+    adamw.step();
+    // The bias corrections as AdamW computes them on the host, in double.
+    const float step_size = static_cast<float>(lr / (1.0 - std::pow(beta1, step)));
+    const float inv_bc2_sqrt = static_cast<float>(1.0 / std::sqrt(1.0 - std::pow(beta2, step)));
+    const std::vector<float> g = grad.to_vector<float>();
+    for (int64_t i = 0; i < n; ++i) {
+      m[i] = std::fma(b1, m[i], (1.0f - b1) * g[i]);
+      v[i] = std::fma(b2, v[i], ((1.0f - b2) * g[i]) * g[i]);
+      const float denom = std::fma(std::sqrt(v[i]), inv_bc2_sqrt, e);
+      p[i] = std::fma(p[i], decay, -((step_size * m[i]) / denom));
+    }
+  }
+  const optim::ParamState& state = adamw.state(0);
+  const std::vector<std::pair<const char*, std::pair<std::vector<float>, std::vector<float>>>> checks = {
+      {"param", {param.to_vector<float>(), p}},
+      {"exp_avg", {state.buffers.at("exp_avg").to_vector<float>(), m}},
+      {"exp_avg_sq", {state.buffers.at("exp_avg_sq").to_vector<float>(), v}}};
+  for (const auto& [name, values] : checks) {
+    int64_t differ = 0, first = -1;
+    for (int64_t i = 0; i < n; ++i)
+      if (std::memcmp(&values.first[i], &values.second[i], sizeof(float)) != 0 && differ++ == 0) first = i;
+    EXPECT_EQ(differ, 0) << name << ": " << differ << " of " << n << " differ; the first, element " << first
+                         << ": " << (first >= 0 ? values.first[first] : 0.0f) << " against "
+                         << (first >= 0 ? values.second[first] : 0.0f);
+  }
 }
 
 TEST(CudaOptim, CapturableAdamWMatchesTheCpu) {

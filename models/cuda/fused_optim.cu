@@ -49,11 +49,15 @@ __global__ void __launch_bounds__(kThreads) adamw_kernel(TensorList<AdamWTensor>
     inv_bc2_sqrt = static_cast<float>(1.0 / sqrt(1.0 - pow(static_cast<double>(s.beta2), step)));
   }
   const int64_t begin = c.begin, end = c.begin + c.count;
+  // Every rounding spelled out (fma.rn and mul.rn are never contracted):
+  // the compiler cannot fuse the update's multiplies and adds differently
+  // from one build to the next, so its bits do not depend on what compiled
+  // it (tests/test_cuda_optim.cpp holds the same rule on the host).
   auto update = [&](float p, float g, float& m, float& v) {
-    m = s.beta1 * m + (1.0f - s.beta1) * g;
-    v = s.beta2 * v + (1.0f - s.beta2) * g * g;
-    const float denom = sqrtf(v) * inv_bc2_sqrt + s.eps;
-    return p * decay - step_size * m / denom;
+    m = __fmaf_rn(s.beta1, m, __fmul_rn(1.0f - s.beta1, g));
+    v = __fmaf_rn(s.beta2, v, __fmul_rn(__fmul_rn(1.0f - s.beta2, g), g));
+    const float denom = __fmaf_rn(__fsqrt_rn(v), inv_bc2_sqrt, s.eps);
+    return __fmaf_rn(p, decay, -__fdiv_rn(__fmul_rn(step_size, m), denom));
   };
   // 16-byte packs of all four operands when they allow it (they start
   // aligned from the caching allocator, and chunks are whole packs): four

@@ -160,21 +160,22 @@ Evaluation evaluate(const Workload& w, const Device& device, int64_t batch_size,
   // held-out text once.
   std::vector<int64_t> samples;
   for (int64_t i = 0; i < w.eval_set->size(); i += w.eval_stride) samples.push_back(i);
-  double loss_sum = 0;
-  int64_t correct = 0, predictions = 0, batches = 0;
+  // Counted on the device: the batches follow each other without waiting
+  // for the GPU, which is read once at the end.
+  TrainingTotals totals(device);
+  totals.start_epoch();
+  int64_t batches = 0;
   for (size_t first = 0; first < samples.size() && (max_batches == 0 || batches < max_batches);
        first += static_cast<size_t>(batch_size), ++batches) {
     const size_t last = std::min(samples.size(), first + static_cast<size_t>(batch_size));
     const data::Batch b = w.eval_set->get_batch(std::vector<int64_t>(samples.begin() + first, samples.begin() + last));
     const Tensor target = prim::to(b.target, device);
     const Tensor out = w.forward(prim::to(b.input, device));
-    const int64_t count = w.predictions(b);
-    loss_sum += w.loss(out, target).item() * static_cast<double>(count);
-    correct += w.correct(out, target);
-    predictions += count;
+    totals.count(w.predictions(b));
+    totals.add(w.loss(out, target), out, target, 1.0);
   }
   w.model->train();
-  return {loss_sum / static_cast<double>(predictions), static_cast<double>(correct) / static_cast<double>(predictions)};
+  return {totals.mean_loss(), totals.accuracy()};
 }
 
 // Why this run's step cannot be captured as a CUDA graph (empty: it can).

@@ -4,7 +4,8 @@
 // live on the training device and grow by device ops, so counting makes the
 // step wait for nothing (one that did would need the GPU to finish each
 // micro-batch, and could not be captured as a CUDA graph); the host reads
-// them only to show them: at a progress line, at the epoch's end.
+// them only to show them: at a progress line, at the epoch's end. The
+// evaluation after each epoch counts with one too.
 #include <cstdint>
 
 #include "tensor/tensor.h"
