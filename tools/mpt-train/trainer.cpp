@@ -405,17 +405,29 @@ TrainResult run_training(const TrainConfig& config) {
     // parameter's count (every model here updates all of its parameters).
     const int64_t epoch_first_step = step, epoch_first_update = optimizer->step_count(0);
     StepBreakdown epoch_breakdown;
+    // A step's micro-batches: `accumulation` of them, fewer at the epoch's
+    // end, none after it.
+    auto next_group = [&] {
+      std::vector<data::Batch> group;
+      while (static_cast<int64_t>(group.size()) < c.accumulation && loader.position().batch < batches)
+        group.push_back(*loader.next());
+      return group;
+    };
+    // A graphed step takes the next step's batches along, to copy them into
+    // its inputs while it runs; `ahead` holds them until their own step.
+    std::vector<data::Batch> ahead;
     while (step < last_step && !stop_requested) {
-      const int64_t group = std::min(c.accumulation, batches - loader.position().batch);
-      if (group <= 0) break;
+      std::vector<data::Batch> micro_batches = ahead.empty() ? next_group() : std::move(ahead);
+      ahead.clear();
+      if (micro_batches.empty()) break;
+      const data::DataPosition after_step = loader.position();
       timer.begin_step();
       schedule.apply(*optimizer, step);
-      std::vector<data::Batch> micro_batches;
-      for (int64_t micro = 0; micro < group; ++micro) {
-        micro_batches.push_back(*loader.next());
-        samples += micro_batches.back().size();
-        window_samples += micro_batches.back().size();
+      for (const data::Batch& b : micro_batches) {
+        samples += b.size();
+        window_samples += b.size();
       }
+      if (train_step && train_step->graph() && step + 1 < last_step) ahead = next_group();
       if (!first_batch_reported) {
         const Tensor& input = micro_batches.front().input;
         fmt::print("rank {} of {}: first input batch {}{} on {}{}\n", rank, world_size, dtype_name(input.dtype()),
@@ -425,7 +437,7 @@ TrainResult run_training(const TrainConfig& config) {
         first_batch_reported = true;
       }
       if (train_step) {
-        train_step->run(micro_batches);
+        train_step->run(micro_batches, ahead);
         if (!fallback_reported && !train_step->fallback_reason().empty()) {
           progress.message("mpt-train: the step could not be captured as a CUDA graph and runs eagerly: " +
                            train_step->fallback_reason());
@@ -443,7 +455,7 @@ TrainResult run_training(const TrainConfig& config) {
       }
       timer.end_step();
       ++step;
-      current = loader.position();
+      current = after_step;
       // The host queues steps ahead of the GPU. At logging steps the timer
       // waits for the GPU to finish the window's steps, and the window's
       // time is read after that: it is the GPU's pace, not only the host's.
@@ -470,7 +482,7 @@ TrainResult run_training(const TrainConfig& config) {
           if (auto warning = imbalance_warning(per_rank)) progress.message(*warning);
         }
       }
-      progress.step(step, (loader.position().batch + c.accumulation - 1) / c.accumulation,
+      progress.step(step, (current.batch + c.accumulation - 1) / c.accumulation,
                     [&totals] { return totals.step_loss(); }, optimizer->lr(), rate, timing);
       if (logging) {
         window_started = Clock::now();

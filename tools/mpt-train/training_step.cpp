@@ -13,6 +13,16 @@ void lap(StepPhase phase) {
   if (StepTimer* timer = StepTimer::active()) timer->lap(phase);
 }
 
+// {input, target} of each micro-batch, in order: a step's inputs.
+std::vector<Tensor> step_inputs(const std::vector<data::Batch>& batches) {
+  std::vector<Tensor> inputs;
+  for (const data::Batch& b : batches) {
+    inputs.push_back(b.input);
+    inputs.push_back(b.target);
+  }
+  return inputs;
+}
+
 }  // namespace
 
 TrainingStep::TrainingStep(const Workload& workload, PrecisionStep& precision, optim::Optimizer& optimizer,
@@ -30,13 +40,9 @@ TrainingStep::TrainingStep(const Workload& workload, PrecisionStep& precision, o
 
 TrainingStep::~TrainingStep() = default;
 
-void TrainingStep::run(const std::vector<data::Batch>& batches) {
-  std::vector<Tensor> inputs;
-  for (const data::Batch& b : batches) {
-    inputs.push_back(b.input);
-    inputs.push_back(b.target);
-    totals_.count(workload_.predictions(b));
-  }
+void TrainingStep::run(const std::vector<data::Batch>& batches, const std::vector<data::Batch>& next) {
+  for (const data::Batch& b : batches) totals_.count(workload_.predictions(b));
+  std::vector<Tensor> inputs = step_inputs(batches);
   if (!captured_) {
     for (Tensor& t : inputs) t = prim::to(t, device_);
     lap(StepPhase::data_wait);
@@ -48,7 +54,7 @@ void TrainingStep::run(const std::vector<data::Batch>& batches) {
     // Timing events cannot be recorded into a graph: the replay (with the
     // copy of the batch into the graph's inputs) is timed as one phase.
     StepTimer::Activation untimed(nullptr);
-    captured_->run(inputs);
+    captured_->run(inputs, step_inputs(next));
   }
   lap(StepPhase::graph);
 }
@@ -82,6 +88,8 @@ void TrainingStep::step(const std::vector<Tensor>& inputs) {
     totals_.add(loss, out, target, weight);
     lap(StepPhase::other);
   }
+  // The optimizer reads no inputs: the next step's batches may be copied in.
+  CapturedStep::inputs_consumed();
   {
     NvtxRange range("optimizer");
     precision_.step();

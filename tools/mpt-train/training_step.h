@@ -32,9 +32,12 @@ class TrainingStep {
   ~TrainingStep();
 
   // One step over `batches` (its micro-batches, as the loader gives them).
-  // Laps the active StepTimer: data_wait, then forward, backward, optimizer
-  // (eager) or graph (the whole step, replayed).
-  void run(const std::vector<data::Batch>& batches);
+  // A graphed step also copies `next` (the next step's, if known) into its
+  // inputs once its backward pass is done, beside its optimizer, so that
+  // the next step starts at once. Laps the active StepTimer: data_wait,
+  // then forward, backward, optimizer (eager) or graph (the whole step,
+  // replayed).
+  void run(const std::vector<data::Batch>& batches, const std::vector<data::Batch>& next = {});
 
   bool graph() const { return captured_ != nullptr; }
   int64_t replays() const { return captured_ ? captured_->replays() : 0; }
