@@ -4,7 +4,12 @@
 // including steps the scaler skips on the device; new batch shapes capture
 // again; a step that synchronizes falls back to eager; replays allocate
 // nothing; batches copied in ahead of their steps train as batches copied
-// at the step. Index checks on the GPU report at the next synchronization.
+// at the step; a learning rate set between replays takes effect. A graph's
+// memory: shapes that come back capture into the memory of the graphs they
+// dropped, and a dropped graph's memory serves eager work on the stream of
+// its replays, a replay on another stream waiting for the work queued
+// before the capture ended; a replay inside another capture is refused.
+// Index checks on the GPU report at the next synchronization.
 #include <gtest/gtest.h>
 
 #include <cmath>
