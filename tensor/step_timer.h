@@ -2,7 +2,7 @@
 // Where a training step's time goes: data wait, forward, backward,
 // communication not hidden behind backward, optimizer, a replayed CUDA
 // graph of the whole step (whose parts cannot be told apart), and the rest
-// (loss readout, logging). Each phase boundary is a mark; the time since the
+// (counting the loss and right predictions, logging). Each phase boundary is a mark; the time since the
 // previous mark goes to the phase named. On a CUDA device a mark is a
 // timing event on the current stream, read only once the GPU has passed it
 // (a step later, or when the averages are taken), so timing adds no

@@ -12,9 +12,9 @@
 #include <unistd.h>
 
 #include "autograd/ops.h"
-#include "models/dataset.h"
 #include "models/adamw.h"
 #include "models/checkpoint.h"
+#include "models/dataset.h"
 #include "models/lr_schedule.h"
 #include "models/sgd.h"
 #include "parallel/data_parallel.h"
