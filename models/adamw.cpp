@@ -61,7 +61,7 @@ void AdamW::update_group(const Group& group, std::vector<ParamUpdate>& batch) {
     }
     fused::AdamWScalars scalars{static_cast<float>(1.0 - group.lr * group.weight_decay), static_cast<float>(b1),
                                 static_cast<float>(b2), static_cast<float>(options_.eps)};
-    if (device_steps) scalars.lr_and_decay = group.hyper_on_device.data<float>();
+    if (device_steps) scalars.hyper = group.hyper_on_device.data<float>();
     if (found_inf().defined()) scalars.found_inf = found_inf().data<float>();
     DeviceGuard guard(batch.front().param.device());
     fused::adamw(batch.front().param.dtype(), tensors, scalars);

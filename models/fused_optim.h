@@ -24,17 +24,21 @@ struct AdamWTensor {
   float inv_bc2_sqrt;  // 1 / sqrt(1 - beta2^t)
   // Device-step mode: the parameter's update count so far (f32 [1] on the
   // device); the kernel derives both corrections from it and the device's
-  // lr (AdamWScalars::lr_and_decay), and the two fields above are unused.
+  // lr (AdamWScalars::hyper), and the two fields above are unused.
   const float* step = nullptr;
 };
+
+// Device-step mode: a group's hyper-parameters, read on the device (f32 [3],
+// Optimizer::Group::hyper_on_device), so a replayed graph follows set_lr().
+enum HyperSlot { kLr = 0, kDecay = 1 /* 1 - lr * weight_decay */, kWeightDecay = 2 };
 
 struct AdamWScalars {
   float decay;  // 1 - lr * weight_decay
   float beta1, beta2, eps;
   const float* found_inf = nullptr;  // when set and nonzero, nothing changes
-  // Device-step mode (required there): {lr, decay} (f32 [2]) read on the
-  // device, in place of `decay`.
-  const float* lr_and_decay = nullptr;
+  // Device-step mode (required there): the group's hyper-parameters (see
+  // HyperSlot), read in place of `decay`.
+  const float* hyper = nullptr;
 };
 
 // On the current device's current stream; dtype f32, f16 or bf16.
@@ -49,13 +53,22 @@ struct SGDTensor {
   void* momentum_buffer;  // null without momentum
   int64_t numel;
   bool first;  // the buffer starts as this step's direction
+  // Device-step mode: the parameter's update count so far (f32 [1] on the
+  // device); the buffer also starts afresh when it is 0, so a first update
+  // the loss scaler skipped on the device leaves the next one first.
+  const float* step = nullptr;
 };
 
 struct SGDScalars {
   float lr, weight_decay, momentum, dampening;
   bool nesterov;
+  const float* found_inf = nullptr;  // when set and nonzero, nothing changes
+  // Device-step mode (required there): the group's hyper-parameters (see
+  // HyperSlot), read in place of `lr` and `weight_decay`.
+  const float* hyper = nullptr;
 };
 
+// On the current device's current stream; dtype f32, f16 or bf16.
 void sgd(DType dtype, const std::vector<SGDTensor>& tensors, const SGDScalars& s);
 
 }  // namespace mpt::optim::fused

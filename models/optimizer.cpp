@@ -104,10 +104,10 @@ void Optimizer::set_lr(size_t g, double lr) {
   check(g < groups_.size(), "{}: set_lr: no group {} (there are {})", name_, g, groups_.size());
   check_lr(lr, g);
   groups_[g].lr = lr;
-  write_hyper_to_device(g);
+  write_hyper_to_device(g, /*weight_decay_too=*/false);
 }
 
-void Optimizer::write_hyper_to_device(size_t g) {
+void Optimizer::write_hyper_to_device(size_t g, bool weight_decay_too) {
   Group& group = groups_[g];
   if (!capturable_) {
     group.hyper_on_device = Tensor();
@@ -116,10 +116,16 @@ void Optimizer::write_hyper_to_device(size_t g) {
   // Fill kernels, not copies from the host: stream-ordered with the replays,
   // and allowed inside a capture. The values are the floats the host passes
   // to the kernels outside capturable mode.
-  if (!group.hyper_on_device.defined())
-    group.hyper_on_device = Tensor::empty({2}, DType::f32, all_params_.front().device());
-  prim::fill_(prim::slice(group.hyper_on_device, 0, 0, 1), static_cast<float>(group.lr));
-  prim::fill_(prim::slice(group.hyper_on_device, 0, 1, 2), static_cast<float>(1.0 - group.lr * group.weight_decay));
+  if (!group.hyper_on_device.defined()) {
+    group.hyper_on_device = Tensor::empty({3}, DType::f32, all_params_.front().device());
+    weight_decay_too = true;
+  }
+  auto write = [&](fused::HyperSlot slot, double value) {
+    prim::fill_(prim::slice(group.hyper_on_device, 0, slot, slot + 1), static_cast<float>(value));
+  };
+  write(fused::kLr, group.lr);
+  write(fused::kDecay, 1.0 - group.lr * group.weight_decay);
+  if (weight_decay_too) write(fused::kWeightDecay, group.weight_decay);
 }
 
 void Optimizer::zero_grad() {
@@ -192,7 +198,7 @@ void Optimizer::step_part(const std::vector<Tensor>& only, const Tensor& found_i
 void Optimizer::set_capturable(bool capturable) {
   if (capturable == capturable_) return;
   if (capturable) {
-    check(has_device_steps(), "{}: capturable mode needs a rule with device-side step counts (AdamW has one)", name_);
+    check(has_device_steps(), "{}: capturable mode needs a rule with device-side step counts (AdamW and SGD have them)", name_);
     check(fused_ && fused::available(), "{}: capturable mode needs the fused CUDA kernels (fusion is off or not built)",
           name_);
     const Device device = all_params_.front().device();

@@ -91,7 +91,7 @@ class Optimizer : public amp::ScalableOptimizer {
   // learning rate and weight decay are read there too: set_lr() between the
   // replays of a captured step (a schedule) takes effect without capturing
   // again; called inside the step, its value is captured with it.
-  // Needs a rule with a device-step kernel (AdamW), fusion on, and every
+  // Needs a rule with a device-step kernel (AdamW, SGD), fusion on, and every
   // parameter a contiguous f32/f16/bf16 tensor on one CUDA device; otherwise
   // ValueError names what is missing. Turning it off brings the counts back.
   void set_capturable(bool capturable);
@@ -117,10 +117,10 @@ class Optimizer : public amp::ScalableOptimizer {
     double lr = 0;
     double weight_decay = 0;
     size_t first_index = 0;  // global index of params[0]
-    // Capturable mode: {lr, 1 - lr * weight_decay} as f32 [2] on the
-    // parameters' device, written (on the current stream) at every change,
-    // so a rule's kernel reads them there and a replayed graph follows a
-    // schedule.
+    // Capturable mode: {lr, 1 - lr * weight_decay, weight_decay} as f32 [3]
+    // on the parameters' device (fused::HyperSlot), written (on the current
+    // stream) at every change, so a rule's kernel reads them there and a
+    // replayed graph follows a schedule.
     Tensor hyper_on_device;
   };
 
@@ -141,8 +141,9 @@ class Optimizer : public amp::ScalableOptimizer {
   std::string param_name(size_t index) const;
   void check_lr(double lr, size_t g) const;
   // Capturable mode: group g's lr and weight decay written to its
-  // hyper_on_device (made on first use); otherwise nothing.
-  void write_hyper_to_device(size_t g);
+  // hyper_on_device (made on first use; the weight decay's own slot only
+  // when `weight_decay_too`, since set_lr() leaves it); otherwise nothing.
+  void write_hyper_to_device(size_t g, bool weight_decay_too = true);
   // Whether `batch` can go to a fused kernel: fusion on, every parameter and
   // gradient contiguous, on one CUDA device, in one dtype of f32/f16/bf16.
   bool can_fuse(const std::vector<ParamUpdate>& batch) const;

@@ -30,7 +30,11 @@ SGD::SGD(std::vector<ParamGroup> groups, const SGDOptions& options)
 void SGD::update_group(const Group& group, std::vector<ParamUpdate>& batch) {
   const SGDOptions& o = options_;
   if (can_fuse(batch)) {
+    // Capturable mode: counts, hyper-parameters and the skip decision on the
+    // device.
+    const bool device_steps = capturable();
     std::vector<fused::SGDTensor> tensors;
+    std::vector<float*> steps;
     for (ParamUpdate& u : batch) {
       const Tensor& p = u.param;
       void* buffer = nullptr;
@@ -38,17 +42,33 @@ void SGD::update_group(const Group& group, std::vector<ParamUpdate>& batch) {
       if (o.momentum != 0) {
         Tensor* buf = u.state->buffers.find("momentum_buffer");
         first = buf == nullptr;
-        if (first) buf = &u.state->buffers.insert("momentum_buffer", Tensor::empty(p.shape(), p.dtype(), p.device()));
+        if (first) {
+          // Zeros in capturable mode: a first update skipped on the device
+          // leaves the buffer as it was made, and the state dict holds it.
+          Tensor made = device_steps ? zeros(p.shape(), p.dtype(), p.device())
+                                     : Tensor::empty(p.shape(), p.dtype(), p.device());
+          buf = &u.state->buffers.insert("momentum_buffer", std::move(made));
+        }
         buffer = buf->data_ptr();
       }
-      tensors.push_back({p.data_ptr(), u.grad.data_ptr(), buffer, p.numel(), first});
+      fused::SGDTensor t{p.data_ptr(), u.grad.data_ptr(), buffer, p.numel(), first};
+      if (device_steps) {
+        t.step = u.state->device_step.data<float>();
+        steps.push_back(u.state->device_step.data<float>());
+      }
+      tensors.push_back(t);
     }
+    fused::SGDScalars scalars{static_cast<float>(group.lr), static_cast<float>(group.weight_decay),
+                              static_cast<float>(o.momentum), static_cast<float>(o.dampening), o.nesterov};
+    if (device_steps) scalars.hyper = group.hyper_on_device.data<float>();
+    if (found_inf().defined()) scalars.found_inf = found_inf().data<float>();
     DeviceGuard guard(batch.front().param.device());
-    fused::sgd(batch.front().param.dtype(), tensors,
-               {static_cast<float>(group.lr), static_cast<float>(group.weight_decay), static_cast<float>(o.momentum),
-                static_cast<float>(o.dampening), o.nesterov});
+    fused::sgd(batch.front().param.dtype(), tensors, scalars);
+    if (device_steps) fused::advance_steps(steps, scalars.found_inf);
     return;
   }
+  check(!capturable(), "SGD: capturable mode needs the fused kernel, but this group cannot use it");
+
   for (ParamUpdate& u : batch) {
     const Tensor& p = u.param;
     // d starts as the gradient itself (read only: it may be p.grad()).

@@ -7,6 +7,9 @@
 //     d = nesterov ? d + momentum * buf : buf
 //   p = p - lr * d
 // State: "momentum_buffer" (only with momentum).
+// Capturable (Optimizer::set_capturable): the first update is the one whose
+// device-side count is 0, so a first step the loss scaler skipped on the
+// device leaves the next one first.
 #include "models/optimizer.h"
 
 namespace mpt::optim {
@@ -29,6 +32,7 @@ class SGD : public Optimizer {
  protected:
   void update_group(const Group& group, std::vector<ParamUpdate>& batch) override;
   std::vector<std::string> buffer_names() const override { return {"momentum_buffer"}; }
+  bool has_device_steps() const override { return true; }
 
  private:
   SGDOptions options_;

@@ -21,6 +21,7 @@ import sys
 RUNS = {
     "mlp": (600, 200, []),
     "mlp-accum": (300, 100, ["--model", "mlp", "--accumulation", "4"]),
+    "mlp-sgd": (600, 200, ["--model", "mlp", "--optimizer", "sgd", "--momentum", "0.9", "--lr", "0.05"]),
     "cnn": (400, 100, ["--model", "cnn"]),
     "gpt": (150, 50, ["--model", "gpt"]),
 }

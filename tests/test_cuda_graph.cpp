@@ -4,7 +4,8 @@
 // including steps the scaler skips on the device; new batch shapes capture
 // again; a step that synchronizes falls back to eager; replays allocate
 // nothing; batches copied in ahead of their steps train as batches copied
-// at the step; a learning rate set between replays takes effect. A graph's
+// at the step; a learning rate set between replays takes effect, for
+// capturable AdamW and SGD (momentum started at its first real update). A graph's
 // memory: shapes that come back capture into the memory of the graphs they
 // dropped, and a dropped graph's memory serves eager work on the stream of
 // its replays, a replay on another stream waiting for the work queued
@@ -25,6 +26,7 @@
 #include "models/adamw.h"
 #include "models/layers.h"
 #include "models/sequential.h"
+#include "models/sgd.h"
 #include "tensor/cuda/conv_cudnn.h"
 #include "tensor/cuda/graph.h"
 #include "tensor/device_guard.h"
@@ -43,12 +45,12 @@ using testing::rel_error;
 const Device kGPU("cuda:0");
 
 // One training setup: model (inputs of `width`, one hidden layer of
-// `hidden`), capturable AdamW, a scaler whose scale moves (2^24 overflows
+// `hidden`), capturable AdamW (or SGD: use_sgd()), a scaler whose scale moves (2^24 overflows
 // f16 gradients at first, so early steps are skipped and the scale backs
 // off; afterwards it grows every 3 clean steps).
 struct TrainingRun {
   std::shared_ptr<nn::Sequential> model;
-  std::unique_ptr<optim::AdamW> opt;
+  std::unique_ptr<optim::Optimizer> opt;
   amp::GradScaler scaler;
   bool read_loss_inside = false;  // makes the step synchronize
   bool busy_before_reading = false;  // GPU work ahead of the first read of the inputs
@@ -68,6 +70,12 @@ struct TrainingRun {
     model->push_back(std::make_shared<nn::Linear>(hidden, 10, true, &gen));
     model->to(device);
     opt = std::make_unique<optim::AdamW>(model->parameters(), optim::AdamWOptions{1e-2, 0.9, 0.999, 1e-8, 1e-2});
+    opt->set_capturable(true);
+  }
+
+  // Capturable SGD in place of AdamW (before the first step).
+  void use_sgd(const optim::SGDOptions& options) {
+    opt = std::make_unique<optim::SGD>(model->parameters(), options);
     opt->set_capturable(true);
   }
 
@@ -310,6 +318,42 @@ TEST(CudaGraph, ALearningRateSetBetweenReplaysTakesEffectWithoutCapturingAgain) 
   for (size_t i = 0; i < pa.size(); ++i)
     EXPECT_LE(rel_error(host_f64(pa[i]), host_f64(pb[i])), 1e-2) << "parameter " << i;
   EXPECT_EQ(eager.scaler.get_scale(), rate_from_host.scaler.get_scale());
+}
+
+// Capturable SGD with momentum and dampening (whose first update differs
+// from the later ones) under the same scaler and a schedule: the early
+// steps overflow and are skipped on the device, including the first, so the
+// first update that counts starts the momentum afresh inside the replays.
+// Graphed, eager and non-capturable (rate from the host, skip decided
+// there, buffer made at the first real update) steps train alike: SGD has
+// no bias corrections to round differently.
+TEST(CudaGraph, ReplayedSgdStepsFollowTheScalerAndTheScheduleAsEagerOnes) {
+  MPT_SKIP_WITHOUT_CUDA();
+  const uint64_t seed = testing::fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const optim::SGDOptions options{.lr = 0.05, .momentum = 0.9, .dampening = 0.1, .weight_decay = 1e-3};
+  TrainingRun graphed(seed), eager(seed), from_host(seed);
+  for (TrainingRun* run : {&graphed, &eager, &from_host}) run->use_sgd(options);
+  from_host.opt->set_capturable(false);
+  CapturedStep captured(kGPU, [&](const std::vector<Tensor>& in) { graphed.step(in); });
+  std::mt19937_64 rng(seed + 1);
+  const int steps = 24;
+  for (int i = 0; i < steps; ++i) {
+    const double lr = 0.005 + 0.05 * (1.0 + std::cos(0.3 * i)) / 2;
+    for (TrainingRun* run : {&graphed, &eager, &from_host}) run->opt->set_lr(lr);
+    const std::vector<Tensor> in = batch(rng, 16);
+    captured.run(in);
+    const std::vector<Tensor> on_gpu = {prim::to(in[0], kGPU), prim::to(in[1], kGPU)};
+    eager.step(on_gpu);
+    from_host.step(on_gpu);
+    if (i == 0) ASSERT_EQ(graphed.opt->step_count(0), 0) << "the first step should overflow at a scale of 2^24";
+  }
+  EXPECT_EQ(captured.captures(), 1);
+  EXPECT_EQ(captured.replays(), steps - 3);
+  expect_same_training(graphed, eager);
+  expect_same_training(eager, from_host);
+  // Updates happened inside the replays (the eager steps give at most 3).
+  EXPECT_GT(graphed.opt->step_count(0), 3);
 }
 
 // Input shapes that change and come back (an epoch's short last batch, say)

@@ -172,10 +172,12 @@ TEST(CudaOptim, CapturableAdamWMatchesTheCpu) {
 }
 
 // A step the loss scaler skips on the device changes nothing, bit for bit:
-// parameters, moments and step counts; the next step is the one a run
-// without the skipped step would take.
-TEST(CudaOptim, CapturableAdamWSkipsOnTheDevice) {
-  MPT_SKIP_WITHOUT_CUDA();
+// parameters, state and step counts (buffers it made stay as made: zeros);
+// the next step is the one a run without the skipped step would take. The
+// first step is skipped too, so the rule's first update comes after it.
+// `tol`: how far a non-capturable run of the same updates may be (AdamW's
+// bias corrections are rounded on the device there, on the host here).
+void expect_device_skips_change_nothing(const MakeOptimizer& make, double tol) {
   const uint64_t seed = testing::fresh_seed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   Generator gen(seed);
@@ -185,10 +187,9 @@ TEST(CudaOptim, CapturableAdamWSkipsOnTheDevice) {
     skipping.push_back(prim::to(p, kGPU).set_requires_grad(true));
     plain.push_back(prim::to(p, kGPU).set_requires_grad(true));
   }
-  const optim::AdamWOptions o{1e-2, 0.9, 0.99, 1e-8, 0.1};
-  optim::AdamW a(skipping, o), b(plain, o);
-  a.set_capturable(true);
-  EXPECT_TRUE(a.skips_on_device());
+  std::unique_ptr<optim::Optimizer> a = make(skipping), b = make(plain);
+  a->set_capturable(true);
+  EXPECT_TRUE(a->skips_on_device());
   const Tensor no = zeros({1}, DType::f32, kGPU), yes = full({1}, 1.0, DType::f32, kGPU);
   auto set_grads = [&](bool also_plain) {
     for (size_t i = 0; i < skipping.size(); ++i) {
@@ -197,31 +198,82 @@ TEST(CudaOptim, CapturableAdamWSkipsOnTheDevice) {
       if (also_plain) plain[i].set_grad(prim::to(g, kGPU));
     }
   };
-  set_grads(true);
-  a.step_skipping_if(no);
-  b.step();
-  const optim::StateDict before = a.state_dict();
-  std::vector<std::vector<double>> params_before;
-  for (const Tensor& p : skipping) params_before.push_back(host_f64(p));
-  set_grads(false);  // gradients the skipped step must not use
-  a.step_skipping_if(yes);
-  for (size_t i = 0; i < skipping.size(); ++i) EXPECT_EQ(host_f64(skipping[i]), params_before[i]) << "parameter " << i;
-  const optim::StateDict after = a.state_dict();
-  for (const auto& [key, t] : before) EXPECT_EQ(host_f64(after.at(key)), host_f64(t)) << key;
-  EXPECT_EQ(a.step_count(0), 1);
-  set_grads(true);
-  a.step_skipping_if(no);
-  b.step();
-  // The two differ only in where the bias corrections are rounded (the
-  // device's f32 powers, the host's f64): far below a step of lr = 1e-2,
-  // and measured absolutely (a parameter near zero makes a relative
-  // measure of the same rounding large).
+  auto skip = [&] {
+    const optim::StateDict before = a->state_dict();
+    std::vector<std::vector<double>> params_before;
+    for (const Tensor& p : skipping) params_before.push_back(host_f64(p));
+    const int64_t count = a->step_count(0);
+    set_grads(false);  // gradients the skipped step must not use
+    a->step_skipping_if(yes);
+    for (size_t i = 0; i < skipping.size(); ++i)
+      EXPECT_EQ(host_f64(skipping[i]), params_before[i]) << "parameter " << i;
+    for (const auto& [key, t] : a->state_dict()) {
+      const std::vector<double> values = host_f64(t);
+      if (before.contains(key)) EXPECT_EQ(values, host_f64(before.at(key))) << key;
+      else EXPECT_EQ(values, std::vector<double>(values.size(), 0.0)) << key << " (made by the skipped step)";
+    }
+    EXPECT_EQ(a->step_count(0), count);
+  };
+  auto take = [&] {
+    set_grads(true);
+    a->step_skipping_if(no);
+    b->step();
+  };
+  skip();
+  EXPECT_EQ(a->step_count(0), 0);
+  take();
+  skip();
+  take();
+  // Measured absolutely: a parameter near zero makes a relative measure of
+  // the same rounding large.
   for (size_t i = 0; i < skipping.size(); ++i)
-    EXPECT_LE(testing::max_abs_diff(host_f64(skipping[i]), host_f64(plain[i])), 1e-6) << "parameter " << i;
-  EXPECT_EQ(a.step_count(0), 2);
+    EXPECT_LE(testing::max_abs_diff(host_f64(skipping[i]), host_f64(plain[i])), tol) << "parameter " << i;
+  EXPECT_EQ(a->step_count(0), 2);
   // Back to host counts: they carry the device's.
-  a.set_capturable(false);
-  EXPECT_EQ(a.state(0).step, 2);
+  a->set_capturable(false);
+  EXPECT_EQ(a->state(0).step, 2);
+}
+
+TEST(CudaOptim, CapturableAdamWSkipsOnTheDevice) {
+  MPT_SKIP_WITHOUT_CUDA();
+  // The two runs differ only in where the bias corrections are rounded (the
+  // device's f32 powers, the host's f64): far below a step of lr = 1e-2.
+  expect_device_skips_change_nothing(
+      [](std::vector<Tensor> p) {
+        return std::make_unique<optim::AdamW>(std::move(p), optim::AdamWOptions{1e-2, 0.9, 0.99, 1e-8, 0.1});
+      },
+      1e-6);
+}
+
+TEST(CudaOptim, CapturableSgdSkipsOnTheDevice) {
+  MPT_SKIP_WITHOUT_CUDA();
+  // Dampening makes the first update (buffer = direction) differ from a
+  // later one from a zero buffer (buffer = 0.9 * direction): a skipped first
+  // step must leave the next update first. The same kernel runs both, with
+  // the same rate: equal bits.
+  expect_device_skips_change_nothing(
+      [](std::vector<Tensor> p) {
+        return std::make_unique<optim::SGD>(
+            std::move(p), optim::SGDOptions{.lr = 0.05, .momentum = 0.9, .dampening = 0.1, .weight_decay = 1e-3});
+      },
+      0.0);
+}
+
+TEST(CudaOptim, CapturableSgdMatchesTheCpu) {
+  MPT_SKIP_WITHOUT_CUDA();
+  // Rate and weight decay read on the device, the first update found from
+  // the device's count.
+  for (bool nesterov : {false, true}) {
+    SCOPED_TRACE(nesterov ? "nesterov" : "momentum");
+    const MakeOptimizer make = [nesterov](std::vector<Tensor> p) {
+      const bool on_gpu = p.front().device().is_cuda();  // the CPU side is the raw-op reference
+      auto opt = std::make_unique<optim::SGD>(std::move(p),
+                                              optim::SGDOptions{0.05, 0.9, nesterov ? 0.0 : 0.1, 1e-3, nesterov});
+      if (on_gpu) opt->set_capturable(true);
+      return opt;
+    };
+    expect_gpu_matches_cpu(make, DType::f32, true, 1e-5);
+  }
 }
 
 TEST(CudaOptim, FusedSgdMatchesTheCpu) {

@@ -599,15 +599,36 @@ TEST(Capturable, RefusedOnTheCpuWithTheReason) {
   Generator gen(3);
   std::vector<Tensor> params{randn({4, 3}, DType::f32, kCPU, &gen).set_requires_grad(true)};
   optim::AdamW adamw(params, optim::AdamWOptions{});
-  const std::string msg = testing::error_of<Error>([&] { adamw.set_capturable(true); });
-  EXPECT_TRUE(msg.find("CUDA") != std::string::npos || msg.find("fused") != std::string::npos) << msg;
-  EXPECT_FALSE(adamw.capturable());
   optim::SGD sgd(params, optim::SGDOptions{0.1});
-  testing::expect_contains(testing::error_of<ValueError>([&] { sgd.set_capturable(true); }),
-                           {"SGD", "capturable mode needs a rule with device-side step counts"});
+  for (optim::Optimizer* opt : std::initializer_list<optim::Optimizer*>{&adamw, &sgd}) {
+    const std::string msg = testing::error_of<Error>([&] { opt->set_capturable(true); });
+    EXPECT_TRUE(msg.find(opt->name()) != std::string::npos &&
+                (msg.find("CUDA") != std::string::npos || msg.find("fused") != std::string::npos))
+        << msg;
+    EXPECT_FALSE(opt->capturable());
+  }
   params[0].set_grad(ones({4, 3}, DType::f32, kCPU));
   adamw.step();
   EXPECT_EQ(adamw.step_count(0), 1);
+}
+
+// A rule that counts its steps only on the host cannot be capturable, and
+// says so before looking at devices.
+class HostCountedRule : public optim::Optimizer {
+ public:
+  explicit HostCountedRule(std::vector<Tensor> params)
+      : Optimizer("HostCounted", {optim::ParamGroup{std::move(params), std::nullopt, std::nullopt}}, 0.1, 0.0) {}
+
+ protected:
+  void update_group(const Group&, std::vector<optim::ParamUpdate>&) override {}
+  std::vector<std::string> buffer_names() const override { return {}; }
+};
+
+TEST(Capturable, RefusedForARuleWithoutDeviceStepCounts) {
+  HostCountedRule rule({zeros({2}, DType::f32, kCPU).set_requires_grad(true)});
+  testing::expect_contains(testing::error_of<ValueError>([&] { rule.set_capturable(true); }),
+                           {"HostCounted", "capturable mode needs a rule with device-side step counts"});
+  EXPECT_FALSE(rule.capturable());
 }
 
 // On the CPU a CapturedStep runs every step eagerly and says so.

@@ -23,6 +23,7 @@ struct TensorList {
 };
 // The classic 4 KiB kernel parameter limit, so any driver takes it.
 static_assert(sizeof(TensorList<AdamWTensor>) + sizeof(AdamWScalars) <= 4000);
+static_assert(sizeof(TensorList<SGDTensor>) + sizeof(SGDScalars) <= 4000);
 
 // Element i of a type-erased operand, converted as Element<T> converts.
 template <typename T>
@@ -43,8 +44,8 @@ __global__ void __launch_bounds__(kThreads) adamw_kernel(TensorList<AdamWTensor>
   if (t.step) {
     // Bias corrections in double, as the host computes them, from this update's t.
     const double step = *t.step + 1.0;
-    const float lr = s.lr_and_decay[0];
-    decay = s.lr_and_decay[1];
+    const float lr = s.hyper[kLr];
+    decay = s.hyper[kDecay];
     step_size = static_cast<float>(lr / (1.0 - pow(static_cast<double>(s.beta1), step)));
     inv_bc2_sqrt = static_cast<float>(1.0 / sqrt(1.0 - pow(static_cast<double>(s.beta2), step)));
   }
@@ -99,18 +100,26 @@ __global__ void __launch_bounds__(kThreads) adamw_kernel(TensorList<AdamWTensor>
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads) sgd_kernel(TensorList<SGDTensor> list, SGDScalars s) {
+  if (s.found_inf && *s.found_inf != 0.0f) return;  // the loss scaler skips this step
   const cuda::BlockChunk c = cuda::this_block_chunk(list.blocks, [&](int slot) { return list.tensors[slot].numel; });
   const SGDTensor& t = list.tensors[c.slot];
+  float lr = s.lr, weight_decay = s.weight_decay;
+  bool first = t.first;
+  if (t.step) {
+    lr = s.hyper[kLr];
+    weight_decay = s.hyper[kWeightDecay];
+    first = first || *t.step == 0.0f;
+  }
   const int64_t end = c.begin + c.count;
   for (int64_t i = c.begin + threadIdx.x; i < end; i += kThreads) {
     const float p = load<T>(t.param, i);
-    float d = load<T>(t.grad, i) + s.weight_decay * p;
+    float d = load<T>(t.grad, i) + weight_decay * p;
     if (t.momentum_buffer) {
-      const float buf = t.first ? d : s.momentum * load<T>(t.momentum_buffer, i) + (1.0f - s.dampening) * d;
+      const float buf = first ? d : s.momentum * load<T>(t.momentum_buffer, i) + (1.0f - s.dampening) * d;
       store<T>(t.momentum_buffer, i, buf);
       d = s.nesterov ? d + s.momentum * buf : buf;
     }
-    store<T>(t.param, i, p - s.lr * d);
+    store<T>(t.param, i, p - lr * d);
   }
 }
 

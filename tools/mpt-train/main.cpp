@@ -75,7 +75,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"f32", "f16", "bf16"}));
   app.add_option("--cuda-graph", c.cuda_graph,
                  "Record the training step once as a CUDA graph and replay it (one launch per step): on, off; "
-                 "auto: on where it can be (a GPU, --optimizer adamw, --parallel none or ddp)")
+                 "auto: on where it can be (a GPU, --parallel none or ddp)")
       ->check(CLI::IsMember({"auto", "on", "off"}));
   app.add_option("--workers", c.workers, "Data-loading threads (0: load in the training thread)")
       ->check(non_negative());

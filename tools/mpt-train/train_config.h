@@ -43,7 +43,7 @@ struct TrainConfig {
   double dist_timeout = 60;             // ddp: seconds any rendezvous wait or collective may take
   std::string grad_transit = "f32";     // ddp: dtype of the gradient all-reduces (f32, f16, bf16)
   std::string cuda_graph = "auto";      // on, off; auto: on where the step can be captured
-                                        // (CUDA, adamw, parallel none or ddp)
+                                        // (CUDA, parallel none or ddp)
   int workers = 1;                      // data-loading threads
   int64_t eval_batches = 0;             // 0: the whole test set each epoch
 

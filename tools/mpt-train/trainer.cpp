@@ -181,8 +181,6 @@ Evaluation evaluate(const Workload& w, const Device& device, int64_t batch_size,
 // Why this run's step cannot be captured as a CUDA graph (empty: it can).
 std::string cuda_graph_obstacle(const TrainConfig& c, const Device& device, const std::string& parallel) {
   if (!device.is_cuda()) return fmt::format("the run is on {}, not a GPU", device.str());
-  if (c.optimizer != "adamw")
-    return fmt::format("--optimizer {} decides on the host (adamw keeps its step counts on the device)", c.optimizer);
   if (parallel == "dp") return "--parallel dp drives every GPU from one step";
   return "";
 }
