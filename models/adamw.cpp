@@ -59,11 +59,20 @@ void AdamW::update_group(const Group& group, std::vector<ParamUpdate>& batch) {
       }
       tensors.push_back(t);
     }
-    fused::AdamWScalars scalars{static_cast<float>(1.0 - group.lr * group.weight_decay), static_cast<float>(b1),
-                                static_cast<float>(b2), static_cast<float>(options_.eps)};
+    fused::AdamWScalars scalars{static_cast<float>(1.0 - group.lr * group.weight_decay),
+                                static_cast<float>(b1),
+                                static_cast<float>(b2),
+                                static_cast<float>(options_.eps),
+                                static_cast<float>(1.0 - b1),
+                                static_cast<float>(1.0 - b2)};
     if (device_steps) scalars.hyper = group.hyper_on_device.data<float>();
     if (found_inf().defined()) scalars.found_inf = found_inf().data<float>();
-    DeviceGuard guard(batch.front().param.device());
+    const Device device = batch.front().param.device();
+    if (device.is_cpu()) {
+      fused::adamw_on_host(batch.front().param.dtype(), tensors, scalars);
+      return;
+    }
+    DeviceGuard guard(device);
     fused::adamw(batch.front().param.dtype(), tensors, scalars);
     if (device_steps) fused::advance_steps(steps, scalars.found_inf);
     return;

@@ -1,8 +1,10 @@
 #pragma once
-// Multi-tensor optimizer kernels for CUDA: one launch updates a whole list of
-// parameters (up to a few dozen tensors per launch), instead of eight
-// element-wise kernels per parameter. The rules are those of models/adamw.h
-// and models/sgd.h, computed in f32 per element.
+// Fused optimizer updates: on CUDA, multi-tensor kernels (one launch updates
+// a whole list of parameters, up to a few dozen tensors per launch, instead
+// of eight element-wise kernels per parameter); on the host, one loop per
+// parameter with the kernels' roundings. The rules are those of
+// models/adamw.h and models/sgd.h, computed in f32 per element, every
+// rounding spelled out, so both give the same bits.
 #include <cstdint>
 #include <vector>
 
@@ -10,7 +12,8 @@
 
 namespace mpt::optim::fused {
 
-// Whether this build has the kernels (false in CPU-only builds).
+// Whether this build has the CUDA kernels (false in CPU-only builds); the
+// host loops are always there.
 bool available();
 
 // One parameter's operands for AdamW: contiguous, same dtype and device.
@@ -32,9 +35,12 @@ struct AdamWTensor {
 // Optimizer::Group::hyper_on_device), so a replayed graph follows set_lr().
 enum HyperSlot { kLr = 0, kDecay = 1 /* 1 - lr * weight_decay */, kWeightDecay = 2 };
 
+// 1 - beta and the like come from the host, worked out in double: in f32,
+// 1 - 0.999 is off by 1.3e-5 of itself.
 struct AdamWScalars {
   float decay;  // 1 - lr * weight_decay
   float beta1, beta2, eps;
+  float one_minus_beta1, one_minus_beta2;
   const float* found_inf = nullptr;  // when set and nonzero, nothing changes
   // Device-step mode (required there): the group's hyper-parameters (see
   // HyperSlot), read in place of `decay`.
@@ -60,7 +66,8 @@ struct SGDTensor {
 };
 
 struct SGDScalars {
-  float lr, weight_decay, momentum, dampening;
+  float lr, weight_decay, momentum;
+  float one_minus_dampening;
   bool nesterov;
   const float* found_inf = nullptr;  // when set and nonzero, nothing changes
   // Device-step mode (required there): the group's hyper-parameters (see
@@ -70,5 +77,10 @@ struct SGDScalars {
 
 // On the current device's current stream; dtype f32, f16 or bf16.
 void sgd(DType dtype, const std::vector<SGDTensor>& tensors, const SGDScalars& s);
+
+// The same updates for tensors in host memory, on the calling thread
+// (without the device-step mode: no step, hyper or found_inf pointers).
+void adamw_on_host(DType dtype, const std::vector<AdamWTensor>& tensors, const AdamWScalars& s);
+void sgd_on_host(DType dtype, const std::vector<SGDTensor>& tensors, const SGDScalars& s);
 
 }  // namespace mpt::optim::fused

@@ -84,10 +84,11 @@ void Optimizer::check_lr(double lr, size_t g) const {
 }
 
 bool Optimizer::can_fuse(const std::vector<ParamUpdate>& batch) const {
-  if (!fused_ || batch.empty() || !fused::available()) return false;
+  if (!fused_ || batch.empty()) return false;
   const Device device = batch.front().param.device();
   const DType dtype = batch.front().param.dtype();
-  if (!device.is_cuda() || (dtype != DType::f32 && dtype != DType::f16 && dtype != DType::bf16))
+  // f64 stays with the raw ops: the fused rules compute in f32.
+  if ((device.is_cuda() && !fused::available()) || (dtype != DType::f32 && dtype != DType::f16 && dtype != DType::bf16))
     return false;
   for (const ParamUpdate& u : batch)
     if (u.param.device() != device || u.param.dtype() != dtype || !u.param.is_contiguous() ||

@@ -101,8 +101,10 @@ class Optimizer : public amp::ScalableOptimizer {
   bool steps_in_parts() const override { return true; }
   void step_part(const std::vector<Tensor>& only, const Tensor& found_inf) override;
 
-  // On CUDA, whole groups update in one multi-tensor kernel (on by
-  // default); off, every device uses the raw-op rule (for comparisons).
+  // On by default: on CUDA a group updates in one multi-tensor kernel, on the
+  // CPU in one loop per parameter (models/fused_optim.h), wherever it is
+  // f32, f16 or bf16; off, every device uses the raw-op rule (for
+  // comparisons).
   void set_fused(bool fused) { fused_ = fused; }
   bool fused() const { return fused_; }
 
@@ -144,8 +146,9 @@ class Optimizer : public amp::ScalableOptimizer {
   // hyper_on_device (made on first use; the weight decay's own slot only
   // when `weight_decay_too`, since set_lr() leaves it); otherwise nothing.
   void write_hyper_to_device(size_t g, bool weight_decay_too = true);
-  // Whether `batch` can go to a fused kernel: fusion on, every parameter and
-  // gradient contiguous, on one CUDA device, in one dtype of f32/f16/bf16.
+  // Whether `batch` can go to a fused update: fusion on, every parameter and
+  // gradient contiguous, on one device (the CPU, or CUDA in a build with
+  // it), in one dtype of f32/f16/bf16.
   bool can_fuse(const std::vector<ParamUpdate>& batch) const;
 
  private:

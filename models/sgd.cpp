@@ -59,10 +59,15 @@ void SGD::update_group(const Group& group, std::vector<ParamUpdate>& batch) {
       tensors.push_back(t);
     }
     fused::SGDScalars scalars{static_cast<float>(group.lr), static_cast<float>(group.weight_decay),
-                              static_cast<float>(o.momentum), static_cast<float>(o.dampening), o.nesterov};
+                              static_cast<float>(o.momentum), static_cast<float>(1.0 - o.dampening), o.nesterov};
     if (device_steps) scalars.hyper = group.hyper_on_device.data<float>();
     if (found_inf().defined()) scalars.found_inf = found_inf().data<float>();
-    DeviceGuard guard(batch.front().param.device());
+    const Device device = batch.front().param.device();
+    if (device.is_cpu()) {
+      fused::sgd_on_host(batch.front().param.dtype(), tensors, scalars);
+      return;
+    }
+    DeviceGuard guard(device);
     fused::sgd(batch.front().param.dtype(), tensors, scalars);
     if (device_steps) fused::advance_steps(steps, scalars.found_inf);
     return;

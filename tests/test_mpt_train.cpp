@@ -43,11 +43,12 @@ class MptTrain : public ::testing::Test {
   }
   std::string file(const std::string& name) const { return dir_.file(name); }
 
-  // Runs mpt-train with `args` (on the CPU unless told); returns its exit
-  // status, keeps its output.
-  int run(const std::string& args, const std::string& device = "cpu") {
-    const std::string cmd = fmt::format("'{}' --device {} --progress lines {} >'{}' 2>'{}'", mpt_train(), device, args,
-                                        file("stdout"), file("stderr"));
+  // Runs mpt-train with `args` (on the CPU unless told; `env`: variable
+  // assignments before the command); returns its exit status, keeps its
+  // output.
+  int run(const std::string& args, const std::string& device = "cpu", const std::string& env = "") {
+    const std::string cmd = fmt::format("{} '{}' --device {} --progress lines {} >'{}' 2>'{}'", env, mpt_train(), device,
+                                        args, file("stdout"), file("stderr"));
     const int rc = std::system(cmd.c_str());
     stdout_ = slurp(file("stdout"));
     stderr_ = slurp(file("stderr"));
@@ -553,6 +554,15 @@ TEST_F(MptTrain, CudaGraphOnIsRefusedWhereTheStepCannotBeCaptured) {
   if (!testing::has_cuda()) return;
   EXPECT_EQ(run("--cuda-graph on --parallel dp --steps 1", "cuda"), 1);
   EXPECT_NE(stderr_.find("--cuda-graph on cannot be: --parallel dp"), std::string::npos) << stderr_;
+}
+
+// The CPU's thread count comes from MPT_CPU_THREADS where it is set: a run
+// on one thread trains, and a value that is not a count is refused by name.
+TEST_F(MptTrain, CpuThreadsAreTakenFromTheEnvironment) {
+  ASSERT_EQ(run("--steps 3 --eval-batches 1", "cpu", "MPT_CPU_THREADS=1"), 0) << stderr_;
+  EXPECT_EQ(run("--steps 1 --eval-batches 1", "cpu", "MPT_CPU_THREADS=many"), 1);
+  EXPECT_NE(stderr_.find("MPT_CPU_THREADS must be a whole number from 1 to 1024, got 'many'"), std::string::npos)
+      << stderr_;
 }
 
 // Options that a run does not use are named on stderr, and it goes on.

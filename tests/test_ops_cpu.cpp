@@ -1,13 +1,17 @@
 // Every CPU kernel against a straightforward f64 reference, on fresh random
-// inputs (seed printed on failure), for each floating dtype.
+// inputs (seed printed on failure), for each floating dtype; and the split
+// of large work over the CPU's threads.
 #include <gtest/gtest.h>
 
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <functional>
+#include <tuple>
 
+#include "tensor/cpu/cpu_threads.h"
 #include "tensor/ops.h"
 #include "tests/test_util.h"
 
@@ -317,6 +321,45 @@ TEST_F(OpsCpu, MatmulLayoutsAndBatches) {
     EXPECT_EQ(s.shape(), (Shape{2, 3, 6, 6}));
     EXPECT_LE(rel_error(host_f64(s), matmul_ref(host_f64(q), host_f64(kk), 6, 6, 6, 8, 6)), tolerance(dt) * 4);
   }
+}
+
+// Products large enough to be split over the CPU's threads (by rows, or by
+// columns where there are more of those), with a transposed operand, in
+// f32 and through the widened 16-bit path. On one CPU nothing is split and
+// the same checks hold.
+TEST_F(OpsCpu, MatmulSplitOverThreadsMatchesReference) {
+  SCOPED_TRACE(trace());
+  for (DType dt : {DType::f32, DType::bf16}) {
+    for (const auto& [m, n] : {std::pair<int64_t, int64_t>{520, 130}, {130, 520}}) {
+      SCOPED_TRACE(fmt::format("{} [{}, 512] @ [512, {}]", dtype_name(dt), m, n));
+      const int64_t k = 512;
+      Tensor a = randn({m, k}, dt), b = prim::transpose(randn({n, k}, dt), 0, 1);
+      EXPECT_LE(rel_error(host_f64(prim::matmul(a, b)), matmul_ref(host_f64(a), host_f64(b), 1, 1, m, k, n)),
+                tolerance(dt) * 4);
+    }
+  }
+}
+
+TEST(CpuThreads, ParallelForCoversEveryIndexOnceAndRethrows) {
+  EXPECT_GE(cpu::cpu_threads(), 1);
+  for (const auto& [count, grain, min_grains] : {std::tuple<int64_t, int64_t, int64_t>{1000, 16, 1}, {7, 16, 1},
+                                                 {100000, 1, 1000}, {0, 4, 1}}) {
+    std::vector<std::atomic<int>> seen(static_cast<size_t>(count));
+    std::atomic<int> pieces{0};
+    cpu::parallel_for(count, grain, min_grains, [&](int64_t begin, int64_t end) {
+      ++pieces;
+      EXPECT_LT(begin, end);
+      EXPECT_TRUE(begin % grain == 0) << begin;
+      for (int64_t i = begin; i < end; ++i) ++seen[static_cast<size_t>(i)];
+    });
+    for (int64_t i = 0; i < count; ++i) ASSERT_EQ(seen[static_cast<size_t>(i)].load(), 1) << "index " << i;
+    EXPECT_LE(pieces.load(), std::max(1, cpu::cpu_threads()));
+  }
+  EXPECT_THROW(cpu::parallel_for(1 << 20, 1, 1,
+                                 [](int64_t, int64_t end) {
+                                   if (end == int64_t{1} << 20) throw ValueError("the last piece failed");
+                                 }),
+               ValueError);
 }
 
 TEST_F(OpsCpu, MatmulErrorsNameTheShapes) {

@@ -55,8 +55,8 @@ __global__ void __launch_bounds__(kThreads) adamw_kernel(TensorList<AdamWTensor>
   // from one build to the next, so its bits do not depend on what compiled
   // it (tests/test_cuda_optim.cpp holds the same rule on the host).
   auto update = [&](float p, float g, float& m, float& v) {
-    m = __fmaf_rn(s.beta1, m, __fmul_rn(1.0f - s.beta1, g));
-    v = __fmaf_rn(s.beta2, v, __fmul_rn(__fmul_rn(1.0f - s.beta2, g), g));
+    m = __fmaf_rn(s.beta1, m, __fmul_rn(s.one_minus_beta1, g));
+    v = __fmaf_rn(s.beta2, v, __fmul_rn(__fmul_rn(s.one_minus_beta2, g), g));
     const float denom = __fmaf_rn(__fsqrt_rn(v), inv_bc2_sqrt, s.eps);
     return __fmaf_rn(p, decay, -__fdiv_rn(__fmul_rn(step_size, m), denom));
   };
@@ -111,15 +111,17 @@ __global__ void __launch_bounds__(kThreads) sgd_kernel(TensorList<SGDTensor> lis
     first = first || *t.step == 0.0f;
   }
   const int64_t end = c.begin + c.count;
+  // Roundings spelled out as in AdamW (models/fused_optim_host.cpp does the same).
   for (int64_t i = c.begin + threadIdx.x; i < end; i += kThreads) {
     const float p = load<T>(t.param, i);
-    float d = load<T>(t.grad, i) + weight_decay * p;
+    float d = __fmaf_rn(weight_decay, p, load<T>(t.grad, i));
     if (t.momentum_buffer) {
-      const float buf = first ? d : s.momentum * load<T>(t.momentum_buffer, i) + (1.0f - s.dampening) * d;
+      const float buf =
+          first ? d : __fmaf_rn(s.momentum, load<T>(t.momentum_buffer, i), __fmul_rn(s.one_minus_dampening, d));
       store<T>(t.momentum_buffer, i, buf);
-      d = s.nesterov ? d + s.momentum * buf : buf;
+      d = s.nesterov ? __fmaf_rn(s.momentum, buf, d) : buf;
     }
-    store<T>(t.param, i, p - lr * d);
+    store<T>(t.param, i, __fmaf_rn(-lr, d, p));
   }
 }
 

@@ -3,8 +3,11 @@
 // widened to f32, multiplied with f32 accumulation and rounded back once,
 // as cuBLAS does with CUBLAS_COMPUTE_32F.
 #include <Eigen/Core>
+#include <algorithm>
+#include <memory>
 
 #include "tensor/cpu/cpu_kernels.h"
+#include "tensor/cpu/cpu_threads.h"
 
 namespace mpt::cpu {
 namespace {
@@ -24,19 +27,37 @@ void with_matrix(const T* p, int64_t rows, int64_t cols, int64_t row_stride, int
   }
 }
 
+// A product large enough is split over the CPU's threads (cpu_threads.h)
+// in blocks of whole output rows, or columns where there are more of those;
+// each thread runs Eigen's product on its block. A block spans a multiple of
+// kBlockGrain rows or columns (Eigen's register tiles stay whole) and at
+// least kMinBlockWork multiply-adds, so that starting a thread pays.
+constexpr int64_t kBlockGrain = 16;
+constexpr int64_t kMinBlockWork = int64_t{1} << 22;
+
 template <typename T>
 void gemm_native(const GemmArgs& g, const T* a, const T* b, T* out, int64_t a_batch_stride, int64_t b_batch_stride) {
   const int64_t batch = g.out.shape[0], m = g.out.shape[1], n = g.out.shape[2], k = g.a.shape[2];
+  const bool by_rows = m >= n;
+  const int64_t split = by_rows ? m : n;
+  const int64_t grain_work = kBlockGrain * (by_rows ? n : m) * k;
+  const int64_t min_grains = (kMinBlockWork + grain_work - 1) / std::max<int64_t>(grain_work, 1);
   for (int64_t i = 0; i < batch; ++i) {
     OutMap<T> c(out + i * m * n, m, n);
     with_matrix(a + i * a_batch_stride, m, k, g.a.strides[1], g.a.strides[2], [&](const auto& A) {
       with_matrix(b + i * b_batch_stride, k, n, g.b.strides[1], g.b.strides[2], [&](const auto& B) {
-        if (g.beta == 0.0f) {
-          c.noalias() = static_cast<T>(g.alpha) * (A * B);
-        } else {
-          c *= static_cast<T>(g.beta);
-          c.noalias() += static_cast<T>(g.alpha) * (A * B);
-        }
+        parallel_for(split, kBlockGrain, min_grains, [&](int64_t begin, int64_t end) {
+          const int64_t r0 = by_rows ? begin : 0, rows = by_rows ? end - begin : m;
+          const int64_t c0 = by_rows ? 0 : begin, cols = by_rows ? n : end - begin;
+          auto block = c.block(r0, c0, rows, cols);
+          const auto product = A.middleRows(r0, rows) * B.middleCols(c0, cols);
+          if (g.beta == 0.0f) {
+            block.noalias() = static_cast<T>(g.alpha) * product;
+          } else {
+            block *= static_cast<T>(g.beta);
+            block.noalias() += static_cast<T>(g.alpha) * product;
+          }
+        });
       });
     });
   }
@@ -75,32 +96,78 @@ void sum_rows_of_a(const GemmArgs& g) {
   }
 }
 
-// Copies a strided [batch, rows, cols] view of 16-bit floats into contiguous f32.
+// Whether a [batch, rows, cols] view's matrices are dense blocks (row- or
+// column-major) lying back to back: its elements fill one stretch of memory.
+bool is_dense_batch(const TensorView& v) {
+  const int64_t rows = v.shape[1], cols = v.shape[2];
+  const bool row_major = v.strides[2] == 1 && (rows == 1 || v.strides[1] == cols);
+  const bool col_major = v.strides[1] == 1 && (cols == 1 || v.strides[2] == rows);
+  return (row_major || col_major) && (v.shape[0] == 1 || v.strides[0] == rows * cols);
+}
+
+// Element-wise passes over at least this many elements a thread are split.
+constexpr int64_t kConvertGrain = 1 << 14;
+
+// A [batch, rows, cols] view of 16-bit floats widened to f32, and the view
+// of the copy. A dense view keeps its layout and takes one linear pass
+// (which vectorizes); any other is gathered into row-major order.
+struct Widened {
+  std::unique_ptr<float[]> values;
+  TensorView view;
+};
+
 template <typename T>
-std::vector<float> widen(const TensorView& v) {
-  std::vector<float> w(static_cast<size_t>(v.numel()));
+Widened widen(const TensorView& v) {
+  const int64_t n = v.numel();
+  Widened w{std::unique_ptr<float[]>(new float[static_cast<size_t>(n)]), v};
+  w.view.data = w.values.get();
+  w.view.dtype = DType::f32;
   const T* p = static_cast<const T*>(v.data);
+  float* out = w.values.get();
+  if (is_dense_batch(v)) {
+    parallel_for(n, kConvertGrain, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) out[i] = static_cast<float>(p[i]);
+    });
+    return w;
+  }
   size_t i = 0;
   for (int64_t bi = 0; bi < v.shape[0]; ++bi)
     for (int64_t r = 0; r < v.shape[1]; ++r)
       for (int64_t c = 0; c < v.shape[2]; ++c)
-        w[i++] = static_cast<float>(p[bi * v.strides[0] + r * v.strides[1] + c * v.strides[2]]);
+        out[i++] = static_cast<float>(p[bi * v.strides[0] + r * v.strides[1] + c * v.strides[2]]);
+  w.view.strides[0] = v.shape[1] * v.shape[2];
+  w.view.strides[1] = v.shape[2];
+  w.view.strides[2] = 1;
   return w;
 }
 
 template <typename T>
 void gemm_widened(const GemmArgs& g) {
-  std::vector<float> a = widen<T>(g.a), b = widen<T>(g.b), c = widen<T>(g.out);
+  const Widened a = widen<T>(g.a), b = widen<T>(g.b);
+  // The result in f32 (row-major, as the output is); its old values are
+  // read only where beta asks for them.
+  const int64_t count = g.out.numel();
+  std::unique_ptr<float[]> fresh;
+  Widened old;
+  float* c = nullptr;
+  if (g.beta != 0.0f) {
+    old = widen<T>(g.out);
+    c = old.values.get();
+  } else {
+    fresh.reset(new float[static_cast<size_t>(count)]);
+    c = fresh.get();
+  }
   GemmArgs wide = g;
-  const int64_t m = g.out.shape[1], n = g.out.shape[2], k = g.a.shape[2];
-  wide.a.strides[1] = k, wide.a.strides[2] = 1;
-  wide.b.strides[1] = n, wide.b.strides[2] = 1;
-  gemm_native<float>(wide, a.data(), b.data(), c.data(), m * k, k * n);
-  add_bias<float, T>(g, c.data());
-  apply_relu<float>(g, c.data());
+  wide.a = a.view;
+  wide.b = b.view;
+  gemm_native<float>(wide, a.values.get(), b.values.get(), c, a.view.strides[0], b.view.strides[0]);
+  add_bias<float, T>(g, c);
+  apply_relu<float>(g, c);
   sum_rows_of_a<float, T>(g);
   T* out = static_cast<T*>(g.out.data);
-  for (size_t i = 0; i < c.size(); ++i) out[i] = T(c[i]);
+  parallel_for(count, kConvertGrain, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) out[i] = T(c[i]);
+  });
 }
 
 template <typename T>

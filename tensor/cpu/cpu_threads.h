@@ -1,0 +1,24 @@
+#pragma once
+// The threads the CPU backend splits large work over. The count is the
+// number of CPUs this process may run on (its affinity mask), or
+// MPT_CPU_THREADS where that is set; it is read once per process, so a
+// kernel that splits by it gives the same bits in every run on the same
+// machine.
+#include <cstdint>
+#include <functional>
+
+namespace mpt::cpu {
+
+// At least 1. ValueError (naming the variable) for an MPT_CPU_THREADS that
+// is not a whole number from 1 to 1024.
+int cpu_threads();
+
+// f(begin, end) over [0, count) in up to cpu_threads() contiguous pieces,
+// each a whole number of `grain`s (but the last) and worth at least
+// `min_grains_per_piece` grains, the first on the calling thread and the
+// others on threads of their own. Returns when all are done; rethrows the
+// first piece's exception.
+void parallel_for(int64_t count, int64_t grain, int64_t min_grains_per_piece,
+                  const std::function<void(int64_t begin, int64_t end)>& f);
+
+}  // namespace mpt::cpu
