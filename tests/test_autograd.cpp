@@ -415,6 +415,69 @@ TEST(AutogradForward, MaxPool2dMatchesNaiveLoops) {
     }
 }
 
+// A batch large enough that the CPU shares its images (convolution) and
+// planes (pooling) out over threads: the forward results and, through
+// backward of sum(y * r), the gradients of input and weight against naive
+// f64 loops (the weight's gradient sums every thread's images). On one CPU
+// nothing is split and the same checks hold.
+TEST(AutogradForward, ConvolutionAndPoolingSplitOverThreadsMatchNaiveLoops) {
+  const uint64_t seed = testing::fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  Generator gen(seed);
+  const int64_t N = 48, C = 8, H = 16, W = 16, O = 16, K = 3;
+  const Conv2dParams p{.pad_h = 1, .pad_w = 1};
+  Tensor x = randn({N, C, H, W}, DType::f32, kCPU, &gen).set_requires_grad(true);
+  Tensor w = randn({O, C, K, K}, DType::f32, kCPU, &gen).set_requires_grad(true);
+  const Tensor y = conv2d(x, w, Tensor(), p);
+  Shape shape;
+  const std::vector<double> xs = host_f64(x), ws = host_f64(w);
+  EXPECT_LE(rel_error(host_f64(y), conv2d_ref(xs, x.shape(), ws, w.shape(), {}, p, shape)), 1e-5);
+  const Tensor r = randn(y.shape(), DType::f32, kCPU, &gen);
+  backward(sum(mul(y, r)));
+  // d/dx and d/dw of sum(y * r): each product x * w * r, credited to both.
+  const std::vector<double> rs = host_f64(r);
+  std::vector<double> dx(xs.size(), 0.0), dw(ws.size(), 0.0);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t o = 0; o < O; ++o)
+      for (int64_t i = 0; i < H; ++i)
+        for (int64_t j = 0; j < W; ++j) {
+          const double g = rs[static_cast<size_t>(((n * O + o) * H + i) * W + j)];
+          for (int64_t c = 0; c < C; ++c)
+            for (int64_t kh = 0; kh < K; ++kh)
+              for (int64_t kw = 0; kw < K; ++kw) {
+                const int64_t h = i - 1 + kh, v = j - 1 + kw;
+                if (h < 0 || h >= H || v < 0 || v >= W) continue;
+                const auto xi = static_cast<size_t>(((n * C + c) * H + h) * W + v);
+                const auto wi = static_cast<size_t>(((o * C + c) * K + kh) * K + kw);
+                dx[xi] += g * ws[wi];
+                dw[wi] += g * xs[xi];
+              }
+        }
+  EXPECT_LE(rel_error(host_f64(x.grad()), dx), 1e-5);
+  EXPECT_LE(rel_error(host_f64(w.grad()), dw), 1e-5);
+
+  Tensor z = randn({64, 16, 12, 12}, DType::f32, kCPU, &gen).set_requires_grad(true);
+  const Tensor pooled = max_pool2d(z, Pool2dParams{});
+  EXPECT_EQ(host_f64(pooled), max_pool2d_ref(host_f64(z), z.shape(), Pool2dParams{}, shape));
+  const Tensor rp = randn(pooled.shape(), DType::f32, kCPU, &gen);
+  backward(sum(mul(pooled, rp)));
+  // Each window's r goes to its maximum (random values: no ties).
+  const std::vector<double> zs = host_f64(z), rps = host_f64(rp);
+  std::vector<double> dz(zs.size(), 0.0);
+  for (int64_t plane = 0; plane < 64 * 16; ++plane)
+    for (int64_t i = 0; i < 6; ++i)
+      for (int64_t j = 0; j < 6; ++j) {
+        size_t best = 0;
+        for (int64_t kh = 0; kh < 2; ++kh)
+          for (int64_t kw = 0; kw < 2; ++kw) {
+            const auto at = static_cast<size_t>((plane * 12 + 2 * i + kh) * 12 + 2 * j + kw);
+            if ((kh == 0 && kw == 0) || zs[at] > zs[best]) best = at;
+          }
+        dz[best] += rps[static_cast<size_t>((plane * 6 + i) * 6 + j)];
+      }
+  EXPECT_EQ(host_f64(z.grad()), dz);
+}
+
 // softmax (or log_softmax) of a contiguous block of shape s along dim (>= 0),
 // the maximum subtracted first.
 std::vector<double> softmax_ref(const std::vector<double>& x, const Shape& s, int64_t dim, bool log) {

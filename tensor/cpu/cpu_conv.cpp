@@ -1,10 +1,16 @@
 // 2-d convolution on the CPU: im2col, then one GEMM per image (Eigen). The
 // backward passes use the same column matrix: data = col2im(W^T g),
 // weight = sum over images of g cols^T. 16-bit floats compute in f32.
+// Images are shared out over the CPU's threads (cpu_threads.h); the weight
+// gradient sums each thread's images, then the threads' sums in order.
 #include <Eigen/Core>
+#include <algorithm>
+#include <mutex>
+#include <utility>
 #include <vector>
 
 #include "tensor/cpu/cpu_kernels.h"
+#include "tensor/cpu/cpu_threads.h"
 
 namespace mpt::cpu {
 namespace {
@@ -14,6 +20,12 @@ struct Geometry {
   Conv2dParams p;
   int64_t col_rows() const { return c * kh * kw; }
   int64_t col_cols() const { return ho * wo; }
+  // Images a thread takes at least: a share worth starting a thread for
+  // (about 4M multiply-adds).
+  int64_t min_images_per_thread() const {
+    const int64_t per_image = std::max<int64_t>(o * col_rows() * col_cols(), 1);
+    return ((int64_t{1} << 22) + per_image - 1) / per_image;
+  }
 };
 
 Geometry geometry(const TensorView& x_like, const TensorView& w, const TensorView& out_like, const Conv2dParams& p) {
@@ -71,10 +83,12 @@ void conv2d_forward(const TensorView& out, const TensorView& x, const TensorView
     using C = typename ComputeType<T>::type;
     const Geometry g = geometry(x, w, out, p);
     const Mat<C> wm = load_matrix<T, C>(static_cast<const T*>(w.data), g.o, g.col_rows());
-    for (int64_t i = 0; i < g.n; ++i) {
-      const Mat<C> cols = im2col<T, C>(static_cast<const T*>(x.data) + i * g.c * g.h * g.w, g);
-      store_matrix<T, C>(static_cast<T*>(out.data) + i * g.o * g.col_cols(), Mat<C>(wm * cols));
-    }
+    parallel_for(g.n, 1, g.min_images_per_thread(), [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        const Mat<C> cols = im2col<T, C>(static_cast<const T*>(x.data) + i * g.c * g.h * g.w, g);
+        store_matrix<T, C>(static_cast<T*>(out.data) + i * g.o * g.col_cols(), Mat<C>(wm * cols));
+      }
+    });
   });
 }
 
@@ -85,17 +99,20 @@ void conv2d_backward_data(const TensorView& grad_x, const TensorView& grad_out, 
     using C = typename ComputeType<T>::type;
     const Geometry g = geometry(grad_x, w, grad_out, p);
     const Mat<C> wt = load_matrix<T, C>(static_cast<const T*>(w.data), g.o, g.col_rows()).transpose();
-    std::vector<C> image(static_cast<size_t>(g.c * g.h * g.w));
-    for (int64_t i = 0; i < g.n; ++i) {
-      const Mat<C> go = load_matrix<T, C>(static_cast<const T*>(grad_out.data) + i * g.o * g.col_cols(), g.o, g.col_cols());
-      const Mat<C> cols = wt * go;
-      std::fill(image.begin(), image.end(), C{0});
-      for_each_patch_element(g, [&](int64_t r, int64_t col, int64_t off) {
-        if (off >= 0) image[off] += cols(r, col);
-      });
-      T* dst = static_cast<T*>(grad_x.data) + i * g.c * g.h * g.w;
-      for (size_t k = 0; k < image.size(); ++k) store<T, C>(dst + k, image[k]);
-    }
+    parallel_for(g.n, 1, g.min_images_per_thread(), [&](int64_t begin, int64_t end) {
+      std::vector<C> image(static_cast<size_t>(g.c * g.h * g.w));
+      for (int64_t i = begin; i < end; ++i) {
+        const Mat<C> go =
+            load_matrix<T, C>(static_cast<const T*>(grad_out.data) + i * g.o * g.col_cols(), g.o, g.col_cols());
+        const Mat<C> cols = wt * go;
+        std::fill(image.begin(), image.end(), C{0});
+        for_each_patch_element(g, [&](int64_t r, int64_t col, int64_t off) {
+          if (off >= 0) image[off] += cols(r, col);
+        });
+        T* dst = static_cast<T*>(grad_x.data) + i * g.c * g.h * g.w;
+        for (size_t k = 0; k < image.size(); ++k) store<T, C>(dst + k, image[k]);
+      }
+    });
   });
 }
 
@@ -105,13 +122,25 @@ void conv2d_backward_weight(const TensorView& grad_w, const TensorView& x, const
     using T = decltype(tag);
     using C = typename ComputeType<T>::type;
     const Geometry g = geometry(x, grad_w, grad_out, p);
-    Mat<C> acc = Mat<C>::Zero(g.o, g.col_rows());
-    for (int64_t i = 0; i < g.n; ++i) {
-      const Mat<C> cols = im2col<T, C>(static_cast<const T*>(x.data) + i * g.c * g.h * g.w, g);
-      const Mat<C> go = load_matrix<T, C>(static_cast<const T*>(grad_out.data) + i * g.o * g.col_cols(), g.o, g.col_cols());
-      acc.noalias() += go * cols.transpose();
-    }
-    store_matrix<T, C>(static_cast<T*>(grad_w.data), acc);
+    // Each thread's sum over its images, by its first image; then the sums
+    // in image order, so a split gives the same bits every run.
+    std::vector<std::pair<int64_t, Mat<C>>> sums;
+    std::mutex sums_mutex;
+    parallel_for(g.n, 1, g.min_images_per_thread(), [&](int64_t begin, int64_t end) {
+      Mat<C> acc = Mat<C>::Zero(g.o, g.col_rows());
+      for (int64_t i = begin; i < end; ++i) {
+        const Mat<C> cols = im2col<T, C>(static_cast<const T*>(x.data) + i * g.c * g.h * g.w, g);
+        const Mat<C> go =
+            load_matrix<T, C>(static_cast<const T*>(grad_out.data) + i * g.o * g.col_cols(), g.o, g.col_cols());
+        acc.noalias() += go * cols.transpose();
+      }
+      const std::lock_guard<std::mutex> lock(sums_mutex);
+      sums.emplace_back(begin, std::move(acc));
+    });
+    std::sort(sums.begin(), sums.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    Mat<C> total = Mat<C>::Zero(g.o, g.col_rows());
+    for (const auto& [first, sum] : sums) total += sum;
+    store_matrix<T, C>(static_cast<T*>(grad_w.data), total);
   });
 }
 

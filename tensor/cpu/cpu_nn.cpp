@@ -1,9 +1,21 @@
-// Row gathers and max pooling on the CPU.
+// Row gathers and max pooling on the CPU; pooling shares its planes out
+// over the CPU's threads.
+#include <algorithm>
 #include <limits>
+#include <vector>
 
 #include "tensor/cpu/cpu_kernels.h"
+#include "tensor/cpu/cpu_threads.h"
 
 namespace mpt::cpu {
+namespace {
+
+// Planes a thread takes at least: about 64K elements' work.
+int64_t min_planes_per_thread(int64_t work_per_plane) {
+  return ((int64_t{1} << 16) + work_per_plane - 1) / std::max<int64_t>(work_per_plane, 1);
+}
+
+}  // namespace
 
 void index_select_rows(const TensorView& out, const TensorView& table, const TensorView& idx) {
   const int64_t n = idx.shape[0], d = table.shape[1];
@@ -39,7 +51,7 @@ void max_pool2d_forward(const TensorView& out, const TensorView& indices, const 
     const T* in = static_cast<const T*>(x.data);
     T* o = static_cast<T*>(out.data);
     auto* ix = static_cast<int64_t*>(indices.data);
-    for (int64_t pl = 0; pl < planes; ++pl)
+    auto pool_plane = [&](int64_t pl) {
       for (int64_t oy = 0; oy < ho; ++oy)
         for (int64_t ox = 0; ox < wo; ++ox) {
           C best = -std::numeric_limits<C>::infinity();
@@ -59,6 +71,10 @@ void max_pool2d_forward(const TensorView& out, const TensorView& indices, const 
           store<T, C>(o + k, best);
           ix[k] = best_at;
         }
+    };
+    parallel_for(planes, 1, min_planes_per_thread(ho * wo * p.kernel_h * p.kernel_w), [&](int64_t first, int64_t last) {
+      for (int64_t pl = first; pl < last; ++pl) pool_plane(pl);
+    });
   });
 }
 
@@ -72,12 +88,14 @@ void max_pool2d_backward(const TensorView& grad_x, const TensorView& grad_out, c
     const T* go = static_cast<const T*>(grad_out.data);
     const auto* ix = static_cast<const int64_t*>(indices.data);
     // Accumulate per plane in the compute type, then store once.
-    std::vector<C> acc(static_cast<size_t>(hw));
-    for (int64_t pl = 0; pl < planes; ++pl) {
-      std::fill(acc.begin(), acc.end(), C{0});
-      for (int64_t k = 0; k < ohw; ++k) acc[ix[pl * ohw + k]] += load<T, C>(go + pl * ohw + k);
-      for (int64_t i = 0; i < hw; ++i) store<T, C>(gx + pl * hw + i, acc[i]);
-    }
+    parallel_for(planes, 1, min_planes_per_thread(hw + ohw), [&](int64_t first, int64_t last) {
+      std::vector<C> acc(static_cast<size_t>(hw));
+      for (int64_t pl = first; pl < last; ++pl) {
+        std::fill(acc.begin(), acc.end(), C{0});
+        for (int64_t k = 0; k < ohw; ++k) acc[ix[pl * ohw + k]] += load<T, C>(go + pl * ohw + k);
+        for (int64_t i = 0; i < hw; ++i) store<T, C>(gx + pl * hw + i, acc[i]);
+      }
+    });
   });
 }
 
