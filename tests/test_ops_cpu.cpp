@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cmath>
 #include <functional>
+#include <thread>
 #include <tuple>
 
 #include "tensor/cpu/cpu_threads.h"
@@ -355,6 +356,28 @@ TEST(CpuThreads, ParallelForCoversEveryIndexOnceAndRethrows) {
     for (int64_t i = 0; i < count; ++i) ASSERT_EQ(seen[static_cast<size_t>(i)].load(), 1) << "index " << i;
     EXPECT_LE(pieces.load(), std::max(1, cpu::cpu_threads()));
   }
+  // A piece that splits its own work, and callers on several threads at
+  // once: the pool serves one caller, the others run their pieces
+  // themselves, and every index is still visited once.
+  std::vector<std::atomic<int>> nested(1 << 12);
+  cpu::parallel_for(1 << 6, 1, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t outer = begin; outer < end; ++outer)
+      cpu::parallel_for(1 << 6, 1, 1, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) ++nested[static_cast<size_t>((outer << 6) + i)];
+      });
+  });
+  std::vector<std::atomic<int>> concurrent(4 << 16);
+  {
+    std::vector<std::jthread> callers;
+    for (int64_t c = 0; c < 4; ++c)
+      callers.emplace_back([&, c] {
+        cpu::parallel_for(1 << 16, 64, 1, [&](int64_t b, int64_t e) {
+          for (int64_t i = b; i < e; ++i) ++concurrent[static_cast<size_t>((c << 16) + i)];
+        });
+      });
+  }
+  for (const auto& counts : {&nested, &concurrent})
+    for (size_t i = 0; i < counts->size(); ++i) ASSERT_EQ((*counts)[i].load(), 1) << "index " << i;
   EXPECT_THROW(cpu::parallel_for(1 << 20, 1, 1,
                                  [](int64_t, int64_t end) {
                                    if (end == int64_t{1} << 20) throw ValueError("the last piece failed");

@@ -15,9 +15,12 @@ int cpu_threads();
 
 // f(begin, end) over [0, count) in up to cpu_threads() contiguous pieces,
 // each a whole number of `grain`s (but the last) and worth at least
-// `min_grains_per_piece` grains, the first on the calling thread and the
-// others on threads of their own. Returns when all are done; rethrows the
-// first piece's exception.
+// `min_grains_per_piece` grains, run by the calling thread and a pool of
+// cpu_threads() - 1 workers (made at the first split, kept for the
+// process). The pieces depend only on the arguments and cpu_threads().
+// While the pool serves another caller (a nested split, say), the calling
+// thread runs all of its pieces itself. Returns when all are done;
+// rethrows the first piece's exception.
 void parallel_for(int64_t count, int64_t grain, int64_t min_grains_per_piece,
                   const std::function<void(int64_t begin, int64_t end)>& f);
 
