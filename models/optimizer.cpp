@@ -199,7 +199,8 @@ void Optimizer::step_part(const std::vector<Tensor>& only, const Tensor& found_i
 void Optimizer::set_capturable(bool capturable) {
   if (capturable == capturable_) return;
   if (capturable) {
-    check(has_device_steps(), "{}: capturable mode needs a rule with device-side step counts (AdamW and SGD have them)", name_);
+    check(has_device_steps(),
+          "{}: capturable mode needs a rule with device-side step counts (AdamW and SGD have them)", name_);
     check(fused_ && fused::available(), "{}: capturable mode needs the fused CUDA kernels (fusion is off or not built)",
           name_);
     const Device device = all_params_.front().device();

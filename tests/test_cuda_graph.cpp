@@ -5,11 +5,12 @@
 // again; a step that synchronizes falls back to eager; replays allocate
 // nothing; batches copied in ahead of their steps train as batches copied
 // at the step; a learning rate set between replays takes effect, for
-// capturable AdamW and SGD (momentum started at its first real update). A graph's
-// memory: shapes that come back capture into the memory of the graphs they
-// dropped, and a dropped graph's memory serves eager work on the stream of
-// its replays, a replay on another stream waiting for the work queued
-// before the capture ended; a replay inside another capture is refused.
+// capturable AdamW and SGD (momentum started at its first real update). A
+// graph's memory: shapes that come back capture into the memory of the
+// graphs they dropped, and a dropped graph's memory serves eager work on
+// the stream of its replays, a replay on another stream waiting for the
+// work queued before the capture ended; a replay inside another capture is
+// refused.
 // Index checks on the GPU report at the next synchronization.
 #include <gtest/gtest.h>
 
@@ -45,9 +46,9 @@ using testing::rel_error;
 const Device kGPU("cuda:0");
 
 // One training setup: model (inputs of `width`, one hidden layer of
-// `hidden`), capturable AdamW (or SGD: use_sgd()), a scaler whose scale moves (2^24 overflows
-// f16 gradients at first, so early steps are skipped and the scale backs
-// off; afterwards it grows every 3 clean steps).
+// `hidden`), capturable AdamW (or SGD: use_sgd()), a scaler whose scale
+// moves (2^24 overflows f16 gradients at first, so early steps are skipped
+// and the scale backs off; afterwards it grows every 3 clean steps).
 struct TrainingRun {
   std::shared_ptr<nn::Sequential> model;
   std::unique_ptr<optim::Optimizer> opt;

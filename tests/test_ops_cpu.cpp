@@ -343,8 +343,10 @@ TEST_F(OpsCpu, MatmulSplitOverThreadsMatchesReference) {
 
 TEST(CpuThreads, ParallelForCoversEveryIndexOnceAndRethrows) {
   EXPECT_GE(cpu::cpu_threads(), 1);
-  for (const auto& [count, grain, min_grains] : {std::tuple<int64_t, int64_t, int64_t>{1000, 16, 1}, {7, 16, 1},
-                                                 {100000, 1, 1000}, {0, 4, 1}}) {
+  for (const auto& sizes : {std::tuple<int64_t, int64_t, int64_t>{1000, 16, 1}, {7, 16, 1}, {100000, 1, 1000},
+                            {0, 4, 1}}) {
+    // Plain variables, not a structured binding: the lambda below takes them.
+    const int64_t count = std::get<0>(sizes), grain = std::get<1>(sizes), min_grains = std::get<2>(sizes);
     std::vector<std::atomic<int>> seen(static_cast<size_t>(count));
     std::atomic<int> pieces{0};
     cpu::parallel_for(count, grain, min_grains, [&](int64_t begin, int64_t end) {

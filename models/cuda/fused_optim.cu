@@ -53,7 +53,8 @@ __global__ void __launch_bounds__(kThreads) adamw_kernel(TensorList<AdamWTensor>
   // Every rounding spelled out (fma.rn and mul.rn are never contracted):
   // the compiler cannot fuse the update's multiplies and adds differently
   // from one build to the next, so its bits do not depend on what compiled
-  // it (tests/test_cuda_optim.cpp holds the same rule on the host).
+  // it (tests/test_fused_optim.cpp holds the same rule on the host, and
+  // models/fused_optim_host.cpp computes it there).
   auto update = [&](float p, float g, float& m, float& v) {
     m = __fmaf_rn(s.beta1, m, __fmul_rn(s.one_minus_beta1, g));
     v = __fmaf_rn(s.beta2, v, __fmul_rn(__fmul_rn(s.one_minus_beta2, g), g));

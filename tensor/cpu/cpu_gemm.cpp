@@ -31,7 +31,8 @@ void with_matrix(const T* p, int64_t rows, int64_t cols, int64_t row_stride, int
 // in blocks of whole output rows, or columns where there are more of those;
 // each thread runs Eigen's product on its block. A block spans a multiple of
 // kBlockGrain rows or columns (Eigen's register tiles stay whole) and at
-// least kMinBlockWork multiply-adds, so that starting a thread pays.
+// least kMinBlockWork multiply-adds, so that handing it to another thread
+// pays.
 constexpr int64_t kBlockGrain = 16;
 constexpr int64_t kMinBlockWork = int64_t{1} << 22;
 
@@ -105,7 +106,7 @@ bool is_dense_batch(const TensorView& v) {
   return (row_major || col_major) && (v.shape[0] == 1 || v.strides[0] == rows * cols);
 }
 
-// Element-wise passes over at least this many elements a thread are split.
+// Conversions are split into pieces of at least this many elements.
 constexpr int64_t kConvertGrain = 1 << 14;
 
 // A [batch, rows, cols] view of 16-bit floats widened to f32, and the view
