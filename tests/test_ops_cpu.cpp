@@ -4,9 +4,13 @@
 #include <gtest/gtest.h>
 
 #include <fmt/ranges.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <functional>
 #include <thread>
@@ -385,6 +389,33 @@ TEST(CpuThreads, ParallelForCoversEveryIndexOnceAndRethrows) {
                                    if (end == int64_t{1} << 20) throw ValueError("the last piece failed");
                                  }),
                ValueError);
+}
+
+// A child forked after the pool was made has none of its threads: its
+// splits run on its own thread and complete (bounded: a child that hangs
+// is killed and fails the test).
+TEST(CpuThreads, AForkedChildRunsItsSplitsItself) {
+  cpu::parallel_for(1 << 20, 1, 1, [](int64_t, int64_t) {});  // the pool exists where there are threads
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    std::vector<int> seen(1 << 16, 0);
+    cpu::parallel_for(1 << 16, 64, 1, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) ++seen[static_cast<size_t>(i)];
+    });
+    ::_exit(std::all_of(seen.begin(), seen.end(), [](int n) { return n == 1; }) ? 0 : 1);
+  }
+  int status = 0;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (::waitpid(child, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > until) {
+      ::kill(child, SIGKILL);
+      ::waitpid(child, &status, 0);
+      FAIL() << "the forked child's parallel_for did not finish in 20 s";
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
 }
 
 TEST_F(OpsCpu, MatmulErrorsNameTheShapes) {

@@ -1,6 +1,7 @@
 #include "tensor/cpu/cpu_threads.h"
 
 #include <sched.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -52,8 +53,11 @@ class WorkerPool {
   }
 
   // run(piece) for every piece of [0, pieces), on the workers and the
-  // calling thread; false, with nothing run, while the pool is busy.
+  // calling thread; false, with nothing run, while the pool is busy, or in
+  // a child forked from the process that made it (which has none of its
+  // threads, and maybe a mutex a worker held at the fork).
   bool try_run(int64_t pieces, const std::function<void(int64_t)>& run) {
+    if (::getpid() != owner_) return false;
     auto job = std::make_shared<Job>(run, pieces);
     {
       const std::lock_guard<std::mutex> lock(mutex_);
@@ -101,6 +105,7 @@ class WorkerPool {
     }
   }
 
+  const pid_t owner_ = ::getpid();
   std::mutex mutex_;
   std::condition_variable wake_, done_;
   std::shared_ptr<Job> job_;  // the pieces being run, if any
