@@ -20,11 +20,9 @@ struct Geometry {
   Conv2dParams p;
   int64_t col_rows() const { return c * kh * kw; }
   int64_t col_cols() const { return ho * wo; }
-  // Images a thread takes at least: a share worth handing to another
-  // thread (about 4M multiply-adds).
+  // Images a thread takes at least: a share worth handing to another thread.
   int64_t min_images_per_thread() const {
-    const int64_t per_image = std::max<int64_t>(o * col_rows() * col_cols(), 1);
-    return ((int64_t{1} << 22) + per_image - 1) / per_image;
+    return units_for_work(kMinMultiplyAddsPerPiece, o * col_rows() * col_cols());
   }
 };
 

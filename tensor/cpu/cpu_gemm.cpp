@@ -31,18 +31,15 @@ void with_matrix(const T* p, int64_t rows, int64_t cols, int64_t row_stride, int
 // in blocks of whole output rows, or columns where there are more of those;
 // each thread runs Eigen's product on its block. A block spans a multiple of
 // kBlockGrain rows or columns (Eigen's register tiles stay whole) and at
-// least kMinBlockWork multiply-adds, so that handing it to another thread
-// pays.
+// least kMinMultiplyAddsPerPiece multiply-adds.
 constexpr int64_t kBlockGrain = 16;
-constexpr int64_t kMinBlockWork = int64_t{1} << 22;
 
 template <typename T>
 void gemm_native(const GemmArgs& g, const T* a, const T* b, T* out, int64_t a_batch_stride, int64_t b_batch_stride) {
   const int64_t batch = g.out.shape[0], m = g.out.shape[1], n = g.out.shape[2], k = g.a.shape[2];
   const bool by_rows = m >= n;
   const int64_t split = by_rows ? m : n;
-  const int64_t grain_work = kBlockGrain * (by_rows ? n : m) * k;
-  const int64_t min_grains = (kMinBlockWork + grain_work - 1) / std::max<int64_t>(grain_work, 1);
+  const int64_t min_grains = units_for_work(kMinMultiplyAddsPerPiece, kBlockGrain * (by_rows ? n : m) * k);
   for (int64_t i = 0; i < batch; ++i) {
     OutMap<T> c(out + i * m * n, m, n);
     with_matrix(a + i * a_batch_stride, m, k, g.a.strides[1], g.a.strides[2], [&](const auto& A) {
@@ -148,16 +145,9 @@ void gemm_widened(const GemmArgs& g) {
   // The result in f32 (row-major, as the output is); its old values are
   // read only where beta asks for them.
   const int64_t count = g.out.numel();
-  std::unique_ptr<float[]> fresh;
-  Widened old;
-  float* c = nullptr;
-  if (g.beta != 0.0f) {
-    old = widen<T>(g.out);
-    c = old.values.get();
-  } else {
-    fresh.reset(new float[static_cast<size_t>(count)]);
-    c = fresh.get();
-  }
+  const std::unique_ptr<float[]> result =
+      g.beta != 0.0f ? widen<T>(g.out).values : std::unique_ptr<float[]>(new float[static_cast<size_t>(count)]);
+  float* c = result.get();
   GemmArgs wide = g;
   wide.a = a.view;
   wide.b = b.view;

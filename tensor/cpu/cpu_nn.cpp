@@ -11,9 +11,7 @@ namespace mpt::cpu {
 namespace {
 
 // Planes a thread takes at least: about 64K elements' work.
-int64_t min_planes_per_thread(int64_t work_per_plane) {
-  return ((int64_t{1} << 16) + work_per_plane - 1) / std::max<int64_t>(work_per_plane, 1);
-}
+int64_t min_planes_per_thread(int64_t work_per_plane) { return units_for_work(int64_t{1} << 16, work_per_plane); }
 
 }  // namespace
 

@@ -10,7 +10,6 @@
 #include <exception>
 #include <memory>
 #include <mutex>
-#include <string>
 #include <system_error>
 #include <thread>
 #include <vector>

@@ -4,10 +4,21 @@
 // MPT_CPU_THREADS where that is set; it is read once per process, so a
 // kernel that splits by it gives the same bits in every run on the same
 // machine.
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 
 namespace mpt::cpu {
+
+// Multiply-adds worth handing to another thread (products, convolutions).
+constexpr int64_t kMinMultiplyAddsPerPiece = int64_t{1} << 22;
+
+// How many units of `work_per_unit` make at least `min_work`: a
+// parallel_for's `min_grains_per_piece` from the work of one grain.
+inline int64_t units_for_work(int64_t min_work, int64_t work_per_unit) {
+  const int64_t unit = std::max<int64_t>(work_per_unit, 1);
+  return (min_work + unit - 1) / unit;
+}
 
 // At least 1. ValueError (naming the variable) for an MPT_CPU_THREADS that
 // is not a whole number from 1 to 1024.
