@@ -11,92 +11,22 @@
 
 #include "models/adamw.h"
 #include "models/sgd.h"
+#include "tests/optimizer_check.h"
 #include "tests/test_util.h"
 
 namespace mpt {
 namespace {
 
+using testing::awkward_shapes;
 using testing::host_f64;
+using testing::MakeOptimizer;
 using testing::rel_error;
 
 const Device kGPU("cuda:0");
 
-// 45 tensors: more than one launch's list, one larger than a chunk.
-std::vector<Shape> awkward_shapes() {
-  std::vector<Shape> shapes;
-  for (int64_t i = 0; i < 42; ++i) shapes.push_back({1 + (i * 37) % 101, 1 + i % 3});
-  shapes.push_back({1});
-  shapes.push_back({70001});
-  shapes.push_back({257, 300});
-  return shapes;
-}
-
-using MakeOptimizer = std::function<std::unique_ptr<optim::Optimizer>(std::vector<Tensor>)>;
-
-// Runs a few updates with the same gradients on CPU (raw ops) and GPU (fused
-// or not), then compares every parameter. 16-bit parameters are compared
-// with the rule computed in f32 on the CPU: the fused kernels compute in f32
-// (raw f16 ops would underflow sqrt(v) + eps to 0).
+// A run on the GPU (fused or not) against the raw-op rule on the CPU.
 void expect_gpu_matches_cpu(const MakeOptimizer& make, DType dt, bool fused, double tol) {
-  const DType ref_dt = dt == DType::f64 ? dt : DType::f32;
-  const uint64_t seed = testing::fresh_seed();
-  SCOPED_TRACE(::testing::Message() << "seed " << seed << " dtype " << dtype_name(dt) << " fused " << fused);
-  Generator gen(seed);
-  std::vector<Tensor> cpu, gpu;
-  for (const Shape& s : awkward_shapes()) {
-    const Tensor p = randn(s, dt, kCPU, &gen);
-    cpu.push_back(prim::to(p, ref_dt).set_requires_grad(true));
-    gpu.push_back(prim::to(p, kGPU).set_requires_grad(true));
-  }
-  auto opt_cpu = make(cpu), opt_gpu = make(gpu);
-  opt_cpu->set_fused(false);  // the reference: the rule written with raw ops
-  opt_gpu->set_fused(fused);
-  for (int step = 0; step < 4; ++step) {
-    for (size_t i = 0; i < cpu.size(); ++i) {
-      if (step == 2 && i % 5 == 0) {  // some parameters sit a step out
-        cpu[i].set_grad(Tensor());
-        gpu[i].set_grad(Tensor());
-        continue;
-      }
-      const Tensor g = randn(cpu[i].shape(), dt, kCPU, &gen);
-      cpu[i].set_grad(prim::to(g, ref_dt));
-      gpu[i].set_grad(prim::to(g, kGPU));
-    }
-    opt_cpu->step();
-    opt_gpu->step();
-  }
-  // Error over all tensors together: a one-element state can cancel to
-  // nearly zero, where a per-tensor relative error means nothing in 16 bits.
-  std::vector<double> got, want;
-  auto append = [](std::vector<double>& to, const Tensor& t) {
-    const std::vector<double> v = host_f64(t);
-    to.insert(to.end(), v.begin(), v.end());
-  };
-  // One tensor in f32: relative to its own size, or to 1 (the size of the
-  // gradients) where its values cancel to nearly zero (a one-element
-  // momentum, say) and rounding alone makes the relative error large.
-  auto expect_tensor_close = [tol](const Tensor& g, const Tensor& c, const std::string& what) {
-    const std::vector<double> gv = host_f64(g), cv = host_f64(c);
-    EXPECT_TRUE(rel_error(gv, cv) <= tol || testing::max_abs_diff(gv, cv) <= tol)
-        << what << ": relative error " << rel_error(gv, cv) << ", largest difference " << testing::max_abs_diff(gv, cv);
-  };
-  for (size_t i = 0; i < cpu.size(); ++i) {
-    append(got, gpu[i]);
-    append(want, cpu[i]);
-    if (dt == DType::f32) expect_tensor_close(gpu[i], cpu[i], "parameter " + std::to_string(i));
-  }
-  EXPECT_LE(rel_error(got, want), tol) << "parameters";
-  // The state carries over: the GPU's buffers equal the CPU's too.
-  const auto sc = opt_cpu->state_dict(), sg = opt_gpu->state_dict();
-  ASSERT_EQ(sc.size(), sg.size());
-  got.clear();
-  want.clear();
-  for (const auto& [key, t] : sc) {
-    append(got, sg.at(key));
-    append(want, t);
-    if (dt == DType::f32) expect_tensor_close(sg.at(key), t, key);
-  }
-  EXPECT_LE(rel_error(got, want), tol) << "optimizer state";
+  testing::expect_update_matches_raw_ops(make, kGPU, dt, fused, tol);
 }
 
 TEST(CudaOptim, FusedAdamWMatchesTheCpu) {

@@ -12,68 +12,19 @@
 
 #include "models/adamw.h"
 #include "models/sgd.h"
+#include "tests/optimizer_check.h"
 #include "tests/test_util.h"
 
 namespace mpt {
 namespace {
 
 using testing::host_f64;
+using testing::MakeOptimizer;
 using testing::rel_error;
 
-using MakeOptimizer = std::function<std::unique_ptr<optim::Optimizer>(std::vector<Tensor>)>;
-
-// Four updates of a few awkwardly sized tensors in `dt` with the host loop,
-// against the raw-op rule in f32 (raw 16-bit ops would round every
-// intermediate; the loop computes in f32 like the CUDA kernels), some
-// parameters sitting a step out; the parameters and the state must agree.
+// The host loop in `dt` against the raw-op rule in f32.
 void expect_host_loop_matches_raw_ops(const MakeOptimizer& make, DType dt, double tol) {
-  const uint64_t seed = testing::fresh_seed();
-  SCOPED_TRACE(::testing::Message() << "seed " << seed << " dtype " << dtype_name(dt));
-  Generator gen(seed);
-  std::vector<Tensor> fused, raw;
-  for (const Shape& s : std::vector<Shape>{{37, 3}, {1}, {1001}, {64, 65}}) {
-    const Tensor p = randn(s, dt, kCPU, &gen);
-    fused.push_back(prim::clone(p).set_requires_grad(true));
-    raw.push_back(prim::to(p, DType::f32).set_requires_grad(true));
-  }
-  auto loop = make(fused), reference = make(raw);
-  reference->set_fused(false);
-  for (int step = 0; step < 4; ++step) {
-    for (size_t i = 0; i < fused.size(); ++i) {
-      if (step == 2 && i == 1) {
-        fused[i].set_grad(Tensor());
-        raw[i].set_grad(Tensor());
-        continue;
-      }
-      const Tensor g = randn(fused[i].shape(), dt, kCPU, &gen);
-      fused[i].set_grad(g);
-      raw[i].set_grad(prim::to(g, DType::f32));
-    }
-    loop->step();
-    reference->step();
-  }
-  // Over all tensors together: in 16 bits a one-element state can cancel to
-  // nearly zero, where a relative error of its own means nothing.
-  std::vector<double> got, want;
-  auto append = [](std::vector<double>& to, const Tensor& t) {
-    const std::vector<double> v = host_f64(t);
-    to.insert(to.end(), v.begin(), v.end());
-  };
-  for (size_t i = 0; i < fused.size(); ++i) {
-    append(got, fused[i]);
-    append(want, raw[i]);
-  }
-  EXPECT_LE(rel_error(got, want), tol) << "parameters";
-  const optim::StateDict a = loop->state_dict(), b = reference->state_dict();
-  ASSERT_EQ(a.size(), b.size());
-  got.clear();
-  want.clear();
-  for (const auto& [key, t] : b) {
-    ASSERT_TRUE(a.contains(key)) << key;
-    append(got, a.at(key));
-    append(want, t);
-  }
-  EXPECT_LE(rel_error(got, want), tol) << "optimizer state";
+  testing::expect_update_matches_raw_ops(make, kCPU, dt, /*fused=*/true, tol);
 }
 
 TEST(HostOptim, FusedLoopsMatchTheRawOpRules) {
