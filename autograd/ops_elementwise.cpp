@@ -76,6 +76,8 @@ Tensor pow(const Tensor& x, double p) {
   Tensor out = unary(UnaryOp::pow_scalar, x, p);
   if (needs_grad({x}))
     record("pow", out, {x}, [x, p](const Grads& g) {
+      // x^0 is constant: zero, also at x = 0 (where 0 * 0^-1 would be NaN), as in PyTorch.
+      if (p == 0.0) return Grads{zeros(g[0].shape(), g[0].dtype(), g[0].device())};
       return Grads{prim::mul(g[0], unary(UnaryOp::affine, unary(UnaryOp::pow_scalar, x, p - 1), p, 0.0))};
     });
   return out;

@@ -11,7 +11,7 @@ namespace {
 // Shape of the reduced result with the reduced dimensions kept as 1.
 Shape kept_shape(const Shape& shape, const std::vector<int64_t>& dims) {
   Shape s = shape;
-  if (dims.empty()) return Shape(s.size(), 1);
+  if (dims.empty() || s.empty()) return Shape(s.size(), 1);  // a 0-d input: dims 0 and -1 name the whole
   for (int64_t d : dims) s[normalize_dim(d, static_cast<int64_t>(shape.size()), "sum")] = 1;
   return s;
 }

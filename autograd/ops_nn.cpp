@@ -195,10 +195,12 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
       const Tensor gy = as(g[0], xhat);
       std::vector<int64_t> batch_dims(static_cast<size_t>(x.dim() - 1));
       for (size_t i = 0; i < batch_dims.size(); ++i) batch_dims[i] = static_cast<int64_t>(i);
+      // Summed over the batch dimensions; a 1-d input has none (and an
+      // empty list would sum over everything).
+      const auto over_batch = [&](const Tensor& t) { return batch_dims.empty() ? t : prim::sum(t, batch_dims); };
       Tensor gw, gb;
-      if (weight.defined() && weight.requires_grad())
-        gw = prim::to(prim::sum(prim::mul(gy, xhat), batch_dims), weight.dtype());
-      if (bias.defined() && bias.requires_grad()) gb = prim::to(prim::sum(gy, batch_dims), bias.dtype());
+      if (weight.defined() && weight.requires_grad()) gw = prim::to(over_batch(prim::mul(gy, xhat)), weight.dtype());
+      if (bias.defined() && bias.requires_grad()) gb = prim::to(over_batch(gy), bias.dtype());
       const Tensor gxhat = weight.defined() ? prim::mul(gy, as(weight, xhat)) : gy;
       // dx = rstd * (gxhat - mean(gxhat) - xhat * mean(gxhat * xhat))
       const Tensor inner = prim::sub(prim::sub(gxhat, prim::mean(gxhat, {-1}, true)),

@@ -88,7 +88,7 @@ Tensor cat(const std::vector<Tensor>& xs, int64_t dim) {
   if (AutocastOp ac{"cat", xs}) return cat(ac.inputs(), dim);
   Tensor out = prim::cat(xs, dim);
   if (needs_grad(xs)) {
-    const int d = normalize_dim(dim, xs.at(0).dim(), "cat");
+    const int d = normalize_existing_dim(dim, xs.at(0).dim(), "cat");
     std::vector<int64_t> sizes;
     for (const Tensor& x : xs) sizes.push_back(x.shape()[d]);
     std::vector<bool> wanted;
@@ -108,7 +108,7 @@ Tensor cat(const std::vector<Tensor>& xs, int64_t dim) {
 
 std::vector<Tensor> split(const Tensor& x, int64_t size, int64_t dim) {
   check<ValueError>(size > 0, "split: chunk size must be positive, got {}", size);
-  const int d = normalize_dim(dim, x.dim(), "split");
+  const int d = normalize_existing_dim(dim, x.dim(), "split");
   std::vector<Tensor> outs;
   for (int64_t start = 0; start < x.shape()[d]; start += size) outs.push_back(prim::slice(x, d, start, start + size));
   if (needs_grad({x}))

@@ -34,13 +34,16 @@ void DataLoader::start_epoch(int64_t epoch, int64_t first_batch) {
   check(epoch >= 0, "DataLoader::start_epoch: epoch {} must not be negative", epoch);
   check(first_batch >= 0 && first_batch <= batches_per_epoch_,
         "DataLoader::start_epoch: batch {} out of range [0, {}] for epoch {}", first_batch, batches_per_epoch_, epoch);
+  std::vector<int64_t> order = sampler_->indices(epoch);
+  // The batch count was taken from epoch 0; a sampler must keep its length.
+  // Checked before anything changes: a refused epoch leaves the current one
+  // running.
+  check(static_cast<int64_t>(order.size()) == epoch_length_,
+        "DataLoader::start_epoch: the sampler gives {} indices for epoch {} but {} for epoch 0; every epoch must be "
+        "as long", order.size(), epoch, epoch_length_);
   stop_workers();
   epoch_ = epoch;
-  order_ = sampler_->indices(epoch);
-  // The batch count was taken from epoch 0; a sampler must keep its length.
-  check(static_cast<int64_t>(order_.size()) == epoch_length_,
-        "DataLoader::start_epoch: the sampler gives {} indices for epoch {} but {} for epoch 0; every epoch must be "
-        "as long", order_.size(), epoch, epoch_length_);
+  order_ = std::move(order);
   next_batch_ = first_batch;
   next_to_claim_ = first_batch;
   ready_.clear();

@@ -76,6 +76,18 @@ uint32_t checksum(const json& header_without_crc, const std::vector<uint8_t>& da
 
 std::string hex32(uint32_t v) { return fmt::format("{:08x}", v); }
 
+// The header is JSON, which holds only UTF-8 text: a name or metadata
+// string that is not is refused before any file exists (shown with the
+// bad bytes replaced).
+void check_utf8(const std::string& path, const std::string& text, const char* what) {
+  try {
+    (void)json(text).dump();
+  } catch (const json::type_error&) {
+    throw ValueError(fmt::format("save_safetensors('{}'): {} {} is not valid UTF-8", path, what,
+                                 json(text).dump(-1, ' ', false, json::error_handler_t::replace)));
+  }
+}
+
 // A file descriptor that closes itself; writes all or throws.
 class OutputFile {
  public:
@@ -154,6 +166,7 @@ void save_safetensors(const std::string& path, const OrderedDict<Tensor>& tensor
   std::vector<uint8_t> data;
   for (const auto& [name, t] : tensors) {
     check(!name.empty() && name != "__metadata__", "save_safetensors('{}'): invalid tensor name '{}'", path, name);
+    check_utf8(path, name, "tensor name");
     check(t.defined(), "save_safetensors('{}'): tensor '{}' is undefined", path, name);
     const Tensor host = prim::contiguous(prim::to(t, kCPU));
     const size_t begin = data.size();
@@ -162,7 +175,11 @@ void save_safetensors(const std::string& path, const OrderedDict<Tensor>& tensor
     header[name] = {{"dtype", format_dtype(t.dtype())}, {"shape", t.shape()}, {"data_offsets", {begin, data.size()}}};
   }
   json meta = json::object();
-  for (const auto& [k, v] : metadata) meta[k] = v;
+  for (const auto& [k, v] : metadata) {
+    check_utf8(path, k, "metadata key");
+    check_utf8(path, v, "metadata value");
+    meta[k] = v;
+  }
   header["__metadata__"] = meta;
   const uint32_t crc = checksum(header, data);
   header["__metadata__"][kChecksumKey] = hex32(crc);

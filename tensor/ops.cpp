@@ -289,7 +289,7 @@ Tensor permute(const Tensor& t, const std::vector<int64_t>& dims) {
 }
 
 Tensor slice(const Tensor& t, int64_t dim, int64_t start, int64_t end, int64_t step) {
-  const int d = normalize_dim(dim, t.dim(), "slice");
+  const int d = normalize_existing_dim(dim, t.dim(), "slice");
   check<ValueError>(step > 0, "slice: step must be positive, got {}", step);
   const int64_t n = t.shape()[d];
   if (start < 0) start += n;
@@ -304,7 +304,7 @@ Tensor slice(const Tensor& t, int64_t dim, int64_t start, int64_t end, int64_t s
 
 std::optional<Tensor> joined_slices(const std::vector<Tensor>& parts, int64_t dim, int64_t size, const Shape& whole) {
   if (parts.empty() || !parts[0].defined()) return std::nullopt;
-  const int d = normalize_dim(dim, static_cast<int64_t>(whole.size()), "joined_slices");
+  const int d = normalize_existing_dim(dim, static_cast<int64_t>(whole.size()), "joined_slices");
   const Tensor& first = parts[0];
   const Shape strides = contiguous_strides(whole);
   // Each part: the slice of a contiguous `whole` at first's offset.
@@ -343,7 +343,7 @@ Tensor unsqueeze(const Tensor& t, int64_t dim) {
 
 Tensor squeeze(const Tensor& t, int64_t dim) {
   const int d = normalize_dim(dim, t.dim(), "squeeze");
-  if (t.shape()[d] != 1) return t;
+  if (t.dim() == 0 || t.shape()[d] != 1) return t;
   Shape shape = t.shape(), strides = t.strides();
   shape.erase(shape.begin() + d);
   strides.erase(strides.begin() + d);
@@ -554,8 +554,9 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
                     k2);
   Tensor a = a_in, b = b_in;
   Shape out_shape;
-  // [..., m, k] @ [k, n] with contiguous rows: one GEMM over all rows.
-  if (b.dim() == 2 && a.dim() > 2 && a.is_contiguous()) {
+  // [..., m, k] @ [k, n] with contiguous rows: one GEMM over all rows
+  // (k > 0: an [..., m, 0] tensor has no row length to view it by).
+  if (b.dim() == 2 && a.dim() > 2 && a.is_contiguous() && k > 0) {
     out_shape = Shape(a.shape().begin(), a.shape().end() - 1);
     out_shape.push_back(n);
     a = view(a, {-1, k});

@@ -8,6 +8,11 @@ namespace mpt::prim {
 namespace {
 
 
+void check_same_device(const char* op, const Tensor& a, const Tensor& b) {
+  check<DeviceError>(a.device() == b.device(), "{}: operands are on different devices: {} and {}", op, describe(a),
+                     describe(b));
+}
+
 void check_same(const char* op, const Tensor& a, const Tensor& b) {
   check<DeviceError>(a.device() == b.device(), "{}: operands are on different devices: {} and {}", op, describe(a),
                      describe(b));
@@ -42,12 +47,35 @@ void check_conv(const Shape& x, const Shape& w, const Conv2dParams& p) {
                     shape_str(x));
 }
 
+// The output gradient must have the forward output's shape.
+void check_conv_grad(const char* op, const Tensor& grad_out, const Shape& x, const Shape& w, const Conv2dParams& p) {
+  check<ShapeError>(grad_out.shape() == conv_out_shape(x, w, p),
+                    "{}: gradient {} does not match the output {} of input {} and weight {}", op, describe(grad_out),
+                    shape_str(conv_out_shape(x, w, p)), shape_str(x), shape_str(w));
+}
+
+// [N, C, HO, WO] after checking the parameters and that the window fits.
+Shape pool_out_shape(const char* op, const Shape& x, const Pool2dParams& p) {
+  check<ShapeError>(x.size() == 4 && x[2] > 0 && x[3] > 0, "{}: expects [N, C, H, W] with H and W above 0, got {}", op,
+                    shape_str(x));
+  check(p.kernel_h > 0 && p.kernel_w > 0 && p.stride_h > 0 && p.stride_w > 0 && p.pad_h >= 0 && p.pad_w >= 0 &&
+            2 * p.pad_h <= p.kernel_h && 2 * p.pad_w <= p.kernel_w,
+        "{}: kernel and stride must be positive, padding at most half the kernel, got kernel {}x{} stride "
+        "({}, {}) pad ({}, {})",
+        op, p.kernel_h, p.kernel_w, p.stride_h, p.stride_w, p.pad_h, p.pad_w);
+  const int64_t ho = (x[2] + 2 * p.pad_h - p.kernel_h) / p.stride_h + 1;
+  const int64_t wo = (x[3] + 2 * p.pad_w - p.kernel_w) / p.stride_w + 1;
+  check<ShapeError>(ho > 0 && wo > 0, "{}: kernel {}x{} does not fit input {}", op, p.kernel_h, p.kernel_w,
+                    shape_str(x));
+  return {x[0], x[1], ho, wo};
+}
+
 }  // namespace
 
 Tensor cat(const std::vector<Tensor>& xs, int64_t dim) {
   check<ShapeError>(!xs.empty(), "cat: no tensors given");
   const Tensor& first = xs[0];
-  const int d = normalize_dim(dim, first.dim(), "cat");
+  const int d = normalize_existing_dim(dim, first.dim(), "cat");
   Shape shape = first.shape();
   shape[d] = 0;
   for (const Tensor& x : xs) {
@@ -71,8 +99,7 @@ Tensor cat(const std::vector<Tensor>& xs, int64_t dim) {
 
 Tensor index_select_rows(const Tensor& table, const Tensor& indices) {
   check<ShapeError>(table.dim() == 2, "index_select_rows: table must be [V, D], got {}", describe(table));
-  check<DeviceError>(table.device() == indices.device(), "index_select_rows: table {} and indices {} are on different devices",
-                     describe(table), describe(indices));
+  check_same_device("index_select_rows", table, indices);
   // CPU indices are checked here (the kernel copies rows blindly); CUDA
   // kernels keep a bad index inside the table and callers enqueue the
   // deferred check (embedding), which would cost a launch here.
@@ -93,6 +120,7 @@ void index_add_rows_(const Tensor& table, const Tensor& indices, const Tensor& s
   check<ShapeError>(table.dim() == 2 && table.is_contiguous(), "index_add_rows_: table must be a contiguous [V, D], got {}",
                     describe(table));
   check_same("index_add_rows_", table, src);
+  check_same_device("index_add_rows_", table, indices);
   Shape expect = indices.shape();
   expect.push_back(table.shape()[1]);
   check<ShapeError>(src.shape() == expect, "index_add_rows_: source {} does not match indices {} and table {}",
@@ -118,6 +146,7 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Conv2dParams& p) {
 Tensor conv2d_backward_data(const Tensor& grad_out, const Tensor& weight, const Shape& x_shape, const Conv2dParams& p) {
   check_same("conv2d backward", grad_out, weight);
   check_conv(x_shape, weight.shape(), p);
+  check_conv_grad("conv2d backward", grad_out, x_shape, weight.shape(), p);
   Tensor gx = Tensor::empty(x_shape, weight.dtype(), weight.device());
   const Tensor g = contiguous(grad_out), w = contiguous(weight);
   on_device(gx.device(), [&](Backend& b) { b.conv2d_backward_data(gx.view(), g.view(), w.view(), p); });
@@ -127,6 +156,7 @@ Tensor conv2d_backward_data(const Tensor& grad_out, const Tensor& weight, const 
 Tensor conv2d_backward_weight(const Tensor& x, const Tensor& grad_out, const Shape& w_shape, const Conv2dParams& p) {
   check_same("conv2d backward", x, grad_out);
   check_conv(x.shape(), w_shape, p);
+  check_conv_grad("conv2d backward", grad_out, x.shape(), w_shape, p);
   Tensor gw = Tensor::empty(w_shape, x.dtype(), x.device());
   const Tensor cx = contiguous(x), g = contiguous(grad_out);
   on_device(gw.device(), [&](Backend& b) { b.conv2d_backward_weight(gw.view(), cx.view(), g.view(), p); });
@@ -135,16 +165,7 @@ Tensor conv2d_backward_weight(const Tensor& x, const Tensor& grad_out, const Sha
 
 std::pair<Tensor, Tensor> max_pool2d(const Tensor& x, const Pool2dParams& p) {
   check<ShapeError>(x.dim() == 4, "max_pool2d: expects [N, C, H, W], got {}", describe(x));
-  check(p.kernel_h > 0 && p.kernel_w > 0 && p.stride_h > 0 && p.stride_w > 0 && p.pad_h >= 0 && p.pad_w >= 0 &&
-            2 * p.pad_h <= p.kernel_h && 2 * p.pad_w <= p.kernel_w,
-        "max_pool2d: kernel and stride must be positive, padding at most half the kernel, got kernel {}x{} stride "
-        "({}, {}) pad ({}, {})",
-        p.kernel_h, p.kernel_w, p.stride_h, p.stride_w, p.pad_h, p.pad_w);
-  const int64_t ho = (x.shape()[2] + 2 * p.pad_h - p.kernel_h) / p.stride_h + 1;
-  const int64_t wo = (x.shape()[3] + 2 * p.pad_w - p.kernel_w) / p.stride_w + 1;
-  check<ShapeError>(ho > 0 && wo > 0, "max_pool2d: kernel {}x{} does not fit input {}", p.kernel_h, p.kernel_w,
-                    describe(x));
-  const Shape shape{x.shape()[0], x.shape()[1], ho, wo};
+  const Shape shape = pool_out_shape("max_pool2d", x.shape(), p);
   Tensor out = Tensor::empty(shape, x.dtype(), x.device());
   Tensor indices = Tensor::empty(shape, DType::i64, x.device());
   const Tensor cx = contiguous(x);
@@ -154,11 +175,16 @@ std::pair<Tensor, Tensor> max_pool2d(const Tensor& x, const Pool2dParams& p) {
 }
 
 Tensor max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const Shape& x_shape, const Pool2dParams& p) {
-  check<ShapeError>(grad_out.shape() == indices.shape(), "max_pool2d backward: gradient {} does not match indices {}",
-                    describe(grad_out), describe(indices));
+  const Shape out_shape = pool_out_shape("max_pool2d backward", x_shape, p);
+  check<ShapeError>(grad_out.shape() == out_shape && indices.shape() == out_shape,
+                    "max_pool2d backward: gradient {} and indices {} must match the output {} of input {}",
+                    describe(grad_out), describe(indices), shape_str(out_shape), shape_str(x_shape));
+  check_same_device("max_pool2d backward", grad_out, indices);
+  check<DTypeError>(indices.dtype() == DType::i64, "max_pool2d backward: indices must be i64, got {}",
+                    describe(indices));
   Tensor gx = Tensor::empty(x_shape, grad_out.dtype(), grad_out.device());
-  const Tensor g = contiguous(grad_out);
-  on_device(gx.device(), [&](Backend& b) { b.max_pool2d_backward(gx.view(), g.view(), indices.view(), p); });
+  const Tensor g = contiguous(grad_out), idx = contiguous(indices);
+  on_device(gx.device(), [&](Backend& b) { b.max_pool2d_backward(gx.view(), g.view(), idx.view(), p); });
   return gx;
 }
 
@@ -240,6 +266,9 @@ bool fused_cross_entropy_available(const Tensor& logits) {
 
 std::vector<Tensor> cross_entropy_forward(const Tensor& logits, const Tensor& target, int64_t ignore_index) {
   check(fused_cross_entropy_available(logits), "cross_entropy_forward: no fused kernel for {}", describe(logits));
+  check_same_device("cross_entropy_forward", logits, target);
+  check<ShapeError>(target.shape() == Shape{logits.shape()[0]},
+                    "cross_entropy_forward: target {} does not match logits {}", describe(target), describe(logits));
   const Tensor cl = contiguous(logits), t = contiguous(to(target, DType::i64));
   const int64_t n = logits.shape()[0];
   Tensor loss = Tensor::empty({n}, DType::f32, logits.device());

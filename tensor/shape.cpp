@@ -57,4 +57,10 @@ int normalize_dim(int64_t dim, int64_t ndim, const char* op) {
   return static_cast<int>(d);
 }
 
+int normalize_existing_dim(int64_t dim, int64_t ndim, const char* op) {
+  if (ndim == 0)
+    throw ShapeError(fmt::format("{}: a tensor of 0 dimensions has no dimension {}", op, dim));
+  return normalize_dim(dim, ndim, op);
+}
+
 }  // namespace mpt

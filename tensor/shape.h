@@ -20,5 +20,9 @@ Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op);
 Shape broadcast_strides(const Shape& shape, const Shape& strides, const Shape& to);
 // Wraps a possibly negative dimension index; throws ShapeError naming `op`.
 int normalize_dim(int64_t dim, int64_t ndim, const char* op);
+// As normalize_dim, for ops that need the dimension to exist: a tensor
+// of 0 dimensions (which normalize_dim lets stand for a dimension of size
+// 1, as PyTorch does for reductions) is refused, naming the op.
+int normalize_existing_dim(int64_t dim, int64_t ndim, const char* op);
 
 }  // namespace mpt

@@ -36,7 +36,7 @@ TensorImpl& Tensor::impl() const {
   return *impl_;
 }
 
-int64_t Tensor::size(int64_t d) const { return shape()[normalize_dim(d, dim(), "size")]; }
+int64_t Tensor::size(int64_t d) const { return shape()[normalize_existing_dim(d, dim(), "size")]; }
 
 bool Tensor::is_contiguous() const { return view().is_contiguous(); }
 
@@ -91,7 +91,12 @@ std::vector<T> Tensor::to_vector() const {
       if constexpr (std::is_same_v<T, S>) {
         out[i] = s[i];
       } else if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
-        out[i] = T(static_cast<double>(static_cast<float>(s[i])));
+        // From double, rounded once (not through float: a double or an
+        // integer would round twice).
+        if constexpr (std::is_same_v<S, Half> || std::is_same_v<S, BFloat16>)
+          out[i] = T(static_cast<double>(static_cast<float>(s[i])));
+        else
+          out[i] = T(static_cast<double>(s[i]));
       } else {
         out[i] = static_cast<T>(static_cast<double>(s[i]));
       }

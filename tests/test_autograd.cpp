@@ -73,6 +73,10 @@ TEST_F(Gradcheck, UnaryFunctions) {
   expect_gradients_match([](const V& v) { return gelu(v[0], GeluApprox::tanh); }, {x({4, 5}, false, -3, 3)});
   expect_gradients_match([](const V& v) { return pow(v[0], 2.7); }, {x({3, 4}, false, 0.2, 2)});
   expect_gradients_match([](const V& v) { return pow(v[0], v[1]); }, {x({3, 4}, false, 0.2, 2), x({4}, false, -1, 2)});
+  // x^0 has gradient 0 everywhere, at 0 too (not 0 * 0^-1 = NaN).
+  Tensor zero_and_one = from_vector(std::vector<double>{0.0, 1.0}, {2}, DType::f64).set_requires_grad(true);
+  backward(sum(pow(zero_and_one, 0.0)));
+  EXPECT_EQ(host_f64(zero_and_one.grad()), (std::vector<double>{0.0, 0.0}));
 }
 
 TEST_F(Gradcheck, Reductions) {
@@ -108,6 +112,8 @@ TEST_F(Gradcheck, ShapeOps) {
   expect_gradients_match([](const V& v) { return unsqueeze(squeeze(v[0], 1), 0); }, {x({3, 1, 4})});
   expect_gradients_match([](const V& v) { return expand(v[0], {2, 3, 4}); }, {x({3, 1})});
   expect_gradients_match([](const V& v) { return contiguous(v[0]); }, {x({3, 4}, true)});
+  // A 0-d tensor reduced over "dimension 0", as PyTorch allows.
+  expect_gradients_match([](const V& v) { return mean(sum(v[0]), {0}) * 2.0; }, {x({3})});
   expect_gradients_match([](const V& v) { return cat({v[0], v[1], v[0]}, 1); }, {x({2, 3}), x({2, 1}, true)});
   expect_gradients_match(
       [](const V& v) {
@@ -138,6 +144,9 @@ TEST_F(Gradcheck, LayerNormEmbeddingDropout) {
   TRACE_SEED();
   expect_gradients_match([](const V& v) { return to(layer_norm(v[0], v[1], v[2]), DType::f64); },
                          {x({2, 3, 6}, false, -2, 2), x({6}, false, 0.5, 1.5), x({6})}, 2e-3, 1e-3);
+  // One vector, no batch dimensions.
+  expect_gradients_match([](const V& v) { return to(layer_norm(v[0], v[1], v[2]), DType::f64); },
+                         {x({6}, false, -2, 2), x({6}, false, 0.5, 1.5), x({6})}, 2e-3, 1e-3);
   const Tensor idx = from_vector(std::vector<int64_t>{1, 3, 1, 0, 3, 3}, {2, 3}, DType::i64);
   expect_gradients_match([&](const V& v) { return embedding(v[0], idx); }, {x({5, 4})});
   // Dropout draws the same mask when the generator is reset each time.

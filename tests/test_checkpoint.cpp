@@ -231,6 +231,24 @@ TEST_F(CheckpointTest, CrashDuringSaveLeavesThePreviousCheckpoint) {
   EXPECT_EQ(std::distance(fs::directory_iterator(dir_.path()), fs::directory_iterator()), 1);
 }
 
+// JSON holds only UTF-8: a name or metadata string that is not (a Latin-1
+// file name, say) is refused as bad input, naming it, and the previous
+// file stays.
+TEST_F(CheckpointTest, TextThatIsNotUtf8IsRefusedBeforeWriting) {
+  const std::string path = file("text.safetensors");
+  io::save_safetensors(path, {{"w", zeros({2})}}, {{"run.data", "data"}});
+  const Bytes original = read_bytes(path);
+  const std::string latin1 = "caf\xe9";
+  const auto refused = [&](const OrderedDict<Tensor>& tensors, const io::Metadata& metadata, const char* what) {
+    const std::string message = error_of<ValueError>([&] { io::save_safetensors(path, tensors, metadata); });
+    expect_contains(message, {"save_safetensors", what, "not valid UTF-8", "caf"});
+  };
+  refused({{latin1, zeros({2})}}, {}, "tensor name");
+  refused({{"w", zeros({2})}}, {{"run.data", latin1}}, "metadata value");
+  refused({{"w", zeros({2})}}, {{latin1, "x"}}, "metadata key");
+  EXPECT_EQ(read_bytes(path), original);
+}
+
 TEST_F(CheckpointTest, KilledWhileWritingLeavesAWholeCheckpoint) {
   // A child process writes a checkpoint of ~7.5 MB over and over, each
   // version with every parameter equal to its number; it is killed

@@ -752,6 +752,21 @@ TEST_F(CudaTensor, UnknownDevicesAreRefusedWithTheCount) {
   EXPECT_THROW(Tensor::empty({3}, DType::f32, Device(DeviceType::cuda, n)), DeviceError);
 }
 
+// The same draws as the CPU's, bit for bit, with those that round up to
+// `high` moved to `low` on both.
+TEST_F(CudaTensor, UniformDrawsMatchTheCpuAndStayBelowHigh) {
+  const uint64_t seed = testing::fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  for (DType dt : {DType::bf16, DType::f16, DType::f32}) {
+    SCOPED_TRACE(dtype_name(dt));
+    Generator on_cpu(seed), on_gpu(seed);
+    const Tensor c = mpt::rand({1 << 20}, dt, kCPU, &on_cpu, 0.0, 1.0);
+    const Tensor g = mpt::rand({1 << 20}, dt, kCuda0, &on_gpu, 0.0, 1.0);
+    EXPECT_EQ(host_f64(g), host_f64(c));
+    EXPECT_LT(prim::amax(g).item(), 1.0);
+  }
+}
+
 // ---- pinned host memory ------------------------------------------------------------
 
 TEST_F(CudaTensor, PinnedCopiesArriveAndBlocksAreRecycledOnlyAfterTheCopy) {

@@ -431,14 +431,27 @@ class ShrinkingSampler : public Sampler {
   }
 };
 
+// Refused before anything changes: the epoch under way goes on.
 TEST(DataLoaderTest, AnEpochOfAnotherLengthIsRefused) {
-  DataLoader loader(std::make_shared<CountingDataset>(40, /*fail_at=*/-1), std::make_shared<ShrinkingSampler>(),
-                    {.batch_size = 10});
-  try {
-    loader.start_epoch(1);
-    FAIL() << "no error";
-  } catch (const ValueError& e) {
-    expect_contains(e.what(), {"start_epoch", "15 indices for epoch 1", "40 for epoch 0"});
+  for (int workers : {0, 2}) {
+    SCOPED_TRACE(fmt::format("{} workers", workers));
+    DataLoader loader(std::make_shared<CountingDataset>(40, /*fail_at=*/-1), std::make_shared<ShrinkingSampler>(),
+                      {.batch_size = 10, .num_workers = workers});
+    ASSERT_TRUE(loader.next().has_value());
+    try {
+      loader.start_epoch(1);
+      FAIL() << "no error";
+    } catch (const ValueError& e) {
+      expect_contains(e.what(), {"start_epoch", "15 indices for epoch 1", "40 for epoch 0"});
+    }
+    EXPECT_EQ(loader.position().epoch, 0);
+    EXPECT_EQ(loader.position().batch, 1);
+    for (int b = 1; b < 4; ++b) {
+      const std::optional<Batch> batch = loader.next();
+      ASSERT_TRUE(batch.has_value()) << "batch " << b;
+      EXPECT_EQ(batch->input.to_vector<int64_t>()[0], 10 * b);
+    }
+    EXPECT_FALSE(loader.next().has_value());
   }
 }
 

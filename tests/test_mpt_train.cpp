@@ -260,6 +260,24 @@ TEST_F(MptTrain, GptTrainsOnText) {
   EXPECT_LT(last, first) << "loss " << first << " -> " << last;
 }
 
+// A text file whose name is not UTF-8 (Latin-1 "é"): its checkpoint is
+// written (the name kept with the byte replaced) and a resumed run on the
+// same file is accepted.
+TEST_F(MptTrain, ADataPathThatIsNotUtf8IsCheckpointedAndResumed) {
+  const std::string text = file("caf\xe9.txt");
+  {
+    std::ofstream out(text);
+    for (int i = 0; i < 200; ++i) out << "the quick brown fox jumps over the lazy dog " << i << "\n";
+  }
+  const std::string common = fmt::format(
+      "--model gpt --gpt-layers 1 --gpt-heads 2 --gpt-d-model 16 --context 16 --batch-size 4 --eval-batches 1 "
+      "--data '{}' --checkpoint '{}'",
+      text, file("t.safetensors"));
+  ASSERT_EQ(run(common + " --steps 4 --stop-after 2"), 0) << stderr_;
+  ASSERT_EQ(run(fmt::format("{} --steps 4 --resume '{}'", common, file("t.safetensors"))), 0) << stderr_;
+  EXPECT_NE(stdout_.find("resumed from"), std::string::npos) << stdout_;
+}
+
 // The step-time breakdown: every logging step and every epoch summary
 // carries mean milliseconds per phase, which add up to about the step's
 // wall-clock time; a single process has nothing to communicate.

@@ -54,6 +54,13 @@ class OpsCpu : public ::testing::Test {
   }
   Tensor randn(const Shape& s, DType dt) { return mpt::randn(s, dt, kCPU, &gen_); }
   Tensor rand(const Shape& s, DType dt, double lo, double hi) { return mpt::rand(s, dt, kCPU, &gen_, lo, hi); }
+  // Whole numbers from about -12 to 12: exact in every float type, and
+  // with many ties.
+  std::vector<double> small_integers(const Shape& s) {
+    std::vector<double> v = host_f64(randn(s, DType::f64));
+    for (double& e : v) e = std::round(4 * e);
+    return v;
+  }
   std::string trace() const { return fmt::format("seed {}", seed_); }
   uint64_t seed_ = 0;
   Generator gen_;
@@ -273,6 +280,27 @@ TEST_F(OpsCpu, ArgmaxFindsFirstMaximumAndNaN) {
   EXPECT_EQ(prim::argmax(ties, 0, true).shape(), (Shape{1, 3}));
 }
 
+// An inner dimension of 0 gives zeros, also through the one-GEMM path of
+// a 3-d operand (which views it as rows of length k).
+TEST_F(OpsCpu, EmptyInnerDimensionMatmulIsZeros) {
+  for (const Shape& a : {Shape{1, 1, 0}, Shape{2, 3, 0}, Shape{3, 0}}) {
+    SCOPED_TRACE(shape_str(a));
+    const Tensor out = prim::matmul(zeros(a), zeros({0, 4}));
+    Shape want(a.begin(), a.end() - 1);
+    want.push_back(4);
+    EXPECT_EQ(out.shape(), want);
+    for (double v : host_f64(out)) EXPECT_EQ(v, 0.0);
+  }
+}
+
+// A 0-d tensor: reductions over its "dimension 0", and their gradients, as
+// in PyTorch; squeeze leaves it alone.
+TEST_F(OpsCpu, ScalarsReduceAndSqueezeOverDimensionZero) {
+  const Tensor x = scalar_tensor(3.0);
+  EXPECT_EQ(prim::sum(x, {0}).item(), 3.0);
+  EXPECT_EQ(prim::squeeze(x, 0).dim(), 0);
+}
+
 TEST_F(OpsCpu, EmptyReductions) {
   Tensor e = zeros({0, 3});
   EXPECT_EQ(prim::sum(e, {0}).to_vector<float>(), (std::vector<float>{0, 0, 0}));
@@ -341,6 +369,99 @@ TEST_F(OpsCpu, MatmulSplitOverThreadsMatchesReference) {
       Tensor a = randn({m, k}, dt), b = prim::transpose(randn({n, k}, dt), 0, 1);
       EXPECT_LE(rel_error(host_f64(prim::matmul(a, b)), matmul_ref(host_f64(a), host_f64(b), 1, 1, m, k, n)),
                 tolerance(dt) * 4);
+    }
+  }
+}
+
+// Reductions large enough to be split over threads, on each of their three
+// layouts: contiguous runs (inner 1, a length not a multiple of the
+// partial sums' 8), many blocks, and few blocks of many columns. Values
+// from a small set give ties, and a few NaN must win max, min and argmax.
+TEST_F(OpsCpu, ReductionsSplitOverThreadsMatchReference) {
+  SCOPED_TRACE(trace());
+  for (DType dt : {DType::f32, DType::bf16}) {
+    for (const Shape& shape : {Shape{300, 1001}, Shape{400, 37, 9}, Shape{2, 300, 700}}) {
+      // Reduce dim 1 of [outer, k(, inner)].
+      const int64_t outer = shape[0], k = shape[1], inner = shape.size() == 3 ? shape[2] : 1;
+      SCOPED_TRACE(fmt::format("{} [{}, {}, {}]", dtype_name(dt), outer, k, inner));
+      std::vector<double> xv = small_integers(shape);
+      for (size_t i = 7; i < xv.size(); i += 9973) xv[i] = NAN;
+      const Tensor x = from_vector(xv, shape, dt);
+      std::vector<double> sum(outer * inner, 0), mx(outer * inner), mn(outer * inner);
+      std::vector<int64_t> arg(outer * inner, 0);
+      for (int64_t o = 0; o < outer; ++o)
+        for (int64_t i = 0; i < inner; ++i) {
+          const auto at = [&](int64_t j) { return xv[static_cast<size_t>((o * k + j) * inner + i)]; };
+          double& m = mx[o * inner + i];
+          double& n = mn[o * inner + i];
+          m = n = at(0);
+          for (int64_t j = 0; j < k; ++j) {
+            sum[o * inner + i] += at(j);
+            if (!std::isnan(m) && (at(j) > m || std::isnan(at(j)))) {
+              m = at(j);
+              arg[o * inner + i] = j;
+            }
+            if (!std::isnan(n) && (at(j) < n || std::isnan(at(j)))) n = at(j);
+          }
+        }
+      const auto same = [](const std::vector<double>& got, const std::vector<double>& want) {
+        for (size_t i = 0; i < want.size(); ++i)
+          if (!(got[i] == want[i] || (std::isnan(got[i]) && std::isnan(want[i])))) return ::testing::AssertionFailure() << "at " << i << ": " << got[i] << " against " << want[i];
+        return ::testing::AssertionSuccess();
+      };
+      EXPECT_TRUE(same(host_f64(prim::amax(x, {1})), mx));
+      EXPECT_TRUE(same(host_f64(prim::amin(x, {1})), mn));
+      EXPECT_EQ(prim::argmax(x, 1).to_vector<int64_t>(), arg);
+      // Integers summed in f32 are exact, so the NaN-free sums must be
+      // exact too; the 16-bit result then rounds once.
+      const std::vector<double> got = host_f64(prim::sum(x, {1}));
+      for (size_t i = 0; i < sum.size(); ++i) {
+        if (std::isnan(sum[i])) {
+          EXPECT_TRUE(std::isnan(got[i])) << i;
+        } else {
+          ASSERT_EQ(got[i], host_f64(from_vector(std::vector<double>{sum[i]}, {1}, dt))[0]) << i;
+        }
+      }
+    }
+  }
+}
+
+// Pooling windows with ties and NaN, padded and overlapping, across enough
+// planes to be split over threads: a NaN wins its window, otherwise the
+// first maximum in (row, column) order does, as in PyTorch; the indices
+// say which.
+TEST_F(OpsCpu, MaxPool2dPicksTheFirstMaximumAndNaN) {
+  SCOPED_TRACE(trace());
+  // {kernel_h, kernel_w, stride_h, stride_w, pad_h, pad_w}
+  for (const Pool2dParams& p : {Pool2dParams{}, Pool2dParams{3, 3, 1, 1, 1, 1}, Pool2dParams{3, 2, 2, 3, 1, 1}}) {
+    for (DType dt : {DType::f32, DType::bf16}) {
+      SCOPED_TRACE(fmt::format("{} kernel {}x{} stride ({}, {}) pad ({}, {})", dtype_name(dt), p.kernel_h, p.kernel_w,
+                               p.stride_h, p.stride_w, p.pad_h, p.pad_w));
+      const int64_t planes = 96 * 16, h = 13, w = 14;
+      std::vector<double> xv = small_integers({planes, h, w});
+      for (size_t i = 5; i < xv.size(); i += 613) xv[i] = NAN;
+      const Tensor x = from_vector(xv, {96, 16, h, w}, dt);
+      const auto [out, indices] = prim::max_pool2d(x, p);
+      const int64_t ho = out.shape()[2], wo = out.shape()[3];
+      const std::vector<double> got = host_f64(out);
+      const std::vector<int64_t> got_at = indices.to_vector<int64_t>();
+      for (int64_t pl = 0; pl < planes; ++pl)
+        for (int64_t oy = 0; oy < ho; ++oy)
+          for (int64_t ox = 0; ox < wo; ++ox) {
+            int64_t best = -1;
+            for (int64_t ky = 0; ky < p.kernel_h; ++ky)
+              for (int64_t kx = 0; kx < p.kernel_w; ++kx) {
+                const int64_t y = oy * p.stride_h - p.pad_h + ky, xx = ox * p.stride_w - p.pad_w + kx;
+                if (y < 0 || y >= h || xx < 0 || xx >= w) continue;
+                const double v = xv[static_cast<size_t>(pl * h * w + y * w + xx)];
+                const double b = best < 0 ? 0 : xv[static_cast<size_t>(pl * h * w + best)];
+                if (best < 0 || (!std::isnan(b) && (v > b || std::isnan(v)))) best = y * w + xx;
+              }
+            const auto k = static_cast<size_t>((pl * ho + oy) * wo + ox);
+            ASSERT_EQ(got_at[k], best) << "plane " << pl << " output (" << oy << ", " << ox << ")";
+            const double want = xv[static_cast<size_t>(pl * h * w + best)];
+            ASSERT_TRUE(got[k] == want || (std::isnan(got[k]) && std::isnan(want))) << got[k] << " against " << want;
+          }
     }
   }
 }

@@ -190,5 +190,28 @@ TEST(Tensor, RandomIsSeededAndCounterBased) {
   EXPECT_LT(prim::amax(u).item(), 6.0);
 }
 
+// A value halfway between two halves plus a little rounds up, not to even:
+// read back as 16 bits from f64, it is rounded once, not through f32.
+TEST(Tensor, ToVectorOfSixteenBitsRoundsOnce) {
+  const Tensor h = from_vector(std::vector<double>{1.0 + std::ldexp(1.0, -11) + std::ldexp(1.0, -40)}, {1}, DType::f64);
+  EXPECT_EQ(h.to_vector<Half>()[0].bits, 0x3c01);
+  const Tensor b = from_vector(std::vector<double>{std::ldexp(1.0, 24) + std::ldexp(1.0, 16) + 1.0}, {1}, DType::f64);
+  EXPECT_EQ(b.to_vector<BFloat16>()[0].bits, 0x4b81);
+}
+
+// x * (high - low) + low rounds up to `high` in a narrow type about once
+// in 500 draws for bf16 over [0, 1); those draws must become `low`.
+TEST(Tensor, UniformDrawsStayBelowHighInEveryFloatType) {
+  Generator g(testing::fresh_seed());
+  for (DType dt : {DType::bf16, DType::f16, DType::f32}) {
+    for (const auto& [low, high] : {std::pair{0.0, 1.0}, std::pair{1.0, 2.0}}) {
+      SCOPED_TRACE(fmt::format("{} [{}, {})", dtype_name(dt), low, high));
+      const Tensor u = rand({1 << 20}, dt, kCPU, &g, low, high);
+      EXPECT_LT(prim::amax(u).item(), high);
+      EXPECT_GE(prim::amin(u).item(), low);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace mpt

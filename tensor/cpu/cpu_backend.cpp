@@ -82,8 +82,18 @@ class CpuBackend final : public Backend {
   }
   void gemm(const GemmArgs& args) override { cpu::gemm(args); }
 
+  // A draw that rounds up to `high` in the tensor's floating dtype becomes
+  // `low`, as in PyTorch, so that every value lies in [low, high).
   void uniform(const TensorView& out, uint64_t seed, uint64_t offset, double low, double high) override {
-    generate(out, [&](int64_t i) { return philox_uniform_at(seed, offset, i) * (high - low) + low; });
+    const bool floating = is_floating(out.dtype);
+    dispatch_all(out.dtype, [&](auto tag) {
+      using T = decltype(tag);
+      T* o = static_cast<T*>(out.data);
+      for (int64_t i = 0, n = out.numel(); i < n; ++i) {
+        const T v = static_cast<T>(philox_uniform_at(seed, offset, i) * (high - low) + low);
+        o[i] = floating && static_cast<double>(v) >= high ? static_cast<T>(low) : v;
+      }
+    });
   }
   void normal(const TensorView& out, uint64_t seed, uint64_t offset, double mean, double stddev) override {
     generate(out, [&](int64_t i) { return philox_normal_at(seed, offset, i) * stddev + mean; });

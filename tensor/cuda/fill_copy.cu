@@ -165,12 +165,15 @@ __global__ void arange_kernel(void* out, DType t, int64_t n, double start, doubl
 }
 
 // Element i depends only on (seed, offset, i), never on the launch shape.
+// A uniform draw that rounds up to `high` in the tensor's floating dtype
+// becomes `shift` (low), as on the CPU and in PyTorch: [low, high) holds.
 __global__ void random_kernel(void* out, DType t, int64_t n, uint64_t seed, uint64_t offset, bool normal,
-                              double scale, double shift) {
+                              double scale, double shift, double high) {
   for (int64_t i = global_thread(); i < n; i += grid_threads()) {
     const uint64_t u = static_cast<uint64_t>(i);
     const double x = normal ? philox_normal_at(seed, offset, u) : philox_uniform_at(seed, offset, u);
     store_double(out, t, i, __dadd_rn(__dmul_rn(x, scale), shift));
+    if (!normal && !is_integral(t) && load_floating(out, t, i) >= high) store_double(out, t, i, shift);
   }
 }
 
@@ -226,7 +229,7 @@ void launch_random(const Launch& l, void* out, DType dtype, int64_t n, uint64_t 
   // uniform: x * (high - low) + low; normal: x * stddev + mean.
   const double scale = normal ? b : b - a;
   const double shift = a;
-  random_kernel<<<grid_for(l, n), kThreads, 0, l.stream>>>(out, dtype, n, seed, offset, normal, scale, shift);
+  random_kernel<<<grid_for(l, n), kThreads, 0, l.stream>>>(out, dtype, n, seed, offset, normal, scale, shift, b);
   MPT_CUDA_CHECK_LAUNCH("random_kernel");
 }
 

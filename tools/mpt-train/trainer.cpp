@@ -11,6 +11,8 @@
 
 #include <unistd.h>
 
+#include <nlohmann/json.hpp>
+
 #include "autograd/ops.h"
 #include "models/adamw.h"
 #include "models/checkpoint.h"
@@ -111,10 +113,18 @@ void prepare_checkpoint_path(const std::string& checkpoint) {
                  checkpoint, folder, std::strerror(errno));
 }
 
+// Checkpoint metadata is UTF-8 text: a data path with other bytes (a
+// Latin-1 name, say) is kept with them replaced, the same way in every run,
+// so that a resumed run still compares equal.
+std::string as_utf8(const std::string& s) {
+  using nlohmann::json;
+  return json::parse(json(s).dump(-1, ' ', false, json::error_handler_t::replace)).get<std::string>();
+}
+
 // What a resumed run must share with the one that wrote the checkpoint.
 io::Metadata run_identity(const TrainConfig& c) {
   return {{"run.model", c.model},
-          {"run.data", c.data},
+          {"run.data", as_utf8(c.data)},
           {"run.batch_size", std::to_string(c.batch_size)},
           {"run.accumulation", std::to_string(c.accumulation)},
           {"run.seed", std::to_string(c.seed)}};
