@@ -81,8 +81,8 @@ ScaleRule scale_rule_from(const GradScalerOptions& o, const OptionNames& names) 
         max_scale);
   ScaleRule rule;
   rule.policy = o.policy;
-  rule.growth_factor = static_cast<float>(o.growth_factor);
-  rule.backoff_factor = static_cast<float>(o.backoff_factor);
+  rule.growth_factor = o.growth_factor;
+  rule.backoff_factor = o.backoff_factor;
   rule.growth_interval = o.growth_interval;
   rule.min_scale = static_cast<float>(min_scale);
   rule.max_scale = static_cast<float>(max_scale);

@@ -10,6 +10,7 @@
 //
 // torch (PyTorch's GradScaler, exactly, when min/max are left open):
 //   found_inf: scale = max(scale * backoff, min_scale); tracker = 0
+//   (products in double, rounded to f32 once, as PyTorch's kernels do)
 //   else:      tracker += units; if tracker >= growth_interval:
 //                grown = scale * growth; if grown is finite: scale = min(grown, max_scale)
 //                tracker = 0
@@ -37,8 +38,11 @@ enum class ScalePolicy : int32_t { torch = 0, hysteresis = 1, fixed = 2 };  // f
 // The rule's constants (all policies; each reads what it needs).
 struct ScaleRule {
   ScalePolicy policy = ScalePolicy::torch;
-  float growth_factor = 2.0f;
-  float backoff_factor = 0.5f;
+  // Doubles, as PyTorch's update kernels take them: the product with the
+  // f32 scale is formed in double and rounded to f32 once, so a factor
+  // such as 0.8, which f32 cannot hold, gives PyTorch's scales.
+  double growth_factor = 2.0;
+  double backoff_factor = 0.5;
   int64_t growth_interval = 2000;
   float min_scale = 0.0f;             // floor for back-off (0: none)
   float max_scale = 3.4028235e38f;    // cap for growth (f32 max: none)
@@ -55,12 +59,12 @@ struct ScaleState {
 };
 
 MPT_HOST_DEVICE inline float scale_after_backoff(const ScaleRule& rule, float scale) {
-  const float reduced = scale * rule.backoff_factor;
+  const auto reduced = static_cast<float>(static_cast<double>(scale) * rule.backoff_factor);
   return reduced < rule.min_scale ? rule.min_scale : reduced;
 }
 
 MPT_HOST_DEVICE inline float scale_after_growth(const ScaleRule& rule, float scale) {
-  const float grown = scale * rule.growth_factor;
+  const auto grown = static_cast<float>(static_cast<double>(scale) * rule.growth_factor);
   if (!(grown <= 3.4028235e38f)) return scale;  // never past the f32 maximum (false for inf and NaN)
   return grown > rule.max_scale ? (scale > rule.max_scale ? scale : rule.max_scale) : grown;
 }

@@ -144,30 +144,39 @@ struct OneParam : amp::ScalableOptimizer {
   void step() override { ++steps; }
 };
 
+// The hysteresis policy, and PyTorch's with factors f32 cannot hold (the
+// products formed in double on the device too).
 TEST(CudaAmp, ScaleUpdatesOnTheDeviceMatchTheCpu) {
   MPT_SKIP_WITHOUT_CUDA();
-  amp::GradScalerOptions o;
-  o.growth_interval = 3;
-  o.policy = amp::ScalePolicy::hysteresis;
-  o.hysteresis = 2;
-  amp::GradScaler gpu(o), cpu(o);
-  OneParam pg, pc;
-  pg.param = zeros({5}, DType::f32, kGPU).set_requires_grad(true);
-  pc.param = zeros({5}).set_requires_grad(true);
-  const double inf = std::numeric_limits<double>::infinity();
-  for (int i = 0; i < 200; ++i) {
-    const bool overflow = (i * 7919) % 11 < 3;
-    for (auto [s, p, dev] : {std::tuple{&gpu, &pg, kGPU}, std::tuple{&cpu, &pc, kCPU}}) {
-      p->param.set_grad(Tensor());
-      backward(s->scale(sum(mul(p->param, full({5}, overflow ? inf : 1.0, DType::f32, dev)))));
-      s->step(*p);
-      s->update();
+  amp::GradScalerOptions hysteresis;
+  hysteresis.growth_interval = 3;
+  hysteresis.policy = amp::ScalePolicy::hysteresis;
+  hysteresis.hysteresis = 2;
+  amp::GradScalerOptions inexact;
+  inexact.growth_interval = 2;
+  inexact.growth_factor = 1.2;
+  inexact.backoff_factor = 0.8;
+  for (const amp::GradScalerOptions& o : {hysteresis, inexact}) {
+    SCOPED_TRACE(amp::scale_policy_name(o.policy));
+    amp::GradScaler gpu(o), cpu(o);
+    OneParam pg, pc;
+    pg.param = zeros({5}, DType::f32, kGPU).set_requires_grad(true);
+    pc.param = zeros({5}).set_requires_grad(true);
+    const double inf = std::numeric_limits<double>::infinity();
+    for (int i = 0; i < 200; ++i) {
+      const bool overflow = (i * 7919) % 11 < 3;
+      for (auto [s, p, dev] : {std::tuple{&gpu, &pg, kGPU}, std::tuple{&cpu, &pc, kCPU}}) {
+        p->param.set_grad(Tensor());
+        backward(s->scale(sum(mul(p->param, full({5}, overflow ? inf : 1.0, DType::f32, dev)))));
+        s->step(*p);
+        s->update();
+      }
+      ASSERT_EQ(gpu.get_scale(), cpu.get_scale()) << i;
+      ASSERT_EQ(gpu.growth_tracker(), cpu.growth_tracker()) << i;
+      ASSERT_EQ(pg.steps, pc.steps) << i;
     }
-    ASSERT_EQ(gpu.get_scale(), cpu.get_scale()) << i;
-    ASSERT_EQ(gpu.growth_tracker(), cpu.growth_tracker()) << i;
-    ASSERT_EQ(pg.steps, pc.steps) << i;
+    EXPECT_EQ(gpu.scale_tensor().device(), kGPU);
   }
-  EXPECT_EQ(gpu.scale_tensor().device(), kGPU);
 }
 
 TEST(CudaAmp, F16OverflowOnTheGpuIsSkipped) {

@@ -30,7 +30,8 @@ using amp::ScalePolicy;
 //  - torch: torch/amp/grad_scaler.py + _amp_update_scale_cpu_
 //  - hysteresis: Megatron-LM DynamicGradScaler.update (with DeepSpeed's
 //    consecutive_hysteresis refill on every clean step)
-// Arithmetic in f32, as on the device.
+// The scale is f32; its products with the factors are formed in double and
+// rounded once, as in PyTorch's _amp_update_scale_ kernels.
 struct ReferenceScaler {
   GradScalerOptions o;
   float scale;
@@ -44,7 +45,7 @@ struct ReferenceScaler {
   float cap() const { return o.max_scale ? static_cast<float>(*o.max_scale) : std::numeric_limits<float>::max(); }
 
   void grow() {
-    const float g = scale * static_cast<float>(o.growth_factor);
+    const auto g = static_cast<float>(static_cast<double>(scale) * o.growth_factor);
     if (std::isinf(g)) return;  // PyTorch keeps the scale when growing would overflow f32
     if (scale >= cap()) return;
     scale = std::min(g, cap());
@@ -54,7 +55,7 @@ struct ReferenceScaler {
     if (o.policy == ScalePolicy::fixed) return;
     if (o.policy == ScalePolicy::torch) {
       if (found_inf) {
-        scale = std::max(scale * static_cast<float>(o.backoff_factor), floor());
+        scale = std::max(static_cast<float>(static_cast<double>(scale) * o.backoff_factor), floor());
         tracker = 0;
       } else {
         tracker += units;
@@ -69,7 +70,8 @@ struct ReferenceScaler {
     if (found_inf) {
       tracker = 0;
       if (hysteresis_left > 0) hysteresis_left -= 1;
-      if (hysteresis_left <= 0) scale = std::max(scale * static_cast<float>(o.backoff_factor), floor());
+      if (hysteresis_left <= 0)
+        scale = std::max(static_cast<float>(static_cast<double>(scale) * o.backoff_factor), floor());
     } else {
       if (o.consecutive_hysteresis) hysteresis_left = o.hysteresis;
       tracker += units;
@@ -102,6 +104,11 @@ std::vector<GradScalerOptions> policy_configs() {
     capped.growth_factor = 4.0;
     capped.backoff_factor = 0.25;
     configs.push_back(capped);
+    // Factors that f32 cannot hold: the products must round as PyTorch's.
+    GradScalerOptions inexact = torch;
+    inexact.growth_factor = 1.2;
+    inexact.backoff_factor = 0.8;
+    configs.push_back(inexact);
     for (int32_t h : {1, 2, 5})
       for (bool consecutive : {false, true}) {
         GradScalerOptions hyst = torch;
@@ -181,6 +188,29 @@ TEST(GradScaler, DefaultsArePyTorchs) {
   EXPECT_EQ(scaler.options().backoff_factor, 0.5);
   EXPECT_EQ(scaler.options().growth_interval, 2000);
   EXPECT_EQ(scaler.growth_tracker(), 0);
+}
+
+// PyTorch forms scale * factor in double and rounds it to f32 once; with
+// factors f32 cannot hold, rounding the factor first drifts within a few
+// steps. The expected scales are float32(float64(scale) * factor),
+// step by step, from 65536 (f32 factors would give 41943.04296875 and
+// 113246.21875).
+TEST(GradScaler, FactorsThatF32CannotHoldRoundAsPyTorchs) {
+  GradScalerOptions o;
+  o.backoff_factor = 0.8;
+  o.growth_factor = 1.2;
+  o.growth_interval = 1;
+  GradScaler backing_off(o);
+  CountingOptimizer opt(full({1}, 1.0).set_requires_grad(true));
+  for (float want : {52428.80078125f, 41943.0390625f}) {
+    run_step(backing_off, opt, /*overflow=*/true);
+    EXPECT_EQ(backing_off.get_scale(), want);
+  }
+  GradScaler growing(o);
+  for (float want : {78643.203125f, 94371.84375f, 113246.2109375f, 135895.453125f}) {
+    run_step(growing, opt, /*overflow=*/false);
+    EXPECT_EQ(growing.get_scale(), want);
+  }
 }
 
 TEST(GradScaler, TrajectoryAndSkipsFollowTheReferenceAndSurviveACheckpoint) {
