@@ -49,11 +49,13 @@ inline float half_bits_to_float(uint16_t h) {
   return bits_float(sign | ((exp + 112u) << 23) | (mant << 13));
 }
 
+// A select rather than a branch for NaN, so that loops storing bf16
+// vectorize.
 inline uint16_t float_to_bf16_bits(float f) {
-  uint32_t x = float_bits(f);
-  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);  // quiet NaN
-  x += 0x7fffu + ((x >> 16) & 1u);
-  return static_cast<uint16_t>(x >> 16);
+  const uint32_t x = float_bits(f);
+  const uint32_t rounded = x + 0x7fffu + ((x >> 16) & 1u);  // to nearest even
+  const uint32_t quiet_nan = x | 0x400000u;
+  return static_cast<uint16_t>(((x & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded) >> 16);
 }
 
 inline float bf16_bits_to_float(uint16_t b) { return bits_float(static_cast<uint32_t>(b) << 16); }

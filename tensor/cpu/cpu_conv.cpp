@@ -31,20 +31,34 @@ Geometry geometry(const TensorView& x_like, const TensorView& w, const TensorVie
           out_like.shape[2], out_like.shape[3], p};
 }
 
-// Visits (column row, column index, input offset or -1 for padding).
+// ceil(a / b) for b > 0 and any a.
+int64_t ceil_div(int64_t a, int64_t b) { return a >= 0 ? (a + b - 1) / b : -((-a) / b); }
+
+// One output row of one column row: output columns [begin, end) read the
+// input at offset `first + ox * stride` (`first` itself, output column 0's,
+// may lie outside); the other columns, and the whole row where `inside` is
+// false, fall on the padding.
+struct PatchRun {
+  int64_t row, oy;
+  bool inside;
+  int64_t first, stride, begin, end;
+};
+
+// Visits every (column row, output row) in order: column rows (channel,
+// kernel row, kernel column) outermost, then output rows.
 template <typename F>
-void for_each_patch_element(const Geometry& g, F&& f) {
+void for_each_patch_run(const Geometry& g, F&& f) {
   for (int64_t ci = 0; ci < g.c; ++ci)
     for (int64_t ky = 0; ky < g.kh; ++ky)
       for (int64_t kx = 0; kx < g.kw; ++kx) {
         const int64_t row = (ci * g.kh + ky) * g.kw + kx;
+        const int64_t x0 = kx * g.p.dilation_w - g.p.pad_w;  // input column of output column 0
+        const int64_t begin = std::clamp<int64_t>(ceil_div(-x0, g.p.stride_w), 0, g.wo);
+        const int64_t end = std::clamp<int64_t>(ceil_div(g.w - x0, g.p.stride_w), begin, g.wo);
         for (int64_t oy = 0; oy < g.ho; ++oy) {
           const int64_t y = oy * g.p.stride_h - g.p.pad_h + ky * g.p.dilation_h;
-          for (int64_t ox = 0; ox < g.wo; ++ox) {
-            const int64_t x = ox * g.p.stride_w - g.p.pad_w + kx * g.p.dilation_w;
-            const bool inside = y >= 0 && y < g.h && x >= 0 && x < g.w;
-            f(row, oy * g.wo + ox, inside ? (ci * g.h + y) * g.w + x : -1);
-          }
+          const bool inside = y >= 0 && y < g.h;
+          f(PatchRun{row, oy, inside, (ci * g.h + y) * g.w + x0, g.p.stride_w, begin, end});
         }
       }
 }
@@ -67,8 +81,15 @@ void store_matrix(T* p, const Mat<C>& m) {
 template <typename T, typename C>
 Mat<C> im2col(const T* image, const Geometry& g) {
   Mat<C> cols(g.col_rows(), g.col_cols());
-  for_each_patch_element(g, [&](int64_t r, int64_t col, int64_t off) {
-    cols(r, col) = off < 0 ? C{0} : load<T, C>(image + off);
+  for_each_patch_run(g, [&](const PatchRun& r) {
+    C* dst = cols.data() + r.row * g.col_cols() + r.oy * g.wo;
+    if (!r.inside) {
+      std::fill(dst, dst + g.wo, C{0});
+      return;
+    }
+    std::fill(dst, dst + r.begin, C{0});
+    for (int64_t ox = r.begin; ox < r.end; ++ox) dst[ox] = load<T, C>(image + (r.first + ox * r.stride));
+    std::fill(dst + r.end, dst + g.wo, C{0});
   });
   return cols;
 }
@@ -104,8 +125,10 @@ void conv2d_backward_data(const TensorView& grad_x, const TensorView& grad_out, 
             load_matrix<T, C>(static_cast<const T*>(grad_out.data) + i * g.o * g.col_cols(), g.o, g.col_cols());
         const Mat<C> cols = wt * go;
         std::fill(image.begin(), image.end(), C{0});
-        for_each_patch_element(g, [&](int64_t r, int64_t col, int64_t off) {
-          if (off >= 0) image[off] += cols(r, col);
+        for_each_patch_run(g, [&](const PatchRun& r) {
+          if (!r.inside) return;
+          const C* src = cols.data() + r.row * g.col_cols() + r.oy * g.wo;
+          for (int64_t ox = r.begin; ox < r.end; ++ox) image[r.first + ox * r.stride] += src[ox];
         });
         T* dst = static_cast<T*>(grad_x.data) + i * g.c * g.h * g.w;
         for (size_t k = 0; k < image.size(); ++k) store<T, C>(dst + k, image[k]);

@@ -34,13 +34,22 @@ C gelu_erf_grad(C x) {
          x * std::exp(static_cast<C>(-0.5) * x * x) * static_cast<C>(kInvSqrt2Pi);
 }
 
+// The rows' loops, with the common strides spelled out as constants so
+// that the compiler vectorizes them: every operand dense, or one operand
+// a single value broadcast along the row (a bias, a scale).
 template <typename T, typename F>
 void unary_loop(const TensorView& out, const TensorView& in, F f) {
   using C = typename ComputeType<T>::type;
   auto* o = static_cast<T*>(out.data);
   const auto* x = static_cast<const T*>(in.data);
   for_each_row<2>(out, {out.strides, in.strides}, [&](auto off, int64_t n, auto st) {
-    for (int64_t i = 0; i < n; ++i) store<T, C>(o + off[0] + i * st[0], f(load<T, C>(x + off[1] + i * st[1])));
+    T* po = o + off[0];
+    const T* px = x + off[1];
+    if (st[0] == 1 && st[1] == 1) {
+      for (int64_t i = 0; i < n; ++i) store<T, C>(po + i, f(load<T, C>(px + i)));
+    } else {
+      for (int64_t i = 0; i < n; ++i) store<T, C>(po + i * st[0], f(load<T, C>(px + i * st[1])));
+    }
   });
 }
 
@@ -51,8 +60,21 @@ void binary_loop(const TensorView& out, const TensorView& a, const TensorView& b
   const auto* pa = static_cast<const T*>(a.data);
   const auto* pb = static_cast<const T*>(b.data);
   for_each_row<3>(out, {out.strides, a.strides, b.strides}, [&](auto off, int64_t n, auto st) {
-    for (int64_t i = 0; i < n; ++i)
-      store<T, C>(o + off[0] + i * st[0], f(load<T, C>(pa + off[1] + i * st[1]), load<T, C>(pb + off[2] + i * st[2])));
+    T* po = o + off[0];
+    const T* x = pa + off[1];
+    const T* y = pb + off[2];
+    if (st[0] == 1 && st[1] == 1 && st[2] == 1) {
+      for (int64_t i = 0; i < n; ++i) store<T, C>(po + i, f(load<T, C>(x + i), load<T, C>(y + i)));
+    } else if (st[0] == 1 && st[1] == 1 && st[2] == 0) {
+      const C yv = load<T, C>(y);
+      for (int64_t i = 0; i < n; ++i) store<T, C>(po + i, f(load<T, C>(x + i), yv));
+    } else if (st[0] == 1 && st[1] == 0 && st[2] == 1) {
+      const C xv = load<T, C>(x);
+      for (int64_t i = 0; i < n; ++i) store<T, C>(po + i, f(xv, load<T, C>(y + i)));
+    } else {
+      for (int64_t i = 0; i < n; ++i)
+        store<T, C>(po + i * st[0], f(load<T, C>(x + i * st[1]), load<T, C>(y + i * st[2])));
+    }
   });
 }
 

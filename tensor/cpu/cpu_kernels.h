@@ -50,30 +50,49 @@ inline void dispatch_all(DType t, F&& f) {
   }
 }
 
-// Visits every innermost row of `shape` (the last dimension), handing the
-// row's starting element offset in each of N operands, the row length and
-// the operands' strides along it.
+// Visits every innermost row of `shape`, handing the row's starting
+// element offset in each of N operands, the row length and the operands'
+// strides along it. Adjacent dimensions that every operand steps through
+// as one are merged first, so a [N, C, H, W] tensor plus a per-channel
+// [1, C, 1, 1] one runs in rows of H * W, not W.
 template <size_t N, typename Row>
 void for_each_row(const TensorView& shape, const std::array<const int64_t*, N>& strides, Row&& row) {
-  const int nd = shape.ndim;
-  std::array<int64_t, N> off{};
-  if (nd == 0) {
+  if (shape.ndim == 0) {
     std::array<int64_t, N> zero{};
-    row(off, int64_t{1}, zero);
+    row(zero, int64_t{1}, zero);
     return;
   }
-  const int64_t n = shape.numel();
-  if (n == 0) return;
-  const int64_t inner = shape.shape[nd - 1];
-  std::array<int64_t, N> inner_stride;
-  for (size_t k = 0; k < N; ++k) inner_stride[k] = strides[k][nd - 1];
+  if (shape.numel() == 0) return;
+  // Merged dimensions, innermost last: sizes and each operand's strides.
+  int nd = 0;
+  int64_t size[kMaxDims];
+  std::array<int64_t, N> step[kMaxDims];
+  for (int d = 0; d < shape.ndim; ++d) {
+    if (shape.shape[d] == 1) continue;
+    bool merges = nd > 0;
+    for (size_t k = 0; k < N && merges; ++k) merges = step[nd - 1][k] == strides[k][d] * shape.shape[d];
+    if (merges) {
+      size[nd - 1] *= shape.shape[d];
+      for (size_t k = 0; k < N; ++k) step[nd - 1][k] = strides[k][d];
+    } else {
+      size[nd] = shape.shape[d];
+      for (size_t k = 0; k < N; ++k) step[nd][k] = strides[k][d];
+      ++nd;
+    }
+  }
+  std::array<int64_t, N> off{};
+  if (nd == 0) {  // every dimension of size 1
+    row(off, int64_t{1}, off);
+    return;
+  }
+  const int64_t inner = size[nd - 1];
   int64_t idx[kMaxDims] = {};
-  for (int64_t r = 0, rows = n / inner; r < rows; ++r) {
-    row(off, inner, inner_stride);
+  for (int64_t r = 0, rows = shape.numel() / inner; r < rows; ++r) {
+    row(off, inner, step[nd - 1]);
     for (int d = nd - 2; d >= 0; --d) {
-      for (size_t k = 0; k < N; ++k) off[k] += strides[k][d];
-      if (++idx[d] < shape.shape[d]) break;
-      for (size_t k = 0; k < N; ++k) off[k] -= strides[k][d] * shape.shape[d];
+      for (size_t k = 0; k < N; ++k) off[k] += step[d][k];
+      if (++idx[d] < size[d]) break;
+      for (size_t k = 0; k < N; ++k) off[k] -= step[d][k] * size[d];
       idx[d] = 0;
     }
   }

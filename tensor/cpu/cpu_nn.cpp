@@ -13,6 +13,36 @@ namespace {
 // Planes a thread takes at least: about 64K elements' work.
 int64_t min_planes_per_thread(int64_t work_per_plane) { return units_for_work(int64_t{1} << 16, work_per_plane); }
 
+// NaN wins, as in PyTorch; a tie keeps the earlier element. Written as
+// selects, not branches: which element wins is data, and a branch on it
+// mispredicts about half the time.
+template <typename C>
+bool replaces_max(C v, C best) {
+  return (v > best) | ((v != v) & (best == best));
+}
+
+// One window element across a row of outputs: output column ox reads the
+// input at offset first + ox * stride. The first element of the window
+// starts the running maximum; the loop vectorizes.
+template <typename T, typename C>
+void pool_window_element(const T* plane, int64_t first, int64_t stride, int64_t begin, int64_t end, bool starts,
+                         C* __restrict best, int64_t* __restrict best_at) {
+  if (starts) {
+    for (int64_t ox = begin; ox < end; ++ox) {
+      best[ox] = load<T, C>(plane + (first + ox * stride));
+      best_at[ox] = first + ox * stride;
+    }
+    return;
+  }
+  for (int64_t ox = begin; ox < end; ++ox) {
+    const C v = load<T, C>(plane + (first + ox * stride));
+    const C current = best[ox];
+    const bool take = replaces_max(v, current);
+    best[ox] = take ? v : current;
+    best_at[ox] = take ? first + ox * stride : best_at[ox];
+  }
+}
+
 }  // namespace
 
 void index_select_rows(const TensorView& out, const TensorView& table, const TensorView& idx) {
@@ -49,29 +79,52 @@ void max_pool2d_forward(const TensorView& out, const TensorView& indices, const 
     const T* in = static_cast<const T*>(x.data);
     T* o = static_cast<T*>(out.data);
     auto* ix = static_cast<int64_t*>(indices.data);
-    auto pool_plane = [&](int64_t pl) {
-      for (int64_t oy = 0; oy < ho; ++oy)
-        for (int64_t ox = 0; ox < wo; ++ox) {
-          C best = -std::numeric_limits<C>::infinity();
-          int64_t best_at = -1;
-          for (int64_t ky = 0; ky < p.kernel_h; ++ky)
-            for (int64_t kx = 0; kx < p.kernel_w; ++kx) {
-              const int64_t y = oy * p.stride_h - p.pad_h + ky, xx = ox * p.stride_w - p.pad_w + kx;
-              if (y < 0 || y >= h || xx < 0 || xx >= w) continue;
-              const C v = load<T, C>(in + pl * h * w + y * w + xx);
-              // NaN wins, as in PyTorch.
-              if (best_at < 0 || v > best || (v != v && best == best)) {
-                best = v;
-                best_at = y * w + xx;
+    // Output columns whose windows lie inside the image's width.
+    const int64_t inner_begin = std::min(wo, (p.pad_w + p.stride_w - 1) / p.stride_w);
+    const int64_t inner_end =
+        std::max(inner_begin, std::min(wo, w + p.pad_w - p.kernel_w < 0 ? 0 : (w + p.pad_w - p.kernel_w) / p.stride_w + 1));
+    auto pool_plane = [&](int64_t pl, std::vector<C>& best, std::vector<int64_t>& best_at) {
+      const T* plane = in + pl * h * w;
+      for (int64_t oy = 0; oy < ho; ++oy) {
+        const int64_t y0 = std::max<int64_t>(oy * p.stride_h - p.pad_h, 0);
+        const int64_t y1 = std::min<int64_t>(oy * p.stride_h - p.pad_h + p.kernel_h, h);
+        // Windows clipped by the image's sides (or empty: -inf, index -1).
+        auto pool_clipped = [&](int64_t ox) {
+          const int64_t x0 = std::max<int64_t>(ox * p.stride_w - p.pad_w, 0);
+          const int64_t x1 = std::min<int64_t>(ox * p.stride_w - p.pad_w + p.kernel_w, w);
+          best[ox] = -std::numeric_limits<C>::infinity();
+          best_at[ox] = -1;
+          for (int64_t y = y0; y < y1; ++y)
+            for (int64_t xx = x0; xx < x1; ++xx) {
+              const C v = load<T, C>(plane + y * w + xx);
+              if (best_at[ox] < 0 || replaces_max(v, best[ox])) {
+                best[ox] = v;
+                best_at[ox] = y * w + xx;
               }
             }
-          const int64_t k = pl * ho * wo + oy * wo + ox;
-          store<T, C>(o + k, best);
-          ix[k] = best_at;
+        };
+        for (int64_t ox = 0; ox < inner_begin; ++ox) pool_clipped(ox);
+        for (int64_t ox = inner_end; ox < wo; ++ox) pool_clipped(ox);
+        if (y0 < y1) {
+          // The rest one window element at a time across the row.
+          for (int64_t y = y0; y < y1; ++y)
+            for (int64_t kx = 0; kx < p.kernel_w; ++kx)
+              pool_window_element<T, C>(plane, y * w + kx - p.pad_w, p.stride_w, inner_begin, inner_end,
+                                        y == y0 && kx == 0, best.data(), best_at.data());
+        } else {
+          for (int64_t ox = inner_begin; ox < inner_end; ++ox) pool_clipped(ox);
         }
+        const int64_t k = pl * ho * wo + oy * wo;
+        for (int64_t ox = 0; ox < wo; ++ox) {
+          store<T, C>(o + k + ox, best[ox]);
+          ix[k + ox] = best_at[ox];
+        }
+      }
     };
     parallel_for(planes, 1, min_planes_per_thread(ho * wo * p.kernel_h * p.kernel_w), [&](int64_t first, int64_t last) {
-      for (int64_t pl = first; pl < last; ++pl) pool_plane(pl);
+      std::vector<C> best(static_cast<size_t>(wo));
+      std::vector<int64_t> best_at(static_cast<size_t>(wo));
+      for (int64_t pl = first; pl < last; ++pl) pool_plane(pl, best, best_at);
     });
   });
 }

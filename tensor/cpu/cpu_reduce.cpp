@@ -1,59 +1,132 @@
 // Reductions over the middle axis of a contiguous [outer, k, inner] block.
 // Floating inputs accumulate in f32 (f64 for f64), like the GPU kernels.
-#include <limits>
+// Every output is computed by one thread in an order fixed by the shape
+// alone, so the split over threads never changes a bit.
+#include <algorithm>
 #include <vector>
 
 #include "tensor/cpu/cpu_kernels.h"
+#include "tensor/cpu/cpu_threads.h"
 
 namespace mpt::cpu {
 namespace {
 
-template <typename T>
-void reduce_typed(ReduceOp op, const TensorView& out, const TensorView& in, int64_t outer, int64_t k, int64_t inner) {
+// NaN wins, as in torch.amax / torch.argmax.
+template <ReduceOp Op, typename C>
+bool replaces(C candidate, C current) {
+  if constexpr (Op == ReduceOp::min) return current == current && (candidate < current || candidate != candidate);
+  else return current == current && (candidate > current || candidate != candidate);
+}
+
+// A sum of one contiguous run in eight interleaved partial sums: the loop
+// vectorizes, and the result depends only on the run's length.
+template <typename T, typename C>
+C sum_run(const T* x, int64_t k) {
+  constexpr int64_t kLanes = 8;
+  C lane[kLanes] = {};
+  int64_t j = 0;
+  for (; j + kLanes <= k; j += kLanes)
+    for (int64_t l = 0; l < kLanes; ++l) lane[l] += load<T, C>(x + j + l);
+  for (int64_t l = 0; j < k; ++j, ++l) lane[l] += load<T, C>(x + j);
+  return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+}
+
+template <typename T, ReduceOp Op>
+struct Reduction {
   using C = typename ComputeType<T>::type;
-  const T* x = static_cast<const T*>(in.data);
-  std::vector<C> acc(static_cast<size_t>(inner));
-  std::vector<int64_t> arg(op == ReduceOp::argmax ? static_cast<size_t>(inner) : 0);
-  for (int64_t o = 0; o < outer; ++o) {
-    const T* block = x + o * k * inner;
-    for (int64_t i = 0; i < inner; ++i) acc[i] = load<T, C>(block + i);
-    if (op == ReduceOp::argmax) std::fill(arg.begin(), arg.end(), 0);
-    // Walk k in the outer loop so that `inner` reads stay contiguous.
-    for (int64_t j = 1; j < k; ++j) {
-      const T* row = block + j * inner;
-      for (int64_t i = 0; i < inner; ++i) {
-        const C v = load<T, C>(row + i);
-        C& a = acc[i];
-        switch (op) {
-          case ReduceOp::sum:
-          case ReduceOp::mean: a += v; break;
-          // NaN wins, as in torch.amax / torch.argmax.
-          case ReduceOp::max: if (a == a && (v > a || v != v)) a = v; break;
-          case ReduceOp::min: if (a == a && (v < a || v != v)) a = v; break;
-          case ReduceOp::argmax:
-            if (a == a && (v > a || v != v)) {
-              a = v;
-              arg[i] = j;
-            }
-            break;
+  const T* x;
+  void* out;
+  int64_t k, inner;
+
+  void store_result(int64_t at, C value, int64_t index) const {
+    if constexpr (Op == ReduceOp::argmax) static_cast<int64_t*>(out)[at] = index;
+    else if constexpr (Op == ReduceOp::mean) store<T, C>(static_cast<T*>(out) + at, value * (C{1} / static_cast<C>(k)));
+    else store<T, C>(static_cast<T*>(out) + at, value);
+  }
+
+  // inner == 1: each output is one contiguous run of k.
+  void runs(int64_t first, int64_t last) const {
+    for (int64_t o = first; o < last; ++o) {
+      const T* run = x + o * k;
+      if constexpr (Op == ReduceOp::sum || Op == ReduceOp::mean) {
+        store_result(o, sum_run<T, C>(run, k), 0);
+      } else {
+        C best = load<T, C>(run);
+        int64_t at = 0;
+        for (int64_t j = 1; j < k; ++j) {
+          const C v = load<T, C>(run + j);
+          if (replaces<Op>(v, best)) {
+            best = v;
+            at = j;
+          }
         }
+        store_result(o, best, at);
       }
     }
-    if (op == ReduceOp::argmax) {
-      int64_t* dst = static_cast<int64_t*>(out.data) + o * inner;
-      for (int64_t i = 0; i < inner; ++i) dst[i] = arg[i];
-    } else {
-      T* dst = static_cast<T*>(out.data) + o * inner;
-      const C scale = op == ReduceOp::mean ? static_cast<C>(1) / static_cast<C>(k) : static_cast<C>(1);
-      for (int64_t i = 0; i < inner; ++i) store<T, C>(dst + i, op == ReduceOp::mean ? acc[i] * scale : acc[i]);
+  }
+
+  // Columns [first, last) of blocks [o_first, o_last), walking k in the
+  // outer loop so that the reads along `inner` stay contiguous.
+  void columns(int64_t o_first, int64_t o_last, int64_t first, int64_t last) const {
+    const int64_t width = last - first;
+    std::vector<C> acc(static_cast<size_t>(width));
+    std::vector<int64_t> arg(Op == ReduceOp::argmax ? static_cast<size_t>(width) : 0);
+    for (int64_t o = o_first; o < o_last; ++o) {
+      const T* block = x + o * k * inner + first;
+      for (int64_t i = 0; i < width; ++i) acc[i] = load<T, C>(block + i);
+      std::fill(arg.begin(), arg.end(), 0);
+      for (int64_t j = 1; j < k; ++j) {
+        const T* row = block + j * inner;
+        for (int64_t i = 0; i < width; ++i) {
+          const C v = load<T, C>(row + i);
+          if constexpr (Op == ReduceOp::sum || Op == ReduceOp::mean) {
+            acc[i] += v;
+          } else if (replaces<Op>(v, acc[i])) {
+            acc[i] = v;
+            if constexpr (Op == ReduceOp::argmax) arg[i] = j;
+          }
+        }
+      }
+      for (int64_t i = 0; i < width; ++i)
+        store_result(o * inner + first + i, acc[i], Op == ReduceOp::argmax ? arg[i] : 0);
     }
+  }
+};
+
+template <typename T, ReduceOp Op>
+void reduce_typed(const TensorView& out, const TensorView& in, int64_t outer, int64_t k, int64_t inner) {
+  const Reduction<T, Op> r{static_cast<const T*>(in.data), out.data, k, inner};
+  // About 64K elements read make a piece worth a thread.
+  constexpr int64_t kMinElementsPerPiece = int64_t{1} << 16;
+  if (inner == 1) {
+    parallel_for(outer, 1, units_for_work(kMinElementsPerPiece, k), [&](int64_t b, int64_t e) { r.runs(b, e); });
+  } else if (outer >= cpu_threads()) {
+    parallel_for(outer, 1, units_for_work(kMinElementsPerPiece, k * inner),
+                 [&](int64_t b, int64_t e) { r.columns(b, e, 0, inner); });
+  } else {
+    // Too few blocks to go round: split the columns, 16 at a time.
+    parallel_for(inner, 16, units_for_work(kMinElementsPerPiece, 16 * outer * k),
+                 [&](int64_t b, int64_t e) { r.columns(0, outer, b, e); });
+  }
+}
+
+template <typename T>
+void reduce_dispatch(ReduceOp op, const TensorView& out, const TensorView& in, int64_t outer, int64_t k,
+                     int64_t inner) {
+  switch (op) {
+    case ReduceOp::sum: return reduce_typed<T, ReduceOp::sum>(out, in, outer, k, inner);
+    case ReduceOp::mean: return reduce_typed<T, ReduceOp::mean>(out, in, outer, k, inner);
+    case ReduceOp::max: return reduce_typed<T, ReduceOp::max>(out, in, outer, k, inner);
+    case ReduceOp::min: return reduce_typed<T, ReduceOp::min>(out, in, outer, k, inner);
+    case ReduceOp::argmax: return reduce_typed<T, ReduceOp::argmax>(out, in, outer, k, inner);
   }
 }
 
 }  // namespace
 
 void reduce(ReduceOp op, const TensorView& out, const TensorView& in, int64_t outer, int64_t k, int64_t inner) {
-  dispatch_float(in.dtype, reduce_op_name(op), [&](auto tag) { reduce_typed<decltype(tag)>(op, out, in, outer, k, inner); });
+  dispatch_float(in.dtype, reduce_op_name(op),
+                 [&](auto tag) { reduce_dispatch<decltype(tag)>(op, out, in, outer, k, inner); });
 }
 
 }  // namespace mpt::cpu
