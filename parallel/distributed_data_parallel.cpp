@@ -298,16 +298,26 @@ void DistributedDataParallel::Reducer::launch(Bucket& bucket) {
 void DistributedDataParallel::Reducer::fill_and_allreduce(Bucket& bucket) {
   NoGradGuard no_grad;
   if (averaged_in_place(bucket)) {
-    // Averaged where it lies: no buffer and no copy.
-    const Tensor g = params[bucket.params[0]].grad();
+    // Averaged where it lies: no buffer and no copy. Every rank makes this
+    // same call (the element count and the op must agree): a rank that has
+    // no gradient here (an unused parameter) sends zeros, one whose
+    // gradient is laid out otherwise a dense copy, which becomes its
+    // gradient.
+    Tensor& p = params[bucket.params[0]];
+    const Tensor g = p.grad();
     if (g.defined() && g.dtype() == bucket.dtype && g.is_contiguous()) {
       bucket.flat = prim::view(g, {g.numel()});
-      check_ahead(bucket, {g});
-      NvtxRange range("ddp: all-reduce gradient in place");
-      bucket.work = group->allreduce(bucket.flat, ReduceOp::avg);
-      if (late) late->work = bucket.work;
-      return;
+    } else if (g.defined()) {
+      bucket.flat = prim::reshape(prim::contiguous(prim::to(g, bucket.dtype)), {p.numel()});
+      p.set_grad(prim::view(bucket.flat, p.shape()));
+    } else {
+      bucket.flat = zeros({p.numel()}, bucket.dtype, p.device());
     }
+    check_ahead(bucket, {bucket.flat});
+    NvtxRange range("ddp: all-reduce gradient in place");
+    bucket.work = group->allreduce(bucket.flat, ReduceOp::avg);
+    if (late) late->work = bucket.work;
+    return;
   }
   if (bucket.arena_offset >= 0)
     bucket.flat = prim::slice(arena, 0, bucket.arena_offset, bucket.arena_offset + bucket.elements);

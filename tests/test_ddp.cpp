@@ -165,6 +165,55 @@ TEST(Ddp, AGradientAloneInItsBucketIsAveragedInPlace) {
   });
 }
 
+// Two heads; rank 1 leaves the first out of its loss.
+class HeadUsedOnRankZero : public nn::Module {
+ public:
+  explicit HeadUsedOnRankZero(int rank) : Module("HeadUsedOnRankZero"), rank_(rank) {
+    Generator gen(3);
+    first = register_module("first", std::make_shared<nn::Linear>(6, 7, false, &gen));  // 42 floats: padding would add 6
+    second = register_module("second", std::make_shared<nn::Linear>(6, 3, true, &gen));
+  }
+  Tensor forward(const Tensor& x) override {
+    const Tensor out = second->forward(x);
+    return rank_ == 0 ? out + sum(first->forward(x)) : out;
+  }
+  std::shared_ptr<nn::Linear> first, second;
+
+ private:
+  int rank_;
+};
+
+// A gradient alone in its bucket, produced on one rank only: both ranks
+// must make the same all-reduce (same count, same op), and both end with
+// the average of rank 0's gradient and nothing.
+TEST(Ddp, AGradientAloneInItsBucketAndUsedOnOneRankIsAveragedOnBoth) {
+  const uint64_t seed = mpt::testing::fresh_seed();
+  SCOPED_TRACE(seed);
+  std::vector<std::vector<double>> got(2);
+  std::vector<double> rank0_local;
+  with_ranks(2, [&](ProcessGroup& g) {
+    auto model = std::make_shared<HeadUsedOnRankZero>(g.rank());
+    DistributedDataParallel ddp(model, borrowed(g), {.bucket_bytes = 100, .find_unused_parameters = true});
+    bool alone = false;
+    for (const auto& bucket : ddp.bucket_assignment()) alone |= bucket == std::vector<size_t>{0};
+    ASSERT_TRUE(alone);
+    Generator gen(seed + g.rank());
+    const Tensor x = randn({5, 6}, DType::f32, kCPU, &gen), y = randn({5, 3}, DType::f32, kCPU, &gen);
+    if (g.rank() == 0) {
+      auto local = std::make_shared<HeadUsedOnRankZero>(0);
+      backward(mse_loss(local->forward(x), y));
+      rank0_local = local->first->weight.grad().to_vector<double>();
+    }
+    backward(mse_loss(ddp(x), y));
+    ASSERT_TRUE(model->first->weight.grad().defined()) << "rank " << g.rank();
+    got[g.rank()] = model->first->weight.grad().to_vector<double>();
+  });
+  std::vector<double> want(rank0_local.size());
+  for (size_t i = 0; i < want.size(); ++i) want[i] = rank0_local[i] / 2;
+  EXPECT_LE(mpt::testing::rel_error(got[0], want), 1e-6);
+  EXPECT_LE(mpt::testing::rel_error(got[1], want), 1e-6);
+}
+
 // With f16 or bf16 compression each rank's gradient travels as
 // t(g / world) in the transit type t, the ranks' halves are summed and
 // rounded to t, and the result comes back to f32: exactly that, element for
