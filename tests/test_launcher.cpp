@@ -99,6 +99,19 @@ TEST(Launcher, TwoNodesOnOneHostFormOneWorld) {
   EXPECT_NE(r.output.find("[rank 1] rank 1 of 2 ready"), std::string::npos) << r.output;
 }
 
+// A rank that prints without pause (faster than mpt-run re-emits its
+// lines) must not keep mpt-run from seeing the other rank fail.
+TEST(Launcher, ARankThatNeverStopsPrintingDoesNotHideAFailure) {
+  const JobResult r = mpt::testing::run_shell(fmt::format(
+      "'{}' --nproc_per_node 2 --master_port {} --kill_timeout 2 sh -c "
+      "'if [ $RANK = 0 ]; then exec yes; else sleep 1; exit 3; fi' >/dev/null 2>/tmp/mpt-run-yes-{}.err; "
+      "echo status=$?; cat /tmp/mpt-run-yes-{}.err; rm -f /tmp/mpt-run-yes-{}.err",
+      mpt::testing::mpt_run_path(), mpt::testing::free_port(), ::getpid(), ::getpid(), ::getpid()));
+  EXPECT_NE(r.output.find("status=3"), std::string::npos) << r.output.substr(0, 2000);
+  EXPECT_NE(r.output.find("rank 1 (pid"), std::string::npos) << r.output.substr(0, 2000);
+  EXPECT_LT(r.seconds, 15.0);
+}
+
 TEST(Launcher, StoppingTheLauncherStopsEveryRank) {
   const std::string log = fmt::format("/tmp/mpt-run-stop-{}.log", ::getpid());
   const JobResult r = mpt::testing::run_shell(fmt::format(

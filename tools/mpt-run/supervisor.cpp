@@ -32,12 +32,16 @@ struct Stream {
     fmt::print(sink, "{}{}\n", prefix, line);
     std::fflush(sink);
   }
-  // Reads what is there; returns false at end of stream.
-  bool drain(const std::string& prefix) {
+  enum class Drained { empty, more, closed };
+  // Reads what is there, up to 64 KiB: a rank that writes faster than we
+  // re-emit must not keep the supervisor from its other duties (a dead
+  // rank, a stop signal).
+  Drained drain(const std::string& prefix) {
     char buf[4096];
-    for (;;) {
+    for (int reads = 0; reads < 16;) {
       const ssize_t n = ::read(fd, buf, sizeof buf);
       if (n > 0) {
+        ++reads;
         partial.append(buf, static_cast<size_t>(n));
         size_t nl;
         while ((nl = partial.find('\n')) != std::string::npos) {
@@ -47,13 +51,14 @@ struct Stream {
         continue;
       }
       if (n < 0 && errno == EINTR) continue;
-      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return Drained::empty;
       if (!partial.empty()) emit(prefix, partial);
       partial.clear();
       ::close(fd);
       fd = -1;
-      return false;
+      return Drained::closed;
     }
+    return Drained::more;
   }
 };
 
@@ -192,8 +197,11 @@ Outcome supervise(const std::vector<std::string>& command, const std::vector<Ran
       // the ranks are gone and what was written has been read.
       if (any_open)
         for (auto& c : children) {
-          if (c.out.fd >= 0) c.out.drain(c.prefix);
-          if (c.err.fd >= 0) c.err.drain(c.prefix);
+          // What is buffered, up to 4 MiB a stream (a rank's child may
+          // still be writing).
+          for (Stream* s : {&c.out, &c.err})
+            for (int round = 0; round < 64 && s->fd >= 0; ++round)
+              if (s->drain(c.prefix) != Stream::Drained::more) break;
           ::kill(-c.pid, SIGKILL);
           for (Stream* s : {&c.out, &c.err})
             if (s->fd >= 0) {
