@@ -7,7 +7,9 @@
 #include <cstdio>
 
 #include <cstring>
+#include <chrono>
 #include <fstream>
+#include <list>
 #include <map>
 #include <thread>
 
@@ -106,13 +108,13 @@ class TcpStoreServer {
     {
       std::lock_guard lock(mutex_);
       stopping_ = true;
-      for (int fd : client_fds_) ::shutdown(fd, SHUT_RDWR);
+      for (const Client& c : clients_)
+        if (c.fd >= 0) ::shutdown(c.fd, SHUT_RDWR);
     }
     ::shutdown(listen_fd_, SHUT_RDWR);  // wakes accept()
     accept_thread_.join();
-    for (auto& t : client_threads_) t.join();
+    for (Client& c : clients_) c.thread.join();  // each closes its own connection
     close_fd(listen_fd_);
-    for (int fd : client_fds_) close_fd(fd);
   }
   int port() const { return port_; }
   std::vector<std::string> refused() const {
@@ -121,6 +123,12 @@ class TcpStoreServer {
   }
 
  private:
+  struct Client {
+    int fd = -1;        // -1 once closed
+    bool done = false;  // its thread has nothing left to do but return
+    std::thread thread;
+  };
+
   // The connection's first message must be a hello with this job's token.
   bool admit(int fd) {
     const StoreMessage greeting = recv_message(fd, "TcpStore server");
@@ -147,18 +155,44 @@ class TcpStoreServer {
   void accept_loop() {
     for (;;) {
       const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-      std::lock_guard lock(mutex_);
+      const int error = errno;
+      std::unique_lock lock(mutex_);
       if (stopping_) {
         if (fd >= 0) close_fd(fd);
         return;
       }
       if (fd < 0) {
-        if (errno == EINTR || errno == ECONNABORTED) continue;
+        if (error == EINTR || error == ECONNABORTED) continue;
+        // Out of descriptors or memory for now: connections that end give
+        // some back, so wait and accept again rather than stop serving.
+        if (error == EMFILE || error == ENFILE || error == ENOBUFS || error == ENOMEM) {
+          lock.unlock();
+          std::this_thread::sleep_for(std::chrono::milliseconds(50));
+          continue;
+        }
         return;
       }
-      client_fds_.push_back(fd);
-      client_threads_.emplace_back([this, fd] { serve(fd); });
+      // Threads of connections that have ended are joined here, so that
+      // probes of the port over a long job leave nothing behind.
+      clients_.remove_if([](Client& c) {
+        if (!c.done) return false;
+        c.thread.join();
+        return true;
+      });
+      Client& client = clients_.emplace_back();
+      client.fd = fd;
+      client.thread = std::thread([this, &client] { serve_then_close(client); });
     }
+  }
+
+  // The connection's own thread closes it, under the lock (the destructor
+  // shuts down the open ones), and says it is done as its last act.
+  void serve_then_close(Client& client) {
+    serve(client.fd);
+    std::lock_guard lock(mutex_);
+    close_fd(client.fd);
+    client.fd = -1;
+    client.done = true;
   }
 
   // A connection's ephemeral keys go when it closes; each leaves behind
@@ -250,8 +284,7 @@ class TcpStoreServer {
   std::vector<std::string> refused_;
   int64_t departures_ = 0;
   bool stopping_ = false;
-  std::vector<int> client_fds_;
-  std::vector<std::thread> client_threads_;
+  std::list<Client> clients_;  // a list: a thread holds its Client's address
   std::map<std::string, Bytes> data_;
 };
 

@@ -452,6 +452,36 @@ TEST(TcpStore, SomethingThatIsNotAStoreClientIsRefused) {
   EXPECT_NE(master.refused_connections()[0].find("did not open with the store's greeting"), std::string::npos);
 }
 
+// Connections that come and go (health probes, port scans) over a long job
+// leave no descriptors behind in the master.
+TEST(TcpStore, ConnectionsThatEndGiveTheirDescriptorsBack) {
+  TcpStore master("127.0.0.1", 0, true, milliseconds(2000), {.job_token = "job-A"});
+  const auto open_fds = [] {
+    return std::distance(std::filesystem::directory_iterator("/proc/self/fd"), std::filesystem::directory_iterator());
+  };
+  const auto before = open_fds();
+  for (int i = 0; i < 100; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(static_cast<uint16_t>(master.port()));
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    ::close(fd);
+  }
+  // The server notices each close on its own thread.
+  auto after = open_fds();
+  for (int wait = 0; wait < 100 && after > before + 5; ++wait) {
+    std::this_thread::sleep_for(milliseconds(20));
+    after = open_fds();
+  }
+  EXPECT_LE(after, before + 5) << before << " descriptors before 100 connections, " << after << " after";
+  // And the store still serves.
+  TcpStore client("127.0.0.1", master.port(), false, milliseconds(2000), {.job_token = "job-A"});
+  client.set("k", std::string("v"));
+  EXPECT_TRUE(master.check({"k"}));
+}
+
 TEST(Rendezvous, ARankOfAnotherJobCannotJoin) {
   const int port = mpt::testing::free_port();
   auto env = [&](int rank, const std::string& token) {
