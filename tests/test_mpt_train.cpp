@@ -377,6 +377,33 @@ TEST_F(MptTrain, DdpRanksIntroduceThemselvesAndShareTheirStepTimes) {
   EXPECT_EQ(step_lines, 2);
 }
 
+// SIGTERM to one rank only: every rank stops after the same step (the
+// next logging step) with the status of an interruption, and rank 0 writes
+// the checkpoint there; none is left waiting in an all-reduce.
+TEST_F(MptTrain, ASignalToOneDdpRankStopsEveryRankAfterTheSameStep) {
+  std::ofstream(file("interrupt.sh")) << fmt::format(
+      "'{}' --nproc_per_node 2 --master_port {} --kill_timeout 20 '{}' --device cpu --progress lines --precision fp32 "
+      "--batch-size 16 --steps 2000 --log-every 3 --eval-batches 1 --checkpoint '{}' >'{}' 2>&1 &\n"
+      "job=$!\n"
+      "for i in $(seq 1200); do grep -q ' step 3 ' '{}' 2>/dev/null && break; sleep 0.05; done\n"
+      "pid=$(sed -n 's/.*\\[rank 1\\] rank 1 of 2: host .*, pid \\([0-9]*\\).*/\\1/p' '{}' | head -1)\n"
+      "kill -TERM $pid\n"
+      "wait $job\n"
+      "echo $? >'{}'\n",
+      mpt_run(), testing::free_port(), mpt_train(), file("cut.safetensors"), file("out"), file("out"), file("out"),
+      file("rc"));
+  ASSERT_EQ(std::system(fmt::format("bash '{}'", file("interrupt.sh")).c_str()), 0);
+  const std::string out = slurp(file("out"));
+  EXPECT_EQ(slurp(file("rc")), "130\n") << out;
+  ASSERT_TRUE(std::filesystem::exists(file("cut.safetensors"))) << out;
+  const int64_t k = ckpt::read_checkpoint(file("cut.safetensors")).step;
+  EXPECT_GE(k, 3);
+  EXPECT_EQ(k % 3, 0) << "stopped after step " << k << ", not a logging step";
+  testing::expect_contains(out, {fmt::format("[rank 0] mpt-train: interrupted after step {}", k),
+                                 "failed with exit status 130"});
+  EXPECT_EQ(out.find("rror"), std::string::npos) << out;
+}
+
 // --grad-transit bf16 all-reduces DDP's gradients in bf16: the model ends
 // close to the f32 transit's, but not equal (the averages were rounded).
 TEST_F(MptTrain, DdpWithBf16GradientTransitEndsCloseToF32) {

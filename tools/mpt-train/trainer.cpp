@@ -369,9 +369,16 @@ TrainResult run_training(const TrainConfig& config) {
   // Where this invocation ends: the whole run, or an early stop that a
   // later --resume continues.
   const int64_t last_step = c.stop_after > 0 ? std::min(total_steps, c.stop_after) : total_steps;
+  // A signal stops the run after the current step. Ranks of one job must
+  // stop after the same step (a rank that went on alone would wait for the
+  // others in its next all-reduce), so each rank's request travels with
+  // the gathers at logging steps and at each epoch's end, and every rank
+  // stops there if any asked: up to --log-every steps after the signal.
+  bool stop_agreed = false;
+  auto stopping = [&] { return world ? stop_agreed : stop_requested.load(); };
   // A stop before the run's end, by signal or --stop-after: the epoch in
   // progress is neither evaluated nor summed up; its resumption does that.
-  auto stopping_early = [&] { return stop_requested || (step >= last_step && last_step < total_steps); };
+  auto stopping_early = [&] { return stopping() || (step >= last_step && last_step < total_steps); };
 
   // Diagnostics: the step-time breakdown (on device 0's stream under dp),
   // and on the lead rank a sampler of the GPUs this node's ranks use.
@@ -402,7 +409,7 @@ TrainResult run_training(const TrainConfig& config) {
 
   TrainResult result;
   StopOnSignal stop_on_signal;
-  for (int64_t epoch = position.epoch; epoch < c.epochs && step < last_step && !stop_requested; ++epoch) {
+  for (int64_t epoch = position.epoch; epoch < c.epochs && step < last_step && !stopping(); ++epoch) {
     loader.start_epoch(epoch, epoch == position.epoch ? position.batch : 0);
     progress.start_epoch(epoch, c.epochs, steps_per_epoch);
     const auto epoch_started = Clock::now();
@@ -424,7 +431,7 @@ TrainResult run_training(const TrainConfig& config) {
     // A graphed step takes the next step's batches along, to copy them into
     // its inputs while it runs; `ahead` holds them until their own step.
     std::vector<data::Batch> ahead;
-    while (step < last_step && !stop_requested) {
+    while (step < last_step && !stopping()) {
       std::vector<data::Batch> micro_batches = ahead.empty() ? next_group() : std::move(ahead);
       ahead.clear();
       if (micro_batches.empty()) break;
@@ -478,14 +485,20 @@ TrainResult run_training(const TrainConfig& config) {
         timing = timing_fields(window, 1e3 * window_seconds / std::max<int64_t>(window.steps, 1));
         if (world) {
           // Ranks wait for each other in communication, so whole steps take
-          // equally long; the work outside it shows who is slow.
+          // equally long; the work outside it shows who is slow. Each rank's
+          // stop request goes along.
           const double work = window.total_ms() - window[StepPhase::comm];
-          const Tensor mine = full({1}, work, DType::f64, device);
+          const Tensor mine =
+              prim::to(from_vector(std::vector<double>{work, stop_requested ? 1.0 : 0.0}, {2}, DType::f64), device);
           std::vector<Tensor> all;
-          for (int r = 0; r < world_size; ++r) all.push_back(zeros({1}, DType::f64, device));
+          for (int r = 0; r < world_size; ++r) all.push_back(zeros({2}, DType::f64, device));
           world->group->allgather(all, mine)->wait();
           std::vector<double> per_rank;
-          for (const Tensor& t : all) per_rank.push_back(t.item());
+          for (const Tensor& t : all) {
+            const std::vector<double> values = t.to_vector<double>();
+            per_rank.push_back(values[0]);
+            stop_agreed = stop_agreed || values[1] != 0;
+          }
           timing["rank_work_ms"] = per_rank;
           if (auto warning = imbalance_warning(per_rank)) progress.message(*warning);
         }
@@ -497,6 +510,11 @@ TrainResult run_training(const TrainConfig& config) {
         window_samples = 0;
       }
       if (c.checkpoint_every > 0 && step % c.checkpoint_every == 0) save();
+    }
+    if (world && !stop_agreed) {
+      Tensor asked = full({1}, stop_requested ? 1.0 : 0.0, DType::f32, device);
+      world->group->allreduce(asked, dist::ReduceOp::max)->wait();
+      stop_agreed = asked.item() != 0;
     }
     if (stopping_early()) break;
     epoch_breakdown.add(timer.take());  // waits for the epoch's last step
@@ -529,7 +547,7 @@ TrainResult run_training(const TrainConfig& config) {
   save();
   result.steps = step;
   result.seconds = seconds_since(started);
-  result.interrupted = stop_requested;
+  result.interrupted = stopping();
   result.stopped_early = stopping_early();
   if (result.stopped_early) {
     progress.record({{"event", "interrupted"}, {"reason", result.interrupted ? "signal" : "stop-after"},
