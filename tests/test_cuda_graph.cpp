@@ -469,6 +469,43 @@ TEST(CudaGraph, ADroppedGraphsMemoryServesEagerWorkOnTheStreamOfItsReplays) {
   EXPECT_EQ(memory_stats(kGPU).num_device_mallocs, mallocs);
 }
 
+// Inside a capture, a block that a forked stream used (record_stream) is
+// not handed out again before the capture ends: the graph has no edge that
+// orders that stream's reads before a new tensor's writes.
+TEST(CudaGraph, ABlockAForkedStreamUsedWaitsForTheEndOfTheCapture) {
+  MPT_SKIP_WITHOUT_CUDA();
+  const int64_t n = 300007;  // a size class no other tensor here has
+  const Stream side = Stream::create(kGPU);
+  const Tensor x = full({n}, 3.0, DType::f32, kGPU);
+  Tensor read_on_side, after;
+  const void* used_on_side = nullptr;
+  const void* taken_after = nullptr;
+  cuda::Graph graph(0);
+  graph.capture([&] {
+    const Stream main = current_stream(kGPU);  // the capturing stream
+    Tensor t = prim::mul_scalar(x, 2.0);
+    used_on_side = t.data_ptr();
+    Event forked(kGPU);
+    forked.record(main);
+    forked.wait(side);
+    {
+      StreamGuard on_side(side);
+      read_on_side = prim::add_scalar(t, 1.0);
+    }
+    record_stream(t.data_ptr(), side);
+    t = Tensor();
+    after = prim::mul_scalar(x, 5.0);
+    taken_after = after.data_ptr();
+    Event joined(kGPU);
+    joined.record(side);
+    joined.wait(main);
+  });
+  EXPECT_NE(taken_after, used_on_side);
+  graph.replay();
+  EXPECT_EQ(read_on_side.to_vector<float>()[n - 1], 7.0f);
+  EXPECT_EQ(after.to_vector<float>()[n - 1], 15.0f);
+}
+
 // What a collective registers while its step is captured: called around
 // every replay of that graph, once however often it was registered.
 struct CountingWatch : cuda::ReplayWatch {

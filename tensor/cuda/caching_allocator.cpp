@@ -152,6 +152,13 @@ void CachingAllocator::free(void* ptr) noexcept {
   cached_bytes_ += block->size;
 
   if (block->pool && pools_.count(block->pool)) {
+    // Other streams of the capture used it: the graph does not order their
+    // work before a new tensor's in this same capture, so it waits for the
+    // capture's end (every replay then runs all of it before the next).
+    if (block->pool == capture_pool_ && !block->extra_streams.empty()) {
+      held_until_capture_ends_.push_back(block);
+      return;
+    }
     pools_[block->pool][FreeKey{block->stream, block->size}].push_back(block);
     return;
   }
@@ -285,6 +292,16 @@ int CachingAllocator::begin_capture(cudaStream_t stream, cudaStream_t origin) {
 
 void CachingAllocator::end_capture() {
   std::lock_guard<std::mutex> lock(mutex_);
+  for (Block* block : held_until_capture_ends_) {
+    block->extra_streams.clear();
+    if (pools_.count(block->pool)) {
+      pools_[block->pool][FreeKey{block->stream, block->size}].push_back(block);
+    } else {
+      block->pool = 0;
+      cache_unused(block);
+    }
+  }
+  held_until_capture_ends_.clear();
   capture_pool_ = 0;
   capture_stream_ = nullptr;
   capture_origin_ = nullptr;

@@ -16,7 +16,9 @@
 // those of streams the capture forked to, come from a private pool of the
 // graph (see begin_capture): the graph's kernels keep using those addresses
 // at every replay, so no other tensor may get them while the graph lives.
-// When the graph goes, its memory returns to the shared cache on the stream
+// A block freed during the capture after record_stream named another
+// stream is not handed out again until the capture ends. When the graph
+// goes, its memory returns to the shared cache on the stream
 // its replays ran on, where a later capture from that stream (the same step
 // on new shapes, say) can take it again.
 #include <cstddef>
@@ -116,6 +118,7 @@ class CachingAllocator {
   std::unordered_map<int, std::unordered_map<FreeKey, std::vector<Block*>, FreeKeyHash>> pools_;
   int next_pool_ = 1;
   int capture_pool_ = 0;               // the pool of the capture in progress, if any
+  std::vector<Block*> held_until_capture_ends_;  // freed in it after record_stream
   cudaStream_t capture_stream_ = nullptr;
   cudaStream_t capture_origin_ = nullptr;
   MemoryStats stats_;
