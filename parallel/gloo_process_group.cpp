@@ -15,6 +15,8 @@
 #include <algorithm>
 #include <cstring>
 #include <mutex>
+#include <optional>
+#include <string>
 
 #include <fmt/ranges.h>
 
@@ -246,18 +248,26 @@ class GlooProcessGroup : public ProcessGroup {
   uint32_t next_tag() { return tag_++; }
 
   // Turns Gloo's exceptions into ours, with the collective, rank and timeout.
+  // After one collective failed the group is broken (its peers' state is
+  // unknown): the collectives queued behind it fail at once, naming that
+  // first failure, instead of each waiting out its own timeout.
   template <typename F>
   void guarded(const std::string& what, F&& f) {
+    if (broken_)
+      throw DistributedError(fmt::format("Gloo {} on rank {} of {}: not run, since an earlier collective failed: {}",
+                                         what, rank(), size(), *broken_));
     const auto start = std::chrono::steady_clock::now();
     try {
       f();
-    } catch (const Error&) {
+    } catch (const Error& e) {
+      broken_ = e.what();
       throw;
     } catch (const std::exception& e) {
       const std::string msg = e.what();
       const std::string text = fmt::format("Gloo {} on rank {} of {} (timeout {} ms): {}; {}", what, rank(), size(),
                                            timeout_.count(), msg,
                                            peers_at_fault(msg, std::chrono::steady_clock::now() - start));
+      broken_ = text;
       // Rank 0's store goes when its process ends: after a broken
       // connection, keep it a moment for the others to ask who left.
       if (!is_timeout(msg)) linger_for_departures(*store_, rank(), size());
@@ -287,6 +297,7 @@ class GlooProcessGroup : public ProcessGroup {
   Millis timeout_;
   std::shared_ptr<gloo::Context> context_;
   uint32_t tag_ = 0;
+  std::optional<std::string> broken_;  // the first failure (communication thread only)
   WorkQueue queue_;  // last: its thread stops before the context goes
 };
 

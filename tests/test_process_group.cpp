@@ -182,6 +182,35 @@ TEST(GlooProcessGroup, APeerThatLeavesIsAnErrorNotAHang) {
   EXPECT_LT(took, 6.0);
 }
 
+// Collectives queued behind one that failed fail at once, naming it: a
+// step's many bucket all-reduces end within one timeout, not one each.
+TEST(GlooProcessGroup, CollectivesQueuedBehindAFailureFailAtOnce) {
+  using Clock = std::chrono::steady_clock;
+  std::vector<std::string> messages;
+  double took = 0;
+  with_ranks(
+      2,
+      [&](ProcessGroup& g) {
+        if (g.rank() == 1) return;  // its group closes its connections
+        const auto start = Clock::now();
+        std::vector<WorkPtr> works;
+        for (int i = 0; i < 8; ++i) works.push_back(g.allreduce(ones({8})));
+        for (const WorkPtr& w : works) {
+          try {
+            w->wait();
+          } catch (const Error& e) {  // the first a DistributedError or TimeoutError
+            messages.push_back(e.what());
+          }
+        }
+        took = std::chrono::duration<double>(Clock::now() - start).count();
+      },
+      milliseconds(3000));
+  ASSERT_EQ(messages.size(), 8u);
+  for (size_t i = 1; i < messages.size(); ++i)
+    EXPECT_NE(messages[i].find("not run, since an earlier collective failed"), std::string::npos) << messages[i];
+  EXPECT_LT(took, 6.0);
+}
+
 TEST(Buckets, FollowTheOrderAndCloseAtTheirCap) {
   // First cap 250, then 400: written out by hand from the rule "add the
   // parameter, close the bucket once it holds at least the cap".
