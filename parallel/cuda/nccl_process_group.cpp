@@ -411,29 +411,44 @@ class ReplayWatchdog : public cuda::ReplayWatch {
 
 // NCCL refuses two ranks on one GPU with "invalid usage", which names
 // neither the ranks nor the GPU. So the ranks of a new group publish their
-// host and the GPU's PCI address first, and every rank refuses the same
-// first pair that shares one.
+// GPU's UUID (unique to the physical GPU, where host names and PCI
+// addresses repeat across cloned machines) with its host and PCI address
+// first, and every rank refuses the same first pair that shares one.
 void check_one_gpu_per_rank(Store& store, int64_t group_index, int rank, int size, int device) {
   char bus[32] = {};
   MPT_CUDA_CHECK(cudaDeviceGetPCIBusId(bus, sizeof bus, device));
+  cudaDeviceProp props{};
+  MPT_CUDA_CHECK(cudaGetDeviceProperties(&props, device));
+  std::string uuid;
+  for (char byte : props.uuid.bytes) uuid += fmt::format("{:02x}", static_cast<unsigned char>(byte));
   auto key = [&](int r) { return fmt::format("mpt/nccl/{}/gpu_of_rank/{}", group_index, r); };
-  // "host bus\ncuda:N": the GPU is the first line; the index, which differs
-  // between processes whose CUDA_VISIBLE_DEVICES differ, only names it.
-  const std::string mine = fmt::format("{} {}\ncuda:{}", host_name(), bus, device);
+  // "uuid\nhost bus\ncuda:N": the GPU is the first line; the rest, the
+  // index differing between processes whose CUDA_VISIBLE_DEVICES differ,
+  // only names it.
+  const std::string mine = fmt::format("{}\n{} {}\ncuda:{}", uuid, host_name(), bus, device);
   store.set(key(rank), mine);
-  std::vector<std::string> gpus, indices;
+  struct Gpu {
+    std::string uuid, address = "?", index = "?";
+  };
+  std::vector<Gpu> gpus;
   for (int r = 0; r < size; ++r) {
     const std::string entry = r == rank ? mine : store.get_string(key(r));
-    const size_t nl = entry.find('\n');
-    gpus.push_back(entry.substr(0, nl));
-    indices.push_back(nl == std::string::npos ? "?" : entry.substr(nl + 1));
+    Gpu g;
+    const size_t first = entry.find('\n'), second = entry.find('\n', first == std::string::npos ? first : first + 1);
+    g.uuid = entry.substr(0, first);
+    if (second != std::string::npos) {
+      g.address = entry.substr(first + 1, second - first - 1);
+      g.index = entry.substr(second + 1);
+    }
+    gpus.push_back(g);
   }
   for (int a = 0; a < size; ++a)
     for (int b = a + 1; b < size; ++b)
-      check<DeviceError>(gpus[a] != gpus[b],
+      check<DeviceError>(gpus[a].uuid != gpus[b].uuid,
                          "NCCL group (rank {} of {}): ranks {} ({} there) and {} ({} there) both drive the GPU at "
-                         "host/PCI address {}; each rank needs a GPU of its own (under mpt-run, the GPU of LOCAL_RANK)",
-                         rank, size, a, indices[a], b, indices[b], gpus[a]);
+                         "host/PCI address {} (UUID {}); each rank needs a GPU of its own (under mpt-run, the GPU of "
+                         "LOCAL_RANK)",
+                         rank, size, a, gpus[a].index, b, gpus[b].index, gpus[a].address, gpus[a].uuid);
 }
 
 class NcclProcessGroup : public ProcessGroup {
