@@ -431,15 +431,25 @@ TEST(TcpStore, AClientWithAnotherJobsTokenIsRefusedOnBothSides) {
   EXPECT_EQ(master.get_string("after"), "ok");
 }
 
-TEST(TcpStore, SomethingThatIsNotAStoreClientIsRefused) {
-  TcpStore master("127.0.0.1", 0, true, milliseconds(2000), {.job_token = "job-A"});
-  // A well-formed "set" without the greeting first.
+// A plain TCP connection to a local port (-1 if it failed).
+static int connect_to_local_port(int port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = htons(static_cast<uint16_t>(master.port()));
-  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+TEST(TcpStore, SomethingThatIsNotAStoreClientIsRefused) {
+  TcpStore master("127.0.0.1", 0, true, milliseconds(2000), {.job_token = "job-A"});
+  // A well-formed "set" without the greeting first.
+  const int fd = connect_to_local_port(master.port());
+  ASSERT_GE(fd, 0);
   const char set_x[] = {1, 1, 0, 0, 0, 'x', 1, 0, 0, 0, 'v'};
   ASSERT_EQ(::send(fd, set_x, sizeof set_x, 0), static_cast<ssize_t>(sizeof set_x));
   char reply[256];
@@ -461,12 +471,8 @@ TEST(TcpStore, ConnectionsThatEndGiveTheirDescriptorsBack) {
   };
   const auto before = open_fds();
   for (int i = 0; i < 100; ++i) {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    addr.sin_port = htons(static_cast<uint16_t>(master.port()));
-    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    const int fd = connect_to_local_port(master.port());
+    ASSERT_GE(fd, 0);
     ::close(fd);
   }
   // The server notices each close on its own thread.
