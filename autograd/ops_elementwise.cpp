@@ -88,11 +88,21 @@ Tensor pow(const Tensor& x, const Tensor& e) {
   Tensor out = binary(BinaryOp::pow, x, e);
   if (needs_grad({x, e}))
     record("pow", out, {x, e}, [x, e, out](const Grads& g) {
-      // d/dx x^e = e x^(e-1) = e * out / x;  d/de x^e = out * log(x)
+      // d/dx x^e = e x^(e-1);  d/de x^e = out * log(x). As in PyTorch, the
+      // first is 0 where e = 0 (not 0 * 0^-1 = NaN at x = 0), the second 0
+      // where x = 0 and e >= 0 (not 0 * log 0): there x^(e-1) becomes x^0
+      // and log(x) log(1).
       Tensor gx, ge;
-      if (x.requires_grad())
-        gx = grad_for(prim::mul(g[0], prim::mul(e, binary(BinaryOp::pow, x, prim::add_scalar(e, -1.0)))), meta_of(x));
-      if (e.requires_grad()) ge = grad_for(prim::mul(g[0], prim::mul(out, unary(UnaryOp::log, x))), meta_of(e));
+      if (x.requires_grad()) {
+        const Tensor e_is_zero = binary(BinaryOp::eq, e, zeros({}, e.dtype(), e.device()));
+        const Tensor power = prim::add(prim::add_scalar(e, -1.0), e_is_zero);
+        gx = grad_for(prim::mul(g[0], prim::mul(e, binary(BinaryOp::pow, x, power))), meta_of(x));
+      }
+      if (e.requires_grad()) {
+        const Tensor zero_base = prim::mul(binary(BinaryOp::eq, x, zeros({}, x.dtype(), x.device())),
+                                           binary(BinaryOp::ge, e, zeros({}, e.dtype(), e.device())));
+        ge = grad_for(prim::mul(g[0], prim::mul(out, unary(UnaryOp::log, prim::add(x, zero_base)))), meta_of(e));
+      }
       return Grads{gx, ge};
     });
   return out;

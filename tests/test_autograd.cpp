@@ -77,6 +77,14 @@ TEST_F(Gradcheck, UnaryFunctions) {
   Tensor zero_and_one = from_vector(std::vector<double>{0.0, 1.0}, {2}, DType::f64).set_requires_grad(true);
   backward(sum(pow(zero_and_one, 0.0)));
   EXPECT_EQ(host_f64(zero_and_one.grad()), (std::vector<double>{0.0, 0.0}));
+  // With a tensor exponent, PyTorch's values at x = 0: d/dx is 0 where
+  // e = 0 and e * 0^(e-1) otherwise (0 for e = 2, inf for e = 0.5);
+  // d/de is 0 where e >= 0.
+  Tensor base = from_vector(std::vector<double>{0.0, 0.0, 0.0, 2.0}, {4}, DType::f64).set_requires_grad(true);
+  Tensor exponent = from_vector(std::vector<double>{0.0, 2.0, 0.5, 0.0}, {4}, DType::f64).set_requires_grad(true);
+  backward(sum(pow(base, exponent)));
+  EXPECT_EQ(host_f64(base.grad()), (std::vector<double>{0.0, 0.0, INFINITY, 0.0}));
+  EXPECT_EQ(host_f64(exponent.grad()), (std::vector<double>{0.0, 0.0, 0.0, std::log(2.0)}));
 }
 
 TEST_F(Gradcheck, Reductions) {
