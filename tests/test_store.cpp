@@ -6,7 +6,6 @@
 #include <netinet/in.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -491,66 +490,32 @@ TEST(TcpStore, ConnectionsThatEndGiveTheirDescriptorsBack) {
 }
 
 // A master that ran out of descriptors serves again once some are free:
-// its accept loop waits instead of ending. The master runs in a child
-// process, which lowers its descriptor limit and uses it up, then frees it
-// when told to.
+// its accept loop waits instead of ending. The process's soft limit is
+// lowered and used up while a connection waits, then freed and restored.
 TEST(TcpStore, AMasterOutOfDescriptorsServesAgainOnceSomeAreFree) {
-  int to_parent[2], to_child[2];
-  ASSERT_EQ(::pipe(to_parent), 0);
-  ASSERT_EQ(::pipe(to_child), 0);
-  const pid_t child = ::fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    ::close(to_parent[0]);
-    ::close(to_child[1]);  // so that the parent's end closing ends the reads below
-    int status = 1;
-    try {
-      TcpStore master("127.0.0.1", 0, true, milliseconds(5000), {.job_token = "job-A"});
-      const auto open_now =
-          std::distance(std::filesystem::directory_iterator("/proc/self/fd"), std::filesystem::directory_iterator());
-      const rlimit low{static_cast<rlim_t>(open_now + 8), static_cast<rlim_t>(open_now + 8)};
-      std::vector<int> filler;
-      if (::setrlimit(RLIMIT_NOFILE, &low) == 0) {
-        for (int fd; (fd = ::dup(to_child[0])) >= 0;) filler.push_back(fd);
-        const int port = master.port();
-        char go = 0;
-        if (::write(to_parent[1], &port, sizeof port) == sizeof port && ::read(to_child[0], &go, 1) == 1) {
-          for (int fd : filler) ::close(fd);  // descriptors free again
-          if (::read(to_child[0], &go, 1) == 1) status = 0;  // the parent is done
-        }
-      }
-    } catch (...) {
-    }
-    ::_exit(status);
-  }
-  ::close(to_parent[1]);
-  ::close(to_child[0]);
-  // However the test ends, closing the parent's ends lets the child go.
-  struct Ends {
-    int reading, writing;
-    ~Ends() {
-      ::close(reading);
-      ::close(writing);
-    }
-  } ends{to_parent[0], to_child[1]};
-  int port = 0;
-  ASSERT_EQ(::read(to_parent[0], &port, sizeof port), static_cast<ssize_t>(sizeof port));
-  // A connection the master cannot accept now (EMFILE).
-  const int early = connect_to_local_port(port);
-  ASSERT_GE(early, 0);
+  TcpStore master("127.0.0.1", 0, true, milliseconds(5000), {.job_token = "job-A"});
+  rlimit before{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &before), 0);
+  const auto open_now =
+      std::distance(std::filesystem::directory_iterator("/proc/self/fd"), std::filesystem::directory_iterator());
+  rlimit low = before;
+  low.rlim_cur = static_cast<rlim_t>(open_now + 8);
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &low), 0);
+  std::vector<int> filler;
+  for (int fd; (fd = ::dup(STDERR_FILENO)) >= 0;) filler.push_back(fd);
+  // The last free descriptor for a connection, which the master then
+  // cannot accept (EMFILE).
+  ::close(filler.back());
+  filler.pop_back();
+  const int early = connect_to_local_port(master.port());
   std::this_thread::sleep_for(milliseconds(200));
-  ::close(early);
-  const char go = 'g';
-  ASSERT_EQ(::write(to_child[1], &go, 1), 1);
-  {
-    TcpStore client("127.0.0.1", port, false, milliseconds(3000), {.job_token = "job-A"});
-    client.set("k", std::string("v"));
-    EXPECT_EQ(client.get_string("k"), "v");
-  }
-  ASSERT_EQ(::write(to_child[1], &go, 1), 1);
-  int status = -1;
-  ASSERT_EQ(::waitpid(child, &status, 0), child);
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  if (early >= 0) ::close(early);
+  for (int fd : filler) ::close(fd);
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &before), 0);
+  ASSERT_GE(early, 0);
+  TcpStore client("127.0.0.1", master.port(), false, milliseconds(3000), {.job_token = "job-A"});
+  client.set("k", std::string("v"));
+  EXPECT_EQ(client.get_string("k"), "v");
 }
 
 TEST(Rendezvous, ARankOfAnotherJobCannotJoin) {
