@@ -6,19 +6,10 @@
 
 #include "tensor/dispatch.h"
 #include "tensor/device_memory.h"
+#include "tensor/operand_check.h"
 
 namespace mpt {
 namespace {
-
-void check_same_device(const char* op, const Tensor& a, const Tensor& b) {
-  if (a.device() != b.device())
-    throw DeviceError(fmt::format("{}: operands are on different devices: {} and {}", op, describe(a), describe(b)));
-}
-
-void check_floating(const char* op, const Tensor& t) {
-  if (!is_floating(t.dtype()))
-    throw DTypeError(fmt::format("{}: expected a floating tensor (f32, f16, bf16, f64), got {}", op, describe(t)));
-}
 
 // A view of `t` with `t`'s strides stretched to `shape` (0 where broadcast).
 TensorView broadcast_view(const Tensor& t, const Shape& shape) {

@@ -2,22 +2,11 @@
 // allocation here, arithmetic in the backends.
 #include "tensor/dispatch.h"
 #include "tensor/index_check.h"
+#include "tensor/operand_check.h"
 #include "tensor/ops.h"
 
 namespace mpt::prim {
 namespace {
-
-
-void check_same_device(const char* op, const Tensor& a, const Tensor& b) {
-  check<DeviceError>(a.device() == b.device(), "{}: operands are on different devices: {} and {}", op, describe(a),
-                     describe(b));
-}
-
-void check_same(const char* op, const Tensor& a, const Tensor& b) {
-  check<DeviceError>(a.device() == b.device(), "{}: operands are on different devices: {} and {}", op, describe(a),
-                     describe(b));
-  check<DTypeError>(a.dtype() == b.dtype(), "{}: operands differ in dtype: {} and {}", op, describe(a), describe(b));
-}
 
 Tensor as_i64(const Tensor& idx, const char* op) {
   check<DTypeError>(idx.dtype() == DType::i64 || idx.dtype() == DType::i32, "{}: indices must be i64 or i32, got {}",
@@ -79,7 +68,7 @@ Tensor cat(const std::vector<Tensor>& xs, int64_t dim) {
   Shape shape = first.shape();
   shape[d] = 0;
   for (const Tensor& x : xs) {
-    check_same("cat", first, x);
+    check_same_device_and_dtype("cat", first, x);
     Shape s = x.shape();
     check<ShapeError>(s.size() == shape.size(), "cat: {} and {} differ in rank", describe(first), describe(x));
     shape[d] += s[d];
@@ -119,7 +108,7 @@ Tensor index_select_rows(const Tensor& table, const Tensor& indices) {
 void index_add_rows_(const Tensor& table, const Tensor& indices, const Tensor& src) {
   check<ShapeError>(table.dim() == 2 && table.is_contiguous(), "index_add_rows_: table must be a contiguous [V, D], got {}",
                     describe(table));
-  check_same("index_add_rows_", table, src);
+  check_same_device_and_dtype("index_add_rows_", table, src);
   check_same_device("index_add_rows_", table, indices);
   Shape expect = indices.shape();
   expect.push_back(table.shape()[1]);
@@ -135,7 +124,7 @@ void index_add_rows_(const Tensor& table, const Tensor& indices, const Tensor& s
 }
 
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Conv2dParams& p) {
-  check_same("conv2d", x, weight);
+  check_same_device_and_dtype("conv2d", x, weight);
   check_conv(x.shape(), weight.shape(), p);
   Tensor out = Tensor::empty(conv_out_shape(x.shape(), weight.shape(), p), x.dtype(), x.device());
   const Tensor cx = contiguous(x), cw = contiguous(weight);
@@ -144,7 +133,7 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Conv2dParams& p) {
 }
 
 Tensor conv2d_backward_data(const Tensor& grad_out, const Tensor& weight, const Shape& x_shape, const Conv2dParams& p) {
-  check_same("conv2d backward", grad_out, weight);
+  check_same_device_and_dtype("conv2d backward", grad_out, weight);
   check_conv(x_shape, weight.shape(), p);
   check_conv_grad("conv2d backward", grad_out, x_shape, weight.shape(), p);
   Tensor gx = Tensor::empty(x_shape, weight.dtype(), weight.device());
@@ -154,7 +143,7 @@ Tensor conv2d_backward_data(const Tensor& grad_out, const Tensor& weight, const 
 }
 
 Tensor conv2d_backward_weight(const Tensor& x, const Tensor& grad_out, const Shape& w_shape, const Conv2dParams& p) {
-  check_same("conv2d backward", x, grad_out);
+  check_same_device_and_dtype("conv2d backward", x, grad_out);
   check_conv(x.shape(), w_shape, p);
   check_conv_grad("conv2d backward", grad_out, x.shape(), w_shape, p);
   Tensor gw = Tensor::empty(w_shape, x.dtype(), x.device());

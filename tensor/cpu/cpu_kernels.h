@@ -25,6 +25,19 @@ inline void store(T* p, C v) { *p = static_cast<T>(v); }
 // Float to integer storage truncates, as static_cast does; to the 16-bit
 // floats it rounds to nearest even (Half/BFloat16 constructors).
 
+// Whether `candidate` takes the place of `current` in a running maximum
+// (minimum): NaN wins, as in torch.amax, argmax and max pooling, and a tie
+// keeps the earlier element. Bitwise, not short-circuit, operators: which
+// element wins is data, and a branch on it mispredicts about half the time.
+template <typename C>
+inline bool beats_max(C candidate, C current) {
+  return (candidate > current) | ((candidate != candidate) & (current == current));
+}
+template <typename C>
+inline bool beats_min(C candidate, C current) {
+  return (candidate < current) | ((candidate != candidate) & (current == current));
+}
+
 // Calls f(T{}) for the tensor's dtype.
 template <typename F>
 inline void dispatch_float(DType t, const char* op, F&& f) {

@@ -13,14 +13,6 @@ namespace {
 // Planes a thread takes at least: about 64K elements' work.
 int64_t min_planes_per_thread(int64_t work_per_plane) { return units_for_work(int64_t{1} << 16, work_per_plane); }
 
-// NaN wins, as in PyTorch; a tie keeps the earlier element. Written as
-// selects, not branches: which element wins is data, and a branch on it
-// mispredicts about half the time.
-template <typename C>
-bool replaces_max(C v, C best) {
-  return (v > best) | ((v != v) & (best == best));
-}
-
 // One window element across a row of outputs: output column ox reads the
 // input at offset first + ox * stride. The first element of the window
 // starts the running maximum; the loop vectorizes.
@@ -37,7 +29,7 @@ void pool_window_element(const T* plane, int64_t first, int64_t stride, int64_t 
   for (int64_t ox = begin; ox < end; ++ox) {
     const C v = load<T, C>(plane + (first + ox * stride));
     const C current = best[ox];
-    const bool take = replaces_max(v, current);
+    const bool take = beats_max(v, current);
     best[ox] = take ? v : current;
     best_at[ox] = take ? first + ox * stride : best_at[ox];
   }
@@ -97,7 +89,7 @@ void max_pool2d_forward(const TensorView& out, const TensorView& indices, const 
           for (int64_t y = y0; y < y1; ++y)
             for (int64_t xx = x0; xx < x1; ++xx) {
               const C v = load<T, C>(plane + y * w + xx);
-              if (best_at[ox] < 0 || replaces_max(v, best[ox])) {
+              if (best_at[ox] < 0 || beats_max(v, best[ox])) {
                 best[ox] = v;
                 best_at[ox] = y * w + xx;
               }

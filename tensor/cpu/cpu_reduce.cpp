@@ -11,11 +11,10 @@
 namespace mpt::cpu {
 namespace {
 
-// NaN wins, as in torch.amax / torch.argmax.
 template <ReduceOp Op, typename C>
 bool replaces(C candidate, C current) {
-  if constexpr (Op == ReduceOp::min) return current == current && (candidate < current || candidate != candidate);
-  else return current == current && (candidate > current || candidate != candidate);
+  if constexpr (Op == ReduceOp::min) return beats_min(candidate, current);
+  else return beats_max(candidate, current);
 }
 
 // A sum of one contiguous run in eight interleaved partial sums: the loop
