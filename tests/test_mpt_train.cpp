@@ -455,15 +455,19 @@ TEST_F(MptTrain, OnGpusADdpStepIsCapturedWithItsAllReduces) {
 // out of range (a usage error, status 2) or not fitting the rest of the run (1).
 TEST_F(MptTrain, BadOptionsAreRefusedNamingTheOption) {
   for (const char* args : {"--log-every 0", "--eval-batches -1", "--checkpoint-every -1", "--stop-after -1",
-                           "--workers -1", "--context 0", "--gpt-d-model 0", "--init-scale 0"}) {
+                           "--workers -1", "--context 0", "--gpt-d-model 0", "--init-scale 0", "--lr -1",
+                           "--weight-decay -0.1", "--momentum -1", "--min-lr-ratio 5"}) {
     EXPECT_EQ(run(args), 2) << args;
     const std::string flag = std::string(args).substr(0, std::string(args).find(' '));
     EXPECT_NE(stderr_.find(flag + ": must be"), std::string::npos) << args << ": " << stderr_;
     EXPECT_EQ(stderr_.find("179769"), std::string::npos) << stderr_;
   }
 
-  EXPECT_EQ(run("--precision fp32 --growth-factor 0.5 --steps 1"), 1);
+  // The scaler's own rule, applied to its flags even where no scaler runs.
+  EXPECT_EQ(run("--precision fp32 --growth-factor 0.5 --steps 1"), 2);
   EXPECT_NE(stderr_.find("mpt-train: --growth-factor must be > 1"), std::string::npos) << stderr_;
+  EXPECT_EQ(run("--backoff-factor 1 --steps 1"), 2);
+  EXPECT_NE(stderr_.find("mpt-train: --backoff-factor must be in (0, 1)"), std::string::npos) << stderr_;
 
   EXPECT_EQ(run("--model gpt --data fashion-mnist --steps 1"), 1);
   EXPECT_NE(stderr_.find("--model gpt trains on text"), std::string::npos) << stderr_;

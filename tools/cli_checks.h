@@ -5,35 +5,52 @@
 // exit status for every usage error.
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <utility>
 
 namespace mpt::tools {
 
 // The status a tool ends with when its command line is wrong.
 inline constexpr int kUsageError = 2;
 
-// A number above 0 (for a count: at least 1). Text that is no number passes
-// here and is refused by the option's own conversion.
-inline CLI::Validator positive() {
+// A number for which `holds` is true; otherwise the option is refused with
+// "<rule>, got <input>". Text that is no number passes here and is refused
+// by the option's own conversion.
+template <typename Holds>
+CLI::Validator number_where(Holds holds, std::string rule, std::string tag) {
   return CLI::Validator(
-      [](std::string& input) -> std::string {
+      [holds, rule](std::string& input) -> std::string {
         double value = 0;
-        if (!CLI::detail::lexical_cast(input, value) || value > 0) return {};
-        return "must be positive, got " + input;
+        if (!CLI::detail::lexical_cast(input, value) || holds(value)) return {};
+        return rule + ", got " + input;
       },
-      "POSITIVE");
+      std::move(tag));
+}
+
+// A number above 0 (for a count: at least 1).
+inline CLI::Validator positive() {
+  return number_where([](double v) { return v > 0; }, "must be positive", "POSITIVE");
 }
 
 // A number of 0 or more (options where 0 means "off" or "the default").
 inline CLI::Validator non_negative() {
-  return CLI::Validator(
-      [](std::string& input) -> std::string {
-        double value = 0;
-        if (!CLI::detail::lexical_cast(input, value) || value >= 0) return {};
-        return "must be 0 or more, got " + input;
-      },
-      "NONNEGATIVE");
+  return number_where([](double v) { return v >= 0; }, "must be 0 or more", "NONNEGATIVE");
+}
+
+// A number in [0, 1].
+inline CLI::Validator fraction() {
+  return number_where([](double v) { return v >= 0 && v <= 1; }, "must be in [0, 1]", "FRACTION");
+}
+
+// The command-line flag for an options struct's field: "growth_interval" ->
+// "--growth-interval", so that the library's own checks name the flag.
+inline std::string flag_for_field(std::string_view field) {
+  std::string flag = "--" + std::string(field);
+  std::replace(flag.begin(), flag.end(), '_', '-');
+  return flag;
 }
 
 // Parses the command line as CLI11_PARSE does, but a usage error ends the

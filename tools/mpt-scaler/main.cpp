@@ -9,11 +9,13 @@
 //   mpt-scaler plot run.torch.jsonl trace-from-training.csv --out both.png
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <exception>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <string_view>
 
 #include "amp/scaler_replay.h"
 #include "amp/scaler_sweep.h"
@@ -51,8 +53,15 @@ struct ScalerFlags {
       app.add_option("--growth-interval", growth_interval, "clean steps before growing")->capture_default_str();
     app.add_option("--hysteresis", hysteresis, "hysteresis policy: overflows tolerated")->capture_default_str();
     app.add_flag("--consecutive-hysteresis", consecutive, "hysteresis policy: a clean step restores the allowance");
-    app.add_option("--min-scale", min_scale, "floor (0: none)");
-    app.add_option("--max-scale", max_scale, "cap (0: none)");
+    app.add_option("--min-scale", min_scale, "floor (0: none)")->check(tools::non_negative());
+    app.add_option("--max-scale", max_scale, "cap (0: none)")->check(tools::non_negative());
+  }
+  // The options for `policy`, refused (ValueError naming the flag) where
+  // GradScaler would refuse them.
+  amp::GradScalerOptions checked_options(amp::ScalePolicy policy, const std::string& command) const {
+    amp::GradScalerOptions o = options(policy);
+    amp::scale_rule_from(o, {"mpt-scaler " + command, tools::flag_for_field});
+    return o;
   }
   amp::GradScalerOptions options(amp::ScalePolicy policy) const {
     amp::GradScalerOptions o;
@@ -94,7 +103,9 @@ int main(int argc, char** argv) {
   std::string pattern = "bernoulli:0.001", replay_out = "scale.jsonl", replay_plot;
   int64_t replay_steps = 10000;
   uint64_t seed = 0;
-  replay->add_option("--policy", policies, "torch, hysteresis, static or all (repeatable)")->capture_default_str();
+  replay->add_option("--policy", policies, "torch, hysteresis, static or all (repeatable)")
+      ->check(CLI::IsMember({"torch", "hysteresis", "static", "all"}))
+      ->capture_default_str();
   replay->add_option("--pattern", pattern, "bernoulli:P | bursts:EVERY:LENGTH | periodic:PERIOD | file:PATH")
       ->capture_default_str();
   replay->add_option("--steps", replay_steps, "steps to generate (ignored for file:)")
@@ -114,6 +125,7 @@ int main(int argc, char** argv) {
   std::string device = "cpu", dtype = "f16", policy = "torch", unit = "steps", sweep_out, sweep_plot;
   sweep->add_option("--intervals", intervals, "growth intervals to try, one run each (comma-separated)")
       ->delimiter(',')
+      ->check(tools::positive())
       ->capture_default_str();
   sweep->add_option("--model", training.model, "mlp or cnn (Fashion-MNIST), gpt (fortunes text)")
       ->check(CLI::IsMember({"mlp", "cnn", "gpt"}))
@@ -122,12 +134,18 @@ int main(int argc, char** argv) {
       ->check(tools::positive())
       ->capture_default_str();
   sweep->add_option("--batch", training.batch)->check(tools::positive())->capture_default_str();
-  sweep->add_option("--lr", training.lr)->capture_default_str();
+  sweep->add_option("--lr", training.lr)->check(tools::non_negative())->capture_default_str();
   sweep->add_option("--seed", training.seed)->capture_default_str();
   sweep->add_option("--device", device, "cpu or cuda[:N]")->capture_default_str();
-  sweep->add_option("--dtype", dtype, "autocast dtype: f16 or bf16")->capture_default_str();
-  sweep->add_option("--policy", policy, "torch, hysteresis or static")->capture_default_str();
-  sweep->add_option("--growth-unit", unit, "steps, micro_batches or samples")->capture_default_str();
+  sweep->add_option("--dtype", dtype, "autocast dtype: f16 or bf16")
+      ->check(CLI::IsMember({"f16", "bf16"}))
+      ->capture_default_str();
+  sweep->add_option("--policy", policy, "torch, hysteresis or static")
+      ->check(CLI::IsMember({"torch", "hysteresis", "static"}))
+      ->capture_default_str();
+  sweep->add_option("--growth-unit", unit, "steps, micro_batches or samples")
+      ->check(CLI::IsMember({"steps", "micro_batches", "samples"}))
+      ->capture_default_str();
   sweep->add_option("--out", sweep_out, "results as JSON");
   sweep->add_option("--plot", sweep_plot, "scale trajectories of every run as a PNG");
 
@@ -138,15 +156,35 @@ int main(int argc, char** argv) {
   int width = 1000, height = 500;
   plot->add_option("traces", traces, "trace files")->required();
   plot->add_option("--out", plot_out)->capture_default_str();
-  plot->add_option("--width", width)->capture_default_str();
-  plot->add_option("--height", height)->capture_default_str();
+  plot->add_option("--width", width, "pixels")->check(CLI::Range(200, 16384))->capture_default_str();
+  plot->add_option("--height", height, "pixels")->check(CLI::Range(200, 16384))->capture_default_str();
 
   if (const auto status = tools::parse_command_line(app, argc, argv)) return *status;
 
+  // Values no run could take end the tool as a usage error, before any work.
+  std::vector<bool> overflows;
+  amp::GradScalerOptions sweep_options;
   try {
     if (*replay) {
-      const auto overflows = amp::overflow_pattern_from_spec(pattern, replay_steps, seed);
-      if (policies.size() == 1 && policies[0] == "all") policies = {"torch", "hysteresis", "static"};
+      if (std::find(policies.begin(), policies.end(), "all") != policies.end()) {
+        check(policies.size() == 1, "mpt-scaler replay: --policy all stands alone, got {} policies", policies.size());
+        policies = {"torch", "hysteresis", "static"};
+      }
+      for (const std::string& name : policies) replay_flags.checked_options(amp::scale_policy_from_name(name), "replay");
+      overflows = amp::overflow_pattern_from_spec(pattern, replay_steps, seed);
+    } else if (*sweep) {
+      sweep_options = sweep_flags.checked_options(amp::scale_policy_from_name(policy), "sweep");
+      sweep_options.growth_unit = amp::growth_unit_from_name(unit);
+      training.device = Device(device);
+      training.autocast_dtype = dtype_from_name(dtype);
+    }
+  } catch (const Error& e) {  // a value, device name or pattern file that is wrong
+    std::fprintf(stderr, "%s%s\n", std::string_view(e.what()).starts_with("mpt-scaler") ? "" : "mpt-scaler: ", e.what());
+    return tools::kUsageError;
+  }
+
+  try {
+    if (*replay) {
       std::vector<tools::ScaleSeries> series;
       for (const std::string& name : policies) {
         const auto rows = amp::replay_overflows(replay_flags.options(amp::scale_policy_from_name(name)), overflows);
@@ -161,10 +199,6 @@ int main(int argc, char** argv) {
       }
       if (!replay_plot.empty()) tools::plot_scale_trajectories(replay_plot, series);
     } else if (*sweep) {
-      training.device = Device(device);
-      training.autocast_dtype = dtype_from_name(dtype);
-      amp::GradScalerOptions base = sweep_flags.options(amp::scale_policy_from_name(policy));
-      base.growth_unit = amp::growth_unit_from_name(unit);
       // The outputs are tried before the runs, so that a path that cannot be
       // written fails now rather than after all the training (appending
       // nothing leaves an existing file as it is until the end).
@@ -175,7 +209,7 @@ int main(int argc, char** argv) {
       tools::ProgressBar bar("sweep", static_cast<int64_t>(intervals.size()) * training.steps);
       size_t runs_done = 0;
       const auto runs = amp::sweep_growth_interval(
-          base, intervals,
+          sweep_options, intervals,
           [&](amp::GradScaler& scaler) {
             return tools::train_for_sweep(training, scaler, [&](int64_t step) {
               bar.update(static_cast<int64_t>(runs_done) * training.steps + step);

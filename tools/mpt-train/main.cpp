@@ -34,6 +34,7 @@ int main(int argc, char** argv) {
                  "Loss-scaler policy for fp16: dynamic (PyTorch's; also called torch), hysteresis, static")
       ->check(CLI::IsMember({"dynamic", "torch", "hysteresis", "static"}));
   app.add_option("--init-scale", c.init_scale, "Loss scaler: initial scale")->check(positive());
+  // The factors' ranges are checked with the scaler's own rule, after parsing.
   app.add_option("--growth-factor", c.growth_factor, "Loss scaler: growth factor (above 1)");
   app.add_option("--backoff-factor", c.backoff_factor, "Loss scaler: backoff factor (between 0 and 1)");
   app.add_option("--growth-interval", c.growth_interval, "Loss scaler: steps without overflow before growing")
@@ -43,12 +44,13 @@ int main(int argc, char** argv) {
       ->check(non_negative());
   app.add_option("--accumulation", c.accumulation, "Micro-batches per optimizer step")->check(positive());
   app.add_option("--optimizer", c.optimizer, "Optimizer")->check(CLI::IsMember({"adamw", "sgd"}));
-  app.add_option("--lr", c.lr, "Peak learning rate");
-  app.add_option("--weight-decay", c.weight_decay, "Weight decay");
-  app.add_option("--momentum", c.momentum, "SGD momentum");
+  app.add_option("--lr", c.lr, "Peak learning rate")->check(non_negative());
+  app.add_option("--weight-decay", c.weight_decay, "Weight decay")->check(non_negative());
+  app.add_option("--momentum", c.momentum, "SGD momentum")->check(non_negative());
   app.add_option("--schedule", c.schedule, "Learning-rate schedule")->check(CLI::IsMember({"constant", "cosine"}));
   app.add_option("--warmup-steps", c.warmup_steps, "cosine: linear warm-up steps")->check(non_negative());
-  app.add_option("--min-lr-ratio", c.min_lr_ratio, "cosine: final lr as a fraction of --lr");
+  app.add_option("--min-lr-ratio", c.min_lr_ratio, "cosine: final lr as a fraction of --lr")
+      ->check(mpt::tools::fraction());
   app.add_option("--epochs", c.epochs, "Epochs")->check(positive());
   app.add_option("--steps", c.max_steps, "Stop after this many optimizer steps (0: all epochs)")
       ->check(non_negative());
@@ -95,6 +97,12 @@ int main(int argc, char** argv) {
   if (const auto status = mpt::tools::parse_command_line(app, argc, argv)) return *status;
   for (const char* flag : scaler_flags)
     if (app.count(flag) > 0) c.scaler_flags_given.emplace_back(flag);
+  try {
+    mpt::train::check_options(c);
+  } catch (const mpt::ValueError& e) {
+    fmt::print(stderr, "{}\n", e.what());
+    return mpt::tools::kUsageError;
+  }
   try {
     if (mpt::train::run_training(c).interrupted) return 130;  // as a shell reports death by SIGINT
   } catch (const std::exception& e) {

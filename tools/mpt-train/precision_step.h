@@ -9,6 +9,7 @@
 #include "amp/grad_scaler.h"
 #include "autograd/ops.h"
 #include "models/optimizer.h"
+#include "tools/cli_checks.h"
 #include "tools/mpt-train/train_config.h"
 
 namespace mpt::train {
@@ -24,12 +25,7 @@ inline amp::GradScalerOptions scaler_options(const TrainConfig& c) {
   o.growth_factor = c.growth_factor;
   o.backoff_factor = c.backoff_factor;
   o.growth_interval = c.growth_interval;
-  const auto flag = [](std::string_view field) {
-    std::string name = "--" + std::string(field);
-    std::replace(name.begin(), name.end(), '_', '-');
-    return name;
-  };
-  amp::scale_rule_from(o, {"mpt-train", flag});
+  amp::scale_rule_from(o, {"mpt-train", tools::flag_for_field});
   return o;
 }
 

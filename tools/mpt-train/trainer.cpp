@@ -220,27 +220,38 @@ void dp_step(dist::DataParallel& dp, const Workload& w, PrecisionStep& precision
 
 }  // namespace
 
+void check_options(const TrainConfig& c) {
+  check(c.accumulation >= 1 && c.epochs >= 1 && c.batch_size >= 0 && c.max_steps >= 0,
+        "mpt-train: --accumulation {} and --epochs {} must be positive, --batch-size {} and --steps {} not negative",
+        c.accumulation, c.epochs, c.batch_size, c.max_steps);
+  check(c.parallel == "auto" || c.parallel == "none" || c.parallel == "dp" || c.parallel == "ddp",
+        "mpt-train: unknown --parallel '{}' (auto, none, dp, ddp)", c.parallel);
+  check(c.grad_transit == "f32" || c.grad_transit == "f16" || c.grad_transit == "bf16",
+        "mpt-train: unknown --grad-transit '{}' (f32, f16, bf16)", c.grad_transit);
+  check(c.log_every >= 1 && c.eval_batches >= 0 && c.checkpoint_every >= 0 && c.stop_after >= 0,
+        "mpt-train: --log-every {} must be positive, --eval-batches {}, --checkpoint-every {} and --stop-after {} not "
+        "negative",
+        c.log_every, c.eval_batches, c.checkpoint_every, c.stop_after);
+  check(c.lr >= 0 && c.weight_decay >= 0 && c.momentum >= 0,
+        "mpt-train: --lr {}, --weight-decay {} and --momentum {} must not be negative", c.lr, c.weight_decay,
+        c.momentum);
+  check(c.min_lr_ratio >= 0 && c.min_lr_ratio <= 1, "mpt-train: --min-lr-ratio must be in [0, 1], got {}",
+        c.min_lr_ratio);
+  check(c.cuda_graph == "auto" || c.cuda_graph == "on" || c.cuda_graph == "off",
+        "mpt-train: unknown --cuda-graph '{}' (auto, on, off)", c.cuda_graph);
+  scaler_options(c);  // the loss-scaler options, whether or not this run uses them
+}
+
 TrainResult run_training(const TrainConfig& config) {
   TrainConfig c = config;
   if (c.batch_size == 0) c.batch_size = c.model == "gpt" ? 64 : 128;
   // Data given for the wrong model is refused by make_workload.
   if (c.data.empty()) c.data = c.model == "gpt" ? "fortunes" : "fashion-mnist";
-  check(c.batch_size >= 1 && c.accumulation >= 1 && c.epochs >= 1 && c.max_steps >= 0,
-        "mpt-train: --batch-size {}, --accumulation {} and --epochs {} must be positive, --steps {} not negative",
-        c.batch_size, c.accumulation, c.epochs, c.max_steps);
+  check_options(c);
   const std::string parallel = pick_parallel_mode(c.parallel);
-  check(parallel == "none" || parallel == "dp" || parallel == "ddp",
-        "mpt-train: unknown --parallel '{}' (none, dp, ddp)", parallel);
-  check(c.grad_transit == "f32" || c.grad_transit == "f16" || c.grad_transit == "bf16",
-        "mpt-train: unknown --grad-transit '{}' (f32, f16, bf16)", c.grad_transit);
   check(c.grad_transit == "f32" || parallel == "ddp",
         "mpt-train: --grad-transit {} compresses DDP's all-reduces; it needs --parallel ddp (this run is {})",
         c.grad_transit, parallel);
-  check(c.log_every >= 1 && c.eval_batches >= 0 && c.checkpoint_every >= 0 && c.stop_after >= 0,
-        "mpt-train: --log-every {} must be positive, --eval-batches {}, --checkpoint-every {} and --stop-after {} not "
-        "negative",
-        c.log_every, c.eval_batches, c.checkpoint_every, c.stop_after);
-  scaler_options(c);  // checks the loss-scaler options, whether or not this run uses them
   // ddp: join the other ranks (rendezvous from the launcher's variables); only
   // rank 0 reports and writes checkpoints.
   std::optional<dist::Distributed> world;
@@ -262,8 +273,6 @@ TrainResult run_training(const TrainConfig& config) {
   Progress progress(c.progress, c.log_every, c.metrics);
   const Device device = pick_device(c.device, world ? world->config.local_rank : 0);
   if (c.precision == "auto") c.precision = device.is_cuda() ? "fp16" : "bf16";
-  check(c.cuda_graph == "auto" || c.cuda_graph == "on" || c.cuda_graph == "off",
-        "mpt-train: unknown --cuda-graph '{}' (auto, on, off)", c.cuda_graph);
   const std::string graph_obstacle = cuda_graph_obstacle(c, device, parallel);
   check(c.cuda_graph != "on" || graph_obstacle.empty(), "mpt-train: --cuda-graph on cannot be: {}", graph_obstacle);
   if (lead && c.precision != "fp16" && !c.scaler_flags_given.empty()) {

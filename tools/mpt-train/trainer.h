@@ -18,6 +18,10 @@ struct TrainResult {
   bool stopped_early = false;  // interrupted, or ended by --stop-after before the run's last step
 };
 
+// Refuses values that no run could take (ValueError naming the flag): the
+// checks that need no device, data or peers. run_training runs them first.
+void check_options(const TrainConfig& config);
+
 // Throws mpt::Error for anything the configuration or the data get wrong.
 TrainResult run_training(const TrainConfig& config);
 

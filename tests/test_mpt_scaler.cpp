@@ -1,0 +1,101 @@
+// mpt-scaler end to end: a replay through every policy writes one
+// trajectory per policy that follows the written rules, and values no run
+// could take are refused before any work as usage errors (status 2) that
+// name the flag.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "amp/scaler_trace.h"
+#include "tests/test_util.h"
+
+#ifndef MPT_SCALER_PATH
+#error "MPT_SCALER_PATH must name the mpt-scaler binary"
+#endif
+
+namespace mpt {
+namespace {
+
+std::string mpt_scaler() { return testing::build_file("../tools/mpt-scaler/mpt-scaler", MPT_SCALER_PATH); }
+
+class MptScaler : public ::testing::Test {
+ protected:
+  std::string file(const std::string& name) const { return dir_.file(name); }
+  // Runs mpt-scaler with `args` in the test's folder; returns its exit
+  // status and keeps its standard error.
+  int run(const std::string& args) {
+    const std::string cmd = fmt::format("cd '{}' && '{}' {} >stdout 2>stderr", dir_.path().string(), mpt_scaler(), args);
+    const int rc = std::system(cmd.c_str());
+    std::ifstream in(file("stderr"));
+    stderr_.assign(std::istreambuf_iterator<char>(in), {});
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+  }
+
+  testing::TempDir dir_{"mpt-scaler-test"};
+  std::string stderr_;
+};
+
+TEST_F(MptScaler, AReplayThroughEveryPolicyFollowsTheWrittenRules) {
+  ASSERT_EQ(run("replay --policy all --pattern bursts:37:2 --steps 300 --growth-interval 10 --out run.jsonl"), 0)
+      << stderr_;
+  const auto torch = amp::read_scaler_trace(file("run.torch.jsonl"));
+  ASSERT_EQ(torch.size(), 300u);
+  // PyTorch's rule: halve and restart the count on an overflow; double after
+  // 10 clean steps in a row.
+  double scale = 65536;
+  int64_t clean = 0, overflows = 0;
+  for (const auto& row : torch) {
+    SCOPED_TRACE(row.step);
+    ASSERT_EQ(row.scale, scale);
+    overflows += row.found_inf;
+    EXPECT_EQ(row.skipped, row.found_inf);
+    if (row.found_inf) {
+      scale *= 0.5;
+      clean = 0;
+    } else if (++clean == 10) {
+      scale *= 2;
+      clean = 0;
+    }
+    ASSERT_EQ(row.next_scale, scale);
+    EXPECT_EQ(row.growth_tracker, clean);
+  }
+  EXPECT_GT(overflows, 10);
+  // The static policy never moves; hysteresis backs off later than torch.
+  for (const auto& row : amp::read_scaler_trace(file("run.static.jsonl"))) ASSERT_EQ(row.next_scale, 65536) << row.step;
+  const auto hysteresis = amp::read_scaler_trace(file("run.hysteresis.jsonl"));
+  ASSERT_EQ(hysteresis.size(), 300u);
+  size_t first_torch_backoff = 0, first_hysteresis_backoff = 0;
+  while (torch[first_torch_backoff].next_scale >= torch[first_torch_backoff].scale) ++first_torch_backoff;
+  while (hysteresis[first_hysteresis_backoff].next_scale >= hysteresis[first_hysteresis_backoff].scale)
+    ++first_hysteresis_backoff;
+  EXPECT_GT(first_hysteresis_backoff, first_torch_backoff);
+}
+
+TEST_F(MptScaler, ValuesNoRunCouldTakeAreUsageErrorsNamingTheFlag) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"replay --growth-interval 0", "--growth-interval must be >= 1"},
+      {"replay --growth-factor 1", "--growth-factor must be > 1"},
+      {"replay --backoff-factor 1.5", "--backoff-factor must be in (0, 1)"},
+      {"replay --hysteresis 0", "--hysteresis must be >= 1"},
+      {"replay --min-scale 8 --max-scale 4", "--min-scale 8 is above --max-scale 4"},
+      {"replay --policy fastest", "--policy: fastest not in"},
+      {"replay --policy all --policy torch", "--policy all stands alone"},
+      {"replay --pattern sometimes", "overflow pattern 'sometimes' not understood"},
+      {"sweep --dtype f32", "--dtype: f32 not in"},
+      {"sweep --growth-unit epochs", "--growth-unit: epochs not in"},
+      {"sweep --intervals 50,0", "--intervals: must be positive, got 0"},
+      {"sweep --device tpu", "unknown device 'tpu'"},
+      {"plot run.jsonl --width 10", "--width: Value 10 not in range"},
+  };
+  for (const auto& [args, message] : cases) {
+    EXPECT_EQ(run(args), 2) << args << ": " << stderr_;
+    EXPECT_NE(stderr_.find(message), std::string::npos) << args << ": " << stderr_;
+    EXPECT_FALSE(std::filesystem::exists(file("scale.jsonl"))) << args;
+  }
+}
+
+}  // namespace
+}  // namespace mpt
