@@ -6,6 +6,7 @@
 #include <fstream>
 #include <regex>
 #include <string>
+#include <thread>
 
 #include "parallel/launch.h"
 #include "test_util.h"
@@ -84,6 +85,27 @@ TEST(Launcher, TheProcessCountIsRequired) {
   const JobResult r = mpt::testing::run_shell(fmt::format("'{}' /bin/true", mpt::testing::mpt_run_path()));
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("--nproc_per_node"), std::string::npos) << r.output;
+}
+
+// Each rank's CPU backend gets its share of the launcher's CPUs, unless
+// MPT_CPU_THREADS says otherwise.
+TEST(Launcher, RanksShareTheCpus) {
+  if (std::thread::hardware_concurrency() < 2 || mpt::testing::run_shell("taskset -c 0-1 true").exit_code != 0)
+    GTEST_SKIP() << "skipped: needs 2 CPUs and taskset";
+  const auto job = [](const std::string& env, int nproc) {
+    const JobResult r = mpt::testing::run_shell(
+        fmt::format("{} taskset -c 0-1 '{}' --nproc_per_node {} --master_port {} sh -c 'echo threads=$MPT_CPU_THREADS'",
+                    env, mpt::testing::mpt_run_path(), nproc, mpt::testing::free_port()));
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return r.output;
+  };
+  const std::string alone = job("env -u MPT_CPU_THREADS", 1);
+  EXPECT_NE(alone.find("[rank 0] threads=2"), std::string::npos) << alone;
+  const std::string two = job("env -u MPT_CPU_THREADS", 2);
+  EXPECT_NE(two.find("[rank 0] threads=1"), std::string::npos) << two;
+  EXPECT_NE(two.find("[rank 1] threads=1"), std::string::npos) << two;
+  const std::string given = job("MPT_CPU_THREADS=3", 2);
+  EXPECT_NE(given.find("[rank 1] threads=3"), std::string::npos) << given;
 }
 
 TEST(Launcher, TwoNodesOnOneHostFormOneWorld) {

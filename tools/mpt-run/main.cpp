@@ -9,10 +9,18 @@
 // Every rank gets a job token (MPT_JOB_TOKEN) that rank 0's store checks, so
 // a process of another job cannot join this one by mistake: the one given,
 // else $MPT_JOB_TOKEN, else (one node only) a fresh random one.
+//
+// Unless MPT_CPU_THREADS is set, each rank's CPU backend gets its share of
+// the CPUs this launcher may use (at least one): ranks that each took them
+// all would crowd each other out.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <sched.h>
+
+#include <algorithm>
 #include <cstdlib>
+#include <string>
 
 #include "parallel/tcp_store.h"
 #include "supervisor.h"
@@ -65,6 +73,12 @@ int main(int argc, char** argv) {
     return 1;
   }
 
+  std::string cpu_threads;
+  if (const char* set = std::getenv("MPT_CPU_THREADS"); set == nullptr || *set == '\0') {
+    cpu_set_t cpus;
+    const int available = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
+    cpu_threads = std::to_string(std::max(1, available / nproc));
+  }
   std::vector<mpt::run::RankSpec> ranks;
   for (int local = 0; local < nproc; ++local) {
     mpt::run::RankSpec spec;
@@ -77,6 +91,7 @@ int main(int argc, char** argv) {
                 {"MASTER_ADDR", master_addr},
                 {"MASTER_PORT", std::to_string(master_port)},
                 {"MPT_JOB_TOKEN", job_token}};
+    if (!cpu_threads.empty()) spec.env["MPT_CPU_THREADS"] = cpu_threads;
     ranks.push_back(std::move(spec));
   }
   try {
