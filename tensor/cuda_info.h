@@ -41,6 +41,12 @@ std::string pci_bus_id(int index);
 // cudaDeviceCanAccessPeer(a, b).
 bool can_access_peer(int a, int b);
 
+// Why mptrain's GPU kernels cannot run on a GPU of this compute capability
+// ("" when they can). They use Ampere's instructions (bf16 mma.sync,
+// cp.async) and are built for sm_80 and newer.
+inline constexpr int kMinComputeMajor = 8;
+std::string unsupported_compute_capability(int major, int minor);
+
 // "12.4" from 12040; "9.1.0" from cuDNN's 90100.
 std::string cuda_version_text(int v);
 std::string cudnn_version_text(int v);

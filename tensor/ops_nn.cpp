@@ -24,8 +24,9 @@ Shape conv_out_shape(const Shape& x, const Shape& w, const Conv2dParams& p) {
 }
 
 void check_conv(const Shape& x, const Shape& w, const Conv2dParams& p) {
-  check<ShapeError>(x.size() == 4 && w.size() == 4 && x[1] == w[1],
-                    "conv2d: expects input [N, C, H, W] and weight [O, C, kh, kw] with equal C, got {} and {}",
+  check<ShapeError>(x.size() == 4 && w.size() == 4 && x[1] == w[1] && w[2] > 0 && w[3] > 0,
+                    "conv2d: expects input [N, C, H, W] and weight [O, C, kh, kw] with equal C and a kernel of at "
+                    "least 1x1, got {} and {}",
                     shape_str(x), shape_str(w));
   check(p.stride_h > 0 && p.stride_w > 0 && p.dilation_h > 0 && p.dilation_w > 0 && p.pad_h >= 0 && p.pad_w >= 0,
         "conv2d: stride and dilation must be positive and padding non-negative, got stride ({}, {}) dilation ({}, {}) "
@@ -41,6 +42,16 @@ void check_conv_grad(const char* op, const Tensor& grad_out, const Shape& x, con
   check<ShapeError>(grad_out.shape() == conv_out_shape(x, w, p),
                     "{}: gradient {} does not match the output {} of input {} and weight {}", op, describe(grad_out),
                     shape_str(conv_out_shape(x, w, p)), shape_str(x), shape_str(w));
+}
+
+// A convolution's result where some operand holds no element (a batch, or
+// input or output channels, of 0): the result's own elements, if any, are
+// sums over nothing. cuDNN refuses such shapes, so no backend sees them.
+// Returns whether `result` is done.
+bool conv_of_nothing(const Tensor& result, const Tensor& a, const Tensor& b) {
+  if (result.numel() > 0 && a.numel() > 0 && b.numel() > 0) return false;
+  if (result.numel() > 0) fill_(result, 0.0);
+  return true;
 }
 
 // [N, C, HO, WO] after checking the parameters and that the window fits.
@@ -127,6 +138,7 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Conv2dParams& p) {
   check_same_device_and_dtype("conv2d", x, weight);
   check_conv(x.shape(), weight.shape(), p);
   Tensor out = Tensor::empty(conv_out_shape(x.shape(), weight.shape(), p), x.dtype(), x.device());
+  if (conv_of_nothing(out, x, weight)) return out;
   const Tensor cx = contiguous(x), cw = contiguous(weight);
   on_device(x.device(), [&](Backend& b) { b.conv2d_forward(out.view(), cx.view(), cw.view(), p); });
   return out;
@@ -137,6 +149,7 @@ Tensor conv2d_backward_data(const Tensor& grad_out, const Tensor& weight, const 
   check_conv(x_shape, weight.shape(), p);
   check_conv_grad("conv2d backward", grad_out, x_shape, weight.shape(), p);
   Tensor gx = Tensor::empty(x_shape, weight.dtype(), weight.device());
+  if (conv_of_nothing(gx, grad_out, weight)) return gx;
   const Tensor g = contiguous(grad_out), w = contiguous(weight);
   on_device(gx.device(), [&](Backend& b) { b.conv2d_backward_data(gx.view(), g.view(), w.view(), p); });
   return gx;
@@ -147,6 +160,7 @@ Tensor conv2d_backward_weight(const Tensor& x, const Tensor& grad_out, const Sha
   check_conv(x.shape(), w_shape, p);
   check_conv_grad("conv2d backward", grad_out, x.shape(), w_shape, p);
   Tensor gw = Tensor::empty(w_shape, x.dtype(), x.device());
+  if (conv_of_nothing(gw, x, grad_out)) return gw;
   const Tensor cx = contiguous(x), g = contiguous(grad_out);
   on_device(gw.device(), [&](Backend& b) { b.conv2d_backward_weight(gw.view(), cx.view(), g.view(), p); });
   return gw;

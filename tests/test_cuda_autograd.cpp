@@ -381,6 +381,31 @@ TEST(CudaAutograd, ConvolutionsMatchTheCpuWithTimedAlgorithms) {
   cuda::set_conv_autotune(false);
 }
 
+// Convolutions where a batch or a channel count is 0, which cuDNN refuses:
+// the CPU's shapes and values (sums over nothing), forward and backward.
+TEST(CudaAutograd, ConvolutionsOverNothingMatchTheCpu) {
+  MPT_SKIP_WITHOUT_CUDA();
+  const Device gpu("cuda:0");
+  const Conv2dParams p{1, 1, 1, 1};
+  for (DType dt : {DType::f32, DType::f16})
+    for (const auto& [xs, ws] : {std::pair<Shape, Shape>{{0, 3, 8, 8}, {4, 3, 3, 3}},
+                                 {{2, 0, 8, 8}, {4, 0, 3, 3}},
+                                 {{2, 3, 8, 8}, {0, 3, 3, 3}}}) {
+      SCOPED_TRACE(shape_str(xs) + " * " + shape_str(ws) + " in " + dtype_name(dt));
+      const Tensor x = randn(xs, dt), w = randn(ws, dt);
+      const Tensor y = prim::conv2d(x, w, p), dy = randn(y.shape(), dt);
+      const Tensor on_gpu = prim::conv2d(prim::to(x, gpu), prim::to(w, gpu), p);
+      EXPECT_EQ(on_gpu.shape(), y.shape());
+      EXPECT_EQ(host_f64(on_gpu), host_f64(y));
+      const Tensor dx = prim::conv2d_backward_data(prim::to(dy, gpu), prim::to(w, gpu), xs, p);
+      EXPECT_EQ(dx.shape(), xs);
+      EXPECT_EQ(host_f64(dx), host_f64(prim::conv2d_backward_data(dy, w, xs, p)));
+      const Tensor dw = prim::conv2d_backward_weight(prim::to(x, gpu), prim::to(dy, gpu), ws, p);
+      EXPECT_EQ(dw.shape(), ws);
+      EXPECT_EQ(host_f64(dw), host_f64(prim::conv2d_backward_weight(x, dy, ws, p)));
+    }
+}
+
 // The ReLU in the GEMM's epilogue keeps NaN as relu() does: a NaN input
 // row gives a NaN output row, the other rows what the CPU gives. Small and
 // large products (cuBLASLt picks other kernels for them).

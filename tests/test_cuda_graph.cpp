@@ -34,6 +34,7 @@
 #include "tensor/gpu_timeline.h"
 #include "tensor/graph.h"
 #include "tensor/memory.h"
+#include "tensor/pinned.h"
 #include "tests/test_util.h"
 
 namespace mpt {
@@ -504,6 +505,48 @@ TEST(CudaGraph, ABlockAForkedStreamUsedWaitsForTheEndOfTheCapture) {
   graph.replay();
   EXPECT_EQ(read_on_side.to_vector<float>()[n - 1], 7.0f);
   EXPECT_EQ(after.to_vector<float>()[n - 1], 15.0f);
+}
+
+// A tensor of the shared cache that the capture's stream used (record_stream)
+// may be freed inside the capture. It is parked only once the capture has
+// ended: an event recorded on the capturing stream would join the graph and
+// could never be queried, failing every allocation after the capture.
+TEST(CudaGraph, AnOlderTensorUsedInTheCaptureMayBeFreedThere) {
+  MPT_SKIP_WITHOUT_CUDA();
+  const int64_t n = 300013;  // a size class no other tensor here has
+  Tensor x = full({n}, 3.0, DType::f32, kGPU);
+  const void* x_block = x.data_ptr();
+  const Tensor input = full({64}, 1.0, DType::f32, kGPU);
+  Tensor out;
+  cuda::Graph graph(0);
+  graph.capture([&] {
+    record_stream(x.data_ptr(), current_stream(kGPU));  // as a read of x on the capturing stream does
+    x = Tensor();
+    out = prim::mul_scalar(input, 2.0);
+  });
+  graph.replay();
+  EXPECT_EQ(out.to_vector<float>()[63], 2.0f);
+  synchronize(kGPU);
+  const Tensor again = full({n}, 4.0, DType::f32, kGPU);
+  EXPECT_EQ(again.data_ptr(), x_block);  // parked at the capture's end, free once that stream passed
+  EXPECT_EQ(again.to_vector<float>()[n - 1], 4.0f);
+}
+
+// A pinned block that a captured copy reads is read again at every replay:
+// it is never handed out again, and the replays copy what it held.
+TEST(CudaGraph, APinnedBlockACapturedCopyReadsIsNotHandedOutAgain) {
+  MPT_SKIP_WITHOUT_CUDA();
+  const int64_t n = 4099;
+  Tensor pinned = pin_memory(full({n}, 5.0));
+  const void* block = pinned.data_ptr();
+  Tensor on_gpu;
+  cuda::Graph graph(0);
+  graph.capture([&] { on_gpu = prim::to(pinned, kGPU); });
+  pinned = Tensor();
+  const Tensor other = pin_memory(full({n}, 9.0));
+  EXPECT_NE(other.data_ptr(), block);
+  graph.replay();
+  EXPECT_EQ(on_gpu.to_vector<float>()[n - 1], 5.0f);
 }
 
 // What a collective registers while its step is captured: called around

@@ -212,6 +212,26 @@ TEST_F(CudaTensor, BinaryOpsOfF32AndSixteenBitsMatchTheCpuBitForBit) {
     }
 }
 
+// Ops made of +, -, * and / alone round as on the CPU: neither side fuses a
+// multiply and an add.
+TEST_F(CudaTensor, ArithmeticOpsMatchTheCpuBitForBit) {
+  SCOPED_TRACE(trace());
+  for (DType dtype : {DType::f32, DType::f64, DType::f16, DType::bf16}) {
+    const Tensor x = rand({1000, 37}, dtype, -3.0, 3.0), y = rand({1000, 37}, dtype, -1.0, 1.0);
+    for (const auto& [alpha, beta] : {std::pair{1.0 / 3.0, 0.1}, std::pair{-2.7, 1e-3}}) {
+      const Tensor cpu = prim::unary(UnaryOp::affine, x, alpha, beta);
+      EXPECT_EQ(host_f64(prim::unary(UnaryOp::affine, gpu(x), alpha, beta)), host_f64(cpu))
+          << "affine " << alpha << ", " << beta << " in " << dtype_name(dtype);
+    }
+    for (UnaryOp op : {UnaryOp::square, UnaryOp::reciprocal})
+      EXPECT_EQ(host_f64(prim::unary(op, gpu(x))), host_f64(prim::unary(op, x)))
+          << unary_op_name(op) << " in " << dtype_name(dtype);
+    for (BinaryOp op : {BinaryOp::tanh_backward, BinaryOp::sigmoid_backward, BinaryOp::mul, BinaryOp::div})
+      EXPECT_EQ(host_f64(prim::binary(op, gpu(x), gpu(y))), host_f64(prim::binary(op, x, y)))
+          << binary_op_name(op) << " in " << dtype_name(dtype);
+  }
+}
+
 TEST_F(CudaTensor, ElementwiseNaNPropagatesLikeTheCpu) {
   const std::vector<float> values = {NAN, 1.0f, -2.0f, NAN, 0.0f, -0.0f};
   const std::vector<float> others = {1.0f, NAN, -3.0f, NAN, -0.0f, 0.0f};

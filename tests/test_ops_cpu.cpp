@@ -293,6 +293,28 @@ TEST_F(OpsCpu, EmptyInnerDimensionMatmulIsZeros) {
   }
 }
 
+// A convolution where a batch or a channel count is 0 gives the shapes of
+// any other, its elements (if any) sums over nothing; a kernel of size 0 is
+// refused.
+TEST_F(OpsCpu, ConvolutionsOverNothingAreEmptyOrZeros) {
+  const Conv2dParams p{1, 1, 1, 1};
+  for (const auto& [xs, ws] : {std::pair<Shape, Shape>{{0, 3, 8, 8}, {4, 3, 3, 3}},
+                               {{2, 0, 8, 8}, {4, 0, 3, 3}},
+                               {{2, 3, 8, 8}, {0, 3, 3, 3}}}) {
+    SCOPED_TRACE(shape_str(xs) + " * " + shape_str(ws));
+    const Tensor x = mpt::randn(xs), w = mpt::randn(ws);
+    const Tensor y = prim::conv2d(x, w, p);
+    EXPECT_EQ(y.shape(), (Shape{xs[0], ws[0], 8, 8}));
+    const Tensor dy = mpt::randn(y.shape());
+    const Tensor dx = prim::conv2d_backward_data(dy, w, xs, p), dw = prim::conv2d_backward_weight(x, dy, ws, p);
+    EXPECT_EQ(dx.shape(), xs);
+    EXPECT_EQ(dw.shape(), ws);
+    for (const Tensor& t : {y, dx, dw})
+      for (double v : host_f64(t)) ASSERT_EQ(v, 0.0);
+  }
+  EXPECT_THROW(prim::conv2d(mpt::randn({1, 3, 8, 8}), mpt::randn({4, 3, 0, 3}), p), ShapeError);
+}
+
 // A 0-d tensor: reductions over its "dimension 0", and their gradients, as
 // in PyTorch; squeeze leaves it alone.
 TEST_F(OpsCpu, ScalarsReduceAndSqueezeOverDimensionZero) {

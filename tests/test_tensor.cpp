@@ -3,6 +3,7 @@
 
 #include <limits>
 
+#include "tensor/cuda_info.h"
 #include "tensor/gpu_timeline.h"
 #include "tensor/ops.h"
 #include "tensor/pinned.h"
@@ -211,6 +212,18 @@ TEST(Tensor, UniformDrawsStayBelowHighInEveryFloatType) {
       EXPECT_GE(prim::amin(u).item(), low);
     }
   }
+}
+
+// GPUs before Ampere are refused with their compute capability named;
+// Ampere, Hopper and later pass.
+TEST(CudaInfo, GpusBeforeAmpereAreNamedUnsupported) {
+  for (const auto& [major, minor] : {std::pair{6, 1}, std::pair{7, 0}, std::pair{7, 5}}) {
+    const std::string why = cuda::unsupported_compute_capability(major, minor);
+    EXPECT_NE(why.find(fmt::format("compute capability {}.{}", major, minor)), std::string::npos) << why;
+    EXPECT_NE(why.find("8.0 or newer"), std::string::npos) << why;
+  }
+  for (const auto& [major, minor] : {std::pair{8, 0}, std::pair{8, 6}, std::pair{8, 9}, std::pair{9, 0}, std::pair{12, 0}})
+    EXPECT_EQ(cuda::unsupported_compute_capability(major, minor), "") << major << "." << minor;
 }
 
 }  // namespace

@@ -676,6 +676,8 @@ void allow_shared_memory(Kernel kernel, size_t bytes, int device, std::atomic<ui
   done.fetch_or(bit, std::memory_order_acq_rel);
 }
 
+static_assert(kAttentionMaxLength == int64_t{65535} * kTile, "the length limit assumes tiles of kTile rows on grid y");
+
 dim3 grid_of(const AttentionArgs& a) {
   return dim3(static_cast<unsigned>(a.batch * a.heads), static_cast<unsigned>((a.len + kTile - 1) / kTile));
 }

@@ -41,6 +41,9 @@ struct AttentionGrads {
 };
 
 bool fused_attention_supported(DType dtype, int64_t head_dim);
+// The longest sequence the kernels take: tiles of 64 queries or keys go
+// along the grid's y dimension, which holds at most 65535 blocks.
+inline constexpr int64_t kAttentionMaxLength = int64_t{65535} * 64;
 void launch_attention_forward(const Launch& l, const AttentionArgs& a);
 void launch_attention_backward(const Launch& l, const AttentionArgs& a, const AttentionGrads& g);
 

@@ -167,11 +167,18 @@ void CachingAllocator::free(void* ptr) noexcept {
 }
 
 // Into the shared cache, or parked until the other streams that used the
-// block are past their use.
+// block are past their use. While a capture is open, the events that would
+// mark that point cannot be recorded: on a stream in the capture they would
+// become part of the graph (and a captured event cannot be queried), so
+// such a block waits for the capture's end.
 void CachingAllocator::cache_unused(Block* block) noexcept {
   try {
     if (block->extra_streams.empty()) {
       free_[FreeKey{block->stream, block->size}].push_back(block);
+      return;
+    }
+    if (capture_pool_) {
+      held_until_capture_ends_.push_back(block);
       return;
     }
     Parked parked{block, {}};
@@ -292,19 +299,24 @@ int CachingAllocator::begin_capture(cudaStream_t stream, cudaStream_t origin) {
 
 void CachingAllocator::end_capture() {
   std::lock_guard<std::mutex> lock(mutex_);
-  for (Block* block : held_until_capture_ends_) {
-    block->extra_streams.clear();
-    if (pools_.count(block->pool)) {
+  std::vector<Block*> held;
+  held.swap(held_until_capture_ends_);
+  capture_pool_ = 0;
+  capture_stream_ = nullptr;
+  capture_origin_ = nullptr;
+  for (Block* block : held) {
+    if (block->pool && pools_.count(block->pool)) {
+      // Only the graph's own streams used it, and every replay runs all
+      // their work before the next.
+      block->extra_streams.clear();
       pools_[block->pool][FreeKey{block->stream, block->size}].push_back(block);
     } else {
+      // A block of the shared cache: its other streams' work so far was
+      // queued outside the graph, and the events now recorded follow it.
       block->pool = 0;
       cache_unused(block);
     }
   }
-  held_until_capture_ends_.clear();
-  capture_pool_ = 0;
-  capture_stream_ = nullptr;
-  capture_origin_ = nullptr;
 }
 
 void CachingAllocator::release_pool(int id, cudaStream_t home) {
@@ -424,7 +436,7 @@ void record_stream(void* ptr, const Stream& stream) {
 
 std::shared_ptr<Storage> cuda_storage(size_t nbytes, const Device& device) {
   check<DeviceError>(device.is_cuda(), "cuda_storage: {} is not a CUDA device", device.str());
-  check_device_available(device);
+  cuda::check_device_usable(device);
   const int index = device.index;
   cuda::CachingAllocator& allocator = cuda::caching_allocator(index);
   void* ptr = allocator.allocate(nbytes, cuda::current_cuda_stream(index));

@@ -17,7 +17,8 @@
 // graph (see begin_capture): the graph's kernels keep using those addresses
 // at every replay, so no other tensor may get them while the graph lives.
 // A block freed during the capture after record_stream named another
-// stream is not handed out again until the capture ends. When the graph
+// stream is not handed out again until the capture ends (nor parked: the
+// events that would park it cannot be recorded while the capture is open). When the graph
 // goes, its memory returns to the shared cache on the stream
 // its replays ran on, where a later capture from that stream (the same step
 // on new shapes, say) can take it again.

@@ -131,9 +131,10 @@ class CudaBackend final : public Backend {
   }
 
   void copy(const TensorView& dst, const TensorView& src) override {
+    // Nothing to do for no elements, and collapse() would divide by a size of 0.
     const int64_t n = dst.numel();
-    const Strided<2> s = collapse<2>({&dst, &src}, "copy");
     if (n == 0) return;
+    const Strided<2> s = collapse<2>({&dst, &src}, "copy");
     const Launch l = current_launch();
     if (dst.dtype == src.dtype && s.contiguous()) {
       if (dst.data != src.data)
@@ -147,9 +148,9 @@ class CudaBackend final : public Backend {
   void unary(UnaryOp op, const TensorView& out, const TensorView& in, double alpha, double beta) override {
     check_float("unary", unary_op_name(op), out.dtype);
     check_same_dtype("unary", unary_op_name(op), out, in);
-    const Strided<2> s = collapse<2>({&out, &in}, unary_op_name(op));
     const int64_t n = out.numel();
     if (n == 0) return;
+    const Strided<2> s = collapse<2>({&out, &in}, unary_op_name(op));
     launch_unary(current_launch(), op, out.dtype, s, n, alpha, beta);
   }
 
@@ -164,9 +165,9 @@ class CudaBackend final : public Backend {
       check_same_dtype("binary", binary_op_name(op), out, a);
       check_same_dtype("binary", binary_op_name(op), out, b);
     }
-    const Strided<3> s = collapse<3>({&out, &a, &b}, binary_op_name(op));
     const int64_t n = out.numel();
     if (n == 0) return;
+    const Strided<3> s = collapse<3>({&out, &a, &b}, binary_op_name(op));
     if (wide) return launch_binary_wide(current_launch(), op, a.dtype, b.dtype, s, n);
     launch_binary(current_launch(), op, out.dtype, s, n);
   }
@@ -466,7 +467,9 @@ class CudaBackend final : public Backend {
     check<DTypeError>(cuda::fused_attention_supported(q.dtype, q.shape[3]),
                       "CUDA attention: fused kernels take f16/bf16 with head size 32, 64 or 128, got {} {}",
                       dtype_name(q.dtype), shape_of(q));
-    check<ShapeError>(q.shape[2] < (int64_t(1) << 30), "CUDA attention: sequence length {} is too long", q.shape[2]);
+    check<ShapeError>(q.shape[2] <= cuda::kAttentionMaxLength,
+                      "CUDA attention: sequence length {} is above the fused kernels' limit of {}", q.shape[2],
+                      cuda::kAttentionMaxLength);
     check<DTypeError>(lse.dtype == DType::f32 && lse.numel() == q.shape[0] * q.shape[1] * q.shape[2],
                       "CUDA attention: lse must be f32 [B, H, T], got {} {}", dtype_name(lse.dtype), shape_of(lse));
     check_contiguous("attention", lse);

@@ -95,7 +95,21 @@ void Graph::capture(const std::function<void()>& work) {
   const Stream capturing(device, s.capture_stream);
   CachingAllocator& allocator = caching_allocator(s.device);
   s.pool = allocator.begin_capture(s.capture_stream, s.origin);
-  MPT_CUDA_CHECK(cudaStreamBeginCapture(s.capture_stream, cudaStreamCaptureModeThreadLocal));
+  // After a failure nothing captured will run: the pool's blocks go back to
+  // the caller's stream, and the graph may be captured again.
+  const auto abandon = [&] {
+    if (s.graph) (void)cudaGraphDestroy(s.graph);
+    s.graph = nullptr;
+    (void)cudaGetLastError();
+    allocator.release_pool(s.pool, s.origin);
+    s.pool = 0;
+  };
+  if (const cudaError_t began = cudaStreamBeginCapture(s.capture_stream, cudaStreamCaptureModeThreadLocal);
+      began != cudaSuccess) {
+    allocator.end_capture();
+    abandon();
+    throw_cuda_error(began, "cudaStreamBeginCapture", __FILE__, __LINE__);
+  }
   s.watches.clear();
   t_capturing = &s.watches;
   try {
@@ -105,25 +119,26 @@ void Graph::capture(const std::function<void()>& work) {
   } catch (...) {
     t_capturing = nullptr;
     s.watches.clear();
-    cudaGraph_t abandoned = nullptr;
-    (void)cudaStreamEndCapture(s.capture_stream, &abandoned);
-    if (abandoned) (void)cudaGraphDestroy(abandoned);
-    (void)cudaGetLastError();
+    (void)cudaStreamEndCapture(s.capture_stream, &s.graph);
     allocator.end_capture();
-    // Nothing captured will run: the pool's blocks go back to the caller's stream.
-    allocator.release_pool(s.pool, s.origin);
-    s.pool = 0;
+    abandon();
     throw;
   }
   const cudaError_t ended = cudaStreamEndCapture(s.capture_stream, &s.graph);
   allocator.end_capture();
-  MPT_CUDA_CHECK(ended);
-  // Every block the pool took from the origin's cache was freed there
-  // before this point, after the work that used it was queued.
-  if (!s.origin_at_capture_end)
-    MPT_CUDA_CHECK(cudaEventCreateWithFlags(&s.origin_at_capture_end, cudaEventDisableTiming));
-  MPT_CUDA_CHECK(cudaEventRecord(s.origin_at_capture_end, s.origin));
-  MPT_CUDA_CHECK(cudaGraphInstantiate(&s.exec, s.graph, 0));
+  try {
+    MPT_CUDA_CHECK(ended);
+    // Every block the pool took from the origin's cache was freed there
+    // before this point, after the work that used it was queued.
+    if (!s.origin_at_capture_end)
+      MPT_CUDA_CHECK(cudaEventCreateWithFlags(&s.origin_at_capture_end, cudaEventDisableTiming));
+    MPT_CUDA_CHECK(cudaEventRecord(s.origin_at_capture_end, s.origin));
+    MPT_CUDA_CHECK(cudaGraphInstantiate(&s.exec, s.graph, 0));
+  } catch (...) {
+    s.watches.clear();
+    abandon();
+    throw;
+  }
 }
 
 void Graph::replay() {

@@ -2,7 +2,8 @@
 // size class (powers of two from 4 KiB) and never returned to the driver;
 // a freed block is handed out again only once the copies recorded against
 // it (record_pinned_use) have completed, so a loader can recycle batches
-// without waiting for the GPU.
+// without waiting for the GPU. One a CUDA graph copies from is never
+// handed out again.
 #include <cuda_runtime.h>
 
 #include <map>
@@ -27,13 +28,13 @@ class HostCache {
     const size_t size = size_class(nbytes);
     std::lock_guard<std::mutex> lock(mutex_);
     for (auto& [base, block] : blocks_)
-      if (!block.in_use && block.size == size && copies_done(block)) {
+      if (!block.in_use && !block.read_by_graph && block.size == size && copies_done(block)) {
         block.in_use = true;
         return reinterpret_cast<void*>(base);
       }
     void* p = nullptr;
     MPT_CUDA_CHECK(cudaHostAlloc(&p, size, cudaHostAllocPortable));
-    blocks_[reinterpret_cast<uintptr_t>(p)] = Block{size, true, {}};
+    blocks_[reinterpret_cast<uintptr_t>(p)] = Block{size, true, false, {}};
     return p;
   }
 
@@ -51,8 +52,18 @@ class HostCache {
     std::lock_guard<std::mutex> lock(mutex_);
     Block* b = find(p);
     if (!b) return;
-    cudaEvent_t e = acquire_event(device);
     DeviceGuard guard(cuda_device(device));
+    // A copy captured into a graph reads the block at every replay, for as
+    // long as the graph lives, which this cache cannot see: the block is
+    // never handed out again. (Nor could an event recorded in the capture
+    // be queried.)
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    MPT_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+    if (capture != cudaStreamCaptureStatusNone) {
+      b->read_by_graph = true;
+      return;
+    }
+    cudaEvent_t e = acquire_event(device);
     MPT_CUDA_CHECK(cudaEventRecord(e, stream));
     b->pending.emplace_back(device, e);
   }
@@ -61,6 +72,7 @@ class HostCache {
   struct Block {
     size_t size = 0;
     bool in_use = false;
+    bool read_by_graph = false;                        // by a copy captured into a CUDA graph
     std::vector<std::pair<int, cudaEvent_t>> pending;  // copies that read the block
   };
 

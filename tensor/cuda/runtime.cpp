@@ -4,12 +4,14 @@
 
 #include <array>
 #include <atomic>
+#include <string>
 #include <vector>
 
 #include <fmt/format.h>
 
 #include "tensor/cuda/check.h"
 #include "tensor/cuda/index_check.h"
+#include "tensor/cuda_info.h"
 #include "tensor/device_guard.h"
 #include "tensor/error.h"
 #include "tensor/stream.h"
@@ -20,6 +22,7 @@ namespace {
 struct DeviceCount {
   int count = 0;
   cudaError_t status = cudaSuccess;
+  std::vector<std::string> unsupported;  // per device: why the kernels cannot run there ("" when they can)
 };
 
 // Asked once: the answer cannot change within a process. Any failure means
@@ -33,6 +36,16 @@ const DeviceCount& device_count_info() {
     if (c.status != cudaSuccess) {
       (void)cudaGetLastError();
       c.count = 0;
+    }
+    for (int i = 0; i < c.count; ++i) {
+      int major = 0, minor = 0;
+      if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, i) != cudaSuccess ||
+          cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, i) != cudaSuccess) {
+        (void)cudaGetLastError();
+        c.unsupported.push_back("");  // left to the first call on it to report
+        continue;
+      }
+      c.unsupported.push_back(cuda::unsupported_compute_capability(major, minor));
     }
     return c;
   }();
@@ -68,6 +81,18 @@ void check_device_available(const Device& d) {
   throw DeviceError(fmt::format("cuda:{} requested, but this machine has {} CUDA device{}", d.index, info.count,
                                 info.count == 1 ? "" : "s"));
 }
+
+namespace cuda {
+
+void check_device_usable(const Device& d) {
+  check_device_available(d);
+  if (d.is_cpu()) return;
+  const std::string& unsupported = device_count_info().unsupported[static_cast<size_t>(d.index)];
+  check<DeviceError>(unsupported.empty(), "cuda:{} cannot hold tensors: it has {}; train on the CPU instead",
+                     d.index, unsupported);
+}
+
+}  // namespace cuda
 
 // ---- devices and streams, internal -----------------------------------------------
 

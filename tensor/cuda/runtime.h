@@ -16,6 +16,10 @@ int current_device();
 cudaStream_t current_cuda_stream();
 // This thread's current stream on `device` (a CUDA device).
 cudaStream_t current_cuda_stream(int device);
+// check_device_available, and that the kernels can run there (the compute
+// capability: see cuda_info.h). Checked where a tensor first needs memory
+// on the device, not by the diagnostics that describe it.
+void check_device_usable(const Device& d);
 // Streaming multiprocessors of `device`, cached.
 int multiprocessor_count(int device);
 

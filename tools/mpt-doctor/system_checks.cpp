@@ -126,10 +126,8 @@ void check_gpus(Report& report, const cuda::Versions& v, const nvml::Library* nv
                               gib(now.memory_used)),
                   "see nvidia-smi for the process using it; another job shares this GPU");
     }
-    if (p.compute_major < 7)
-      s.warning(fmt::format("cuda:{} has compute capability {}.{}: no tensor cores for f16", i, p.compute_major,
-                            p.compute_minor),
-                "use --precision fp32 on it, or a newer GPU");
+    if (const std::string why = cuda::unsupported_compute_capability(p.compute_major, p.compute_minor); !why.empty())
+      s.problem(fmt::format("cuda:{} has {}", i, why), "train on the CPU (--device cpu), or on a newer GPU");
     s.ok(line);
     s.data["devices"].push_back(std::move(d));
   }
