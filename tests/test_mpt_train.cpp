@@ -124,6 +124,24 @@ TEST_F(MptTrain, AShortRunLearns) {
   EXPECT_NE(stdout_.find("epoch 1/2 done"), std::string::npos) << stdout_;
 }
 
+// --data may name a folder holding another copy of Fashion-MNIST: the same
+// files there train exactly as Debian's copy does.
+TEST_F(MptTrain, AFolderOfFashionMnistTrainsAsDebiansCopy) {
+  const fs::path copy = file("fmnist");
+  fs::create_directory(copy);
+  for (const char* name : {"train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz",
+                           "t10k-labels-idx1-ubyte.gz"})
+    fs::create_symlink(fs::path(data::kFashionMnistDir) / name, copy / name);
+  const std::string common = "--steps 5 --eval-batches 2 --precision fp32";
+  ASSERT_EQ(run(fmt::format("{} --data '{}' --metrics '{}'", common, copy.string(), file("copy.jsonl"))), 0) << stderr_;
+  ASSERT_EQ(run(fmt::format("{} --metrics '{}'", common, file("debian.jsonl"))), 0) << stderr_;
+  const auto from_copy = events(file("copy.jsonl"), "end"), from_debian = events(file("debian.jsonl"), "end");
+  ASSERT_EQ(from_copy.size(), 1u);
+  ASSERT_EQ(from_debian.size(), 1u);
+  EXPECT_EQ(from_copy[0]["eval_loss"], from_debian[0]["eval_loss"]);
+  EXPECT_EQ(from_copy[0]["steps"], 5);
+}
+
 TEST_F(MptTrain, StoppedAndResumedRunEndsBitIdentical) {
   const std::string common = "--batch-size 32 --accumulation 2 --steps 12 --warmup-steps 4 --eval-batches 1 --seed 7";
   ASSERT_EQ(run(fmt::format("{} --workers 2 --checkpoint '{}'", common, file("whole.safetensors"))), 0) << stderr_;
@@ -472,7 +490,10 @@ TEST_F(MptTrain, BadOptionsAreRefusedNamingTheOption) {
   EXPECT_EQ(run("--model gpt --data fashion-mnist --steps 1"), 1);
   EXPECT_NE(stderr_.find("--model gpt trains on text"), std::string::npos) << stderr_;
   EXPECT_EQ(run("--model mlp --data fortunes --steps 1"), 1);
-  EXPECT_NE(stderr_.find("--model mlp trains on --data fashion-mnist, not 'fortunes'"), std::string::npos) << stderr_;
+  EXPECT_NE(stderr_.find("--model mlp trains on --data fashion-mnist or a folder holding Fashion-MNIST's four .gz "
+                         "files, not 'fortunes'"),
+            std::string::npos)
+      << stderr_;
 
   // A checkpoint under a regular file cannot be written: refused at the
   // start, not after the training.

@@ -17,8 +17,8 @@ int main(int argc, char** argv) {
 
   app.add_option("--model", c.model, "Model")->check(CLI::IsMember({"mlp", "cnn", "gpt"}));
   app.add_option("--data", c.data,
-                 "Data: fashion-mnist for mlp and cnn (their default); for gpt a text file, or 'fortunes' (its default "
-                 "corpus)");
+                 "Data: for mlp and cnn fashion-mnist (their default: Debian's copy) or a folder holding "
+                 "Fashion-MNIST's four .gz files; for gpt a text file, or 'fortunes' (its default corpus)");
   app.add_option("--context", c.context, "gpt: sequence length")->check(positive());
   app.add_option("--gpt-layers", c.gpt_layers, "gpt: number of blocks")->check(positive());
   app.add_option("--gpt-heads", c.gpt_heads, "gpt: attention heads")->check(positive());

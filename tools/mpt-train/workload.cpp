@@ -1,5 +1,7 @@
 #include "tools/mpt-train/workload.h"
 
+#include <filesystem>
+
 #include "autograd/ops.h"
 #include "models/char_dataset.h"
 #include "models/cnn.h"
@@ -32,9 +34,14 @@ int64_t Workload::predictions(const data::Batch& batch) const { return batch.tar
 Workload make_workload(const TrainConfig& c, Generator& gen) {
   Workload w;
   if (c.model == "mlp" || c.model == "cnn") {
-    check(c.data == "fashion-mnist", "mpt-train: --model {} trains on --data fashion-mnist, not '{}'", c.model, c.data);
-    w.train_set = std::make_shared<data::FashionMNIST>(data::Split::train);
-    w.eval_set = std::make_shared<data::FashionMNIST>(data::Split::test);
+    // "fashion-mnist" is Debian's copy; a folder holds another one.
+    const std::string dir = c.data == "fashion-mnist" ? data::kFashionMnistDir : c.data;
+    check(c.data == "fashion-mnist" || std::filesystem::is_directory(dir),
+          "mpt-train: --model {} trains on --data fashion-mnist or a folder holding Fashion-MNIST's four .gz files, "
+          "not '{}'",
+          c.model, c.data);
+    w.train_set = std::make_shared<data::FashionMNIST>(data::Split::train, dir);
+    w.eval_set = std::make_shared<data::FashionMNIST>(data::Split::test, dir);
     w.model = c.model == "mlp" ? std::static_pointer_cast<nn::Module>(nn::make_mlp({}, &gen))
                                : std::static_pointer_cast<nn::Module>(nn::make_cnn({}, &gen));
     w.flatten_input = c.model == "mlp";  // the MLP sees images as flat vectors, as the reference feeds it
