@@ -283,6 +283,11 @@ class CudaBackend final : public Backend {
     for (const TensorView* t : {&grad_weight, &grad_bias})
       check<ShapeError>(!t->data || (t->dtype == DType::f32 && t->numel() == a.d && t->is_contiguous()),
                         "CUDA layer_norm backward: parameter gradients must be contiguous f32 [{}]", a.d);
+    if (a.rows == 0) {  // no rows: the parameter gradients are sums over nothing
+      for (const TensorView* t : {&grad_weight, &grad_bias})
+        if (t->data) fill(*t, 0.0);
+      return;
+    }
     const Launch l = current_launch();
     // One row of column sums per block for each parameter, then one launch adds them up.
     const size_t bytes = static_cast<size_t>(layer_norm_backward_partials(l, a) * a.d) * sizeof(float);

@@ -274,7 +274,11 @@ void gemm(const GemmArgs& g) {
   check_gemm_epilogues(g);
   const TensorView &a = g.a, &b = g.b, &out = g.out;
   const int64_t batch = out.shape[0], m = out.shape[1], n = out.shape[2], k = a.shape[2];
-  if (batch == 0 || m == 0 || n == 0) return;
+  if (batch == 0 || m == 0 || n == 0) {
+    // The bias gradient, where it has elements, sums over no rows.
+    if (g.bias_grad.data && g.bias_grad.numel() > 0) cuda_backend().fill(g.bias_grad, 0.0);
+    return;
+  }
   if (k == 0) {  // an empty sum: out = beta * out (cuBLASLt does not take k = 0)
     if (g.beta == 0.0f) cuda_backend().fill(out, 0.0);
     else cuda_backend().unary(UnaryOp::affine, out, out, g.beta, 0.0);
