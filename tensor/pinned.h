@@ -3,7 +3,8 @@
 // asynchronous: it returns at once and overlaps with the GPU's work, which is
 // what a data loader needs to keep the GPU fed. The memory comes from a cache
 // (page-locking is slow), and a block is handed out again only after every
-// copy that read it has finished.
+// copy that read it has finished; one that a copy captured into a CUDA graph
+// reads (at every replay) is never handed out again.
 #include "tensor/tensor.h"
 
 namespace mpt {
