@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -186,27 +187,34 @@ TEST_F(Gradcheck, Attention) {
 
 // ---- forward values of the composite ops ---------------------------------------------
 
+// Causal or not, with the default scale 1 / sqrt(d) or an explicit one.
 TEST(AutogradForward, AttentionMatchesExplicitMath) {
   const uint64_t seed = testing::fresh_seed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   Generator gen(seed);
   const Tensor q = randn({1, 1, 4, 2}, DType::f64, kCPU, &gen), k = randn({1, 1, 4, 2}, DType::f64, kCPU, &gen),
                v = randn({1, 1, 4, 2}, DType::f64, kCPU, &gen);
-  const auto y = scaled_dot_product_attention(q, k, v, true).to_vector<double>();
   const auto qv = q.to_vector<double>(), kv = k.to_vector<double>(), vv = v.to_vector<double>();
-  for (int i = 0; i < 4; ++i) {
-    std::vector<double> w(4, 0.0);
-    double total = 0;
-    for (int j = 0; j <= i; ++j) {
-      w[j] = std::exp((qv[i * 2] * kv[j * 2] + qv[i * 2 + 1] * kv[j * 2 + 1]) / std::sqrt(2.0));
-      total += w[j];
+  for (bool causal : {true, false})
+    for (std::optional<double> scale : {std::optional<double>(), std::optional<double>(0.3)}) {
+      SCOPED_TRACE(::testing::Message() << "causal " << causal << ", scale " << scale.value_or(-1));
+      const auto y = scaled_dot_product_attention(q, k, v, causal, scale).to_vector<double>();
+      const double s = scale.value_or(1.0 / std::sqrt(2.0));
+      for (int i = 0; i < 4; ++i) {
+        const int last = causal ? i : 3;
+        std::vector<double> w(4, 0.0);
+        double total = 0;
+        for (int j = 0; j <= last; ++j) {
+          w[j] = std::exp((qv[i * 2] * kv[j * 2] + qv[i * 2 + 1] * kv[j * 2 + 1]) * s);
+          total += w[j];
+        }
+        for (int d = 0; d < 2; ++d) {
+          double ref = 0;
+          for (int j = 0; j <= last; ++j) ref += w[j] / total * vv[j * 2 + d];
+          EXPECT_NEAR(y[i * 2 + d], ref, 1e-12);
+        }
+      }
     }
-    for (int d = 0; d < 2; ++d) {
-      double ref = 0;
-      for (int j = 0; j <= i; ++j) ref += w[j] / total * vv[j * 2 + d];
-      EXPECT_NEAR(y[i * 2 + d], ref, 1e-12);
-    }
-  }
 }
 
 // ---- layer norm against its definition in f64 ----------------------------------------

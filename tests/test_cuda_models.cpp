@@ -158,6 +158,14 @@ TEST(CudaModels, CheckpointOfGpuTensorsRestoresOntoTheGpu) {
     EXPECT_EQ(sb[i].second.to_vector<float>(), sa[i].second.to_vector<float>()) << sa[i].first;
   }
   EXPECT_EQ(opt_b.state(0).buffers.at("exp_avg").device(), Device("cuda:0"));
+  // The optimizer's state too: every moment and step count, on the GPU.
+  const auto oa = opt_a.state_dict(), ob = opt_b.state_dict();
+  ASSERT_EQ(ob.size(), oa.size());
+  for (size_t i = 0; i < oa.size(); ++i) {
+    EXPECT_EQ(ob[i].first, oa[i].first);
+    EXPECT_EQ(host_f64(ob[i].second), host_f64(oa[i].second)) << oa[i].first;
+  }
+  EXPECT_EQ(opt_b.state(0).step, 1);
 }
 
 }  // namespace

@@ -37,6 +37,12 @@ TEST(CudaOptim, FusedAdamWMatchesTheCpu) {
   for (bool fused : {true, false}) expect_gpu_matches_cpu(make, DType::f32, fused, 1e-5);
   expect_gpu_matches_cpu(make, DType::bf16, true, 2e-2);
   expect_gpu_matches_cpu(make, DType::f16, true, 5e-3);
+  // A weight decay that makes a quarter of each update.
+  const MakeOptimizer decaying = [](std::vector<Tensor> p) {
+    return std::make_unique<optim::AdamW>(std::move(p), optim::AdamWOptions{1e-2, 0.9, 0.99, 1e-8, 5.0});
+  };
+  expect_gpu_matches_cpu(decaying, DType::bf16, true, 2e-2);
+  expect_gpu_matches_cpu(decaying, DType::f16, true, 5e-3);
 }
 
 // The host loops (the CPU's fused path) and the CUDA kernels spell out the

@@ -230,8 +230,11 @@ TEST(GradScaler, TrajectoryAndSkipsFollowTheReferenceAndSurviveACheckpoint) {
   configs.push_back(fixed);
   for (const GradScalerOptions& o : configs) {
     SCOPED_TRACE(describe(o));
-    const auto pattern = bernoulli_pattern(10000, 0.05, seed);
+    auto pattern = bernoulli_pattern(10000, 0.05, seed);
     const size_t checkpoint_at = 4321;
+    // An overflow just before the checkpoint: the hysteresis allowance it
+    // holds is then below its full value, and must survive the restore.
+    pattern[checkpoint_at - 1] = true;
     auto scaler = std::make_unique<GradScaler>(o);
     CountingOptimizer opt(zeros({4}).set_requires_grad(true));
     ReferenceScaler ref(o);
@@ -243,6 +246,7 @@ TEST(GradScaler, TrajectoryAndSkipsFollowTheReferenceAndSurviveACheckpoint) {
         scaler = std::make_unique<GradScaler>(o);
         scaler->load_state_dict(state);
         ASSERT_EQ(scaler->steps(), static_cast<int64_t>(i));
+        if (o.policy == ScalePolicy::hysteresis) ASSERT_LT(ref.hysteresis_left, o.hysteresis);
       }
       ASSERT_EQ(scaler->get_scale(), ref.scale) << "before step " << i;
       run_step(*scaler, opt, pattern[i]);
@@ -250,6 +254,7 @@ TEST(GradScaler, TrajectoryAndSkipsFollowTheReferenceAndSurviveACheckpoint) {
       if (!pattern[i]) ++expected_steps;
       ASSERT_EQ(opt.steps, expected_steps) << "step " << i;
       ASSERT_EQ(scaler->growth_tracker(), ref.tracker) << "step " << i;
+      if (o.policy == ScalePolicy::hysteresis) ASSERT_EQ(scaler->hysteresis_left(), ref.hysteresis_left) << "step " << i;
     }
   }
 }

@@ -256,6 +256,18 @@ TEST_F(ModelsTest, TrainEvalRecursesAndDropoutFollowsIt) {
   EXPECT_GT(zeros_seen, 20);
   EXPECT_LT(zeros_seen, 108);
   EXPECT_THROW(nn::Dropout(1.5), ValueError);
+
+  // At p = 0.2 dropping with probability p and keeping with probability p
+  // differ, and so do the scales 1 / (1 - p) and 1 / p: a fifth of the
+  // elements (within 5 sigma) drop, the others are multiplied by 1.25.
+  nn::Dropout fifth(0.2, &gen_);
+  const int64_t n = 20000;
+  const std::vector<float> out = fifth.forward(full({n}, 1.0)).to_vector<float>();
+  const auto dropped = std::count(out.begin(), out.end(), 0.0f);
+  const double sigma = std::sqrt(n * 0.2 * 0.8);
+  EXPECT_NEAR(static_cast<double>(dropped), 0.2 * n, 5 * sigma);
+  for (float v : out)
+    if (v != 0.0f) ASSERT_EQ(v, 1.25f);
 }
 
 TEST_F(ModelsTest, ToMovesParametersInPlace) {

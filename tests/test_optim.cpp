@@ -536,6 +536,24 @@ TEST_F(OptimTest, ClipGradNormEdgeCases) {
   EXPECT_NEAR(g[1], 4.0 / (5.0 + 1e-6), 1e-6);
   expect_error<ValueError>([&] { nn::clip_grad_norm_({p}, -1.0); }, {"max_norm", "-1"});
   expect_error<ValueError>([&] { nn::clip_grad_norm_({p}, 1.0, 0.0); }, {"norm_type"});
+
+  // A non-finite total is returned as it is and, as in PyTorch, poisons the
+  // gradients for a loss scaler to see. An infinite total scales by 0: the
+  // infinite element becomes NaN, the finite ones 0. A NaN total scales by
+  // NaN (torch.clamp keeps it): every element becomes NaN.
+  Tensor q = param({2});
+  q.set_grad(from_vector({1.0f, 2.0f}, {2}));
+  p.set_grad(from_vector({3.0f, INFINITY, 0.0f}, {3}));
+  EXPECT_TRUE(std::isinf(nn::clip_grad_norm_({p, q}, 1.0)));
+  const Vec poisoned = host_f64(p.grad());
+  EXPECT_EQ(poisoned[0], 0.0);
+  EXPECT_TRUE(std::isnan(poisoned[1]));
+  EXPECT_EQ(host_f64(q.grad()), (Vec{0.0, 0.0}));
+  p.set_grad(from_vector({3.0f, NAN, 0.0f}, {3}));
+  q.set_grad(from_vector({1.0f, 2.0f}, {2}));
+  EXPECT_TRUE(std::isnan(nn::clip_grad_norm_({p, q}, 1.0)));
+  for (const Tensor& t : {p, q})
+    for (double v : host_f64(t.grad())) EXPECT_TRUE(std::isnan(v)) << v;
 }
 
 // ---- learning-rate schedules -----------------------------------------------------------------------

@@ -251,13 +251,14 @@ TEST(Rendezvous, ReadsOpenMpiAndSlurmVariables) {
 
   auto slurm = config_from_env(env_of({{"SLURM_PROCID", "4"},
                                        {"SLURM_NTASKS", "8"},
-                                       {"SLURM_LOCALID", "0"},
+                                       {"SLURM_LOCALID", "3"},
                                        {"SLURM_NTASKS_PER_NODE", "4(x2)"},
                                        {"MASTER_ADDR", "a"},
                                        {"MASTER_PORT", "1234"}}));
   EXPECT_EQ(slurm.launcher, "Slurm");
   EXPECT_EQ(slurm.rank, 4);
   EXPECT_EQ(slurm.world_size, 8);
+  EXPECT_EQ(slurm.local_rank, 3);
   EXPECT_EQ(slurm.local_world_size, 4);
 }
 
