@@ -217,6 +217,28 @@ TEST(AutogradForward, AttentionMatchesExplicitMath) {
     }
 }
 
+// Softmax and log-softmax in 16 bits on the CPU against the f64 result of
+// the same rounded inputs: a few roundings of the 16-bit type (the
+// exponentials, the sum, the division), no more.
+TEST(AutogradForward, SixteenBitSoftmaxStaysWithinAFewUlpsOfF64) {
+  const uint64_t seed = testing::fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  Generator gen(seed);
+  for (DType dt : {DType::f16, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const double ulp = dt == DType::f16 ? std::ldexp(1.0, -10) : std::ldexp(1.0, -7);
+    const Tensor x = prim::mul_scalar(randn({16, 37}, dt, kCPU, &gen), 3.0);
+    const Tensor exact = prim::to(x, DType::f64);
+    const std::vector<double> got = prim::to(softmax(x, 1), DType::f64).to_vector<double>(),
+                              want = softmax(exact, 1).to_vector<double>();
+    for (size_t i = 0; i < want.size(); ++i) ASSERT_LE(std::fabs(got[i] - want[i]), 4 * ulp * want[i] + 1e-7) << i;
+    const std::vector<double> got_log = prim::to(log_softmax(x, 1), DType::f64).to_vector<double>(),
+                              want_log = log_softmax(exact, 1).to_vector<double>();
+    for (size_t i = 0; i < want_log.size(); ++i)
+      ASSERT_LE(std::fabs(got_log[i] - want_log[i]), 4 * ulp * (1 + std::fabs(want_log[i]))) << i;
+  }
+}
+
 // ---- layer norm against its definition in f64 ----------------------------------------
 
 // v rounded to dt (f32, f16 or bf16; anything else as is).

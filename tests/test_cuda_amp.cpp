@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <limits>
+#include <set>
 
 #include "amp/autocast.h"
 #include "amp/grad_scaler.h"
@@ -144,37 +145,57 @@ struct OneParam : amp::ScalableOptimizer {
   void step() override { ++steps; }
 };
 
-// The hysteresis policy, and PyTorch's with factors f32 cannot hold (the
-// products formed in double on the device too).
+// Every policy and variant of the rule: hysteresis (counted overall or
+// restored by a clean step), PyTorch's with factors f32 cannot hold (the
+// products formed in double on the device too), a floor and a cap, a fixed
+// scale, and growth counted in samples.
 TEST(CudaAmp, ScaleUpdatesOnTheDeviceMatchTheCpu) {
   MPT_SKIP_WITHOUT_CUDA();
   amp::GradScalerOptions hysteresis;
   hysteresis.growth_interval = 3;
   hysteresis.policy = amp::ScalePolicy::hysteresis;
   hysteresis.hysteresis = 2;
+  amp::GradScalerOptions consecutive = hysteresis;
+  consecutive.consecutive_hysteresis = true;
   amp::GradScalerOptions inexact;
   inexact.growth_interval = 2;
   inexact.growth_factor = 1.2;
   inexact.backoff_factor = 0.8;
-  for (const amp::GradScalerOptions& o : {hysteresis, inexact}) {
-    SCOPED_TRACE(amp::scale_policy_name(o.policy));
+  amp::GradScalerOptions capped;
+  capped.growth_interval = 2;
+  capped.min_scale = 16384.0;
+  capped.max_scale = 131072.0;
+  amp::GradScalerOptions fixed;
+  fixed.policy = amp::ScalePolicy::fixed;
+  amp::GradScalerOptions samples;
+  samples.growth_interval = 10;
+  samples.growth_unit = amp::GrowthUnit::samples;
+  int variant = 0;
+  for (const amp::GradScalerOptions& o : {hysteresis, consecutive, inexact, capped, fixed, samples}) {
+    SCOPED_TRACE(::testing::Message() << "variant " << variant++ << ", " << amp::scale_policy_name(o.policy));
     amp::GradScaler gpu(o), cpu(o);
     OneParam pg, pc;
     pg.param = zeros({5}, DType::f32, kGPU).set_requires_grad(true);
     pc.param = zeros({5}).set_requires_grad(true);
     const double inf = std::numeric_limits<double>::infinity();
+    std::set<double> scales_seen;
     for (int i = 0; i < 200; ++i) {
       const bool overflow = (i * 7919) % 11 < 3;
       for (auto [s, p, dev] : {std::tuple{&gpu, &pg, kGPU}, std::tuple{&cpu, &pc, kCPU}}) {
         p->param.set_grad(Tensor());
-        backward(s->scale(sum(mul(p->param, full({5}, overflow ? inf : 1.0, DType::f32, dev)))));
+        backward(s->scale(sum(mul(p->param, full({5}, overflow ? inf : 1.0, DType::f32, dev))), 3 + i % 4));
         s->step(*p);
         s->update();
       }
       ASSERT_EQ(gpu.get_scale(), cpu.get_scale()) << i;
+      scales_seen.insert(cpu.get_scale());
       ASSERT_EQ(gpu.growth_tracker(), cpu.growth_tracker()) << i;
+      ASSERT_EQ(gpu.hysteresis_left(), cpu.hysteresis_left()) << i;
       ASSERT_EQ(pg.steps, pc.steps) << i;
     }
+    // The scale moved (all but the fixed policy); the CPU's trajectory is
+    // checked against the written rule in test_grad_scaler.
+    if (o.policy != amp::ScalePolicy::fixed) EXPECT_GE(scales_seen.size(), 3u);
     EXPECT_EQ(gpu.scale_tensor().device(), kGPU);
   }
 }

@@ -315,6 +315,36 @@ TEST_F(OpsCpu, ConvolutionsOverNothingAreEmptyOrZeros) {
   EXPECT_THROW(prim::conv2d(mpt::randn({1, 3, 8, 8}), mpt::randn({4, 3, 0, 3}), p), ShapeError);
 }
 
+// The CPU's 16-bit convolutions (and their gradients) accumulate in f32 and
+// round once: within one unit in the last place of the exact f64 result,
+// plus what f32 accumulation can lose to cancellation. Max pooling picks
+// an input, so it is exact.
+TEST(CpuSixteenBits, ConvolutionAndPoolingRoundOnceFromTheExactResult) {
+  const uint64_t seed = testing::fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  Generator gen(seed);
+  const Conv2dParams p{1, 1, 1, 1};
+  for (DType dt : {DType::f16, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const double ulp = dt == DType::f16 ? std::ldexp(1.0, -10) : std::ldexp(1.0, -7);
+    const Tensor x = randn({2, 5, 9, 7}, dt, kCPU, &gen), w = randn({4, 5, 3, 3}, dt, kCPU, &gen);
+    const Tensor dy = randn({2, 4, 9, 7}, dt, kCPU, &gen);
+    const auto exact = [](const Tensor& t) { return prim::to(t, DType::f64); };
+    const std::vector<std::pair<Tensor, Tensor>> results = {
+        {prim::conv2d(x, w, p), prim::conv2d(exact(x), exact(w), p)},
+        {prim::conv2d_backward_data(dy, w, x.shape(), p), prim::conv2d_backward_data(exact(dy), exact(w), x.shape(), p)},
+        {prim::conv2d_backward_weight(x, dy, w.shape(), p),
+         prim::conv2d_backward_weight(exact(x), exact(dy), w.shape(), p)}};
+    for (size_t r = 0; r < results.size(); ++r) {
+      const std::vector<double> got = host_f64(results[r].first), want = host_f64(results[r].second);
+      for (size_t i = 0; i < want.size(); ++i)
+        ASSERT_LE(std::fabs(got[i] - want[i]), ulp * std::fabs(want[i]) + 1e-4) << "result " << r << ", element " << i;
+    }
+    const Pool2dParams pool{3, 3, 2, 2, 1, 1};
+    EXPECT_EQ(host_f64(prim::max_pool2d(x, pool).first), host_f64(prim::max_pool2d(exact(x), pool).first));
+  }
+}
+
 // A 0-d tensor: reductions over its "dimension 0", and their gradients, as
 // in PyTorch; squeeze leaves it alone.
 TEST_F(OpsCpu, ScalarsReduceAndSqueezeOverDimensionZero) {
