@@ -1,0 +1,93 @@
+// mpt-bench end to end: without a GPU it says it skipped (status 77, apart
+// from a usage error's 2); on a GPU every workload prints one JSON line in
+// torch_bench.py's form whose figures hang together, with its step replayed
+// as a CUDA graph, and the loss it reports is a training loss that fell.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "tensor/device.h"
+#include "tests/test_util.h"
+
+#ifndef MPT_BENCH_PATH
+#error "MPT_BENCH_PATH must name the mpt-bench binary"
+#endif
+
+namespace mpt {
+namespace {
+
+std::string mpt_bench() { return testing::build_file("../tools/mpt-bench/mpt-bench", MPT_BENCH_PATH); }
+
+class MptBench : public ::testing::Test {
+ protected:
+  // Runs mpt-bench with `args`; returns its exit status, keeps its output.
+  int run(const std::string& args) {
+    const std::string cmd = fmt::format("'{}' {} >'{}' 2>'{}'", mpt_bench(), args, dir_.file("stdout"),
+                                        dir_.file("stderr"));
+    const int rc = std::system(cmd.c_str());
+    stdout_ = slurp(dir_.file("stdout"));
+    stderr_ = slurp(dir_.file("stderr"));
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+  }
+  static std::string slurp(const std::string& path) {
+    std::ifstream in(path);
+    return std::string((std::istreambuf_iterator<char>(in)), {});
+  }
+
+  testing::TempDir dir_{"mpt-bench-test"};
+  std::string stdout_, stderr_;
+};
+
+TEST_F(MptBench, AWrongCommandLineIsAUsageError) {
+  EXPECT_EQ(run("--steps 0"), 2) << stderr_;
+  EXPECT_NE(stderr_.find("--steps"), std::string::npos) << stderr_;
+  EXPECT_EQ(run("--workload resnet"), 2) << stderr_;
+}
+
+TEST_F(MptBench, WithoutAGpuItSaysItSkipped) {
+  if (cuda_device_count() > 0) GTEST_SKIP() << "skipped: this machine has a CUDA device";
+  EXPECT_EQ(run("--workload mlp_small"), 77) << stderr_;
+  EXPECT_NE(stderr_.find("skipped: no CUDA device"), std::string::npos) << stderr_;
+}
+
+TEST_F(MptBench, EveryWorkloadPrintsOneConsistentJsonLine) {
+  MPT_SKIP_WITHOUT_CUDA();
+  for (const char* workload : {"mlp_small", "cnn", "gpt_mini", "mlp_large"}) {
+    SCOPED_TRACE(workload);
+    ASSERT_EQ(run(fmt::format("--workload {} --warmup 3 --steps 10", workload)), 0) << stderr_;
+    const nlohmann::json j = nlohmann::json::parse(stdout_.substr(0, stdout_.find('\n')));
+    EXPECT_EQ(j["workload"], workload);
+    EXPECT_EQ(j["mode"], "single");
+    EXPECT_EQ(j["precision"], "fp16");
+    EXPECT_EQ(j["impl"], "mptrain");
+    EXPECT_TRUE(j["cuda_graph"].get<bool>());
+    const double lo = j["step_ms_min"], median = j["step_ms_median"], hi = j["step_ms_max"];
+    EXPECT_GT(lo, 0.0);
+    EXPECT_LE(lo, median);
+    EXPECT_LE(median, hi);
+    // samples/s is the batch over the median step.
+    EXPECT_NEAR(j["samples_per_s"].get<double>(), j["batch"].get<double>() / (median / 1000.0),
+                1e-3 * j["samples_per_s"].get<double>());
+    EXPECT_GT(j["peak_mem_mb"].get<double>(), 0.0);
+    EXPECT_TRUE(std::isfinite(j["loss"].get<double>()));
+  }
+}
+
+// The loss mpt-bench prints is the training loss after its steps: more
+// steps on the same data bring it lower.
+TEST_F(MptBench, MoreStepsEndAtALowerLoss) {
+  MPT_SKIP_WITHOUT_CUDA();
+  const auto loss_after = [&](int steps) {
+    EXPECT_EQ(run(fmt::format("--workload mlp_small --warmup 0 --steps {}", steps)), 0) << stderr_;
+    return nlohmann::json::parse(stdout_.substr(0, stdout_.find('\n')))["loss"].get<double>();
+  };
+  const double early = loss_after(2), late = loss_after(200);
+  EXPECT_LT(late, 0.5 * early) << early << " -> " << late;
+}
+
+}  // namespace
+}  // namespace mpt
