@@ -98,13 +98,19 @@ void ignore_sigpipe() {
 
 bool is_timeout(const std::string& gloo_message) { return gloo_message.find("imed out") != std::string::npos; }
 
+// The address this rank offers the others for Gloo's connections. This
+// host's name is the last resort: it often resolves to a loopback address
+// (127.0.1.1 on Debian), where no other host can reach it.
 std::string local_hostname(const dist::Store& store, const ProcessGroupOptions& options) {
   if (!options.hostname.empty()) return options.hostname;
-  // A master on loopback means a single-host job: stay on loopback too, which
-  // works even where this host's name does not resolve.
   if (auto* tcp = dynamic_cast<const TcpStore*>(&store)) {
     const std::string& h = tcp->host();
+    // A master on loopback means a single-host job: stay on loopback too,
+    // which works even where this host's name does not resolve.
     if (h == "localhost" || h == "::1" || h.rfind("127.", 0) == 0) return "127.0.0.1";
+    // The address the store's connections show the other hosts reach
+    // this one at (for the master, where their connections arrived).
+    if (std::string address = tcp->address_for_peers(); !address.empty()) return address;
   }
   return host_name();
 }

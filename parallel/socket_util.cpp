@@ -238,4 +238,18 @@ void close_fd(int fd) {
   if (fd >= 0) ::close(fd);
 }
 
+std::string local_address_of(int fd) {
+  sockaddr_storage addr{};
+  socklen_t len = sizeof addr;
+  if (fd < 0 || ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return "";
+  char text[INET6_ADDRSTRLEN] = {};
+  const void* where = nullptr;
+  if (addr.ss_family == AF_INET) where = &reinterpret_cast<const sockaddr_in*>(&addr)->sin_addr;
+  else if (addr.ss_family == AF_INET6) where = &reinterpret_cast<const sockaddr_in6*>(&addr)->sin6_addr;
+  else return "";
+  return ::inet_ntop(addr.ss_family, where, text, sizeof text) ? text : "";
+}
+
+bool is_loopback(const std::string& address) { return address.rfind("127.", 0) == 0 || address == "::1"; }
+
 }  // namespace mpt::dist

@@ -23,5 +23,10 @@ void set_io_timeout(int fd, Millis timeout);
 void send_all(int fd, const void* data, size_t n, const std::string& what);
 void recv_all(int fd, void* data, size_t n, const std::string& what);
 void close_fd(int fd);
+// The numeric address (IPv4 or IPv6) of this end of a connected socket;
+// "" where it cannot be told.
+std::string local_address_of(int fd);
+// Whether a numeric address is a loopback one (127.0.0.0/8, ::1).
+bool is_loopback(const std::string& address);
 
 }  // namespace mpt::dist

@@ -117,6 +117,12 @@ class TcpStoreServer {
     close_fd(listen_fd_);
   }
   int port() const { return port_; }
+  // The address of this host that the latest connection from elsewhere
+  // (not over loopback) arrived at; "" before any.
+  std::string reached_at() const {
+    std::lock_guard lock(mutex_);
+    return reached_at_;
+  }
   std::vector<std::string> refused() const {
     std::lock_guard lock(mutex_);
     return refused_;
@@ -179,6 +185,7 @@ class TcpStoreServer {
         c.thread.join();
         return true;
       });
+      if (std::string local = local_address_of(fd); !local.empty() && !is_loopback(local)) reached_at_ = local;
       Client& client = clients_.emplace_back();
       client.fd = fd;
       client.thread = std::thread([this, &client] { serve_then_close(client); });
@@ -282,6 +289,7 @@ class TcpStoreServer {
   std::thread accept_thread_;
   mutable std::mutex mutex_;
   std::vector<std::string> refused_;
+  std::string reached_at_;
   int64_t departures_ = 0;
   bool stopping_ = false;
   std::list<Client> clients_;  // a list: a thread holds its Client's address
@@ -332,6 +340,14 @@ TcpStore::~TcpStore() {
 }
 
 std::string TcpStore::describe() const { return fmt::format("tcp://{}:{}", host_, port_); }
+
+std::string TcpStore::address_for_peers() const {
+  // The master: where another host's connection to its server arrived.
+  if (server_)
+    if (std::string reached = server_->reached_at(); !reached.empty()) return reached;
+  const std::string local = local_address_of(fd_);
+  return is_loopback(local) ? "" : local;
+}
 
 Bytes TcpStore::request(Command cmd, const std::string& key, const Bytes& value, bool* found,
                         std::optional<Millis> timeout) {

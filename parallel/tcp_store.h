@@ -61,6 +61,13 @@ class TcpStore : public Store {
   int64_t departure_order(const std::string& key, std::optional<Millis> timeout = std::nullopt);
 
   const std::string& host() const { return host_; }
+  // The numeric address of this host that the job's other hosts reach it
+  // at, as far as the store shows it: for the master, the one where a
+  // connection from another host arrived; for another rank, the one its
+  // own connection to the master leaves from (on a host with several
+  // networks, the one that routes to the master). "" where the store shows
+  // none (a job on one host, or only loopback connections so far).
+  std::string address_for_peers() const;
   int port() const { return port_; }
   bool hosts_server() const { return server_ != nullptr; }
   // Master only: one line per connection the server refused (wrong job

@@ -23,18 +23,19 @@ constexpr int kTimeoutS = 10;  // the collectives' timeout in the link test
 
 std::string log_file(const std::string& name) { return fmt::format("/tmp/mpt-two-hosts-{}-{}.log", ::getpid(), name); }
 
-// mpt-run on `host`, node `host` of 2, rank 0's store on host 0.
+// mpt-run on `host`, node `host` of 2, rank 0's store on host 0; Gloo told
+// which interface to use (GLOO_SOCKET_IFNAME), or left to find it.
 std::unique_ptr<ChildProcess> launcher(const NetnsHosts& hosts, int host, const std::string& mode, int port,
-                                       const std::string& log) {
+                                       const std::string& log, bool name_interface = true) {
+  std::map<std::string, std::string> env{{"MPT_TEST_TIMEOUT_S", std::to_string(kTimeoutS)}};
+  // Gloo: reach the peer over the veth, not this host's name.
+  if (name_interface) env["GLOO_SOCKET_IFNAME"] = hosts.interface(host);
   return std::make_unique<ChildProcess>(
       std::vector<std::string>{"ip", "netns", "exec", hosts.name(host), mpt::testing::mpt_run_path(), "--nnodes", "2",
                                "--node_rank", std::to_string(host), "--nproc_per_node", "1", "--master_addr",
                                NetnsHosts::address(0), "--master_port", std::to_string(port), "--job_token",
                                "two-hosts-test", "--kill_timeout", "2", mpt::testing::ddp_worker_path(), mode},
-      // Gloo: reach the peer over the veth, not this host's name.
-      std::map<std::string, std::string>{{"GLOO_SOCKET_IFNAME", hosts.interface(host)},
-                                         {"MPT_TEST_TIMEOUT_S", std::to_string(kTimeoutS)}},
-      log);
+      env, log);
 }
 
 // Shows the lines of `out` that hold `text` (the figures the test checked).
@@ -64,6 +65,26 @@ TEST(TwoHosts, DdpAcrossTwoHostsMatchesOneProcess) {
   EXPECT_NE(out1.find("[rank 1] rank 1: "), std::string::npos) << out1;
   EXPECT_NE(out1.find("max relative parameter error"), std::string::npos) << out1;
   show_lines_with(out0 + out1, "max relative parameter error");
+}
+
+// Without GLOO_SOCKET_IFNAME each rank offers Gloo the address its store
+// connection leaves from (rank 0: the address the others reached its store
+// at). This host's name would not do: it resolves to a loopback address
+// (127.0.1.1 on Debian), where no other host can reach it.
+TEST(TwoHosts, WithoutAnInterfaceNamedGlooTakesTheRouteToTheMaster) {
+  NetnsHosts hosts;
+  if (!hosts.error().empty()) GTEST_SKIP() << "skipped: cannot make two hosts: " << hosts.error();
+  const int port = 29500;
+  auto node0 = launcher(hosts, 0, "plain", port, log_file("route0"), /*name_interface=*/false);
+  auto node1 = launcher(hosts, 1, "plain", port, log_file("route1"), /*name_interface=*/false);
+  const auto s1 = node1->wait(120), s0 = node0->wait(120);
+  const std::string out0 = node0->output(), out1 = node1->output();
+  std::remove(log_file("route0").c_str());
+  std::remove(log_file("route1").c_str());
+  ASSERT_TRUE(s0 && s1) << out0 << out1;
+  EXPECT_EQ(WEXITSTATUS(*s0), 0) << out0;
+  EXPECT_EQ(WEXITSTATUS(*s1), 0) << out1;
+  EXPECT_NE(out1.find("max relative parameter error"), std::string::npos) << out1;
 }
 
 TEST(TwoHosts, CuttingTheLinkEndsBothSidesNamingThePeer) {
