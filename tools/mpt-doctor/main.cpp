@@ -1,7 +1,7 @@
 // mpt-doctor: checks a machine and a job's environment before training, and
 // with --comm proves that every device and rank can all-reduce. Exit
-// status: 0 no problems (warnings allowed), 1 problems found, 2 the doctor
-// itself failed or its command line is wrong.
+// status: 0 no problems (warnings allowed), 1 problems found, 2 a wrong
+// command line, 3 the doctor itself failed.
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
@@ -43,6 +43,6 @@ int main(int argc, char** argv) {
     return report.count(mpt::doctor::Severity::problem) > 0 ? 1 : 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "mpt-doctor: %s\n", e.what());
-    return 2;
+    return 3;  // apart from a usage error's 2
   }
 }
