@@ -154,6 +154,9 @@ void install_if_enabled() { set_autocast_handler(t_policy.any_enabled() ? &t_pol
 
 }  // namespace
 
+AutocastGuard::AutocastGuard(DeviceType device_type)
+    : AutocastGuard(device_type, device_type == DeviceType::cpu ? DType::bf16 : DType::f16) {}
+
 AutocastGuard::AutocastGuard(DeviceType device_type, DType dtype, bool enabled)
     : device_type_(device_type),
       previous_enabled_(t_policy.enabled[slot(device_type)]),

@@ -30,8 +30,11 @@ namespace mpt::amp {
 
 class AutocastGuard {
  public:
+  // The device type's usual dtype, as in PyTorch: f16 on CUDA, bf16 on the
+  // CPU (which has no fast f16 products, and bf16 needs no loss scaler).
+  explicit AutocastGuard(DeviceType device_type);
   // dtype must be f16 or bf16 (DTypeError otherwise).
-  explicit AutocastGuard(DeviceType device_type, DType dtype = DType::f16, bool enabled = true);
+  AutocastGuard(DeviceType device_type, DType dtype, bool enabled = true);
   ~AutocastGuard();
   AutocastGuard(const AutocastGuard&) = delete;
   AutocastGuard& operator=(const AutocastGuard&) = delete;

@@ -10,7 +10,7 @@ namespace {
 // Binary arithmetic is not listed (as in PyTorch): the ops promote mixed
 // inputs themselves, and the GPU widens a 16-bit input as it loads it
 // instead of casting it in a pass of its own.
-constexpr std::array<std::pair<std::string_view, CastPolicy>, 17> kPolicies{{
+constexpr std::array<std::pair<std::string_view, CastPolicy>, 16> kPolicies{{
     // Tensor-core ops: 16-bit inputs, f32 accumulation inside the GEMM.
     {"matmul", CastPolicy::lower_precision},
     {"bmm", CastPolicy::lower_precision},
@@ -28,7 +28,6 @@ constexpr std::array<std::pair<std::string_view, CastPolicy>, 17> kPolicies{{
     {"cross_entropy", CastPolicy::fp32},
     {"mse_loss", CastPolicy::fp32},
     {"sum", CastPolicy::fp32},
-    {"mean", CastPolicy::fp32},
     // Several inputs of possibly mixed dtypes.
     {"cat", CastPolicy::promote},
 }};

@@ -1,7 +1,10 @@
 #pragma once
 // Which dtype each op runs in under autocast. The lists follow PyTorch's CUDA
-// autocast op lists (torch/csrc/autograd/autocast_mode.cpp, "lower_precision_fp",
-// "fp32" and "promote"), restricted to the ops this library has.
+// autocast op lists (aten/src/ATen/autocast_mode.h and .cpp,
+// "lower_precision_fp", "fp32" and "promote"), restricted to the ops this
+// library has; cat promotes, as on PyTorch's CPU. One table serves both
+// devices: PyTorch's CPU list leaves exp, log, pow, softmax, log_softmax,
+// layer_norm and sum in bf16, where this one runs them in f32.
 #include <string_view>
 
 #include "tensor/dtype.h"

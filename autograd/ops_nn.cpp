@@ -247,12 +247,18 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
 Tensor dropout(const Tensor& x, double p, bool training, Generator* gen) {
   check(p >= 0.0 && p <= 1.0, "dropout: probability must be in [0, 1], got {}", p);
   if (!training || p == 0.0) return x;
-  const Tensor u = rand(x.shape(), x.dtype(), x.device(), gen);
-  // keep = (u >= p) / (1 - p); p == 1 drops everything.
-  const Tensor keep = prim::unary(UnaryOp::affine, prim::binary(BinaryOp::ge, u, full({}, p, x.dtype(), x.device())),
+  // keep = (u >= p) / (1 - p), drawn and scaled in f32 (f64 for f64) as
+  // PyTorch does: in 16 bits the draws are coarse and 1 / (1 - p) rounds
+  // (to 1.109375 for p = 0.1 in bf16), which would shrink every kept value
+  // alike. Each output is x * keep rounded once to x's dtype. p == 1 drops
+  // everything.
+  const DType wide = x.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  const Tensor u = rand(x.shape(), wide, x.device(), gen);
+  const Tensor keep = prim::unary(UnaryOp::affine, prim::binary(BinaryOp::ge, u, full({}, p, wide, x.device())),
                                   p < 1.0 ? 1.0 / (1.0 - p) : 0.0, 0.0);
-  Tensor out = prim::mul(x, keep);
-  if (needs_grad({x})) record("dropout", out, {x}, [keep](const Grads& g) { return Grads{prim::mul(g[0], keep)}; });
+  const auto apply = [keep](const Tensor& t) { return prim::to(prim::mul(t, keep), t.dtype()); };
+  Tensor out = apply(x);
+  if (needs_grad({x})) record("dropout", out, {x}, [apply](const Grads& g) { return Grads{apply(g[0])}; });
   return out;
 }
 

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <unordered_set>
 
+#include "amp/autocast.h"
 #include "autograd/grad_mode.h"
 #include "models/fused_optim.h"
 #include "tensor/ops.h"
@@ -161,6 +162,9 @@ void Optimizer::step() {
     }
     if (!batch.empty()) update_group(group, batch);
   }
+  // Casts of the weights as they were must not serve a later forward pass in
+  // the same autocast region.
+  amp::clear_weight_cast_cache();
 }
 
 void Optimizer::step_skipping_if(const Tensor& found_inf) {

@@ -9,6 +9,7 @@
 #include "autograd/autocast_hook.h"
 #include "autograd/engine.h"
 #include "autograd/ops.h"
+#include "models/sgd.h"
 #include "tests/test_util.h"
 
 namespace mpt {
@@ -26,11 +27,12 @@ TEST(Autocast, PolicyTableFollowsPyTorchsLists) {
   for (const char* op : {"matmul", "bmm", "linear", "conv2d", "scaled_dot_product_attention"})
     EXPECT_EQ(amp::autocast_policy(op), CastPolicy::lower_precision) << op;
   for (const char* op : {"exp", "log", "pow", "softmax", "log_softmax", "layer_norm", "cross_entropy", "mse_loss",
-                         "sum", "mean"})
+                         "sum"})
     EXPECT_EQ(amp::autocast_policy(op), CastPolicy::fp32) << op;
   EXPECT_EQ(amp::autocast_policy("cat"), CastPolicy::promote);
   // Binary arithmetic promotes by itself (in PyTorch too: not in its lists).
-  for (const char* op : {"relu", "gelu", "reshape", "tanh", "add", "sub", "mul", "div"})
+  // mean too: it accumulates in f32 and rounds once, and PyTorch lists it nowhere.
+  for (const char* op : {"relu", "gelu", "reshape", "tanh", "add", "sub", "mul", "div", "mean"})
     EXPECT_EQ(amp::autocast_policy(op), CastPolicy::none) << op;
 }
 
@@ -56,7 +58,7 @@ TEST(Autocast, OutputDtypesPerOpCategory) {
     EXPECT_EQ(log_softmax(x16, 1).dtype(), DType::f32);
     EXPECT_EQ(layer_norm(x16, Tensor(), Tensor()).dtype(), DType::f32);
     EXPECT_EQ(sum(x16).dtype(), DType::f32);
-    EXPECT_EQ(mean(x16).dtype(), DType::f32);
+    EXPECT_EQ(mean(x16).dtype(), DType::f16);  // left alone
     EXPECT_EQ(mse_loss(x16, x16).dtype(), DType::f32);
     const Tensor target = from_vector<int64_t>({0, 1, 2, 0}, {4}, DType::i64);
     EXPECT_EQ(cross_entropy(linear(x, w, b), target).dtype(), DType::f32);
@@ -79,8 +81,19 @@ TEST(Autocast, OutputDtypesPerOpCategory) {
 TEST(Autocast, ValuesAreTheOpOnCastInputs) {
   const Tensor x = rand_f32({4, 8}, 7), w = rand_f32({3, 8}, 8);
   Tensor expected = prim::matmul(prim::to(x, DType::f16), prim::transpose(prim::to(w, DType::f16), 0, 1));
-  AutocastGuard autocast(DeviceType::cpu);
+  AutocastGuard autocast(DeviceType::cpu, DType::f16);
   EXPECT_EQ(linear(x, w).to_vector<float>(), expected.to_vector<float>());
+}
+
+// Without a dtype, each device type takes PyTorch's: bf16 on the CPU, f16 on CUDA.
+TEST(Autocast, EachDeviceTypeHasItsUsualDtype) {
+  {
+    AutocastGuard on_cpu(DeviceType::cpu);
+    EXPECT_EQ(amp::autocast_dtype(DeviceType::cpu), DType::bf16);
+    EXPECT_EQ(linear(rand_f32({4, 8}, 9), rand_f32({3, 8}, 10)).dtype(), DType::bf16);
+  }
+  AutocastGuard on_cuda(DeviceType::cuda);
+  EXPECT_EQ(amp::autocast_dtype(DeviceType::cuda), DType::f16);
 }
 
 TEST(Autocast, GuardsNestAndRestore) {
@@ -134,6 +147,22 @@ TEST(Autocast, InputDtypeIsWhatTheConsumersCastWouldGive) {
   }
   AutocastGuard cuda_only(DeviceType::cuda, DType::f16);
   EXPECT_EQ(autocast_input_dtype("linear", gpu_like), DType::f32);  // a CPU tensor
+}
+
+// An optimizer step inside a region drops the cached casts: the next
+// forward pass sees the new weights, not a cast of the old ones.
+TEST(Autocast, AnOptimizerStepInsideARegionDropsTheCachedCasts) {
+  Tensor w = rand_f32({3, 8}, 16).set_requires_grad(true);
+  const Tensor x = rand_f32({4, 8}, 17);
+  optim::SGD sgd({w}, optim::SGDOptions{.lr = 0.5});
+  AutocastGuard autocast(DeviceType::cpu);
+  backward(sum(linear(x, w)));
+  sgd.step();
+  EXPECT_EQ(amp::weight_cast_cache_stats().entries, 0);
+  const Tensor after = linear(x, w);
+  AutocastGuard fresh_cast(DeviceType::cpu);
+  amp::clear_weight_cast_cache();
+  EXPECT_EQ(after.to_vector<float>(), linear(x, w).to_vector<float>());
 }
 
 TEST(Autocast, RejectsNonHalfDtype) { EXPECT_THROW(AutocastGuard(DeviceType::cpu, DType::f32), DTypeError); }
@@ -249,7 +278,7 @@ TEST(Autocast, BackwardRunsInForwardsDtypesAndMasterWeightsGetF32Grads) {
   const Tensor g = rand_f32({4, 3}, 20);
   Tensor y;
   {
-    AutocastGuard autocast(DeviceType::cpu);
+    AutocastGuard autocast(DeviceType::cpu, DType::f16);
     y = linear(x, w);
   }
   ASSERT_EQ(y.dtype(), DType::f16);

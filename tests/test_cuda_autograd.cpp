@@ -381,6 +381,39 @@ TEST(CudaAutograd, ConvolutionsMatchTheCpuWithTimedAlgorithms) {
   cuda::set_conv_autotune(false);
 }
 
+// Dropout on the GPU in every float type: the share dropped, the kept
+// values x / (1 - p) rounded once (their sum grows by 1 / (1 - p)), and the
+// gradient through the same mask.
+TEST(CudaAutograd, DropoutKeepsItsRateAndScaleInEveryFloatType) {
+  MPT_SKIP_WITHOUT_CUDA();
+  const Device gpu("cuda:0");
+  Generator gen(testing::fresh_seed());
+  const int64_t n = 200000;
+  const double p = 0.1;
+  for (DType dt : {DType::f32, DType::f16, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    Tensor x = rand({n}, dt, gpu, &gen, 1.0, 2.0).set_requires_grad(true);
+    const Tensor y = dropout(x, p, true, &gen);
+    ASSERT_EQ(y.dtype(), dt);
+    backward(sum(y));
+    const std::vector<double> in = host_f64(x), out = host_f64(y), grad = host_f64(x.grad());
+    double kept_in = 0, kept_out = 0;
+    int64_t dropped = 0;
+    for (size_t i = 0; i < in.size(); ++i) {
+      if (out[i] == 0) {
+        ++dropped;
+        ASSERT_EQ(grad[i], 0.0) << i;
+        continue;
+      }
+      kept_in += in[i];
+      kept_out += out[i];
+      ASSERT_NEAR(grad[i], 1 / (1 - p), 1e-2) << i;
+    }
+    EXPECT_NEAR(static_cast<double>(dropped), p * n, 5 * std::sqrt(n * p * (1 - p)));
+    EXPECT_NEAR(kept_out / kept_in, 1 / (1 - p), 3e-4 / (1 - p));
+  }
+}
+
 // Convolutions where a batch or a channel count is 0, which cuDNN refuses:
 // the CPU's shapes and values (sums over nothing), forward and backward.
 TEST(CudaAutograd, ConvolutionsOverNothingMatchTheCpu) {
