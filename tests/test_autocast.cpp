@@ -9,6 +9,7 @@
 #include "autograd/autocast_hook.h"
 #include "autograd/engine.h"
 #include "autograd/ops.h"
+#include "models/layers.h"
 #include "models/sgd.h"
 #include "tests/test_util.h"
 
@@ -163,6 +164,19 @@ TEST(Autocast, AnOptimizerStepInsideARegionDropsTheCachedCasts) {
   AutocastGuard fresh_cast(DeviceType::cpu);
   amp::clear_weight_cast_cache();
   EXPECT_EQ(after.to_vector<float>(), linear(x, w).to_vector<float>());
+}
+
+// So does a module's load_state_dict: the loaded values serve the next pass.
+TEST(Autocast, LoadingAModuleInsideARegionDropsTheCachedCasts) {
+  Generator gen(18);
+  nn::Linear layer(8, 3, false, &gen), other(8, 3, false, &gen);
+  const Tensor x = rand_f32({4, 8}, 19);
+  AutocastGuard autocast(DeviceType::cpu);
+  amp::cast_weights_ahead(layer.parameters());
+  layer.forward(x);
+  layer.load_state_dict(other.state_dict());
+  EXPECT_EQ(amp::weight_cast_cache_stats().entries, 0);
+  EXPECT_EQ(layer.forward(x).to_vector<float>(), other.forward(x).to_vector<float>());
 }
 
 TEST(Autocast, RejectsNonHalfDtype) { EXPECT_THROW(AutocastGuard(DeviceType::cpu, DType::f32), DTypeError); }
