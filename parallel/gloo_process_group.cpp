@@ -107,7 +107,7 @@ std::string local_hostname(const dist::Store& store, const ProcessGroupOptions& 
     const std::string& h = tcp->host();
     // A master on loopback means a single-host job: stay on loopback too,
     // which works even where this host's name does not resolve.
-    if (h == "localhost" || h == "::1" || h.rfind("127.", 0) == 0) return "127.0.0.1";
+    if (h == "localhost" || is_loopback(h)) return "127.0.0.1";
     // The address the store's connections show the other hosts reach
     // this one at (for the master, where their connections arrived).
     if (std::string address = tcp->address_for_peers(); !address.empty()) return address;
