@@ -21,10 +21,20 @@ bool eligible(const Tensor& t) {
   return t.defined() && (t.dtype() == DType::f32 || t.dtype() == DType::f16 || t.dtype() == DType::bf16);
 }
 
+// A cast serves while its weight keeps the storage and the version it had
+// when cast: an optimizer step, load_state_dict(), a copy_ into the weight
+// or a move to another device (a new storage) makes it stale.
 struct CachedCast {
   std::shared_ptr<TensorImpl> leaf;  // held so its address cannot be reused while cached
+  std::shared_ptr<Storage> storage;  // the same, for the storage it was cast from
+  uint64_t version;
   DType dtype;
   Tensor cast;
+
+  CachedCast(const Tensor& weight, Tensor cast_of_it)
+      : leaf(weight.impl_ptr()), storage(weight.storage()), version(weight.version()), dtype(cast_of_it.dtype()),
+        cast(std::move(cast_of_it)) {}
+  bool current() const { return leaf->storage == storage && storage->version() == version; }
 };
 
 class PolicyHandler final : public AutocastHandler {
@@ -115,7 +125,7 @@ class PolicyHandler final : public AutocastHandler {
         slots.push_back(prim::view(prim::slice(block, 0, offsets[i], offsets[i] + here[i].numel()), here[i].shape()));
       prim::scaled_copy_list_(slots, here, 1.0);
       for (size_t i = 0; i < here.size(); ++i) {
-        cache.emplace(here[i].impl_ptr().get(), CachedCast{here[i].impl_ptr(), target, as_cast(here[i], slots[i])});
+        cache.emplace(here[i].impl_ptr().get(), CachedCast(here[i], as_cast(here[i], slots[i])));
         ++stats.misses;
       }
       pending = std::move(rest);
@@ -129,10 +139,15 @@ class PolicyHandler final : public AutocastHandler {
   static bool cacheable(const Tensor& t) {
     return t.defined() && t.dtype() == DType::f32 && t.requires_grad() && !t.grad_fn() && grad_enabled();
   }
-  const Tensor* cached(const Tensor& t, DType target) const {
+  // The current cast of t to target, if cached; a stale one is dropped.
+  const Tensor* cached(const Tensor& t, DType target) {
     auto [begin, end] = cache.equal_range(t.impl_ptr().get());
-    for (auto it = begin; it != end; ++it)
-      if (it->second.dtype == target) return &it->second.cast;
+    for (auto it = begin; it != end; ++it) {
+      if (it->second.dtype != target) continue;
+      if (it->second.current()) return &it->second.cast;
+      cache.erase(it);
+      return nullptr;
+    }
     return nullptr;
   }
   Tensor cast_weight_cached(const Tensor& t, DType target) {
@@ -142,7 +157,7 @@ class PolicyHandler final : public AutocastHandler {
       return *hit;
     }
     Tensor cast = to(t, target);
-    cache.emplace(t.impl_ptr().get(), CachedCast{t.impl_ptr(), target, cast});
+    cache.emplace(t.impl_ptr().get(), CachedCast(t, cast));
     ++stats.misses;
     return cast;
   }

@@ -4,7 +4,9 @@
 // "lower_precision_fp", "fp32" and "promote"), restricted to the ops this
 // library has; cat promotes, as on PyTorch's CPU. One table serves both
 // devices: PyTorch's CPU list leaves exp, log, pow, softmax, log_softmax,
-// layer_norm and sum in bf16, where this one runs them in f32.
+// layer_norm and sum in bf16, where this one runs them in f32. cross_entropy
+// takes 16-bit logits as they are: it computes in f32 from any dtype, so
+// PyTorch's f32 copy of them would change nothing but the memory used.
 #include <string_view>
 
 #include "tensor/dtype.h"

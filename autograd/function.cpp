@@ -1,5 +1,9 @@
 #include "autograd/function.h"
 
+#include <string>
+
+#include <fmt/format.h>
+
 #include "autograd/grad_mode.h"
 
 namespace mpt {
@@ -18,9 +22,10 @@ bool needs_grad(const std::vector<Tensor>& inputs) {
   return false;
 }
 
-void record(const char* name, std::vector<Tensor>& outs, const std::vector<Tensor>& inputs, FunctionNode::Rule rule,
-            FunctionNode::Saves saves) {
-  auto node = std::make_shared<FunctionNode>(name, std::move(rule), saves);
+namespace {
+
+// Makes each of `outs` an output of `node`, whose edges lead to `inputs`.
+void attach(const std::shared_ptr<FunctionNode>& node, std::vector<Tensor>& outs, const std::vector<Tensor>& inputs) {
   node->set_num_outputs(static_cast<uint32_t>(outs.size()));
   if (!outs.empty() && outs[0].defined() && outs[0].device().is_cuda())
     node->set_stream(current_stream(outs[0].device()));
@@ -38,10 +43,46 @@ void record(const char* name, std::vector<Tensor>& outs, const std::vector<Tenso
   }
 }
 
+// How a message names a saved tensor: the input or output it is, if any.
+std::string role_of(const Tensor& t, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outs) {
+  const auto same_view = [&](const Tensor& o) {
+    return o.defined() && o.storage() == t.storage() && o.offset() == t.offset() && o.shape() == t.shape() &&
+           o.strides() == t.strides() && o.dtype() == t.dtype();
+  };
+  for (size_t i = 0; i < inputs.size(); ++i)
+    if (same_view(inputs[i])) return fmt::format("input {}", i);
+  for (size_t i = 0; i < outs.size(); ++i)
+    if (same_view(outs[i])) return fmt::format("output {}", i);
+  return "saved tensor";
+}
+
+}  // namespace
+
+void record(const char* name, std::vector<Tensor>& outs, const std::vector<Tensor>& inputs, FunctionNode::Rule rule,
+            FunctionNode::Saves saves) {
+  attach(std::make_shared<FunctionNode>(name, std::move(rule), saves), outs, inputs);
+}
+
 void record(const char* name, Tensor& out, const std::vector<Tensor>& inputs, FunctionNode::Rule rule,
             FunctionNode::Saves saves) {
   std::vector<Tensor> outs{out};
   record(name, outs, inputs, std::move(rule), saves);
+  out = outs[0];
+}
+
+void record(const char* name, std::vector<Tensor>& outs, const std::vector<Tensor>& inputs, const Saved& saved,
+            FunctionNode::Rule rule) {
+  auto node = std::make_shared<FunctionNode>(name, std::move(rule));
+  // Noted before attach() gives the outputs their own handles, while they
+  // are still the views the op computed.
+  for (const Tensor& t : saved.tensors) node->note_saved(t, role_of(t, inputs, outs));
+  attach(node, outs, inputs);
+}
+
+void record(const char* name, Tensor& out, const std::vector<Tensor>& inputs, const Saved& saved,
+            FunctionNode::Rule rule) {
+  std::vector<Tensor> outs{out};
+  record(name, outs, inputs, saved, std::move(rule));
   out = outs[0];
 }
 

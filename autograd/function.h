@@ -27,4 +27,20 @@ void record(const char* name, Tensor& out, const std::vector<Tensor>& inputs, Fu
 void record(const char* name, std::vector<Tensor>& outs, const std::vector<Tensor>& inputs, FunctionNode::Rule rule,
             FunctionNode::Saves saves = FunctionNode::Saves::tensors);
 
+// The same, for a rule that reads the values of `saved` (inputs, outputs,
+// or other tensors its caller may still hold, such as a target). Their
+// versions are noted now, and backward refuses to run the rule if one was
+// written in place since (see FunctionNode::SavedVersion). Tensors the op
+// made for itself alone need not be listed: nobody else can write them.
+//
+//   record("mul", out, {a, b}, Saved{a, b}, [a, b](const Grads& g) { ... });
+struct Saved {
+  Saved(std::initializer_list<Tensor> tensors) : tensors(tensors) {}
+  std::vector<Tensor> tensors;
+};
+void record(const char* name, Tensor& out, const std::vector<Tensor>& inputs, const Saved& saved,
+            FunctionNode::Rule rule);
+void record(const char* name, std::vector<Tensor>& outs, const std::vector<Tensor>& inputs, const Saved& saved,
+            FunctionNode::Rule rule);
+
 }  // namespace mpt

@@ -17,7 +17,26 @@ std::vector<Tensor> FunctionNode::apply(std::vector<Tensor>&& grads) {
         "backward through '{}' a second time: its saved tensors were already freed (call backward with "
         "retain_graph = true the first time)",
         name());
+  check_saved_unchanged();
   return rule_(grads);
+}
+
+void FunctionNode::note_saved(const Tensor& t, std::string role) {
+  if (t.defined()) saved_.push_back(SavedVersion{t.impl_ptr(), t.storage(), t.version(), std::move(role)});
+}
+
+void FunctionNode::check_saved_unchanged() const {
+  for (const SavedVersion& s : saved_) {
+    const Tensor now(s.tensor);
+    check(now.storage() == s.storage,
+          "backward through '{}': its {} ({}) was moved to other memory after the forward pass (a module's to(), "
+          "say), so the values its gradient needs are gone; move before the forward pass",
+          name(), s.role, describe(now));
+    check(s.storage->version() == s.version,
+          "backward through '{}': its {} ({}), which this gradient needs, was written in place after the forward "
+          "pass (version {} then, {} now); write to a copy (prim::clone), or after backward",
+          name(), s.role, describe(now), s.version, s.storage->version());
+  }
 }
 
 // A sink runs as soon as its gradient is complete, whatever its creation

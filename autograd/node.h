@@ -76,12 +76,31 @@ class FunctionNode final : public Node {
   std::vector<Tensor> apply(std::vector<Tensor>&& grads) override;
   bool may_run_beside() const override { return saves_ == Saves::nothing; }
   void release() override {
-    if (saves_ == Saves::tensors) rule_ = nullptr;
+    if (saves_ == Saves::tensors) {
+      rule_ = nullptr;
+      saved_.clear();
+    }
   }
 
+  // A tensor the rule reads, as forward left it: its storage and that
+  // storage's version (tensor/storage.h). If either differs when the rule
+  // is about to run, the tensor was written in place (or moved) after
+  // forward, and the gradient would be computed from other values: apply()
+  // refuses, naming the node and the tensor, as PyTorch does.
+  struct SavedVersion {
+    std::shared_ptr<TensorImpl> tensor;
+    std::shared_ptr<Storage> storage;
+    uint64_t version;
+    std::string role;  // "input 1", "output 0", ...: for the message
+  };
+  void note_saved(const Tensor& t, std::string role);
+
  private:
+  void check_saved_unchanged() const;
+
   Rule rule_;
   Saves saves_;
+  std::vector<SavedVersion> saved_;
 };
 
 // The sink for a leaf: adds the incoming gradient to leaf.grad and then

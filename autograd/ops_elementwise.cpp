@@ -33,7 +33,7 @@ Tensor mul(const Tensor& a, const Tensor& b) {
   if (AutocastOp ac{"mul", {&a, &b}}) return mul(ac[0], ac[1]);
   Tensor out = prim::mul(a, b);
   if (needs_grad({a, b}))
-    record("mul", out, {a, b}, [a, b](const Grads& g) {
+    record("mul", out, {a, b}, Saved{a, b}, [a, b](const Grads& g) {
       return Grads{a.requires_grad() ? grad_for(prim::mul(g[0], b), meta_of(a)) : Tensor(),
                    b.requires_grad() ? grad_for(prim::mul(g[0], a), meta_of(b)) : Tensor()};
     });
@@ -44,7 +44,7 @@ Tensor div(const Tensor& a, const Tensor& b) {
   if (AutocastOp ac{"div", {&a, &b}}) return div(ac[0], ac[1]);
   Tensor out = prim::div(a, b);
   if (needs_grad({a, b}))
-    record("div", out, {a, b}, [a = meta_of(a), b, out](const Grads& g) {
+    record("div", out, {a, b}, Saved{b, out}, [a = meta_of(a), b, out](const Grads& g) {
       const Tensor ga = prim::div(g[0], b);
       // d(a/b)/db = -(a/b)/b
       return Grads{grad_for(ga, a),
@@ -75,7 +75,7 @@ Tensor pow(const Tensor& x, double p) {
   if (AutocastOp ac{"pow", {&x}}) return pow(ac[0], p);
   Tensor out = unary(UnaryOp::pow_scalar, x, p);
   if (needs_grad({x}))
-    record("pow", out, {x}, [x, p](const Grads& g) {
+    record("pow", out, {x}, Saved{x}, [x, p](const Grads& g) {
       // x^0 is constant: zero, also at x = 0 (where 0 * 0^-1 would be NaN), as in PyTorch.
       if (p == 0.0) return Grads{zeros(g[0].shape(), g[0].dtype(), g[0].device())};
       return Grads{prim::mul(g[0], unary(UnaryOp::affine, unary(UnaryOp::pow_scalar, x, p - 1), p, 0.0))};
@@ -87,7 +87,7 @@ Tensor pow(const Tensor& x, const Tensor& e) {
   if (AutocastOp ac{"pow", {&x, &e}}) return pow(ac[0], ac[1]);
   Tensor out = binary(BinaryOp::pow, x, e);
   if (needs_grad({x, e}))
-    record("pow", out, {x, e}, [x, e, out](const Grads& g) {
+    record("pow", out, {x, e}, Saved{x, e, out}, [x, e, out](const Grads& g) {
       // d/dx x^e = e x^(e-1);  d/de x^e = out * log(x). As in PyTorch, the
       // first is 0 where e = 0 (not 0 * 0^-1 = NaN at x = 0), the second 0
       // where x = 0 and e >= 0 (not 0 * log 0): there x^(e-1) becomes x^0
@@ -111,21 +111,21 @@ Tensor pow(const Tensor& x, const Tensor& e) {
 Tensor exp(const Tensor& x) {
   if (AutocastOp ac{"exp", {&x}}) return exp(ac[0]);
   Tensor out = unary(UnaryOp::exp, x);
-  if (needs_grad({x})) record("exp", out, {x}, [out](const Grads& g) { return Grads{prim::mul(g[0], out)}; });
+  if (needs_grad({x})) record("exp", out, {x}, Saved{out}, [out](const Grads& g) { return Grads{prim::mul(g[0], out)}; });
   return out;
 }
 
 Tensor log(const Tensor& x) {
   if (AutocastOp ac{"log", {&x}}) return log(ac[0]);
   Tensor out = unary(UnaryOp::log, x);
-  if (needs_grad({x})) record("log", out, {x}, [x](const Grads& g) { return Grads{prim::div(g[0], x)}; });
+  if (needs_grad({x})) record("log", out, {x}, Saved{x}, [x](const Grads& g) { return Grads{prim::div(g[0], x)}; });
   return out;
 }
 
 Tensor sqrt(const Tensor& x) {
   Tensor out = unary(UnaryOp::sqrt, x);
   if (needs_grad({x}))
-    record("sqrt", out, {x}, [out](const Grads& g) {
+    record("sqrt", out, {x}, Saved{out}, [out](const Grads& g) {
       return Grads{prim::div(prim::mul_scalar(g[0], 0.5), out)};
     });
   return out;
@@ -134,14 +134,14 @@ Tensor sqrt(const Tensor& x) {
 Tensor tanh(const Tensor& x) {
   Tensor out = unary(UnaryOp::tanh, x);
   if (needs_grad({x}))
-    record("tanh", out, {x}, [out](const Grads& g) { return Grads{binary(BinaryOp::tanh_backward, g[0], out)}; });
+    record("tanh", out, {x}, Saved{out}, [out](const Grads& g) { return Grads{binary(BinaryOp::tanh_backward, g[0], out)}; });
   return out;
 }
 
 Tensor sigmoid(const Tensor& x) {
   Tensor out = unary(UnaryOp::sigmoid, x);
   if (needs_grad({x}))
-    record("sigmoid", out, {x},
+    record("sigmoid", out, {x}, Saved{out},
            [out](const Grads& g) { return Grads{binary(BinaryOp::sigmoid_backward, g[0], out)}; });
   return out;
 }
@@ -153,7 +153,7 @@ Tensor relu(const Tensor& x) {
     // the next layer keeps the output anyway, so the input can be freed.
     // (Detached: the node must not own its own output.)
     const Tensor kept = detach(out);
-    record("relu", out, {x}, [kept](const Grads& g) { return Grads{binary(BinaryOp::relu_backward, g[0], kept)}; });
+    record("relu", out, {x}, Saved{kept}, [kept](const Grads& g) { return Grads{binary(BinaryOp::relu_backward, g[0], kept)}; });
   }
   return out;
 }
@@ -162,7 +162,7 @@ Tensor gelu(const Tensor& x, GeluApprox approx) {
   const bool exact = approx == GeluApprox::none;
   Tensor out = unary(exact ? UnaryOp::gelu_erf : UnaryOp::gelu_tanh, x);
   if (needs_grad({x}))
-    record("gelu", out, {x}, [x, exact](const Grads& g) {
+    record("gelu", out, {x}, Saved{x}, [x, exact](const Grads& g) {
       return Grads{binary(exact ? BinaryOp::gelu_erf_backward : BinaryOp::gelu_tanh_backward, g[0], x)};
     });
   return out;

@@ -48,7 +48,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   if (AutocastOp ac{"matmul", {&a, &b}}) return matmul(ac[0], ac[1]);
   Tensor out = prim::matmul(a, b);
   if (needs_grad({a, b}))
-    record("matmul", out, {a, b}, [a, b](const Grads& g) {
+    record("matmul", out, {a, b}, Saved{a, b}, [a, b](const Grads& g) {
       Tensor ga, gb;
       if (a.requires_grad()) ga = sum_to(prim::matmul(g[0], prim::transpose(b, -1, -2)), a.shape());
       if (b.requires_grad()) {
@@ -130,7 +130,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   if (AutocastOp ac{"linear", {&x, &weight, &bias}}) return linear(ac[0], ac[1], ac[2]);
   Tensor out = linear_forward("linear", x, weight, bias, false);
   if (needs_grad({x, weight, bias}))
-    record("linear", out, {x, weight, bias},
+    record("linear", out, {x, weight, bias}, Saved{x, weight},
            [x, weight, bias](const Grads& g) { return linear_backward(g[0], x, weight, bias); });
   return out;
 }
@@ -142,7 +142,7 @@ Tensor linear_relu(const Tensor& x, const Tensor& weight, const Tensor& bias) {
     // As relu() does: the output is kept (out > 0 exactly where the product
     // is), detached so that the node does not own its own output.
     const Tensor kept = detach(out);
-    record("linear_relu", out, {x, weight, bias}, [x, weight, bias, kept](const Grads& g) {
+    record("linear_relu", out, {x, weight, bias}, Saved{x, weight, kept}, [x, weight, bias, kept](const Grads& g) {
       return linear_backward(prim::binary(BinaryOp::relu_backward, g[0], kept), x, weight, bias);
     });
   }

@@ -43,7 +43,7 @@ Tensor softmax(const Tensor& x, int64_t dim) {
   const Tensor y32 = softmax_wide(wide(x), dim);
   Tensor out = prim::to(y32, x.dtype());
   if (needs_grad({x}))
-    record("softmax", out, {x}, [y32, dim, x](const Grads& g) {
+    record("softmax", out, {x}, Saved{y32}, [y32, dim, x](const Grads& g) {
       const Tensor gy = prim::mul(as(g[0], y32), y32);
       return Grads{prim::to(prim::sub(gy, prim::mul(y32, prim::sum(gy, {dim}, true))), x.dtype())};
     });
@@ -56,7 +56,7 @@ Tensor log_softmax(const Tensor& x, int64_t dim) {
   const Tensor y32 = log_softmax_wide(wide(x), dim);
   Tensor out = prim::to(y32, x.dtype());
   if (needs_grad({x}))
-    record("log_softmax", out, {x}, [y32, dim, x](const Grads& g) {
+    record("log_softmax", out, {x}, Saved{y32}, [y32, dim, x](const Grads& g) {
       const Tensor g32 = as(g[0], y32);
       const Tensor gx = prim::sub(g32, prim::mul(prim::unary(UnaryOp::exp, y32), prim::sum(g32, {dim}, true)));
       return Grads{prim::to(gx, x.dtype())};
@@ -85,7 +85,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_
                  : reduction == Reduction::sum ? prim::sum(nll)
                                                : prim::div(prim::sum(nll), count);
     if (needs_grad({logits}))
-      record("cross_entropy", out, {logits}, [logits, target, lse, valid, count, reduction](const Grads& g) {
+      record("cross_entropy", out, {logits}, Saved{logits, target}, [logits, target, lse, valid, count, reduction](const Grads& g) {
         if (!g[0].defined()) return Grads(1);
         const Tensor g0 = prim::to(g[0], DType::f32);
         // d loss_i / d logits_i = (softmax_i - onehot_i) * row_scale_i.
@@ -174,7 +174,7 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
     Tensor out = r[0];
     if (needs_grad({x, weight, bias})) {
       const Tensor mean = r[1], rstd = r[2];
-      record("layer_norm", out, {x, weight, bias}, [x, weight, bias, mean, rstd](const Grads& g) {
+      record("layer_norm", out, {x, weight, bias}, Saved{x, weight}, [x, weight, bias, mean, rstd](const Grads& g) {
         if (!g[0].defined()) return Grads(3);
         return fused_layer_norm_grads(g[0], Tensor(), x, weight, bias, mean, rstd);
       });
@@ -191,7 +191,7 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
   if (bias.defined()) y = prim::add(y, as(bias, x32));
   Tensor out = prim::to(y, y_dtype);
   if (needs_grad({x, weight, bias}))
-    record("layer_norm", out, {x, weight, bias}, [x, weight, bias, xhat, rstd](const Grads& g) {
+    record("layer_norm", out, {x, weight, bias}, Saved{weight}, [x, weight, bias, xhat, rstd](const Grads& g) {
       const Tensor gy = as(g[0], xhat);
       std::vector<int64_t> batch_dims(static_cast<size_t>(x.dim() - 1));
       for (size_t i = 0; i < batch_dims.size(); ++i) batch_dims[i] = static_cast<int64_t>(i);
@@ -224,7 +224,7 @@ std::pair<Tensor, Tensor> layer_norm_with_skip(const Tensor& x, const Tensor& we
   std::vector<Tensor> r = prim::layer_norm_forward(x, weight, bias, eps, y_dtype);
   std::vector<Tensor> outs{Tensor::view_of(x.storage(), x.shape(), x.strides(), x.offset(), x.dtype()), r[0]};
   const Tensor mean = r[1], rstd = r[2];
-  record("layer_norm_with_skip", outs, {x, weight, bias}, [x, weight, bias, mean, rstd](const Grads& g) {
+  record("layer_norm_with_skip", outs, {x, weight, bias}, Saved{x, weight}, [x, weight, bias, mean, rstd](const Grads& g) {
     if (!g[1].defined()) return Grads{g[0].defined() ? prim::to(g[0], x.dtype()) : Tensor(), Tensor(), Tensor()};
     return fused_layer_norm_grads(g[1], g[0], x, weight, bias, mean, rstd);
   });
@@ -236,7 +236,7 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
   check_index_range("embedding", indices, weight.shape()[0]);
   Tensor out = prim::index_select_rows(weight, indices);
   if (needs_grad({weight}))
-    record("embedding", out, {weight}, [weight, indices](const Grads& g) {
+    record("embedding", out, {weight}, Saved{indices}, [weight, indices](const Grads& g) {
       Tensor gw = zeros(weight.shape(), weight.dtype(), weight.device());
       prim::index_add_rows_(gw, indices, prim::to(g[0], weight.dtype()));
       return Grads{gw};
@@ -272,7 +272,7 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const C
   }
   Tensor out = y;
   if (needs_grad({x, weight, bias}))
-    record("conv2d", out, {x, weight, bias}, [x, weight, bias, p](const Grads& g) {
+    record("conv2d", out, {x, weight, bias}, Saved{x, weight}, [x, weight, bias, p](const Grads& g) {
       const Tensor go = prim::contiguous(g[0]);
       Tensor gx, gw, gb;
       if (x.requires_grad()) gx = prim::conv2d_backward_data(go, weight, x.shape(), p);
@@ -306,7 +306,8 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
     if (needs_grad({q, k, v})) {
       const Tensor saved_out = detach(out);  // not `out` itself: the node must not own its own output
       const Tensor lse = lse_of_rows;        // a named copy: clang cannot capture a structured binding
-      record("scaled_dot_product_attention", out, {q, k, v}, [q, k, v, saved_out, lse, causal, s](const Grads& g) {
+      record("scaled_dot_product_attention", out, {q, k, v}, Saved{q, k, v, saved_out},
+             [q, k, v, saved_out, lse, causal, s](const Grads& g) {
         if (!g[0].defined()) return Grads(3);
         return Grads(prim::attention_backward(q, k, v, saved_out, lse, g[0], causal, s));
       });

@@ -2,7 +2,6 @@
 
 #include <unordered_set>
 
-#include "amp/autocast.h"
 #include "autograd/grad_mode.h"
 #include "tensor/ops.h"
 
@@ -120,7 +119,6 @@ void Module::to(const Device& device) {
     if (Tensor g = p.grad(); g.defined()) p.set_grad(prim::to(g, device));
   }
   for (const auto& [name, b] : named_buffers()) move_in_place(b, device);
-  amp::clear_weight_cast_cache();  // casts made on the old device must not serve a later forward pass
 }
 
 void Module::zero_grad() {
@@ -187,7 +185,6 @@ LoadResult Module::load_state_dict(const StateDict& dict, bool strict) {
   for (const auto& [name, dst] : own) {
     if (const Tensor* src = dict.find(name)) prim::copy_(dst, *src);
   }
-  amp::clear_weight_cast_cache();  // casts of the old values must not serve a later forward pass
   return result;
 }
 

@@ -4,7 +4,6 @@
 #include <cmath>
 #include <unordered_set>
 
-#include "amp/autocast.h"
 #include "autograd/grad_mode.h"
 #include "models/fused_optim.h"
 #include "tensor/ops.h"
@@ -161,10 +160,10 @@ void Optimizer::step() {
       batch.push_back(ParamUpdate{p, g, &state, index});
     }
     if (!batch.empty()) update_group(group, batch);
+    // The rules write through their own kernels: the versions say so, for
+    // autograd's saved tensors and autocast's cached casts.
+    for (const ParamUpdate& u : batch) u.param.bump_version();
   }
-  // Casts of the weights as they were must not serve a later forward pass in
-  // the same autocast region.
-  amp::clear_weight_cast_cache();
 }
 
 void Optimizer::step_skipping_if(const Tensor& found_inf) {

@@ -158,6 +158,7 @@ namespace prim {
 // ---- copies and conversions -----------------------------------------------------
 
 void fill_(const Tensor& dst, double value) {
+  dst.bump_version();
   if (dst.numel() == 0) return;
   on_device(dst.device(), [&](Backend& b) { b.fill(dst.view(), value); });
 }
@@ -177,6 +178,7 @@ void scaled_copy_list_(const std::vector<Tensor>& dsts, const std::vector<Tensor
                         src.dtype() == src_dtype && listable(dst_dtype) && listable(src_dtype) &&
                         dst.is_contiguous() && src.is_contiguous();
     if (listed) {
+      dst.bump_version();
       listed_dsts.push_back(dst.view());
       listed_srcs.push_back(src.view());
     } else if (dst.dtype() == src.dtype()) {
@@ -195,6 +197,7 @@ void copy_(const Tensor& dst, const Tensor& src) {
   const Shape shape = broadcast_shapes(dst.shape(), src.shape(), "copy_");
   check<ShapeError>(shape == dst.shape(), "copy_: source {} does not broadcast to destination {}", describe(src),
                     describe(dst));
+  dst.bump_version();
   if (dst.numel() == 0) return;
   const bool same_memory_space = dst.device() == src.device() || (dst.device().is_cpu() && src.device().is_cpu());
   if (same_memory_space) {
@@ -351,6 +354,7 @@ void unary_(UnaryOp op, const Tensor& out, const Tensor& x, double alpha, double
                     describe(x));
   check<ShapeError>(broadcast_shapes(out.shape(), x.shape(), name) == out.shape(),
                     "{}: input {} does not broadcast to output {}", name, describe(x), describe(out));
+  out.bump_version();
   if (out.numel() == 0) return;
   on_device(out.device(), [&](Backend& b) { b.unary(op, out.view(), broadcast_view(x, out.shape()), alpha, beta); });
 }
@@ -370,6 +374,7 @@ void binary_(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b) {
   check<ShapeError>(shape == out.shape(), "{}: output {} does not have the broadcast shape {} of {} and {}", name,
                     describe(out), shape_str(shape), describe(a), describe(b));
   check_floating(name, out);
+  out.bump_version();
   if (out.numel() == 0) return;
   on_device(out.device(), [&](Backend& be) {
     // Inputs of other dtypes are converted first unless the backend

@@ -125,6 +125,7 @@ void index_add_rows_(const Tensor& table, const Tensor& indices, const Tensor& s
   expect.push_back(table.shape()[1]);
   check<ShapeError>(src.shape() == expect, "index_add_rows_: source {} does not match indices {} and table {}",
                     describe(src), describe(indices), describe(table));
+  table.bump_version();
   if (src.numel() == 0) return;
   if (!indices.device().is_cuda()) check_index_range("index_add_rows_", indices, table.shape()[0]);  // as above
   const Tensor idx = as_i64(indices, "index_add_rows_");

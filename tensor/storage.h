@@ -1,7 +1,9 @@
 #pragma once
 // A block of device or host memory shared by a tensor and its views. Freed
 // through the allocator it came from when the last holder lets go.
+#include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 
@@ -28,11 +30,19 @@ class Storage {
   size_t nbytes() const { return nbytes_; }
   const Device& device() const { return device_; }
 
+  // How many times the memory was written in place through the tensor API
+  // after it was made (PyTorch's version counter, shared by every view). A
+  // backward rule checks that what it saved was not changed since forward,
+  // and autocast's weight-cast cache that its casts are of current values.
+  uint64_t version() const { return version_.load(std::memory_order_relaxed); }
+  void bump_version() { version_.fetch_add(1, std::memory_order_relaxed); }
+
  private:
   void* data_;
   size_t nbytes_;
   Device device_;
   Deleter deleter_;
+  std::atomic<uint64_t> version_{0};
 };
 
 // 64-byte aligned host memory (cache lines, AVX-512 loads).

@@ -58,6 +58,11 @@ class Tensor {
   size_t nbytes() const { return numel() * element_size(); }
   bool is_contiguous() const;
   const std::shared_ptr<Storage>& storage() const { return impl().storage; }
+  // The storage's version (tensor/storage.h): every in-place write through
+  // the tensor API raises it. Code that writes through data_ptr() or its own
+  // kernels calls bump_version() afterwards, so that autograd notices.
+  uint64_t version() const { return impl().storage->version(); }
+  void bump_version() const { impl().storage->bump_version(); }
   // Same storage, same view: the same tensor.
   bool is_same(const Tensor& o) const { return impl_ == o.impl_; }
 

@@ -27,14 +27,43 @@ TEST(Autocast, PolicyTableFollowsPyTorchsLists) {
   using amp::CastPolicy;
   for (const char* op : {"matmul", "bmm", "linear", "conv2d", "scaled_dot_product_attention"})
     EXPECT_EQ(amp::autocast_policy(op), CastPolicy::lower_precision) << op;
-  for (const char* op : {"exp", "log", "pow", "softmax", "log_softmax", "layer_norm", "cross_entropy", "mse_loss",
-                         "sum"})
+  for (const char* op : {"exp", "log", "pow", "softmax", "log_softmax", "layer_norm", "mse_loss", "sum"})
     EXPECT_EQ(amp::autocast_policy(op), CastPolicy::fp32) << op;
   EXPECT_EQ(amp::autocast_policy("cat"), CastPolicy::promote);
   // Binary arithmetic promotes by itself (in PyTorch too: not in its lists).
   // mean too: it accumulates in f32 and rounds once, and PyTorch lists it nowhere.
-  for (const char* op : {"relu", "gelu", "reshape", "tanh", "add", "sub", "mul", "div", "mean"})
+  // cross_entropy computes in f32 whatever its logits' dtype (PyTorch casts them).
+  for (const char* op : {"relu", "gelu", "reshape", "tanh", "add", "sub", "mul", "div", "mean", "cross_entropy"})
     EXPECT_EQ(amp::autocast_policy(op), CastPolicy::none) << op;
+}
+
+// cross_entropy under autocast reads 16-bit logits as they are: the loss
+// and the logits' gradient are the bits of PyTorch's way, an f32 copy of the
+// logits and the gradient cast back.
+TEST(Autocast, CrossEntropyOf16BitLogitsIsThatOfTheirF32Copy) {
+  const uint64_t seed = testing::fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  Generator gen(seed);
+  const Tensor target = from_vector<int64_t>({0, 4, 2, -100, 3, 1}, {6}, DType::i64);
+  for (DType low : {DType::f16, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(low));
+    Tensor logits = prim::to(prim::mul_scalar(randn({6, 5}, DType::f32, kCPU, &gen), 4.0), low);
+    logits.set_requires_grad(true);
+    Tensor as_is;
+    {
+      AutocastGuard autocast(DeviceType::cpu, low);
+      as_is = cross_entropy(logits, target);
+    }
+    backward(as_is);
+    const Tensor grad_as_is = logits.grad();
+    logits.set_grad(Tensor());
+    const Tensor copied = cross_entropy(to(logits, DType::f32), target);
+    backward(copied);
+    EXPECT_EQ(as_is.dtype(), DType::f32);
+    EXPECT_EQ(grad_as_is.dtype(), low);
+    EXPECT_EQ(as_is.item(), copied.item());
+    EXPECT_EQ(grad_as_is.to_vector<float>(), logits.grad().to_vector<float>());
+  }
 }
 
 TEST(Autocast, OutputDtypesPerOpCategory) {
@@ -150,24 +179,26 @@ TEST(Autocast, InputDtypeIsWhatTheConsumersCastWouldGive) {
   EXPECT_EQ(autocast_input_dtype("linear", gpu_like), DType::f32);  // a CPU tensor
 }
 
-// An optimizer step inside a region drops the cached casts: the next
-// forward pass sees the new weights, not a cast of the old ones.
-TEST(Autocast, AnOptimizerStepInsideARegionDropsTheCachedCasts) {
+// A cached cast serves only while its weight is unchanged: after an
+// optimizer step inside the region, the next forward pass casts the new
+// weights instead of using the cast of the old ones.
+TEST(Autocast, AnOptimizerStepInsideARegionMakesTheCachedCastsStale) {
   Tensor w = rand_f32({3, 8}, 16).set_requires_grad(true);
   const Tensor x = rand_f32({4, 8}, 17);
   optim::SGD sgd({w}, optim::SGDOptions{.lr = 0.5});
   AutocastGuard autocast(DeviceType::cpu);
   backward(sum(linear(x, w)));
   sgd.step();
-  EXPECT_EQ(amp::weight_cast_cache_stats().entries, 0);
+  const int64_t misses = amp::weight_cast_cache_stats().misses;
   const Tensor after = linear(x, w);
+  EXPECT_EQ(amp::weight_cast_cache_stats().misses, misses + 1);  // cast again
   AutocastGuard fresh_cast(DeviceType::cpu);
   amp::clear_weight_cast_cache();
   EXPECT_EQ(after.to_vector<float>(), linear(x, w).to_vector<float>());
 }
 
 // So does a module's load_state_dict: the loaded values serve the next pass.
-TEST(Autocast, LoadingAModuleInsideARegionDropsTheCachedCasts) {
+TEST(Autocast, LoadingAModuleInsideARegionMakesTheCachedCastsStale) {
   Generator gen(18);
   nn::Linear layer(8, 3, false, &gen), other(8, 3, false, &gen);
   const Tensor x = rand_f32({4, 8}, 19);
@@ -175,8 +206,26 @@ TEST(Autocast, LoadingAModuleInsideARegionDropsTheCachedCasts) {
   amp::cast_weights_ahead(layer.parameters());
   layer.forward(x);
   layer.load_state_dict(other.state_dict());
-  EXPECT_EQ(amp::weight_cast_cache_stats().entries, 0);
   EXPECT_EQ(layer.forward(x).to_vector<float>(), other.forward(x).to_vector<float>());
+}
+
+// And any other write into the weight through the tensor API (an EMA, a
+// copy from elsewhere), which no optimizer or module method sees.
+TEST(Autocast, AnInPlaceWriteToAWeightMakesItsCachedCastStale) {
+  Tensor w = rand_f32({3, 8}, 20).set_requires_grad(true);
+  const Tensor w_new = rand_f32({3, 8}, 21);
+  const Tensor x = rand_f32({4, 8}, 22);
+  Tensor expected;
+  {
+    AutocastGuard autocast(DeviceType::cpu);
+    expected = linear(x, w_new);
+  }
+  AutocastGuard autocast(DeviceType::cpu);
+  const Tensor before = linear(x, w);
+  EXPECT_EQ(linear(x, w).to_vector<float>(), before.to_vector<float>());  // served from the cache
+  prim::copy_(w, w_new);
+  EXPECT_EQ(linear(x, w).to_vector<float>(), expected.to_vector<float>());
+  EXPECT_EQ(amp::weight_cast_cache_stats().entries, 1);  // the stale cast was replaced, not kept beside
 }
 
 TEST(Autocast, RejectsNonHalfDtype) { EXPECT_THROW(AutocastGuard(DeviceType::cpu, DType::f32), DTypeError); }

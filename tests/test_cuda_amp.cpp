@@ -3,6 +3,7 @@
 // a single inf/NaN anywhere, and the on-device scale update.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <limits>
 #include <set>
 
@@ -14,6 +15,7 @@
 #include "models/layers.h"
 #include "models/sequential.h"
 #include "models/sgd.h"
+#include "tensor/memory.h"
 #include "tests/test_util.h"
 
 namespace mpt {
@@ -68,6 +70,50 @@ TEST(CudaAmp, WeightsCastAheadAreTheOpsOwnCastsBitForBit) {
     return out;
   };
   EXPECT_EQ(run(true), run(false));
+}
+
+// On the GPU cross_entropy reads 16-bit logits in its fused kernels: the
+// loss and gradient agree with the f32 copy PyTorch would make (to the
+// rounding of the 16-bit gradient), and no f32 copy of the logits is made.
+TEST(CudaAmp, CrossEntropyReads16BitLogitsWithoutAnF32Copy) {
+  MPT_SKIP_WITHOUT_CUDA();
+  const uint64_t seed = testing::fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  Generator gen(seed);
+  const int64_t rows = 512, vocab = 50257;
+  const Tensor target = prim::to(
+      prim::to(rand({rows}, DType::f32, kCPU, &gen, 0.0, static_cast<double>(vocab) - 0.5), DType::i64), kGPU);
+  for (DType low : {DType::f16, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(low));
+    Tensor logits = randn({rows, vocab}, low, kGPU, &gen);
+    logits.set_requires_grad(true);
+    synchronize(kGPU);
+    reset_peak_memory_stats(kGPU);
+    const uint64_t before = memory_stats(kGPU).allocated_bytes;
+    Tensor as_is;
+    {
+      amp::AutocastGuard autocast(DeviceType::cuda, low);
+      as_is = cross_entropy(logits, target);
+    }
+    backward(as_is);
+    // The gradient (16-bit, as large as the logits), a few scalars per row
+    // and the allocator's rounding; an f32 copy would add twice the logits.
+    EXPECT_LT(memory_stats(kGPU).peak_allocated_bytes - before, logits.nbytes() + (uint64_t(4) << 20));
+    const Tensor grad_as_is = logits.grad();
+    logits.set_grad(Tensor());
+    const Tensor copied = cross_entropy(to(logits, DType::f32), target);
+    backward(copied);
+    EXPECT_EQ(grad_as_is.dtype(), low);
+    EXPECT_NEAR(as_is.item(), copied.item(), 1e-5 * std::abs(copied.item()));
+    const std::vector<float> a = grad_as_is.to_vector<float>(), b = logits.grad().to_vector<float>();
+    // One unit in the last place apart at most (the row's log-sum-exp may
+    // differ in its last f32 bit); f16's subnormals are 6e-8 apart.
+    const double ulp = low == DType::f16 ? 1.0 / 1024 : 1.0 / 128, tiny = low == DType::f16 ? 6e-8 : 1e-30;
+    size_t beyond = 0;
+    for (size_t i = 0; i < a.size(); ++i)
+      if (std::abs(a[i] - b[i]) > ulp * std::abs(b[i]) + tiny) ++beyond;
+    EXPECT_EQ(beyond, 0u);
+  }
 }
 
 TEST(CudaAmp, FusedUnscaleEqualsTheCpuBitForBit) {
