@@ -75,7 +75,8 @@ void record(const char* name, std::vector<Tensor>& outs, const std::vector<Tenso
   auto node = std::make_shared<FunctionNode>(name, std::move(rule));
   // Noted before attach() gives the outputs their own handles, while they
   // are still the views the op computed.
-  for (const Tensor& t : saved.tensors) node->note_saved(t, role_of(t, inputs, outs));
+  for (const Tensor& t : saved.tensors)
+    if (t.defined()) node->note_saved(t, role_of(t, inputs, outs));  // an absent weight or bias: nothing to check
   attach(node, outs, inputs);
 }
 

@@ -22,7 +22,7 @@ std::vector<Tensor> FunctionNode::apply(std::vector<Tensor>&& grads) {
 }
 
 void FunctionNode::note_saved(const Tensor& t, std::string role) {
-  if (t.defined()) saved_.push_back(SavedVersion{t.impl_ptr(), t.storage(), t.version(), std::move(role)});
+  saved_.push_back(SavedVersion{t.impl_ptr(), t.storage(), t.version(), std::move(role)});
 }
 
 void FunctionNode::check_saved_unchanged() const {

@@ -753,5 +753,35 @@ TEST(CudaAutograd, BackwardFreesGradientsAndSavedTensorsAsItGoes) {
             static_cast<double>(after_forward.allocated_bytes) - kLayers / 2 * activation);
 }
 
+// The fused kernels' rules check what they saved as the CPU's do: writing
+// attention's query or its output (which its backward reads), or the
+// class indices cross-entropy read, before backward is refused.
+TEST(CudaAutograd, FusedRulesRefuseSavedTensorsWrittenSinceForward) {
+  MPT_SKIP_WITHOUT_CUDA();
+  const Device gpu{DeviceType::cuda, 0};
+  Generator gen(testing::fresh_seed());
+  auto expect_refused = [](const Tensor& loss, const char* op) {
+    try {
+      backward(loss);
+      ADD_FAILURE() << op << ": backward ran on a saved tensor written after forward";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(op), std::string::npos) << e.what();
+    }
+  };
+  for (int written : {0, 1}) {
+    Tensor q = randn({1, 2, 64, 32}, DType::f16, gpu, &gen).set_requires_grad(true);
+    const Tensor kv = randn({1, 2, 64, 32}, DType::f16, gpu, &gen);
+    const Tensor out = scaled_dot_product_attention(q, kv, kv, true);
+    const Tensor loss = sum(to(out, DType::f32));
+    prim::fill_(written == 0 ? q : out, 0.5);
+    expect_refused(loss, "'scaled_dot_product_attention'");
+  }
+  Tensor logits = randn({8, 100}, DType::f16, gpu, &gen).set_requires_grad(true);
+  const Tensor target = prim::to(from_vector<int64_t>({1, 2, 3, 4, 5, 6, 7, 8}, {8}, DType::i64), gpu);
+  const Tensor loss = cross_entropy(logits, target);
+  prim::fill_(target, 0.0);
+  expect_refused(loss, "'cross_entropy'");
+}
+
 }  // namespace
 }  // namespace mpt

@@ -100,6 +100,14 @@ TEST(SavedTensors, WritingATensorNoRuleReadsIsAllowed) {
   EXPECT_EQ(w.grad().to_vector<float>(), (std::vector<float>{2.f, 2.f}));
 }
 
+TEST(SavedTensors, AnAbsentOptionalInputIsNoSavedTensor) {
+  // layer_norm reads its weight when there is one; without one, nothing.
+  Tensor x = leaf_of({1.f, 2.f, 4.f});
+  const Tensor loss = sum(mul(layer_norm(x, Tensor(), Tensor()), from_vector({1.f, 0.f, 0.f}, {3})));
+  backward(loss);
+  EXPECT_TRUE(x.grad().defined());
+}
+
 TEST(SavedTensors, WritesAfterBackwardAreAllowedButNotBeforeASecondOne) {
   Tensor w = leaf_of({1.f, 2.f});
   const Tensor x = from_vector({3.f, 4.f}, {2});
