@@ -17,6 +17,13 @@
 #include "tensor/error.h"
 
 namespace mpt::cpu {
+
+int usable_cpus() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
 namespace {
 
 int threads_from_environment() {
@@ -27,11 +34,7 @@ int threads_from_environment() {
           text);
     return static_cast<int>(n);
   }
-  // The CPUs this process may run on: a container or `taskset` narrows
-  // them, which hardware_concurrency() does not see.
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
-  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return usable_cpus();
 }
 
 // Threads that wait for pieces of work, made once: starting a thread costs

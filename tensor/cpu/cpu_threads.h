@@ -24,6 +24,11 @@ inline int64_t units_for_work(int64_t min_work, int64_t work_per_unit) {
 // is not a whole number from 1 to 1024.
 int cpu_threads();
 
+// The CPUs this process may run on (at least 1): a container or `taskset`
+// narrows them, which std::thread::hardware_concurrency() does not see.
+// cpu_threads() without MPT_CPU_THREADS; mpt-run shares them among ranks.
+int usable_cpus();
+
 // f(begin, end) over [0, count) in up to cpu_threads() contiguous pieces,
 // each a whole number of `grain`s (but the last) and worth at least
 // `min_grains_per_piece` grains, run by the calling thread and a pool of

@@ -16,14 +16,13 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
-#include <sched.h>
-
 #include <algorithm>
 #include <cstdlib>
 #include <string>
 
 #include "parallel/tcp_store.h"
 #include "supervisor.h"
+#include "tensor/cpu/cpu_threads.h"
 #include "tools/cli_checks.h"
 
 int main(int argc, char** argv) {
@@ -75,9 +74,7 @@ int main(int argc, char** argv) {
 
   std::string cpu_threads;
   if (const char* set = std::getenv("MPT_CPU_THREADS"); set == nullptr || *set == '\0') {
-    cpu_set_t cpus;
-    const int available = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
-    cpu_threads = std::to_string(std::max(1, available / nproc));
+    cpu_threads = std::to_string(std::max(1, mpt::cpu::usable_cpus() / nproc));
   }
   std::vector<mpt::run::RankSpec> ranks;
   for (int local = 0; local < nproc; ++local) {
