@@ -65,7 +65,11 @@ void AdamW::update_group(const Group& group, std::vector<ParamUpdate>& batch) {
                                 static_cast<float>(options_.eps),
                                 static_cast<float>(1.0 - b1),
                                 static_cast<float>(1.0 - b2)};
-    if (device_steps) scalars.hyper = group.hyper_on_device.data<float>();
+    if (device_steps) {
+      scalars.hyper = group.hyper_on_device.data<float>();
+      scalars.correction_beta1 = b1;
+      scalars.correction_beta2 = b2;
+    }
     if (found_inf().defined()) scalars.found_inf = found_inf().data<float>();
     const Device device = batch.front().param.device();
     if (device.is_cpu()) {
@@ -80,10 +84,14 @@ void AdamW::update_group(const Group& group, std::vector<ParamUpdate>& batch) {
   check(!capturable(), "AdamW: capturable mode needs the fused kernel, but this group cannot use it");
 
   for (ParamUpdate& u : batch) {
-    const Tensor& p = u.param;
-    const Tensor& g = u.grad;
-    const Tensor& m = u.state->buffers.at("exp_avg");
-    const Tensor& v = u.state->buffers.at("exp_avg_sq");
+    // The rule runs in f32 (f64 for f64) and each stored tensor is rounded
+    // once at the end, as the fused kernels do: in 16 bits g * g alone
+    // overflows f16 from |g| = 256, which would leave exp_avg_sq infinite
+    // and the parameter stuck for good (PyTorch's addcmul_ widens too).
+    const DType wide = u.param.dtype() == DType::f64 ? DType::f64 : DType::f32;
+    const Tensor p = prim::to(u.param, wide), g = prim::to(u.grad, wide);
+    const Tensor m = prim::to(u.state->buffers.at("exp_avg"), wide);
+    const Tensor v = prim::to(u.state->buffers.at("exp_avg_sq"), wide);
     // Decoupled decay: shrink the weights, independent of the gradient.
     if (group.weight_decay != 0) prim::unary_(UnaryOp::affine, p, p, 1.0 - group.lr * group.weight_decay, 0.0);
     prim::unary_(UnaryOp::affine, m, m, b1, 0.0);
@@ -97,6 +105,10 @@ void AdamW::update_group(const Group& group, std::vector<ParamUpdate>& batch) {
     Tensor update = prim::div(m, denom);
     prim::unary_(UnaryOp::affine, update, update, -group.lr / bc1, 0.0);
     prim::binary_(BinaryOp::add, p, p, update);
+    // Back into the stored dtype (nothing to do where it was `wide` already).
+    for (const auto& [stored, computed] :
+         {std::pair{u.param, p}, {u.state->buffers.at("exp_avg"), m}, {u.state->buffers.at("exp_avg_sq"), v}})
+      if (!stored.is_same(computed)) prim::copy_(stored, computed);
   }
 }
 

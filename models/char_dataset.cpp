@@ -3,7 +3,8 @@
 #include <array>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
+#include <string>
+#include <system_error>
 
 #include "tensor/error.h"
 
@@ -15,10 +16,16 @@ std::string read_text(const std::string& path) {
   check<IOError>(!std::filesystem::is_directory(path), "CharDataset: '{}' is a folder, not a text file", path);
   std::ifstream in(path, std::ios::binary);
   check<IOError>(in.good(), "CharDataset: cannot open '{}'", path);
-  std::ostringstream s;
-  s << in.rdbuf();
-  check<IOError>(!in.bad(), "CharDataset: reading '{}' failed", path);
-  return s.str();
+  // Read by size and counted: `s << in.rdbuf()` reports no read error, so a
+  // failing disk would give a shorter corpus (and another vocabulary).
+  std::error_code ec;
+  const uintmax_t size = std::filesystem::file_size(path, ec);
+  check<IOError>(!ec, "CharDataset: cannot find the size of '{}': {}", path, ec.message());
+  std::string text(size, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(size));
+  check<IOError>(static_cast<uintmax_t>(in.gcount()) == size, "CharDataset: reading '{}' failed after {} of {} bytes",
+                 path, in.gcount(), size);
+  return text;
 }
 
 }  // namespace

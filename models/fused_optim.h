@@ -43,8 +43,11 @@ struct AdamWScalars {
   float one_minus_beta1, one_minus_beta2;
   const float* found_inf = nullptr;  // when set and nonzero, nothing changes
   // Device-step mode (required there): the group's hyper-parameters (see
-  // HyperSlot), read in place of `decay`.
+  // HyperSlot), read in place of `decay`, and the betas as given, for the
+  // bias corrections (0.999 rounded to f32 makes 1 - 0.999^1 6.4e-6 small
+  // in its square root, so the update would differ from the host's).
   const float* hyper = nullptr;
+  double correction_beta1 = 0, correction_beta2 = 0;
 };
 
 // On the current device's current stream; dtype f32, f16 or bf16.

@@ -32,6 +32,10 @@ double LrSchedule::lr_at(int64_t step) const {
   return min_lr_ + (lr_ - min_lr_) * 0.5 * (1.0 + std::cos(std::numbers::pi * progress));
 }
 
-void LrSchedule::apply(Optimizer& optimizer, int64_t step) const { optimizer.set_lr(lr_at(step)); }
+void LrSchedule::apply(Optimizer& optimizer, int64_t step) const {
+  const double lr = lr_at(step), first = optimizer.initial_lr(0);
+  for (size_t g = 0; g < optimizer.num_groups(); ++g)
+    optimizer.set_lr(g, first > 0 ? lr * (optimizer.initial_lr(g) / first) : lr);
+}
 
 }  // namespace mpt::optim

@@ -21,7 +21,11 @@ class LrSchedule {
 
   // Steps count from 0; a negative step is a ValueError.
   double lr_at(int64_t step) const;
-  // Sets every parameter group's lr to lr_at(step).
+  // Sets the first parameter group's lr to lr_at(step), and every other
+  // group's to lr_at(step) times the ratio of the two groups' initial lrs,
+  // so groups made with their own lrs keep their proportions, as under
+  // PyTorch's schedulers (an embedding at a tenth of the rest stays there).
+  // A first group made with lr 0 gives every group lr_at(step).
   void apply(Optimizer& optimizer, int64_t step) const;
 
   double base_lr() const { return lr_; }

@@ -52,6 +52,7 @@ Optimizer::Optimizer(std::string name, std::vector<ParamGroup> groups, double de
     check(!in.params.empty(), "{}: parameter group {} is empty", name_, g);
     Group out;
     out.lr = in.lr.value_or(default_lr);
+    out.initial_lr = out.lr;
     out.weight_decay = in.weight_decay.value_or(default_wd);
     check_lr(out.lr, g);
     check(std::isfinite(out.weight_decay) && out.weight_decay >= 0,
@@ -346,6 +347,14 @@ void Optimizer::load_state_dict(const StateDict& dict) {
       states[i].buffers.insert(parts[2], b);
     }
   }
+  // Steps taken without the buffers they make: restarting the moments from
+  // zero under a bias correction for many steps would scale the next
+  // updates wrongly (AdamW's by about 3 at the defaults).
+  for (size_t i = 0; i < states.size(); ++i)
+    check(!steps_make_buffers() || states[i].step == 0 || !states[i].buffers.empty(),
+          "{}.load_state_dict: parameter {} ('{}') took {} steps, but the state holds none of its buffers ({}): a "
+          "state of another optimizer? Nothing was loaded",
+          name_, i, param_name(i), states[i].step, fmt::join(buffer_names(), ", "));
   groups_ = std::move(groups);
   states_ = std::move(states);
   for (size_t g = 0; g < groups_.size(); ++g) write_hyper_to_device(g);

@@ -76,6 +76,8 @@ class Optimizer : public amp::ScalableOptimizer {
   size_t num_groups() const { return groups_.size(); }
   const std::vector<Tensor>& group_params(size_t g) const { return groups_.at(g).params; }
   double lr(size_t g = 0) const { return groups_.at(g).lr; }
+  // The group's lr when the optimizer was made (what a schedule scales).
+  double initial_lr(size_t g = 0) const { return groups_.at(g).initial_lr; }
   double weight_decay(size_t g = 0) const { return groups_.at(g).weight_decay; }
   void set_lr(double lr);             // every group
   void set_lr(size_t g, double lr);   // one group
@@ -117,6 +119,7 @@ class Optimizer : public amp::ScalableOptimizer {
   struct Group {
     std::vector<Tensor> params;
     double lr = 0;
+    double initial_lr = 0;
     double weight_decay = 0;
     size_t first_index = 0;  // global index of params[0]
     // Capturable mode: {lr, 1 - lr * weight_decay, weight_decay} as f32 [3]
@@ -132,6 +135,10 @@ class Optimizer : public amp::ScalableOptimizer {
   virtual void update_group(const Group& group, std::vector<ParamUpdate>& batch) = 0;
   // Names of the per-parameter buffers the rule keeps (for load checks).
   virtual std::vector<std::string> buffer_names() const = 0;
+  // Whether a parameter's first update makes its buffers, so that a state
+  // of one or more steps without them is another optimizer's (SGD without
+  // momentum keeps none).
+  virtual bool steps_make_buffers() const { return true; }
   // Whether update_group() handles capturable mode: counts in
   // ParamState::device_step (advanced by the rule, unless found_inf()), the
   // step skipped on the device when found_inf() is set.

@@ -6,6 +6,7 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cerrno>
 #include <cstdio>
@@ -61,6 +62,14 @@ uint32_t crc32_of(uint32_t crc, const void* data, size_t n) {
 
 // The header as the file holds it: compact JSON padded with spaces so the
 // data starts 8-byte aligned (as the reference writer does).
+// A header value for a message: its first 80 characters at most (a shape
+// may be a hundred megabytes of digits).
+std::string brief(const json& value) {
+  std::string text = value.dump();
+  if (text.size() > 80) text = text.substr(0, 77) + "...";
+  return text;
+}
+
 std::string header_text(const json& header) {
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');
@@ -92,7 +101,8 @@ void check_utf8(const std::string& path, const std::string& text, const char* wh
 class OutputFile {
  public:
   explicit OutputFile(const std::string& path) : path_(path) {
-    fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    // Exclusive: a temporary's name is this save's alone (see temporary_name).
+    fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     check<IOError>(fd_ >= 0, "save_safetensors: cannot create '{}': {}", path, std::strerror(errno));
   }
   ~OutputFile() {
@@ -124,8 +134,10 @@ void sync_directory(const std::string& dir) {
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   check<IOError>(fd >= 0, "save_safetensors: cannot open folder '{}' to sync it: {}", dir, std::strerror(errno));
   const int rc = ::fsync(fd);
-  ::close(fd);
-  check<IOError>(rc == 0, "save_safetensors: fsync of folder '{}' failed: {}", dir, std::strerror(errno));
+  const int fsync_errno = errno;
+  const int closed = ::close(fd);
+  check<IOError>(rc == 0, "save_safetensors: fsync of folder '{}' failed: {}", dir, std::strerror(fsync_errno));
+  check<IOError>(closed == 0, "save_safetensors: closing folder '{}' failed: {}", dir, std::strerror(errno));
 }
 
 // The host's name is in temporaries' names: on a folder that several hosts
@@ -134,24 +146,35 @@ std::string temporary_prefix(const std::string& target_name) {
   return fmt::format(".{}.tmp.{}.", target_name, host_name());
 }
 
+// ".<name>.tmp.<host>.<pid>.<n>": the process, and which of its saves (two
+// threads may save to one path at once), so no two saves share a file.
+std::string temporary_name(const std::string& target_name) {
+  static std::atomic<uint64_t> saves{0};
+  return fmt::format("{}{}.{}", temporary_prefix(target_name), ::getpid(), saves++);
+}
+
 // Temporaries of `target` that writers on this host left when they were
-// killed mid-write (".<name>.tmp.<host>.<pid>" whose pid no longer runs)
-// are removed, so kills do not fill the folder; a live writer's temporary,
-// and any other host's, is left alone.
+// killed mid-write (a temporary_name whose pid no longer runs) are removed,
+// so kills do not fill the folder; a live writer's temporary, and any other
+// host's, is left alone. Nothing here may fail the save.
 void remove_stale_temporaries(const std::filesystem::path& dir, const std::string& target_name) {
   namespace fs = std::filesystem;
   const std::string prefix = temporary_prefix(target_name);
+  auto whole_number = [](const std::string& s) {
+    return !s.empty() && s.size() <= 18 && s.find_first_not_of("0123456789") == std::string::npos;
+  };
   std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    const std::string name = entry.path().filename().string();
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
     if (name.rfind(prefix, 0) != 0) continue;
-    const std::string pid_text = name.substr(prefix.size());
-    if (pid_text.empty() || pid_text.size() > 9 || pid_text.find_first_not_of("0123456789") != std::string::npos)
+    const std::string rest = name.substr(prefix.size());
+    const size_t dot = rest.find('.');
+    if (dot == std::string::npos || dot > 9 || !whole_number(rest.substr(0, dot)) || !whole_number(rest.substr(dot + 1)))
       continue;
-    const long pid = std::strtol(pid_text.c_str(), nullptr, 10);
+    const long pid = std::strtol(rest.c_str(), nullptr, 10);
     if (pid == ::getpid() || ::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
     std::error_code ignored;
-    fs::remove(entry.path(), ignored);
+    fs::remove(it->path(), ignored);
   }
 }
 
@@ -191,7 +214,7 @@ void save_safetensors(const std::string& path, const OrderedDict<Tensor>& tensor
   namespace fs = std::filesystem;
   const fs::path target(path);
   const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
-  const std::string temp = (dir / fmt::format("{}{}", temporary_prefix(target.filename().string()), ::getpid())).string();
+  const std::string temp = (dir / temporary_name(target.filename().string())).string();
   remove_stale_temporaries(dir, target.filename().string());
   try {
     OutputFile out(temp);
@@ -238,9 +261,22 @@ TensorFile load_safetensors(const std::string& path) {
   in.read(reinterpret_cast<char*>(data.data()), static_cast<std::streamsize>(data.size()));
   check<IOError>(in.good(), "load_safetensors: reading '{}' failed", path);
 
+  // A safetensors header nests three levels: the header, a tensor's entry
+  // (or the metadata), and a shape or its offsets. Anything deeper is no
+  // such file, and nlohmann's dump() (messages, the checksum) recurses, so a
+  // header of a million nested brackets would overflow the stack.
+  constexpr int kMaxNesting = 2;
+  auto shallow = [&](int depth, json::parse_event_t event, json&) {
+    if ((event == json::parse_event_t::object_start || event == json::parse_event_t::array_start) &&
+        depth > kMaxNesting)
+      throw IOError(fmt::format("load_safetensors: '{}' is not a safetensors file: its header nests deeper than a "
+                                "tensor's shape",
+                                path));
+    return true;
+  };
   json header;
   try {
-    header = json::parse(text);
+    header = json::parse(text, shallow);
   } catch (const json::exception& e) {  // parse_error, or out_of_range for a number beyond double
     throw IOError(fmt::format("load_safetensors: '{}' has a malformed JSON header: {}", path, e.what()));
   }
@@ -273,11 +309,11 @@ TensorFile load_safetensors(const std::string& path) {
     auto fault = [&](const std::string& what) {
       return IOError(fmt::format("load_safetensors: '{}', tensor '{}': {}", path, name, what));
     };
-    if (!e.is_object() || !e.contains("dtype") || !e.contains("shape") || !e.contains("data_offsets"))
-      throw fault("entry needs dtype, shape and data_offsets");
+    if (!e.is_object() || e.size() != 3 || !e.contains("dtype") || !e.contains("shape") || !e.contains("data_offsets"))
+      throw fault("entry needs dtype, shape and data_offsets, and nothing else");
     const json& dt = e["dtype"];
     const std::optional<DType> dtype = dt.is_string() ? parse_dtype(dt.get<std::string>()) : std::nullopt;
-    if (!dtype) throw fault(fmt::format("unsupported dtype {}", dt.dump()));
+    if (!dtype) throw fault(fmt::format("unsupported dtype {}", brief(dt)));
     Shape shape;
     // count: the elements, which the file must hold; extent: the product of
     // the non-zero sizes, which the strides are made of (a zero-size tensor
@@ -286,28 +322,28 @@ TensorFile load_safetensors(const std::string& path) {
     constexpr uint64_t kMaxExtent = uint64_t{1} << 62;
     if (!e["shape"].is_array()) throw fault("shape is not an array");
     if (e["shape"].size() > static_cast<size_t>(kMaxDims))
-      throw fault(fmt::format("shape {} has {} dimensions; at most {} are supported", e["shape"].dump(),
+      throw fault(fmt::format("shape {} has {} dimensions; at most {} are supported", brief(e["shape"]),
                               e["shape"].size(), kMaxDims));
     for (const json& d : e["shape"]) {
-      if (!d.is_number_unsigned()) throw fault(fmt::format("shape {} is not a list of sizes", e["shape"].dump()));
+      if (!d.is_number_unsigned()) throw fault(fmt::format("shape {} is not a list of sizes", brief(e["shape"])));
       const uint64_t s = d.get<uint64_t>();
       if (s > 0 && extent > kMaxExtent / s)
-        throw fault(fmt::format("shape {} has sizes whose product exceeds 2^62", e["shape"].dump()));
-      if (s > 0 && count > file_size / s) throw fault(fmt::format("shape {} is larger than the file", e["shape"].dump()));
+        throw fault(fmt::format("shape {} has sizes whose product exceeds 2^62", brief(e["shape"])));
+      if (s > 0 && count > file_size / s) throw fault(fmt::format("shape {} is larger than the file", brief(e["shape"])));
       extent *= s > 0 ? s : 1;
       count *= s;
       shape.push_back(static_cast<int64_t>(s));
     }
     const json& off = e["data_offsets"];
     if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())
-      throw fault(fmt::format("data_offsets {} must be [begin, end]", off.dump()));
+      throw fault(fmt::format("data_offsets {} must be [begin, end]", brief(off)));
     const uint64_t begin = off[0].get<uint64_t>(), end = off[1].get<uint64_t>();
     if (begin > end || end > data.size())
       throw fault(fmt::format("data_offsets [{}, {}] outside the {} data bytes the file holds{}", begin, end,
                               data.size(), end > data.size() ? " (truncated?)" : ""));
     if (end - begin != count * dtype_size(*dtype))
       throw fault(fmt::format("{} {} needs {} bytes, data_offsets [{}, {}] hold {}", dt.get<std::string>(),
-                              e["shape"].dump(), count * dtype_size(*dtype), begin, end, end - begin));
+                              brief(e["shape"]), count * dtype_size(*dtype), begin, end, end - begin));
     entries.push_back({name, *dtype, shape, begin, end});
   }
   std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {

@@ -32,6 +32,7 @@ class SGD : public Optimizer {
  protected:
   void update_group(const Group& group, std::vector<ParamUpdate>& batch) override;
   std::vector<std::string> buffer_names() const override { return {"momentum_buffer"}; }
+  bool steps_make_buffers() const override { return options_.momentum != 0; }
   bool has_device_steps() const override { return true; }
 
  private:

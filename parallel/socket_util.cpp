@@ -11,7 +11,9 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
+#include <limits>
 #include <thread>
 
 #include "parallel/distributed_error.h"
@@ -134,10 +136,15 @@ int connect_within(const addrinfo& a, Millis limit, std::string* error) {
   }
   int err = ::connect(fd, a.ai_addr, a.ai_addrlen) == 0 ? 0 : errno;
   if (err == EINPROGRESS) {
+    // Polled for what is left of `limit`, so signals cannot stretch it.
+    const auto deadline = std::chrono::steady_clock::now() + limit;
     pollfd p{fd, POLLOUT, 0};
     int ready;
-    do ready = ::poll(&p, 1, static_cast<int>(std::max<int64_t>(1, limit.count())));
-    while (ready < 0 && errno == EINTR);
+    do {
+      const auto left = std::chrono::duration_cast<Millis>(deadline - std::chrono::steady_clock::now());
+      ready = ::poll(&p, 1, static_cast<int>(std::clamp<int64_t>(left.count(), 1, std::numeric_limits<int>::max())));
+    } while (ready < 0 && errno == EINTR && std::chrono::steady_clock::now() < deadline);
+    if (ready < 0 && errno == EINTR) ready = 0;
     if (ready == 0) {
       err = ETIMEDOUT;
     } else if (ready < 0) {
@@ -207,30 +214,60 @@ void set_io_timeout(int fd, Millis timeout) {
                           "TcpStore: cannot set a socket timeout: {}", std::strerror(errno));
 }
 
+namespace {
+
+// A send or recv that a signal interrupts (with a socket timeout set, the
+// kernel never restarts it) starts its wait afresh: under a steady signal
+// (a profiler's timer, say) it would never time out. This tells when the
+// waiting since the last byte moved has used up the socket's timeout.
+class InterruptedWait {
+ public:
+  InterruptedWait(int fd, int option) : fd_(fd), option_(option) {}
+  void moved() { since_ = Clock::now(); }
+  bool out_of_time() const {
+    timeval tv{};
+    socklen_t len = sizeof tv;
+    if (::getsockopt(fd_, SOL_SOCKET, option_, &tv, &len) != 0 || (tv.tv_sec == 0 && tv.tv_usec == 0)) return false;
+    return Clock::now() - since_ >= std::chrono::seconds(tv.tv_sec) + std::chrono::microseconds(tv.tv_usec);
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  int fd_, option_;
+  Clock::time_point since_ = Clock::now();
+};
+
+}  // namespace
+
 void send_all(int fd, const void* data, size_t n, const std::string& what) {
   const char* p = static_cast<const char*>(data);
+  InterruptedWait wait(fd, SO_SNDTIMEO);
   while (n > 0) {
     const ssize_t k = ::send(fd, p, n, MSG_NOSIGNAL);
-    if (k < 0 && errno == EINTR) continue;
+    if (k < 0 && errno == EINTR && !wait.out_of_time()) continue;
+    if (k < 0 && errno == EINTR) throw TimeoutError(fmt::format("{}: send timed out", what));
     if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
       throw TimeoutError(fmt::format("{}: send timed out", what));
     check<DistributedError>(k > 0, "{}: send failed: {}", what, std::strerror(errno));
     p += k;
     n -= static_cast<size_t>(k);
+    wait.moved();
   }
 }
 
 void recv_all(int fd, void* data, size_t n, const std::string& what) {
   char* p = static_cast<char*>(data);
+  InterruptedWait wait(fd, SO_RCVTIMEO);
   while (n > 0) {
     const ssize_t k = ::recv(fd, p, n, 0);
-    if (k < 0 && errno == EINTR) continue;
-    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+    if (k < 0 && errno == EINTR && !wait.out_of_time()) continue;
+    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
       throw TimeoutError(fmt::format("{}: no answer within the timeout", what));
     check<DistributedError>(k != 0, "{}: the other side closed the connection", what);
     check<DistributedError>(k > 0, "{}: recv failed: {}", what, std::strerror(errno));
     p += k;
     n -= static_cast<size_t>(k);
+    wait.moved();
   }
 }
 
@@ -238,16 +275,30 @@ void close_fd(int fd) {
   if (fd >= 0) ::close(fd);
 }
 
+std::string address_text(const sockaddr_storage& addr) {
+  char text[INET6_ADDRSTRLEN] = {};
+  const char* made = nullptr;
+  if (addr.ss_family == AF_INET) {
+    made = ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(&addr)->sin_addr, text, sizeof text);
+  } else if (addr.ss_family == AF_INET6) {
+    const in6_addr& a = reinterpret_cast<const sockaddr_in6*>(&addr)->sin6_addr;
+    made = IN6_IS_ADDR_V4MAPPED(&a) ? ::inet_ntop(AF_INET, &a.s6_addr[12], text, sizeof text)
+                                    : ::inet_ntop(AF_INET6, &a, text, sizeof text);
+  }
+  return made ? text : "";
+}
+
+int port_of(const sockaddr_storage& addr) {
+  if (addr.ss_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in*>(&addr)->sin_port);
+  if (addr.ss_family == AF_INET6) return ntohs(reinterpret_cast<const sockaddr_in6*>(&addr)->sin6_port);
+  return 0;
+}
+
 std::string local_address_of(int fd) {
   sockaddr_storage addr{};
   socklen_t len = sizeof addr;
   if (fd < 0 || ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return "";
-  char text[INET6_ADDRSTRLEN] = {};
-  const void* where = nullptr;
-  if (addr.ss_family == AF_INET) where = &reinterpret_cast<const sockaddr_in*>(&addr)->sin_addr;
-  else if (addr.ss_family == AF_INET6) where = &reinterpret_cast<const sockaddr_in6*>(&addr)->sin6_addr;
-  else return "";
-  return ::inet_ntop(addr.ss_family, where, text, sizeof text) ? text : "";
+  return address_text(addr);
 }
 
 bool is_loopback(const std::string& address) { return address.rfind("127.", 0) == 0 || address == "::1"; }

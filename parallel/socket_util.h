@@ -2,6 +2,8 @@
 // Thin, checked wrappers over POSIX TCP sockets for the store. Every call
 // that can block is bounded by a timeout; every failure is an mpt::Error
 // naming the address and port.
+#include <sys/socket.h>
+
 #include <cstddef>
 #include <string>
 
@@ -23,6 +25,10 @@ void set_io_timeout(int fd, Millis timeout);
 void send_all(int fd, const void* data, size_t n, const std::string& what);
 void recv_all(int fd, void* data, size_t n, const std::string& what);
 void close_fd(int fd);
+// A socket address's numeric text, an IPv4 client of a dual-stack socket
+// ("::ffff:10.0.0.2") shown as the IPv4 address it is; "" for other families.
+std::string address_text(const sockaddr_storage& addr);
+int port_of(const sockaddr_storage& addr);  // 0 for other families
 // The numeric address (IPv4 or IPv6) of this end of a connected socket;
 // "" where it cannot be told.
 std::string local_address_of(int fd);

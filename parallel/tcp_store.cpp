@@ -70,21 +70,7 @@ std::string peer_of(int fd) {
   sockaddr_storage addr{};
   socklen_t len = sizeof addr;
   if (::getpeername(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return "an unknown peer";
-  char host[INET6_ADDRSTRLEN] = {};
-  int port = 0;
-  if (addr.ss_family == AF_INET6) {
-    auto* a = reinterpret_cast<sockaddr_in6*>(&addr);
-    if (IN6_IS_ADDR_V4MAPPED(&a->sin6_addr))  // an IPv4 client of a dual-stack socket: show it as IPv4
-      ::inet_ntop(AF_INET, &a->sin6_addr.s6_addr[12], host, sizeof host);
-    else
-      ::inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof host);
-    port = ntohs(a->sin6_port);
-  } else {
-    auto* a = reinterpret_cast<sockaddr_in*>(&addr);
-    ::inet_ntop(AF_INET, &a->sin_addr, host, sizeof host);
-    port = ntohs(a->sin_port);
-  }
-  return fmt::format("{}:{}", host, port);
+  return fmt::format("{}:{}", address_text(addr), port_of(addr));
 }
 
 Bytes encode_int(int64_t v) {

@@ -175,6 +175,30 @@ TEST_F(CheckpointTest, TruncatedAndCorruptedFilesAreRefused) {
                   {file("folder.safetensors"), "is not a file"});
 }
 
+// Headers no safetensors writer makes: nested a million levels deep (whose
+// dump in a message would recurse a million times), with a key an entry
+// cannot have, or with a shape of a million sizes (named, not printed whole).
+TEST_F(CheckpointTest, HeadersOfNoSafetensorsShapeAreRefused) {
+  auto load_header = [&](const std::string& header) {
+    Bytes b(8);
+    for (int i = 0; i < 8; ++i) b[i] = static_cast<uint8_t>(header.size() >> (8 * i));
+    b.insert(b.end(), header.begin(), header.end());
+    write_bytes(file("odd.safetensors"), b);
+    return error_of<IOError>([&] { io::load_safetensors(file("odd.safetensors")); });
+  };
+  const size_t deep = 1000000;
+  const std::string nested = std::string(deep, '[') + std::string(deep, ']');
+  expect_contains(load_header(R"({"w":{"dtype":"F32","shape":)" + nested + R"(,"data_offsets":[0,0]}})"),
+                  {"odd.safetensors", "nests deeper"});
+  expect_contains(load_header(R"({"w":{"dtype":"F32","shape":[],"data_offsets":[0,4],"more":1}})"),
+                  {"'w'", "nothing else"});
+  std::string sizes = "[1";
+  for (int i = 0; i < 1000000; ++i) sizes += ",1";
+  const std::string e = load_header(R"({"w":{"dtype":"F32","shape":)" + sizes + R"(],"data_offsets":[0,4]}})");
+  expect_contains(e, {"'w'", "1000001 dimensions"});
+  EXPECT_LT(e.size(), 400u);
+}
+
 TEST_F(CheckpointTest, MismatchedModelOrOptimizerIsRefusedAndNothingIsLoaded) {
   const uint64_t seed = testing::fresh_seed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
@@ -234,6 +258,27 @@ TEST_F(CheckpointTest, CrashDuringSaveLeavesThePreviousCheckpoint) {
 // JSON holds only UTF-8: a name or metadata string that is not (a Latin-1
 // file name, say) is refused as bad input, naming it, and the previous
 // file stays.
+// Two threads saving to one path at once: each save has a temporary of its
+// own, so every save succeeds and the file left is one of them, whole.
+TEST_F(CheckpointTest, ConcurrentSavesToOnePathEachPublishAWholeFile) {
+  const std::string path = file("shared.safetensors");
+  auto save_versions = [&](float base) {
+    for (int i = 0; i < 30; ++i) {
+      const float v = base + static_cast<float>(i);
+      io::save_safetensors(path, {{"w", full({4096}, v)}, {"v", full({1}, v)}});
+    }
+  };
+  std::thread other(save_versions, 1000.0f);
+  save_versions(0.0f);
+  other.join();
+  const io::TensorFile f = io::load_safetensors(path);
+  const auto v = static_cast<float>(f.tensors.at("v").item());
+  EXPECT_TRUE(v == 29.0f || v == 1029.0f) << v;  // the last save of either thread
+  for (float w : f.tensors.at("w").to_vector<float>()) ASSERT_EQ(w, v);
+  for (const auto& e : fs::directory_iterator(dir_.path()))
+    EXPECT_EQ(e.path().filename().string().find(".tmp."), std::string::npos) << e.path();
+}
+
 TEST_F(CheckpointTest, TextThatIsNotUtf8IsRefusedBeforeWriting) {
   const std::string path = file("text.safetensors");
   io::save_safetensors(path, {{"w", zeros({2})}}, {{"run.data", "data"}});
@@ -293,9 +338,15 @@ TEST_F(CheckpointTest, KilledWhileWritingLeavesAWholeCheckpoint) {
       // the bytes and their checksum).
       char host[256] = {};
       ASSERT_EQ(::gethostname(host, sizeof(host) - 1), 0);
-      const fs::path temp = dir_.path() / fmt::format(".big.safetensors.tmp.{}.{}", host, writer);
+      // ".big.safetensors.tmp.<host>.<pid>.<which save>"
+      const std::string writers = fmt::format(".big.safetensors.tmp.{}.{}.", host, writer);
+      auto writing = [&] {
+        for (const auto& e : fs::directory_iterator(dir_.path()))
+          if (e.path().filename().string().rfind(writers, 0) == 0) return true;
+        return false;
+      };
       const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-      while (!fs::exists(temp) && std::chrono::steady_clock::now() < until)
+      while (!writing() && std::chrono::steady_clock::now() < until)
         std::this_thread::sleep_for(std::chrono::microseconds(100));
       std::this_thread::sleep_for(std::chrono::microseconds(rng() % 3000));
     }

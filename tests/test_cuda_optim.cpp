@@ -101,6 +101,25 @@ TEST(CudaOptim, CapturableAdamWMatchesTheCpu) {
   expect_gpu_matches_cpu(make, DType::bf16, true, 2e-2);
 }
 
+// Capturable AdamW's bias corrections, worked out on the device, come from
+// the betas as given: its first update from zero is the host-corrected one
+// to f32's rounding. (From beta2 rounded to f32 it was 6.4e-6 too small.)
+TEST(CudaOptim, CapturableAdamWCorrectsWithTheBetasAsGiven) {
+  MPT_SKIP_WITHOUT_CUDA();
+  Generator gen(testing::fresh_seed());
+  const Tensor grad = randn({4096}, DType::f32, kGPU, &gen);
+  auto first_update = [&](bool capturable) {
+    Tensor p = zeros({4096}, DType::f32, kGPU).set_requires_grad(true);
+    optim::AdamW adamw({p}, optim::AdamWOptions{1e-2, 0.9, 0.999, 1e-8, 0.0});
+    adamw.set_capturable(capturable);
+    p.set_grad(grad);
+    adamw.step();
+    return p.to_vector<double>();
+  };
+  const std::vector<double> on_device = first_update(true), on_host = first_update(false);
+  for (size_t i = 0; i < on_host.size(); ++i) EXPECT_NEAR(on_device[i], on_host[i], 3e-7 * std::abs(on_host[i])) << i;
+}
+
 // A step the loss scaler skips on the device changes nothing, bit for bit:
 // parameters, state and step counts (buffers it made stay as made: zeros);
 // the next step is the one a run without the skipped step would take. The

@@ -52,6 +52,35 @@ TEST(HostOptim, FusedLoopsMatchTheRawOpRules) {
   }
 }
 
+// The raw-op AdamW on f16 parameters computes in f32 and rounds each
+// stored tensor once, as the fused loop does: gradients of a few hundred,
+// whose squares f16 cannot hold, leave finite moments and a parameter that
+// keeps moving.
+TEST(HostOptim, RawOpAdamWOnF16SquaresGradientsBeyondF16sRange) {
+  Generator gen(11);
+  const Tensor start = prim::to(randn({64}, DType::f32, kCPU, &gen), DType::f16);
+  Tensor a = prim::clone(start).set_requires_grad(true), b = prim::clone(start).set_requires_grad(true);
+  optim::AdamW fused({a}, optim::AdamWOptions{1e-2}), raw({b}, optim::AdamWOptions{1e-2});
+  raw.set_fused(false);
+  for (int step = 0; step < 3; ++step) {
+    const Tensor g = prim::to(prim::mul_scalar(randn({64}, DType::f32, kCPU, &gen), 300.0), DType::f16);
+    a.set_grad(g);
+    b.set_grad(g);
+    fused.step();
+    raw.step();
+    if (step == 0) {
+      // The first update is lr times the gradient's sign; an infinite
+      // exp_avg_sq would make it 0.
+      const std::vector<double> moved = host_f64(b), s = host_f64(start);
+      for (size_t i = 0; i < moved.size(); ++i) EXPECT_NEAR(std::abs(moved[i] - s[i]), 1e-2, 4e-3) << i;
+    }
+  }
+  for (double v : host_f64(raw.state(0).buffers.at("exp_avg_sq"))) ASSERT_TRUE(std::isfinite(v));
+  // Both round each result once from f32, in their own order of operations.
+  const std::vector<double> fa = host_f64(a), rb = host_f64(b);
+  for (size_t i = 0; i < fa.size(); ++i) EXPECT_NEAR(rb[i], fa[i], 3e-3 * std::abs(fa[i]) + 1e-4) << i;
+}
+
 // f64 parameters keep the raw-op rule: the fused rules compute in f32.
 TEST(HostOptim, F64ParametersKeepTheRawOpRule) {
   Generator gen(7);

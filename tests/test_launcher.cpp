@@ -87,6 +87,24 @@ TEST(Launcher, TheProcessCountIsRequired) {
   EXPECT_NE(r.output.find("--nproc_per_node"), std::string::npos) << r.output;
 }
 
+// Several nodes need the master's address: the default, 127.0.0.1, would
+// leave the other nodes waiting out their timeout for a store they cannot reach.
+TEST(Launcher, SeveralNodesNeedTheMastersAddress) {
+  const JobResult r = mpt::testing::run_shell(
+      fmt::format("'{}' --nnodes 2 --node_rank 1 --nproc_per_node 1 /bin/true", mpt::testing::mpt_run_path()));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--nnodes 2 needs --master_addr"), std::string::npos) << r.output;
+}
+
+// Started with SIGCHLD ignored (as some parents leave it), mpt-run still
+// sees its ranks end and reports their status.
+TEST(Launcher, AnIgnoredSigchldIsNoHang) {
+  const JobResult r = mpt::testing::run_shell(fmt::format(
+      "trap '' CHLD; timeout 20 '{}' --nproc_per_node 2 --master_port {} sh -c 'exit 3'; echo status=$?",
+      mpt::testing::mpt_run_path(), mpt::testing::free_port()));
+  EXPECT_NE(r.output.find("status=3"), std::string::npos) << r.output;
+}
+
 // Each rank's CPU backend gets its share of the launcher's CPUs, unless
 // MPT_CPU_THREADS says otherwise.
 TEST(Launcher, RanksShareTheCpus) {
@@ -112,7 +130,8 @@ TEST(Launcher, TwoNodesOnOneHostFormOneWorld) {
   // Two launchers, as on two machines: --nnodes 2, one process each.
   const int port = mpt::testing::free_port();
   auto node = [&](int node_rank) {
-    return fmt::format("('{}' --nnodes 2 --node_rank {} --nproc_per_node 1 --master_port {} '{}' plain; echo node{}=$?)",
+    return fmt::format("('{}' --nnodes 2 --node_rank {} --nproc_per_node 1 --master_addr 127.0.0.1 --master_port {} "
+                       "'{}' plain; echo node{}=$?)",
                        mpt::testing::mpt_run_path(), node_rank, port, mpt::testing::ddp_worker_path(), node_rank);
   };
   const JobResult r = mpt::testing::run_shell(fmt::format("sh -c \"{} & {}; wait\"", node(0), node(1)));

@@ -229,6 +229,8 @@ TEST_F(MptTrain, BadCheckpointsAreRefusedWithTheReason) {
   EXPECT_NE(stderr_.find("'mlp'"), std::string::npos) << stderr_;
   EXPECT_EQ(run(fmt::format("--batch-size 32 --steps 4 --resume '{}'", ck)), 1);
   EXPECT_NE(stderr_.find("run.batch_size '16'"), std::string::npos) << stderr_;
+  EXPECT_EQ(run(fmt::format("--optimizer sgd --batch-size 16 --steps 4 --resume '{}'", ck)), 1);
+  EXPECT_NE(stderr_.find("run.optimizer 'adamw'"), std::string::npos) << stderr_;
 
   // An fp32 checkpoint has no loss-scaler state for an fp16 run.
   EXPECT_EQ(run(fmt::format("--precision fp16 --batch-size 16 --steps 4 --resume '{}'", ck)), 1);

@@ -480,6 +480,18 @@ TEST_F(OptimTest, BadOptimizerStateDictChangesNothing) {
   expect_rejected(without("state.1.exp_avg_sq"), {"parameter 1", "1 of the buffers exp_avg, exp_avg_sq"});
   expect_rejected(without("state.1.step"), {"missing key 'state.1.step'"});
   expect_rejected(with("state.1.step", scalar_tensor(1e300, DType::f64)), {"state.1.step", "count", "1e+300"});
+  // Steps without the moments they made: SGD's state without momentum, say.
+  optim::StateDict steps_only;
+  for (const auto& [k, v] : good)
+    if (k != "state.1.exp_avg" && k != "state.1.exp_avg_sq") steps_only.insert(k, v);
+  expect_rejected(steps_only, {"parameter 1", "took 1 steps", "none of its buffers"});
+  // SGD without momentum keeps no buffers: its counts alone are its state.
+  optim::SGD plain(params, {.lr = 0.1, .momentum = 0.0});
+  for (Tensor& p : params) p.set_grad(grad_like(p));
+  plain.step();
+  optim::SGD other(params, {.lr = 0.1, .momentum = 0.0});
+  other.load_state_dict(plain.state_dict());
+  EXPECT_EQ(other.state(1).step, 1);
 }
 
 // ---- clip_grad_norm_ ---------------------------------------------------------------------------------
@@ -595,20 +607,28 @@ TEST(LrSchedule, ValidatesAndApplies) {
   optim::SGD opt(std::vector<optim::ParamGroup>{{{a}, std::nullopt, std::nullopt}, {{b}, 0.5, std::nullopt}},
                  {.lr = 1.0});
   // Steps whose lr is neither group's starting lr (1.0 and 0.5): warm-up
-  // step 2 gives 2.0 * 3 / 4 = 1.5, step 3 the peak 2.0.
+  // step 2 gives the first group 2.0 * 3 / 4 = 1.5, step 3 the peak 2.0;
+  // the second group, made at half the first's lr, stays at half.
   const auto s = optim::LrSchedule::cosine(2.0, 4, 20);
   s.apply(opt, 2);
   EXPECT_DOUBLE_EQ(opt.lr(0), 1.5);
-  EXPECT_DOUBLE_EQ(opt.lr(1), 1.5);
-  // And the next step uses it, in both groups.
+  EXPECT_DOUBLE_EQ(opt.lr(1), 0.75);
+  // And the next step uses them.
   a.set_grad(ones({2}));
   b.set_grad(ones({2}));
   opt.step();
   EXPECT_EQ(a.to_vector<float>(), (std::vector<float>{-1.5f, -1.5f}));
-  EXPECT_EQ(b.to_vector<float>(), (std::vector<float>{-1.5f, -1.5f}));
+  EXPECT_EQ(b.to_vector<float>(), (std::vector<float>{-0.75f, -0.75f}));
   s.apply(opt, 3);
   EXPECT_DOUBLE_EQ(opt.lr(0), 2.0);
-  EXPECT_DOUBLE_EQ(opt.lr(1), 2.0);
+  EXPECT_DOUBLE_EQ(opt.lr(1), 1.0);
+  EXPECT_DOUBLE_EQ(opt.initial_lr(1), 0.5);  // the schedule leaves the ratio's base alone
+
+  // A first group made at lr 0 gives no ratio: every group follows the schedule.
+  optim::SGD from_zero(std::vector<optim::ParamGroup>{{{a}, 0.0, std::nullopt}, {{b}, 0.5, std::nullopt}}, {});
+  s.apply(from_zero, 3);
+  EXPECT_DOUBLE_EQ(from_zero.lr(0), 2.0);
+  EXPECT_DOUBLE_EQ(from_zero.lr(1), 2.0);
 }
 
 // Capturable mode needs the fused CUDA kernels: on the CPU it is refused,

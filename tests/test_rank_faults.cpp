@@ -130,7 +130,8 @@ TEST(RankFaults, TwoLaunchersBothEndWhenARankOfOneIsKilled) {
   auto node = [&](int node_rank) {
     return std::make_unique<ChildProcess>(
         std::vector<std::string>{mpt_run_path(), "--nnodes", "2", "--node_rank", std::to_string(node_rank),
-                                 "--nproc_per_node", "1", "--master_port", port, "--job_token", "faults-test",
+                                 "--nproc_per_node", "1", "--master_addr", "127.0.0.1", "--master_port", port,
+                                 "--job_token", "faults-test",
                                  ddp_worker_path(), "train"},
         std::map<std::string, std::string>{{"MPT_TEST_TIMEOUT_S", std::to_string(kTimeoutS)}},
         log_file(fmt::format("node{}", node_rank)));

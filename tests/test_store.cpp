@@ -4,8 +4,11 @@
 // each within its timeout and with its message.
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -19,6 +22,7 @@
 #include "parallel/file_store.h"
 #include "parallel/free_port.h"
 #include "parallel/rendezvous.h"
+#include "parallel/socket_util.h"
 #include "parallel/store_message.h"
 #include "parallel/tcp_store.h"
 #include "test_util.h"
@@ -115,6 +119,32 @@ TEST(TcpStore, UnreachableMasterTimesOutWithAddressPortAndWait) {
   EXPECT_LT(took, 4.0);
 }
 
+// An IPv4 peer of a dual-stack socket reads as the IPv4 address it is, so
+// a loopback one is known as loopback (and never offered to other hosts).
+TEST(SocketAddresses, DualStackClientsReadAsIpv4) {
+  auto v6 = [](const char* text) {
+    sockaddr_storage s{};
+    auto* a = reinterpret_cast<sockaddr_in6*>(&s);
+    a->sin6_family = AF_INET6;
+    a->sin6_port = htons(29500);
+    EXPECT_EQ(::inet_pton(AF_INET6, text, &a->sin6_addr), 1) << text;
+    return s;
+  };
+  EXPECT_EQ(dist::address_text(v6("::ffff:127.0.1.1")), "127.0.1.1");
+  EXPECT_TRUE(dist::is_loopback(dist::address_text(v6("::ffff:127.0.1.1"))));
+  EXPECT_EQ(dist::address_text(v6("::ffff:10.1.2.3")), "10.1.2.3");
+  EXPECT_EQ(dist::address_text(v6("fd00::5")), "fd00::5");
+  EXPECT_TRUE(dist::is_loopback(dist::address_text(v6("::1"))));
+  EXPECT_EQ(dist::port_of(v6("::1")), 29500);
+  sockaddr_storage s{};
+  auto* a = reinterpret_cast<sockaddr_in*>(&s);
+  a->sin_family = AF_INET;
+  a->sin_port = htons(7);
+  ASSERT_EQ(::inet_pton(AF_INET, "192.168.0.9", &a->sin_addr), 1);
+  EXPECT_EQ(dist::address_text(s), "192.168.0.9");
+  EXPECT_EQ(dist::port_of(s), 7);
+}
+
 // A loopback socket that listens with the given backlog and never accepts
 // unless the test does; *port receives its port.
 int listen_loopback(int backlog, int* port) {
@@ -157,6 +187,49 @@ TEST(TcpStore, AMasterThatDropsConnectionsTimesOutWithinTheTimeout) {
   EXPECT_LT(took, 4.0);
   for (int fd : fillers) ::close(fd);
   ::close(listener);
+}
+
+// A process that receives signals all the time (a profiler's timer, here
+// every millisecond) still times out: each interrupted recv would otherwise
+// start its wait afresh and never end.
+TEST(TcpStore, SignalsDoNotStretchATimeout) {
+  int port = 0;
+  const int listener = listen_loopback(8, &port);  // connections queue; nobody answers
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    struct sigaction sa{};
+    sa.sa_handler = [](int) {};
+    ::sigaction(SIGALRM, &sa, nullptr);  // no SA_RESTART
+    const itimerval every_ms{{0, 1000}, {0, 1000}};
+    ::setitimer(ITIMER_REAL, &every_ms, nullptr);
+    const auto start = Clock::now();
+    try {
+      const int fd = dist::connect_tcp("127.0.0.1", port, milliseconds(2000));
+      dist::set_io_timeout(fd, milliseconds(200));
+      char byte;
+      dist::recv_all(fd, &byte, 1, "test");
+    } catch (const TimeoutError&) {
+      ::_exit(seconds_since(start) < 2.0 ? 0 : 2);
+    } catch (...) {
+      ::_exit(3);
+    }
+    ::_exit(4);
+  }
+  int status = 0;
+  const auto until = Clock::now() + std::chrono::seconds(10);
+  while (::waitpid(child, &status, WNOHANG) == 0) {
+    if (Clock::now() > until) {
+      ::kill(child, SIGKILL);
+      ::waitpid(child, &status, 0);
+      ::close(listener);
+      FAIL() << "the recv under a steady signal did not time out within 10 s";
+    }
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  ::close(listener);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "2: timed out late, 3: another error, 4: received a byte";
 }
 
 // A request whose reply does not come within the timeout leaves the

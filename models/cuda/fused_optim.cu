@@ -46,8 +46,8 @@ __global__ void __launch_bounds__(kThreads) adamw_kernel(TensorList<AdamWTensor>
     const double step = *t.step + 1.0;
     const float lr = s.hyper[kLr];
     decay = s.hyper[kDecay];
-    step_size = static_cast<float>(lr / (1.0 - pow(static_cast<double>(s.beta1), step)));
-    inv_bc2_sqrt = static_cast<float>(1.0 / sqrt(1.0 - pow(static_cast<double>(s.beta2), step)));
+    step_size = static_cast<float>(lr / (1.0 - pow(s.correction_beta1, step)));
+    inv_bc2_sqrt = static_cast<float>(1.0 / sqrt(1.0 - pow(s.correction_beta2, step)));
   }
   const int64_t begin = c.begin, end = c.begin + c.count;
   // Every rounding spelled out (fma.rn and mul.rn are never contracted):

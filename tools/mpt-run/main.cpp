@@ -57,6 +57,13 @@ int main(int argc, char** argv) {
     fmt::print(stderr, "mpt-run: no program given\n{}", app.help());
     return mpt::tools::kUsageError;
   }
+  if (nnodes > 1 && app.count("--master_addr") == 0) {
+    fmt::print(stderr,
+               "mpt-run: --nnodes {} needs --master_addr, the host of node 0 as every node reaches it (the default "
+               "127.0.0.1 reaches only this host)\n",
+               nnodes);
+    return mpt::tools::kUsageError;
+  }
   if (node_rank >= nnodes) {
     fmt::print(stderr, "mpt-run: --node_rank {} must be below --nnodes {}\n", node_rank, nnodes);
     return mpt::tools::kUsageError;

@@ -135,6 +135,9 @@ Outcome supervise(const std::vector<std::string>& command, const std::vector<Ran
   ::sigaction(SIGINT, &sa, nullptr);
   ::sigaction(SIGTERM, &sa, nullptr);
   ::sigaction(SIGHUP, &sa, nullptr);
+  // Started with SIGCHLD ignored (a parent may leave it so), the kernel
+  // would reap the ranks itself, and waitpid() would never report them.
+  ::signal(SIGCHLD, SIG_DFL);
 
   std::vector<Child> children(ranks.size());
   const pid_t self = ::getpid();

@@ -121,13 +121,18 @@ std::string as_utf8(const std::string& s) {
   return json::parse(json(s).dump(-1, ' ', false, json::error_handler_t::replace)).get<std::string>();
 }
 
-// What a resumed run must share with the one that wrote the checkpoint.
-io::Metadata run_identity(const TrainConfig& c) {
+// What a resumed run must share with the one that wrote the checkpoint:
+// what the data position counts in (batches of one size, in one seeded
+// order, over one number of shards) and what the optimizer state belongs
+// to. (Checkpoints from before a key existed pass without it.)
+io::Metadata run_identity(const TrainConfig& c, int64_t world_size) {
   return {{"run.model", c.model},
           {"run.data", as_utf8(c.data)},
           {"run.batch_size", std::to_string(c.batch_size)},
           {"run.accumulation", std::to_string(c.accumulation)},
-          {"run.seed", std::to_string(c.seed)}};
+          {"run.seed", std::to_string(c.seed)},
+          {"run.world_size", std::to_string(world_size)},
+          {"run.optimizer", c.optimizer}};
 }
 
 std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c, const std::vector<Tensor>& params) {
@@ -337,7 +342,7 @@ TrainResult run_training(const TrainConfig& config) {
   if (!c.resume.empty()) {
     const ckpt::Checkpoint saved = ckpt::read_checkpoint(c.resume);
     // The data position counts batches of one size in one seeded order.
-    for (const auto& [key, expected] : run_identity(c)) {
+    for (const auto& [key, expected] : run_identity(c, world_size)) {
       auto it = saved.info.find(key);
       check(it == saved.info.end() || it->second == expected,
             "mpt-train: --resume '{}' was written for {} '{}', but this run has '{}'", c.resume, key,
@@ -355,7 +360,7 @@ TrainResult run_training(const TrainConfig& config) {
     if (c.checkpoint.empty() || !lead) return;
     ckpt::Checkpoint snapshot = ckpt::capture(*w.model, *optimizer, step, current, gen);
     snapshot.extra = precision.state_dict();
-    snapshot.info = run_identity(c);
+    snapshot.info = run_identity(c, world_size);
     snapshot.info["run.precision"] = c.precision;
     ckpt::save_checkpoint(c.checkpoint, snapshot);  // into the folder prepare_checkpoint_path made
   };
