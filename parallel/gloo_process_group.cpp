@@ -270,13 +270,18 @@ class GlooProcessGroup : public ProcessGroup {
       throw;
     } catch (const std::exception& e) {
       const std::string msg = e.what();
+      const bool own_timeout = timed_out_in_full(msg, std::chrono::steady_clock::now() - start);
+      // A survivor of a stalled peer: the others time out about now too, and
+      // must not name this rank's exit as the cause.
+      if (own_timeout) note_gave_up(*store_, rank());
       const std::string text = fmt::format("Gloo {} on rank {} of {} (timeout {} ms): {}; {}", what, rank(), size(),
-                                           timeout_.count(), msg,
-                                           peers_at_fault(msg, std::chrono::steady_clock::now() - start));
+                                           timeout_.count(), msg, peers_at_fault(own_timeout));
       broken_ = text;
-      // Rank 0's store goes when its process ends: after a broken
-      // connection, keep it a moment for the others to ask who left.
-      if (!is_timeout(msg)) linger_for_departures(*store_, rank(), size());
+      // Rank 0's store goes when its process ends: keep it a moment for the
+      // others to ask who left (after a timeout, the others timed out at
+      // about the same moment and have asked as long as this rank did, so
+      // a second covers the ones that started a little later).
+      linger_for_departures(*store_, rank(), size(), std::chrono::seconds(own_timeout ? 1 : 2));
       if (is_timeout(msg)) throw TimeoutError(text);
       throw DistributedError(text);
     }
@@ -289,11 +294,14 @@ class GlooProcessGroup : public ProcessGroup {
   // network went away, and then the store may be out of reach too), or
   // stalled. Gloo also reports some broken connections as timeouts, but
   // early.
-  std::string peers_at_fault(const std::string& gloo_message, std::chrono::steady_clock::duration waited) {
+  bool timed_out_in_full(const std::string& gloo_message, std::chrono::steady_clock::duration waited) const {
+    return is_timeout(gloo_message) && waited >= timeout_ * 9 / 10;
+  }
+  std::string peers_at_fault(bool full_timeout) {
     std::vector<int> others;
     for (int r = 0; r < size(); ++r)
       if (r != rank()) others.push_back(r);
-    if (is_timeout(gloo_message) && waited >= timeout_ * 9 / 10)
+    if (full_timeout)
       return fmt::format("no answer from rank{} {} (stalled, or its host or the network went away); {}",
                          others.size() > 1 ? "s" : "", fmt::join(others, ", "), describe_departures(*store_, size()));
     return describe_departures(*store_, size());

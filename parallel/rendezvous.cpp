@@ -109,6 +109,7 @@ RendezvousConfig config_from_env(const EnvLookup& env, bool need_master) {
 namespace {
 
 std::string alive_key(int rank) { return fmt::format("mpt/alive/{}", rank); }
+std::string gave_up_key(int rank) { return fmt::format("mpt/gave_up/{}", rank); }
 
 }  // namespace
 
@@ -130,22 +131,40 @@ std::string describe_departures(Store& store, int world_size, Millis grace) {
   // would race with the other threads that use it.)
   try {
     const auto until = std::chrono::steady_clock::now() + grace;
+    auto* tcp = dynamic_cast<TcpStore*>(&store);
     for (;;) {
-      const std::vector<int> gone = departed_ranks(store, world_size, grace);
+      std::vector<int> gone, gave_up;
+      for (int r : departed_ranks(store, world_size, grace))
+        (tcp && tcp->add_within(gave_up_key(r), 0, grace) > 0 ? gave_up : gone).push_back(r);
+      const std::string after = gave_up.empty() ? ""
+                                                : fmt::format("; rank{} {} ended at {} own timeout{}",
+                                                              gave_up.size() > 1 ? "s" : "", fmt::join(gave_up, ", "),
+                                                              gave_up.size() > 1 ? "their" : "its",
+                                                              gave_up.size() > 1 ? "s" : "");
       if (!gone.empty()) {
         std::string text = fmt::format("rank {} left the job first (its process exited or died)", gone.front());
         if (gone.size() > 1)
           text += fmt::format(", then rank{} {}", gone.size() > 2 ? "s" : "",
                               fmt::join(gone.begin() + 1, gone.end(), ", "));
-        return text;
+        return text + after;
       }
-      if (std::chrono::steady_clock::now() >= until) return "the store saw no rank leave";
+      if (std::chrono::steady_clock::now() >= until) return "the store saw no rank leave" + after;
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
   } catch (const std::exception& e) {
     return fmt::format("the store at {} is unreachable too, so rank 0, its host, left the job (or the network to it "
                        "broke): {}",
                        store.describe(), e.what());
+  }
+}
+
+void note_gave_up(Store& store, int rank, Millis grace) {
+  auto* tcp = dynamic_cast<TcpStore*>(&store);
+  if (tcp == nullptr) return;
+  try {
+    tcp->add_within(gave_up_key(rank), 1, grace);
+  } catch (const std::exception&) {
+    // The store is out of reach: there is nobody to tell.
   }
 }
 

@@ -72,9 +72,17 @@ std::vector<int> departed_ranks(Store& store, int world_size, std::optional<Mill
 // For the error of a collective that failed on a broken connection: which
 // rank left the job first ("rank 1 left the job first ..."), waiting up to
 // `grace` for the store to notice a connection that just closed; when the
-// store is unreachable too, that rank 0, its host, is gone. Each question
-// to the store waits at most `grace`. Never throws.
+// store is unreachable too, that rank 0, its host, is gone. Ranks that gave
+// up at their own timeout (note_gave_up) are survivors, not the cause, and
+// are said to be so. Each question to the store waits at most `grace`.
+// Never throws.
 std::string describe_departures(Store& store, int world_size, Millis grace = std::chrono::seconds(2));
+
+// Records in the store that `rank` ends because its own collective timed
+// out (a stalled peer: all survivors time out at about the same moment, and
+// the first of them to exit must not be named as the cause by the others).
+// Waits at most `grace`; never throws.
+void note_gave_up(Store& store, int rank, Millis grace = std::chrono::seconds(2));
 
 // After a failure on the rank whose process hosts the store: waits until
 // every other rank has left, at most `grace`, so that the others can still

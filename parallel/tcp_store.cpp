@@ -371,6 +371,10 @@ int64_t TcpStore::departure_order(const std::string& key, std::optional<Millis> 
   return decode_int(request(Command::add, key + "/departed", encode_int(0), nullptr, timeout));
 }
 
+int64_t TcpStore::add_within(const std::string& key, int64_t delta, Millis timeout) {
+  return decode_int(request(Command::add, key, encode_int(delta), nullptr, timeout));
+}
+
 Bytes TcpStore::get(const std::string& key) {
   bool found = false;
   Bytes value = request(Command::try_get, key, {}, &found);

@@ -59,6 +59,9 @@ class TcpStore : public Store {
   // first connection that closed, 2 for the next, ... Waits for the answer
   // at most `timeout` (default: the store's).
   int64_t departure_order(const std::string& key, std::optional<Millis> timeout = std::nullopt);
+  // add(), waiting for the answer at most `timeout` (failure paths: a store
+  // out of reach must not stretch them).
+  int64_t add_within(const std::string& key, int64_t delta, Millis timeout);
 
   const std::string& host() const { return host_; }
   // The numeric address of this host that the job's other hosts reach it

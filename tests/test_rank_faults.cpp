@@ -92,6 +92,43 @@ TEST(RankFaults, EverySurvivorNamesTheKilledRank) {
   EXPECT_EQ(survived, injected);
 }
 
+// A rank that stalls (SIGSTOP: alive, its connections open, silent): the
+// others time out at about the same moment, and whichever exits first must
+// not be named by the rest as the rank that left first; the store host
+// stays long enough for them to ask it.
+TEST(RankFaults, SurvivorsOfAStalledRankBlameNoSurvivor) {
+  const int world = 3, stalled = 1, timeout_s = 4;
+  const int port = free_port();
+  std::vector<std::unique_ptr<ChildProcess>> ranks;
+  for (int r = 0; r < world; ++r)
+    ranks.push_back(std::make_unique<ChildProcess>(
+        std::vector<std::string>{ddp_worker_path(), "train"},
+        std::map<std::string, std::string>{{"RANK", std::to_string(r)},
+                                           {"WORLD_SIZE", std::to_string(world)},
+                                           {"MASTER_ADDR", "127.0.0.1"},
+                                           {"MASTER_PORT", std::to_string(port)},
+                                           {"MPT_TEST_TIMEOUT_S", std::to_string(timeout_s)}},
+        log_file(fmt::format("stalled-{}", r))));
+  ASSERT_TRUE(ranks[stalled]->wait_for_output(fmt::format("rank {}: step 30", stalled), 60))
+      << ranks[stalled]->output();
+  ranks[stalled]->signal(SIGSTOP);
+  const auto stopped_at = Clock::now();
+  for (int r : {0, 2}) {
+    const auto status = ranks[r]->wait(timeout_s + 15 - seconds_since(stopped_at));
+    const std::string out = ranks[r]->output();
+    ASSERT_TRUE(status.has_value()) << "rank " << r << " still runs:\n" << out;
+    EXPECT_TRUE(mpt::testing::exited_with_failure(*status)) << out;
+    EXPECT_NE(out.find("no answer from ranks"), std::string::npos) << out;
+    for (const char* blame : {"rank 0 left the job first", "rank 2 left the job first", "rank 0, its host, left"})
+      EXPECT_EQ(out.find(blame), std::string::npos) << "rank " << r << " blames a survivor ('" << blame << "'):\n"
+                                                      << out;
+    std::printf("stalled rank %d: rank %d ended %.2f s later\n", stalled, r, seconds_since(stopped_at));
+  }
+  ranks[stalled]->signal(SIGKILL);
+  ASSERT_TRUE(ranks[stalled]->wait(5));
+  for (int r = 0; r < world; ++r) std::remove(log_file(fmt::format("stalled-{}", r)).c_str());
+}
+
 // Under mpt-run: the launcher sees the death first, names the rank and
 // its signal, and stops the other ranks; none outlives it.
 TEST(RankFaults, TheLauncherNamesAKilledRankAndLeavesNoProcess) {
