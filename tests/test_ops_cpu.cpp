@@ -429,6 +429,23 @@ TEST_F(OpsCpu, MatmulSplitOverThreadsMatchesReference) {
 // layouts: contiguous runs (inner 1, a length not a multiple of the
 // partial sums' 8), many blocks, and few blocks of many columns. Values
 // from a small set give ties, and a few NaN must win max, min and argmax.
+// Long sums stay accurate: f32 accumulators that add millions of terms one
+// after another drift (a running total of 5e4 rounds each added 0.01 to a
+// multiple of 0.0039). Summed by halves above a few thousand terms, the
+// error grows with the log of the length, as in PyTorch's cascade sum.
+TEST_F(OpsCpu, LongSumsStayAccurateAlongEitherLayout) {
+  const double value = 0.01;
+  const double stored = static_cast<double>(static_cast<float>(value));
+  const int64_t n = 40'000'000;
+  const Tensor x = full({n}, value);
+  EXPECT_NEAR(prim::sum(x).item(), n * stored, 1e-5 * n * stored);
+  EXPECT_NEAR(prim::mean(x).item(), stored, 1e-5 * stored);
+  // Along dimension 0 of [k, 4]: each output walks a strided column.
+  const int64_t k = 4'000'000;
+  const std::vector<double> columns = host_f64(prim::sum(full({k, 4}, value), {0}));
+  for (double c : columns) EXPECT_NEAR(c, k * stored, 1e-5 * k * stored);
+}
+
 TEST_F(OpsCpu, ReductionsSplitOverThreadsMatchReference) {
   SCOPED_TRACE(trace());
   for (DType dt : {DType::f32, DType::bf16}) {
