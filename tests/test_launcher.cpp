@@ -87,6 +87,30 @@ TEST(Launcher, TheProcessCountIsRequired) {
   EXPECT_NE(r.output.find("--nproc_per_node"), std::string::npos) << r.output;
 }
 
+// A rank that crashes and one that exits with an error a moment later (as
+// a survivor of the broken connection would): mpt-run names the crash,
+// even when it sees both ends at one look. (The crashed rank leaves a child
+// holding its output open, as a rank's helper processes may, so its death
+// closes no pipe that would wake mpt-run before the second rank ends.)
+TEST(Launcher, ACrashIsNamedBeforeTheErrorsItCaused) {
+  const std::string flag = fmt::format("/tmp/mpt-launcher-crash-{}", ::getpid());
+  std::remove(flag.c_str());
+  const std::string program = fmt::format(
+      "if [ $RANK = 2 ]; then sleep 30 & touch {0}; kill -SEGV $$; fi; "
+      "if [ $RANK = 1 ]; then while [ ! -e {0} ]; do sleep 0.001; done; exit 1; fi; sleep 30",
+      flag);
+  for (int round = 0; round < 3; ++round) {
+    std::remove(flag.c_str());
+    const JobResult r = mpt::testing::run_shell(fmt::format("'{}' --nproc_per_node 3 --master_port {} sh -c '{}'",
+                                                            mpt::testing::mpt_run_path(), mpt::testing::free_port(),
+                                                            program));
+    EXPECT_EQ(r.exit_code, 128 + SIGSEGV) << r.output;
+    EXPECT_NE(r.output.find("rank 2 (pid"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("failed with signal 11"), std::string::npos) << r.output;
+  }
+  std::remove(flag.c_str());
+}
+
 // Several nodes need the master's address: the default, 127.0.0.1, would
 // leave the other nodes waiting out their timeout for a store they cannot reach.
 TEST(Launcher, SeveralNodesNeedTheMastersAddress) {

@@ -169,17 +169,25 @@ Outcome supervise(const std::vector<std::string>& command, const std::vector<Ran
     for (size_t i = 0; i < fds.size(); ++i)
       if (fds[i].revents) streams[i]->drain(*prefixes[i]);
 
+    // Ranks that failed since the last look. When several did, the others
+    // usually failed because of one: a rank a signal killed (a crash, the
+    // OOM killer) goes before ranks that exited with an error status, which
+    // is how the survivors of a broken connection end.
+    const Child* first_failed = nullptr;
     for (auto& c : children) {
       if (!c.running) continue;
       int status = 0;
       if (::waitpid(c.pid, &status, WNOHANG) != c.pid) continue;
       c.running = false;
       c.status = status;
-      if (failed(status) && outcome.failure.empty() && !kill_deadline) {
-        outcome.failure = fmt::format("rank {} (pid {}) failed with {}", c.rank, c.pid, describe_status(status));
-        outcome.exit_code = exit_code_for(status);
-        begin_stop();
-      }
+      if (failed(status) && (first_failed == nullptr || (WIFSIGNALED(status) && !WIFSIGNALED(first_failed->status))))
+        first_failed = &c;
+    }
+    if (first_failed != nullptr && outcome.failure.empty() && !kill_deadline) {
+      outcome.failure = fmt::format("rank {} (pid {}) failed with {}", first_failed->rank, first_failed->pid,
+                                    describe_status(first_failed->status));
+      outcome.exit_code = exit_code_for(first_failed->status);
+      begin_stop();
     }
     if (g_stop_signal && !kill_deadline) {
       outcome.failure = fmt::format("mpt-run received signal {} ({})", int(g_stop_signal), ::strsignal(g_stop_signal));
