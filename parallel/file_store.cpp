@@ -47,6 +47,15 @@ void write_atomically(const std::string& path, const Bytes& value) {
   mpt::check<IOError>(!ec, "FileStore: cannot rename '{}' to '{}': {}", tmp, path, ec.message());
 }
 
+// Whether a key's file is there; an error other than its absence (a
+// folder gone unreadable, say) is an IOError, not a filesystem_error.
+bool exists(const std::string& path) {
+  std::error_code ec;
+  const bool there = fs::exists(path, ec);
+  mpt::check<IOError>(!ec, "FileStore: cannot look for '{}': {}", path, ec.message());
+  return there;
+}
+
 Bytes read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   mpt::check<IOError>(static_cast<bool>(in), "FileStore: cannot read '{}'", path);
@@ -84,7 +93,7 @@ int64_t FileStore::add(const std::string& key, int64_t delta) {
   }
   const std::string path = path_of(key);
   int64_t value = 0;
-  if (fs::exists(path)) {
+  if (exists(path)) {
     const Bytes b = read_file(path);
     mpt::check<DistributedError>(b.size() == sizeof value, "FileStore: key '{}' holds {} bytes, not a counter", key,
                                  b.size());
@@ -100,7 +109,7 @@ int64_t FileStore::add(const std::string& key, int64_t delta) {
 
 bool FileStore::check(const std::vector<std::string>& keys) {
   for (const auto& k : keys)
-    if (!fs::exists(path_of(k))) return false;
+    if (!exists(path_of(k))) return false;
   return true;
 }
 

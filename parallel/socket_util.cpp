@@ -28,8 +28,10 @@ namespace {
 int bind_to(int sock, int family, const std::string& address, int port, std::string* resolve_error) {
   if (address.empty()) {
     if (family == AF_INET6) {
+      // Dual-stack, so IPv4 clients reach it too; where the system refuses,
+      // say so rather than listen for IPv6 clients alone.
       int off = 0;
-      ::setsockopt(sock, IPPROTO_IPV6, IPV6_V6ONLY, &off, sizeof off);
+      if (::setsockopt(sock, IPPROTO_IPV6, IPV6_V6ONLY, &off, sizeof off) != 0) return -1;
       sockaddr_in6 addr{};
       addr.sin6_family = AF_INET6;
       addr.sin6_addr = in6addr_any;
@@ -88,7 +90,11 @@ int listen_tcp(int port, int* bound_port, const std::string& bind_address) {
   int on = 1;
   // SO_REUSEADDR lets a restarted job reuse a port whose old connections
   // linger in TIME_WAIT; a port with a live listener still fails below.
-  ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
+  if (::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on) != 0) {
+    const int err = errno;
+    ::close(sock);
+    throw DistributedError(fmt::format("TcpStore: cannot set SO_REUSEADDR: {}", std::strerror(err)));
+  }
   std::string resolve_error;
   const int rc = bind_to(sock, family, bind_address, port, &resolve_error);
   if (rc != 0) {
@@ -186,8 +192,13 @@ int connect_tcp(const std::string& host, int port, Millis timeout) {
         const int fd = connect_within(*a, std::max(left, Millis(1)), &last_error);
         if (fd < 0) continue;
         ::freeaddrinfo(found);
+        // Requests are small and answered at once: no Nagle delay.
         int on = 1;
-        ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof on);
+        if (::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof on) != 0) {
+          const int err = errno;
+          ::close(fd);
+          throw DistributedError(fmt::format("TcpStore: cannot set TCP_NODELAY: {}", std::strerror(err)));
+        }
         return fd;
       }
       ::freeaddrinfo(found);

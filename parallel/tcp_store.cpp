@@ -295,8 +295,8 @@ TcpStore::TcpStore(std::string host, int port, bool is_master, Millis timeout, T
     connect_to = b.empty() || b == "0.0.0.0" ? "127.0.0.1" : b == "::" ? "::1" : b;
   }
   fd_ = connect_tcp(connect_to, port_, timeout);
-  set_io_timeout(fd_, timeout);
   try {
+    set_io_timeout(fd_, timeout);
     greet(options.job_token);
   } catch (...) {
     close_fd(fd_);

@@ -333,6 +333,19 @@ TEST(Rendezvous, ReadsOpenMpiAndSlurmVariables) {
   EXPECT_EQ(slurm.world_size, 8);
   EXPECT_EQ(slurm.local_rank, 3);
   EXPECT_EQ(slurm.local_world_size, 4);
+  // Only the repeat count may follow the number.
+  for (const char* garbled : {"4(x", "4(junk", "4(x2", "4(x)", "4(x2)z", "4x2"}) {
+    const std::string msg = error_of<ValueError>([&] {
+      config_from_env(env_of({{"SLURM_PROCID", "4"},
+                              {"SLURM_NTASKS", "8"},
+                              {"SLURM_LOCALID", "3"},
+                              {"SLURM_NTASKS_PER_NODE", garbled},
+                              {"MASTER_ADDR", "a"},
+                              {"MASTER_PORT", "1234"}}));
+    });
+    EXPECT_NE(msg.find(fmt::format("SLURM_NTASKS_PER_NODE='{}' is not an integer", garbled)), std::string::npos)
+        << msg;
+  }
 }
 
 TEST(Rendezvous, MissingOrBadVariablesAreNamed) {
