@@ -5,6 +5,8 @@
 #include <limits>
 #include <unordered_set>
 
+#include <fmt/format.h>
+
 #include "amp/amp_cuda.h"
 #include "amp/unscale.h"
 #include "autograd/grad_mode.h"
@@ -387,8 +389,19 @@ void GradScaler::load_state_dict(const std::map<std::string, double>& state) {
         "GradScaler::load_state_dict: scale {} is not positive and finite", scale);
   options.init_scale = scale;
   const ScaleRule rule = scale_rule_from(options);
-  const double tracker = get("growth_tracker");
+  // torch.amp.GradScaler names it "_growth_tracker": its state loads too.
+  const bool torch_named = state.count("growth_tracker") == 0 && state.count("_growth_tracker") != 0;
+  const double tracker = get(torch_named ? "_growth_tracker" : "growth_tracker");
   check(is_whole(tracker) && tracker >= 0, "GradScaler::load_state_dict: growth_tracker {} is not a count", tracker);
+  // An update leaves the tracker below the interval (it grows and resets
+  // there), and the scale inside this scaler's bounds.
+  check(tracker < static_cast<double>(options.growth_interval),
+        "GradScaler::load_state_dict: growth_tracker {} is not below growth_interval {}", tracker,
+        options.growth_interval);
+  check((!options_.min_scale || scale >= *options_.min_scale) && (!options_.max_scale || scale <= *options_.max_scale),
+        "GradScaler::load_state_dict: scale {} is outside this scaler's [min_scale, max_scale] = [{}, {}]", scale,
+        options_.min_scale ? fmt::format("{}", *options_.min_scale) : "none",
+        options_.max_scale ? fmt::format("{}", *options_.max_scale) : "none");
   double hysteresis = options_.hysteresis;
   if (auto it = state.find("hysteresis_left"); it != state.end()) hysteresis = it->second;
   check(is_whole(hysteresis) && hysteresis >= 0 && hysteresis <= options_.hysteresis,

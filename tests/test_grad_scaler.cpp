@@ -414,7 +414,28 @@ TEST(GradScaler, InvalidOptionsAndStatesAreRejected) {
   state = scaler.state_dict();
   state.erase("growth_tracker");
   EXPECT_THROW(scaler.load_state_dict(state), ValueError);
+  state = scaler.state_dict();
+  state["growth_tracker"] = 2000;  // an update would have grown the scale and reset it
+  EXPECT_THROW(scaler.load_state_dict(state), ValueError);
+  GradScalerOptions bounded;
+  bounded.max_scale = 1024;
+  GradScaler capped(bounded);
+  state = scaler.state_dict();  // scale 65536, above the cap
+  EXPECT_THROW(capped.load_state_dict(state), ValueError);
   EXPECT_EQ(scaler.get_scale(), 65536.0);  // nothing changed
+}
+
+// torch.amp.GradScaler's state_dict(), as PyTorch writes it, loads.
+TEST(GradScaler, LoadsPyTorchsStateDict) {
+  GradScaler scaler;
+  scaler.load_state_dict({{"scale", 1024.0},
+                          {"growth_factor", 2.0},
+                          {"backoff_factor", 0.5},
+                          {"growth_interval", 100.0},
+                          {"_growth_tracker", 37.0}});
+  EXPECT_EQ(scaler.get_scale(), 1024.0);
+  EXPECT_EQ(scaler.growth_tracker(), 37);
+  EXPECT_EQ(scaler.state_dict().at("growth_interval"), 100.0);
 }
 
 TEST(GradScaler, DisabledScalerIsTransparent) {
