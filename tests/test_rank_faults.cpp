@@ -42,6 +42,23 @@ pid_t ready_pid(const std::string& output, int rank) {
   return std::regex_search(output, m, ready) ? std::stoi(m[1]) : -1;
 }
 
+// `world` ranks of ddp_worker's training started directly (no launcher),
+// with collectives that time out after `timeout_s`; logs named by `name`.
+std::vector<std::unique_ptr<ChildProcess>> start_ranks(int world, int timeout_s, const std::string& name) {
+  const int port = free_port();
+  std::vector<std::unique_ptr<ChildProcess>> ranks;
+  for (int r = 0; r < world; ++r)
+    ranks.push_back(std::make_unique<ChildProcess>(
+        std::vector<std::string>{ddp_worker_path(), "train"},
+        std::map<std::string, std::string>{{"RANK", std::to_string(r)},
+                                           {"WORLD_SIZE", std::to_string(world)},
+                                           {"MASTER_ADDR", "127.0.0.1"},
+                                           {"MASTER_PORT", std::to_string(port)},
+                                           {"MPT_TEST_TIMEOUT_S", std::to_string(timeout_s)}},
+        log_file(fmt::format("{}-{}", name, r))));
+  return ranks;
+}
+
 }  // namespace
 
 // Ranks started directly, as on separate machines with nobody to stop
@@ -51,17 +68,7 @@ TEST(RankFaults, EverySurvivorNamesTheKilledRank) {
   int injected = 0, survived = 0;
   for (int victim : {1, 2, 0}) {
     SCOPED_TRACE(fmt::format("killed rank {}", victim));
-    const int port = free_port();
-    std::vector<std::unique_ptr<ChildProcess>> ranks;
-    for (int r = 0; r < world; ++r)
-      ranks.push_back(std::make_unique<ChildProcess>(
-          std::vector<std::string>{ddp_worker_path(), "train"},
-          std::map<std::string, std::string>{{"RANK", std::to_string(r)},
-                                             {"WORLD_SIZE", std::to_string(world)},
-                                             {"MASTER_ADDR", "127.0.0.1"},
-                                             {"MASTER_PORT", std::to_string(port)},
-                                             {"MPT_TEST_TIMEOUT_S", std::to_string(kTimeoutS)}},
-          log_file(fmt::format("direct{}-{}", victim, r))));
+    const auto ranks = start_ranks(world, kTimeoutS, fmt::format("direct{}", victim));
     ASSERT_TRUE(ranks[victim]->wait_for_output(fmt::format("rank {}: step 30", victim), 60))
         << ranks[victim]->output();
     ranks[victim]->signal(SIGKILL);
@@ -98,17 +105,7 @@ TEST(RankFaults, EverySurvivorNamesTheKilledRank) {
 // stays long enough for them to ask it.
 TEST(RankFaults, SurvivorsOfAStalledRankBlameNoSurvivor) {
   const int world = 3, stalled = 1, timeout_s = 4;
-  const int port = free_port();
-  std::vector<std::unique_ptr<ChildProcess>> ranks;
-  for (int r = 0; r < world; ++r)
-    ranks.push_back(std::make_unique<ChildProcess>(
-        std::vector<std::string>{ddp_worker_path(), "train"},
-        std::map<std::string, std::string>{{"RANK", std::to_string(r)},
-                                           {"WORLD_SIZE", std::to_string(world)},
-                                           {"MASTER_ADDR", "127.0.0.1"},
-                                           {"MASTER_PORT", std::to_string(port)},
-                                           {"MPT_TEST_TIMEOUT_S", std::to_string(timeout_s)}},
-        log_file(fmt::format("stalled-{}", r))));
+  const auto ranks = start_ranks(world, timeout_s, "stalled");
   ASSERT_TRUE(ranks[stalled]->wait_for_output(fmt::format("rank {}: step 30", stalled), 60))
       << ranks[stalled]->output();
   ranks[stalled]->signal(SIGSTOP);
