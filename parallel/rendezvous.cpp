@@ -41,13 +41,11 @@ int parse_int(const Found& f) {
   const char* begin = f.value.data();
   const char* end = begin + f.value.size();
   auto [ptr, ec] = std::from_chars(begin, end, value);
-  // The whole rest must be "(x<count>)".
-  const auto repeat_suffix = [&] {
-    const std::string_view rest(ptr, static_cast<size_t>(end - ptr));
-    return rest.size() >= 4 && rest.substr(0, 2) == "(x" && rest.back() == ')' &&
-           rest.substr(2, rest.size() - 3).find_first_not_of("0123456789") == std::string_view::npos;
-  };
-  const bool slurm_repeat = f.name.rfind("SLURM_", 0) == 0 && ptr != begin && ptr != end && repeat_suffix();
+  // The whole rest must be the repeat count, "(x<count>)".
+  const std::string_view rest(ptr, static_cast<size_t>(end - ptr));
+  const bool slurm_repeat = f.name.rfind("SLURM_", 0) == 0 && ptr != begin && rest.size() >= 4 &&
+                            rest.substr(0, 2) == "(x" && rest.back() == ')' &&
+                            rest.substr(2, rest.size() - 3).find_first_not_of("0123456789") == std::string_view::npos;
   check<ValueError>(ec == std::errc() && ptr != begin && (ptr == end || slurm_repeat),
                     "rendezvous: {}='{}' is not an integer", f.name, f.value);
   return value;
