@@ -95,9 +95,13 @@ TEST(Launcher, TheProcessCountIsRequired) {
 TEST(Launcher, ACrashIsNamedBeforeTheErrorsItCaused) {
   const std::string flag = fmt::format("/tmp/mpt-launcher-crash-{}", ::getpid());
   std::remove(flag.c_str());
+  // Rank 2 leaves its pid in the flag file and crashes; rank 1 waits until
+  // rank 2 is dead (a zombie, or already reaped), then exits with status 1.
   const std::string program = fmt::format(
-      "if [ $RANK = 2 ]; then sleep 30 & touch {0}; kill -SEGV $$; fi; "
-      "if [ $RANK = 1 ]; then while [ ! -e {0} ]; do sleep 0.001; done; exit 1; fi; sleep 30",
+      "if [ $RANK = 2 ]; then sleep 30 & echo $$ > {0}.new; mv {0}.new {0}; kill -SEGV $$; fi; "
+      "if [ $RANK = 1 ]; then while [ ! -e {0} ]; do sleep 0.001; done; p=$(cat {0}); "
+      "while [ -e /proc/$p ] && [ \"$(cut -d\" \" -f3 /proc/$p/stat)\" != Z ]; do sleep 0.001; done; exit 1; fi; "
+      "sleep 30",
       flag);
   for (int round = 0; round < 3; ++round) {
     std::remove(flag.c_str());
@@ -109,6 +113,7 @@ TEST(Launcher, ACrashIsNamedBeforeTheErrorsItCaused) {
     EXPECT_NE(r.output.find("failed with signal 11"), std::string::npos) << r.output;
   }
   std::remove(flag.c_str());
+  std::remove((flag + ".new").c_str());
 }
 
 // Several nodes need the master's address: the default, 127.0.0.1, would
