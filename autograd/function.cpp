@@ -1,9 +1,5 @@
 #include "autograd/function.h"
 
-#include <string>
-
-#include <fmt/format.h>
-
 #include "autograd/grad_mode.h"
 
 namespace mpt {
@@ -44,16 +40,16 @@ void attach(const std::shared_ptr<FunctionNode>& node, std::vector<Tensor>& outs
 }
 
 // How a message names a saved tensor: the input or output it is, if any.
-std::string role_of(const Tensor& t, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outs) {
+FunctionNode::SavedRole role_of(const Tensor& t, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outs) {
   const auto same_view = [&](const Tensor& o) {
     return o.defined() && o.storage() == t.storage() && o.offset() == t.offset() && o.shape() == t.shape() &&
            o.strides() == t.strides() && o.dtype() == t.dtype();
   };
   for (size_t i = 0; i < inputs.size(); ++i)
-    if (same_view(inputs[i])) return fmt::format("input {}", i);
+    if (same_view(inputs[i])) return {"input", static_cast<int>(i)};
   for (size_t i = 0; i < outs.size(); ++i)
-    if (same_view(outs[i])) return fmt::format("output {}", i);
-  return "saved tensor";
+    if (same_view(outs[i])) return {"output", static_cast<int>(i)};
+  return {"saved tensor"};
 }
 
 }  // namespace

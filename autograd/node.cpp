@@ -1,6 +1,9 @@
 #include "autograd/node.h"
 
 #include <limits>
+#include <string>
+
+#include <fmt/format.h>
 
 #include "autograd/beside.h"
 #include "tensor/ops.h"
@@ -21,21 +24,28 @@ std::vector<Tensor> FunctionNode::apply(std::vector<Tensor>&& grads) {
   return rule_(grads);
 }
 
-void FunctionNode::note_saved(const Tensor& t, std::string role) {
-  saved_.push_back(SavedVersion{t.impl_ptr(), t.storage(), t.version(), std::move(role)});
+void FunctionNode::note_saved(const Tensor& t, SavedRole role) {
+  saved_.push_back(SavedVersion{t.impl_ptr(), t.storage(), t.version(), role});
 }
 
+// Runs before every rule: the messages are formatted only for a tensor
+// that fails, not for every saved tensor of every pass.
 void FunctionNode::check_saved_unchanged() const {
   for (const SavedVersion& s : saved_) {
     const Tensor now(s.tensor);
-    check(now.storage() == s.storage,
-          "backward through '{}': its {} ({}) was moved to other memory after the forward pass (a module's to(), "
-          "say), so the values its gradient needs are gone; move before the forward pass",
-          name(), s.role, describe(now));
-    check(s.storage->version() == s.version,
-          "backward through '{}': its {} ({}), which this gradient needs, was written in place after the forward "
-          "pass (version {} then, {} now); write to a copy (prim::clone), or after backward",
-          name(), s.role, describe(now), s.version, s.storage->version());
+    const bool moved = now.storage() != s.storage;
+    if (!moved && s.storage->version() == s.version) continue;
+    const std::string role =
+        s.role.index >= 0 ? fmt::format("{} {}", s.role.kind, s.role.index) : std::string(s.role.kind);
+    if (moved)
+      throw Error(fmt::format("backward through '{}': its {} ({}) was moved to other memory after the forward pass "
+                              "(a module's to(), say), so the values its gradient needs are gone; move before the "
+                              "forward pass",
+                              name(), role, describe(now)));
+    throw Error(fmt::format("backward through '{}': its {} ({}), which this gradient needs, was written in place "
+                            "after the forward pass (version {} then, {} now); write to a copy (prim::clone), or "
+                            "after backward",
+                            name(), role, describe(now), s.version, s.storage->version()));
   }
 }
 

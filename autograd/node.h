@@ -87,13 +87,19 @@ class FunctionNode final : public Node {
   // is about to run, the tensor was written in place (or moved) after
   // forward, and the gradient would be computed from other values: apply()
   // refuses, naming the node and the tensor, as PyTorch does.
+  // Which of the node's tensors a saved one is, for the message (worked
+  // out into text only when there is one to write).
+  struct SavedRole {
+    const char* kind;  // "input", "output", or "saved tensor" (no index)
+    int index = -1;
+  };
   struct SavedVersion {
     std::shared_ptr<TensorImpl> tensor;
     std::shared_ptr<Storage> storage;
     uint64_t version;
-    std::string role;  // "input 1", "output 0", ...: for the message
+    SavedRole role;
   };
-  void note_saved(const Tensor& t, std::string role);
+  void note_saved(const Tensor& t, SavedRole role);
 
  private:
   void check_saved_unchanged() const;

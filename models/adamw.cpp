@@ -89,9 +89,10 @@ void AdamW::update_group(const Group& group, std::vector<ParamUpdate>& batch) {
     // overflows f16 from |g| = 256, which would leave exp_avg_sq infinite
     // and the parameter stuck for good (PyTorch's addcmul_ widens too).
     const DType wide = u.param.dtype() == DType::f64 ? DType::f64 : DType::f32;
+    const Tensor& m_stored = u.state->buffers.at("exp_avg");
+    const Tensor& v_stored = u.state->buffers.at("exp_avg_sq");
     const Tensor p = prim::to(u.param, wide), g = prim::to(u.grad, wide);
-    const Tensor m = prim::to(u.state->buffers.at("exp_avg"), wide);
-    const Tensor v = prim::to(u.state->buffers.at("exp_avg_sq"), wide);
+    const Tensor m = prim::to(m_stored, wide), v = prim::to(v_stored, wide);
     // Decoupled decay: shrink the weights, independent of the gradient.
     if (group.weight_decay != 0) prim::unary_(UnaryOp::affine, p, p, 1.0 - group.lr * group.weight_decay, 0.0);
     prim::unary_(UnaryOp::affine, m, m, b1, 0.0);
@@ -106,8 +107,7 @@ void AdamW::update_group(const Group& group, std::vector<ParamUpdate>& batch) {
     prim::unary_(UnaryOp::affine, update, update, -group.lr / bc1, 0.0);
     prim::binary_(BinaryOp::add, p, p, update);
     // Back into the stored dtype (nothing to do where it was `wide` already).
-    for (const auto& [stored, computed] :
-         {std::pair{u.param, p}, {u.state->buffers.at("exp_avg"), m}, {u.state->buffers.at("exp_avg_sq"), v}})
+    for (const auto& [stored, computed] : {std::pair{u.param, p}, {m_stored, m}, {v_stored, v}})
       if (!stored.is_same(computed)) prim::copy_(stored, computed);
   }
 }
