@@ -4,6 +4,7 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -36,7 +37,10 @@ std::string FileStore::path_of(const std::string& key) const {
 namespace {
 
 void write_atomically(const std::string& path, const Bytes& value) {
-  const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
+  // The temporary is this write's alone: threads of one process setting one
+  // key at once must not write into each other's file.
+  static std::atomic<uint64_t> writes{0};
+  const std::string tmp = fmt::format("{}.tmp.{}.{}", path, ::getpid(), writes.fetch_add(1));
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     out.write(value.data(), static_cast<std::streamsize>(value.size()));
@@ -81,12 +85,14 @@ int64_t FileStore::add(const std::string& key, int64_t delta) {
     int fd;
     ~Closer() { ::close(fd); }  // closing releases the lock too
   } closer{fd};
-  const auto until = std::chrono::steady_clock::now() + timeout();
+  // Elapsed time against the timeout, in milliseconds: a deadline of now()
+  // plus a timeout of years would overflow the clock's nanoseconds.
+  const auto start = std::chrono::steady_clock::now();
   while (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
     mpt::check<IOError>(err == EWOULDBLOCK || err == EINTR, "FileStore: cannot lock '{}': {}", lock_path,
                         std::strerror(err));
-    mpt::check<TimeoutError>(std::chrono::steady_clock::now() < until,
+    mpt::check<TimeoutError>(std::chrono::duration_cast<Millis>(std::chrono::steady_clock::now() - start) < timeout(),
                              "FileStore: '{}' stayed locked by another process for the timeout ({} ms)", lock_path,
                              timeout().count());
     std::this_thread::sleep_for(std::chrono::milliseconds(1));

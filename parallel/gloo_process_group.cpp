@@ -152,6 +152,7 @@ class GlooProcessGroup : public ProcessGroup {
     check_collective_tensor("allreduce", tensor, DeviceType::cpu);
     check<DTypeError>(op != ReduceOp::avg || is_floating(tensor.dtype()),
                       "allreduce(avg): {} is not a floating tensor; average floats, or sum integers", describe(tensor));
+    tensor.bump_version();
     return queue_.enqueue([this, tensor, op] {
       guarded(fmt::format("allreduce({}) of {}", reduce_op_name(op), describe(tensor)), [&] {
         // The average divides before it sums, as NCCL's does for floats: an
@@ -176,6 +177,7 @@ class GlooProcessGroup : public ProcessGroup {
   WorkPtr broadcast(const Tensor& tensor, int root) override {
     check_collective_tensor("broadcast", tensor, DeviceType::cpu);
     check<ValueError>(root >= 0 && root < size(), "broadcast: root {} outside 0..{}", root, size() - 1);
+    tensor.bump_version();
     return queue_.enqueue([this, tensor, root] {
       guarded(fmt::format("broadcast of {} from rank {}", describe(tensor), root), [&] {
         if (size() == 1) return;
@@ -200,6 +202,7 @@ class GlooProcessGroup : public ProcessGroup {
       check<ShapeError>(out.shape() == input.shape() && out.dtype() == input.dtype(),
                         "allgather: output {} does not match input {}", describe(out), describe(input));
     }
+    for (const auto& out : outputs) out.bump_version();
     return queue_.enqueue([this, outputs, input] {
       guarded(fmt::format("allgather of {}", describe(input)), [&] {
         const size_t n = input.nbytes();
@@ -230,6 +233,7 @@ class GlooProcessGroup : public ProcessGroup {
     // whole input, keep this rank's chunk. Same result, more traffic.
     Tensor scratch = prim::clone(input);
     WorkPtr reduced = allreduce(scratch, op);
+    output.bump_version();
     return queue_.enqueue([this, output, scratch, reduced] {
       reduced->wait();
       const size_t n = output.nbytes();

@@ -6,7 +6,8 @@
 // calls on every rank pairs up. Work::wait() rethrows the operation's error.
 //
 // Tensors must be contiguous and stay alive (and untouched) until their
-// work has completed. Every rank must call the same collectives, in the
+// work has completed. A call counts as a write of the tensors it writes
+// (Tensor::version), so a backward rule that saved one refuses to run. Every rank must call the same collectives, in the
 // same order, with the same shapes and dtypes.
 #include <memory>
 #include <string>

@@ -13,7 +13,7 @@ class DeviceGuard {
   DeviceGuard& operator=(const DeviceGuard&) = delete;
 
  private:
-  int previous_ = -1;  // -1: nothing to restore
+  [[maybe_unused]] int previous_ = -1;  // -1: nothing to restore (unread in a build without CUDA)
 };
 
 }  // namespace mpt

@@ -72,7 +72,7 @@ class Event {
 
  private:
   Device device_;
-  void* handle_ = nullptr;  // cudaEvent_t
+  [[maybe_unused]] void* handle_ = nullptr;  // cudaEvent_t (unread in a build without CUDA)
 };
 
 }  // namespace mpt

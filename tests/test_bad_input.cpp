@@ -294,6 +294,14 @@ std::vector<BadInput> table() {
           amp::GradScaler().scale(f32({}), -3)),
       ROW(ValueError, "scaler_zero_batch_counted_in_samples", (strings{"GradScaler::scale", "samples"}),
           amp::GradScaler({.growth_unit = amp::GrowthUnit::samples}).scale(f32({}), 0)),
+      ROW(DTypeError, "scaler_f16_gradients", (strings{"GradScaler::unscale_", "f16[3]", "f32"}), {
+        Tensor w = zeros({3}, DType::f16).set_requires_grad(true);
+        amp::GradScaler scaler;
+        scaler.scale(f32({}));
+        backward(sum(w));
+        optim::SGD sgd({w}, {});
+        scaler.unscale_(sgd);
+      }),
       ROW(ValueError, "scaler_update_before_scale", (strings{"GradScaler", "update"}), amp::GradScaler().update()),
 
       // ---- data ----

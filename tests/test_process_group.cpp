@@ -6,6 +6,7 @@
 #include <functional>
 #include <thread>
 
+#include "autograd/ops.h"
 #include "parallel/bucket.h"
 #include "parallel/device_routed_group.h"
 #include "parallel/distributed_error.h"
@@ -105,6 +106,36 @@ TEST(GlooProcessGroup, BroadcastAllgatherReduceScatterBarrier) {
     EXPECT_EQ(out.to_vector<double>(), expected);
 
     g.barrier()->wait();
+  });
+}
+
+TEST(GlooProcessGroup, EveryCollectiveCountsAsAWriteOfWhatItWrites) {
+  with_ranks(2, [&](ProcessGroup& g) {
+    const Tensor a = zeros({4}), out = zeros({2}), in = zeros({4});
+    const std::vector<Tensor> gathered = {zeros({4}), zeros({4})};
+    const uint64_t a0 = a.version(), out0 = out.version(), in0 = in.version(), g0 = gathered[1].version();
+    g.allreduce(a)->wait();
+    g.broadcast(a, 1)->wait();
+    EXPECT_EQ(a.version(), a0 + 2);
+    g.allgather(gathered, a)->wait();
+    EXPECT_EQ(gathered[1].version(), g0 + 1);
+    EXPECT_EQ(a.version(), a0 + 2) << "an allgather's input is only read";
+    g.reduce_scatter(out, in)->wait();
+    EXPECT_EQ(out.version(), out0 + 1);
+    EXPECT_EQ(in.version(), in0) << "a reduce-scatter's input is only read";
+
+    // So a backward whose rule reads a tensor all-reduced since forward is
+    // refused instead of using the sum of the ranks' values.
+    const Tensor x = from_vector(std::vector<float>{1, 2, 3, 4}, {4}).set_requires_grad(true);
+    const Tensor saved = from_vector(std::vector<float>{5, 6, 7, 8}, {4});
+    const Tensor loss = sum(mul(x, saved));
+    g.allreduce(saved)->wait();
+    try {
+      backward(loss);
+      ADD_FAILURE() << "backward read a tensor that an allreduce wrote after forward";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("mul"), std::string::npos) << e.what();
+    }
   });
 }
 

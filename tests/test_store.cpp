@@ -3,6 +3,8 @@
 // unreachable master, ranks that never come, disagreeing world sizes),
 // each within its timeout and with its message.
 #include <arpa/inet.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/resource.h>
@@ -11,6 +13,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -290,6 +294,57 @@ TEST(FileStore, CountersRefuseOverflowAndForeignValues) {
   store.set("text", Bytes{'h', 'i'});
   const std::string foreign = error_of<DistributedError>([&] { store.add("text", 1); });
   EXPECT_NE(foreign.find("not a counter"), std::string::npos) << foreign;
+  std::filesystem::remove_all(folder);
+}
+
+// Threads of one process setting one key at once each write their own
+// temporary file, so every set lands whole and none fails on a rename.
+TEST(FileStore, ConcurrentSetsOfOneKeyFromOneProcessAllLand) {
+  const std::string folder = temp_folder("file-store-concurrent-sets");
+  FileStore store(folder, milliseconds(5000));
+  std::vector<std::thread> writers;
+  std::atomic<int> failures{0};
+  for (char id = 'a'; id < 'a' + 4; ++id)
+    writers.emplace_back([&, id] {
+      for (int i = 0; i < 200; ++i) {
+        try {
+          store.set("shared", Bytes(64, id));
+        } catch (const Error&) {
+          ++failures;
+        }
+      }
+    });
+  for (auto& w : writers) w.join();
+  EXPECT_EQ(failures.load(), 0);
+  const Bytes last = store.get("shared");
+  ASSERT_EQ(last.size(), 64u);
+  EXPECT_EQ(std::count(last.begin(), last.end(), last[0]), 64) << "one writer's value, whole";
+  std::filesystem::remove_all(folder);
+}
+
+// A counter waits for the lock another process holds, however long the
+// timeout: a deadline computed as now() plus years overflowed and failed
+// at once.
+TEST(FileStore, ACounterWaitsForTheLockUnderAnEndlessTimeout) {
+  const std::string folder = temp_folder("file-store-endless-timeout");
+  FileStore store(folder, milliseconds::max());
+  store.add("n", 1);  // makes the lock file
+  const int held = ::open((folder + "/.lock").c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(held, 0);
+  ASSERT_EQ(::flock(held, LOCK_EX), 0);
+  std::thread release([&] {
+    std::this_thread::sleep_for(milliseconds(100));
+    ::close(held);
+  });
+  int64_t counted = 0;
+  std::string error;
+  try {
+    counted = store.add("n", 1);
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  release.join();
+  EXPECT_EQ(counted, 2) << error;
   std::filesystem::remove_all(folder);
 }
 

@@ -495,6 +495,7 @@ class NcclProcessGroup : public ProcessGroup {
 
   WorkPtr allreduce(const Tensor& t, ReduceOp op) override {
     check_tensor("allreduce", t);
+    t.bump_version();
     return launch(fmt::format("allreduce({}) of {}", reduce_op_name(op), describe(t)), {t}, [&](cudaStream_t s) {
       MPT_NCCL_CHECK(ncclAllReduce(t.data_ptr(), t.data_ptr(), t.numel(), nccl::data_type(t.dtype()), nccl::red_op(op),
                                    comm_->get(), s));
@@ -504,6 +505,7 @@ class NcclProcessGroup : public ProcessGroup {
   WorkPtr broadcast(const Tensor& t, int root) override {
     check_tensor("broadcast", t);
     check<ValueError>(root >= 0 && root < size(), "broadcast: root {} outside 0..{}", root, size() - 1);
+    t.bump_version();
     return launch(fmt::format("broadcast of {} from rank {}", describe(t), root), {t}, [&](cudaStream_t s) {
       MPT_NCCL_CHECK(ncclBroadcast(t.data_ptr(), t.data_ptr(), t.numel(), nccl::data_type(t.dtype()), root, comm_->get(), s));
     });
@@ -518,6 +520,7 @@ class NcclProcessGroup : public ProcessGroup {
       check<ShapeError>(o.shape() == input.shape() && o.dtype() == input.dtype(),
                         "allgather: output {} does not match input {}", describe(o), describe(input));
     }
+    for (const auto& o : outputs) o.bump_version();
     Tensor gathered = Tensor::empty({input.numel() * size()}, input.dtype(), input.device());
     std::vector<Tensor> keep = outputs;
     keep.push_back(input);
@@ -542,6 +545,7 @@ class NcclProcessGroup : public ProcessGroup {
     check<ShapeError>(input.numel() == output.numel() * size() && input.dtype() == output.dtype(),
                       "reduce_scatter: input {} must be {} chunks shaped like output {}", describe(input), size(),
                       describe(output));
+    output.bump_version();
     return launch(fmt::format("reduce_scatter({}) of {}", reduce_op_name(op), describe(input)), {input, output},
                   [&](cudaStream_t s) {
                     MPT_NCCL_CHECK(ncclReduceScatter(input.data_ptr(), output.data_ptr(), output.numel(),
