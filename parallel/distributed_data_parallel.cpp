@@ -469,10 +469,8 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   check_same_parameters(*group_, r.names, r.params, first.device());
   std::vector<WorkPtr> works;
   for (auto& p : r.params) works.push_back(group_->broadcast(p, 0));
-  if (options.broadcast_buffers)
-    for (auto& [name, b] : module_->named_buffers())
-      if (b.is_contiguous() && b.device() == first.device()) works.push_back(group_->broadcast(b, 0));
   for (auto& w : works) w->wait();
+  if (options.broadcast_buffers) broadcast_buffers();
 
   std::vector<size_t> reverse(r.params.size());
   for (size_t i = 0; i < reverse.size(); ++i) reverse[i] = reverse.size() - 1 - i;
@@ -495,8 +493,26 @@ DistributedDataParallel::~DistributedDataParallel() {
   }
 }
 
+void DistributedDataParallel::broadcast_buffers() {
+  const Device device = reducer_->params.front().device();
+  std::vector<WorkPtr> works;
+  for (const auto& [name, b] : module_->named_buffers()) {
+    check<DeviceError>(b.device() == device, "DistributedDataParallel: buffer '{}' ({}) is on {}, the parameters on {}",
+                       name, describe(b), b.device().str(), device.str());
+    check<ValueError>(b.is_contiguous(), "DistributedDataParallel: buffer '{}' ({}) is not contiguous", name,
+                      describe(b));
+    works.push_back(group_->broadcast(b, 0));
+  }
+  for (auto& w : works) w->wait();
+}
+
 void DistributedDataParallel::before_forward() {
-  if (grad_enabled()) reducer_->prepare();
+  if (!grad_enabled()) return;
+  // As PyTorch's broadcast_buffers: a forward whose backward will
+  // synchronise starts from rank 0's buffers (running statistics, say),
+  // so that the ranks, whose forwards updated their own, agree again.
+  if (reducer_->sync && reducer_->options.broadcast_buffers && group_->size() > 1) broadcast_buffers();
+  reducer_->prepare();
 }
 
 void DistributedDataParallel::after_forward(const Tensor& output) { reducer_->find_unused(output); }

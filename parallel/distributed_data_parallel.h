@@ -3,7 +3,8 @@
 // averaged over the ranks during backward.
 //
 // At construction rank 0's parameters and buffers are broadcast, after
-// checking that every rank has the same parameter names and shapes. Each
+// checking that every rank has the same parameter names and shapes; the
+// buffers again before each synchronised forward (DdpOptions). Each
 // parameter gets a post-accumulate hook (autograd calls it once the
 // parameter's gradient of this backward is complete); when every gradient
 // of a bucket is ready the bucket is all-reduced on the process group's
@@ -63,7 +64,10 @@ struct DdpOptions {
   // in a synchronization behind one (a graphed step's copy, a loss read)
   // stays blocked instead of getting the error within the timeout.
   bool registered_buffers = false;
-  bool broadcast_buffers = true;  // at construction, with the parameters
+  // Rank 0's buffers are broadcast at construction and before each forward
+  // whose backward synchronises (not inside no_sync(), not without grad),
+  // as in PyTorch: the ranks' forward passes see one set of buffers.
+  bool broadcast_buffers = true;
 };
 
 class DistributedDataParallel {
@@ -128,6 +132,7 @@ class DistributedDataParallel {
 
  private:
   struct Reducer;
+  void broadcast_buffers();
   std::shared_ptr<nn::Module> module_;
   std::shared_ptr<ProcessGroup> group_;
   std::shared_ptr<Reducer> reducer_;  // the hooks hold it weakly

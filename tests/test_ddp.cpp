@@ -60,6 +60,47 @@ TEST(Ddp, ConstructionCopiesRankZerosParameters) {
   });
 }
 
+// PyTorch's broadcast_buffers: each forward whose backward synchronises
+// starts from rank 0's buffers; one inside no_sync() or without grad keeps
+// the rank's own. Rank r's inputs have mean r + 1, and each forward moves
+// the running mean halfway to it.
+TEST(Ddp, BuffersFollowRankZeroBeforeEachSynchronisedForward) {
+  with_ranks(2, [&](ProcessGroup& g) {
+    auto model = std::make_shared<mpt::testing::WithRunningMean>(1);
+    if (g.rank() == 1) prim::fill_(model->running_mean, -3.0);
+    DistributedDataParallel ddp(model, borrowed(g));
+    EXPECT_EQ(model->running_mean.item(), 0.0) << "construction copies rank 0's buffers";
+
+    const double own = g.rank() + 1;
+    const Tensor x = prim::mul_scalar(ones({4, 6}), own);
+    auto step = [&] { backward(sum(ddp(x))); };
+    auto seen = [&] { return model->seen.item(); };
+    auto next = [&](double running) { return 0.5 * running + 0.5 * own; };
+
+    step();
+    EXPECT_EQ(seen(), 0.0);
+    step();
+    EXPECT_EQ(seen(), 0.5) << "rank 0's running mean after the first forward";
+    double running = next(0.5);
+    {
+      auto guard = ddp.no_sync();
+      step();
+      EXPECT_EQ(seen(), running) << "no_sync keeps the rank's own buffers";
+      running = next(running);
+    }
+    {
+      NoGradGuard no_grad;
+      ddp(x);
+      EXPECT_EQ(seen(), running) << "a forward without grad keeps the rank's own buffers";
+      running = next(running);
+    }
+    step();
+    // Rank 0's running mean went 0.5 -> 0.75 -> 0.875 -> 0.9375 over the
+    // second, the no_sync and the no-grad forward.
+    EXPECT_EQ(seen(), 0.9375) << "rank 0's after its unsynchronised forwards";
+  });
+}
+
 TEST(Ddp, GradientsAreTheAverageOfTheRanksGradients) {
   const uint64_t seed = mpt::testing::fresh_seed();
   SCOPED_TRACE(seed);

@@ -58,4 +58,24 @@ class WithSpareHead : public nn::Module {
   std::shared_ptr<nn::Linear> used, spare;
 };
 
+// A linear layer whose forward keeps a running mean of its inputs in a
+// buffer, as a batch norm keeps its statistics, and notes the value the
+// buffer had when the forward began.
+class WithRunningMean : public nn::Module {
+ public:
+  explicit WithRunningMean(uint64_t seed) : Module("WithRunningMean") {
+    Generator gen(seed);
+    linear = register_module("linear", std::make_shared<nn::Linear>(6, 3, true, &gen));
+    running_mean = register_buffer("running_mean", zeros({1}));
+  }
+  Tensor forward(const Tensor& x) override {
+    seen = prim::clone(running_mean);
+    prim::copy_(running_mean, prim::add(prim::mul_scalar(running_mean, 0.5),
+                                        prim::mul_scalar(prim::reshape(prim::mean(x), {1}), 0.5)));
+    return linear->forward(x);
+  }
+  std::shared_ptr<nn::Linear> linear;
+  Tensor running_mean, seen;
+};
+
 }  // namespace mpt::testing
