@@ -1,5 +1,7 @@
 #include "amp/grad_scaler.h"
 
+#include <algorithm>
+
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -81,6 +83,11 @@ ScaleRule scale_rule_from(const GradScalerOptions& o, const OptionNames& names) 
         name("max_scale"), max_scale);
   check(min_scale <= max_scale, "{}: {} {} is above {} {}", owner, name("min_scale"), min_scale, name("max_scale"),
         max_scale);
+  // A scale outside the bounds would stay there until the rule first moved
+  // it (an overflow would raise it to the floor), and the scaler's own
+  // state_dict() would not load back.
+  check(o.init_scale >= min_scale && o.init_scale <= max_scale, "{}: {} {} is outside [{}, {}] = [{}, {}]", owner,
+        name("init_scale"), o.init_scale, name("min_scale"), name("max_scale"), min_scale, max_scale);
   ScaleRule rule;
   rule.policy = o.policy;
   rule.growth_factor = o.growth_factor;
@@ -93,7 +100,10 @@ ScaleRule scale_rule_from(const GradScalerOptions& o, const OptionNames& names) 
   return rule;
 }
 
-GradScaler::GradScaler(GradScalerOptions options) : options_(std::move(options)), rule_(scale_rule_from(options_)) {
+// A disabled scaler checks nothing, as torch.amp.GradScaler(enabled=False):
+// a run can turn scaling off without making its other options valid.
+GradScaler::GradScaler(GradScalerOptions options)
+    : options_(std::move(options)), rule_(options_.enabled ? scale_rule_from(options_) : ScaleRule{}) {
   pending_.scale = static_cast<float>(options_.init_scale);
   pending_.growth_tracker = 0;
   pending_.hysteresis_left = options_.hysteresis;
@@ -269,8 +279,16 @@ void GradScaler::step(ScalableOptimizer& optimizer) {
     step_unless_found(optimizer, found, &later, decision);
     if (trace_) grad_norm_sq_ += std::pow(grad_norm(st.params), 2);
   } else {
-    if (per_optimizer_[&optimizer].stage == Stage::ready) unscale_(optimizer);
-    step_unless_found(optimizer, per_optimizer_[&optimizer].found_inf, nullptr, decision);
+    PerOptimizer& st = per_optimizer_[&optimizer];
+    if (st.stage == Stage::ready) unscale_(optimizer);
+    // As torch.amp.GradScaler ("No inf checks were recorded for this
+    // optimizer"): a step with nothing checked would count as a clean one
+    // towards the scale's growth.
+    check(std::any_of(st.params.begin(), st.params.end(), [](const Tensor& p) { return p.grad().defined(); }),
+          "GradScaler::step: none of the optimizer's {} parameters has a gradient, so no inf check was recorded "
+          "for it; did the loss reach them through backward()?",
+          st.params.size());
+    step_unless_found(optimizer, st.found_inf, nullptr, decision);
   }
   PerOptimizer& st = per_optimizer_[&optimizer];
   st.stage = Stage::stepped;
@@ -371,7 +389,7 @@ std::map<std::string, double> GradScaler::state_dict() const {
           {"growth_factor", options_.growth_factor},
           {"backoff_factor", options_.backoff_factor},
           {"growth_interval", static_cast<double>(options_.growth_interval)},
-          {"growth_tracker", static_cast<double>(growth_tracker())},
+          {"_growth_tracker", static_cast<double>(growth_tracker())},
           {"hysteresis_left", static_cast<double>(hysteresis_left())},
           {"step", static_cast<double>(step_)}};
 }
@@ -395,21 +413,22 @@ void GradScaler::load_state_dict(const std::map<std::string, double>& state) {
   const double scale = get("scale");
   check(std::isfinite(scale) && scale > 0 && scale <= kF32Max,
         "GradScaler::load_state_dict: scale {} is not positive and finite", scale);
+  check((!options_.min_scale || scale >= *options_.min_scale) && (!options_.max_scale || scale <= *options_.max_scale),
+        "GradScaler::load_state_dict: scale {} is outside this scaler's [min_scale, max_scale] = [{}, {}]", scale,
+        options_.min_scale ? fmt::format("{}", *options_.min_scale) : "none",
+        options_.max_scale ? fmt::format("{}", *options_.max_scale) : "none");
   options.init_scale = scale;
   const ScaleRule rule = scale_rule_from(options);
-  // torch.amp.GradScaler names it "_growth_tracker": its state loads too.
-  const bool torch_named = state.count("growth_tracker") == 0 && state.count("_growth_tracker") != 0;
-  const double tracker = get(torch_named ? "_growth_tracker" : "growth_tracker");
+  // "_growth_tracker", as torch.amp.GradScaler names it; states written
+  // before this library used PyTorch's name say "growth_tracker".
+  const bool old_name = state.count("_growth_tracker") == 0 && state.count("growth_tracker") != 0;
+  const double tracker = get(old_name ? "growth_tracker" : "_growth_tracker");
   check(is_whole(tracker) && tracker >= 0, "GradScaler::load_state_dict: growth_tracker {} is not a count", tracker);
   // An update leaves the tracker below the interval (it grows and resets
   // there), and the scale inside this scaler's bounds.
   check(tracker < static_cast<double>(options.growth_interval),
         "GradScaler::load_state_dict: growth_tracker {} is not below growth_interval {}", tracker,
         options.growth_interval);
-  check((!options_.min_scale || scale >= *options_.min_scale) && (!options_.max_scale || scale <= *options_.max_scale),
-        "GradScaler::load_state_dict: scale {} is outside this scaler's [min_scale, max_scale] = [{}, {}]", scale,
-        options_.min_scale ? fmt::format("{}", *options_.min_scale) : "none",
-        options_.max_scale ? fmt::format("{}", *options_.max_scale) : "none");
   double hysteresis = options_.hysteresis;
   if (auto it = state.find("hysteresis_left"); it != state.end()) hysteresis = it->second;
   check(is_whole(hysteresis) && hysteresis >= 0 && hysteresis <= options_.hysteresis,

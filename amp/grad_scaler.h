@@ -100,7 +100,8 @@ class GradScaler {
   // (ValueError otherwise); step() calls it when you did not.
   void unscale_(ScalableOptimizer& optimizer);
   // Steps the optimizer unless its gradients held inf/NaN. Once per
-  // optimizer between updates (ValueError otherwise).
+  // optimizer between updates, and only when one of its parameters has a
+  // gradient (ValueError otherwise).
   void step(ScalableOptimizer& optimizer);
   // Applies the policy's rule once, from the found_inf of every optimizer
   // stepped or unscaled since the last update (ValueError if none was).
@@ -121,8 +122,10 @@ class GradScaler {
   int64_t host_syncs() const { return host_syncs_; }
 
   // "scale", "growth_factor", "backoff_factor", "growth_interval",
-  // "growth_tracker", "hysteresis_left", "step": every value is exact as a
-  // double. Loading checks every entry before changing anything.
+  // "_growth_tracker" (PyTorch's keys, so either library loads the other's
+  // state), "hysteresis_left", "step": every value is exact as a double.
+  // Loading checks every entry before changing anything; it also takes a
+  // tracker saved as "growth_tracker".
   std::map<std::string, double> state_dict() const;
   void load_state_dict(const std::map<std::string, double>& state);
 

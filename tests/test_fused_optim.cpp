@@ -22,7 +22,7 @@ using testing::host_f64;
 using testing::MakeOptimizer;
 using testing::rel_error;
 
-// The host loop in `dt` against the raw-op rule in f32.
+// The host loop in `dt` against the raw-op rule in `dt`.
 void expect_host_loop_matches_raw_ops(const MakeOptimizer& make, DType dt, double tol) {
   testing::expect_update_matches_raw_ops(make, kCPU, dt, /*fused=*/true, tol);
 }

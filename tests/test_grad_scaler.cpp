@@ -412,17 +412,79 @@ TEST(GradScaler, InvalidOptionsAndStatesAreRejected) {
   state["scale"] = -1;
   EXPECT_THROW(scaler.load_state_dict(state), ValueError);
   state = scaler.state_dict();
-  state.erase("growth_tracker");
+  state.erase("_growth_tracker");
   EXPECT_THROW(scaler.load_state_dict(state), ValueError);
   state = scaler.state_dict();
-  state["growth_tracker"] = 2000;  // an update would have grown the scale and reset it
+  state["_growth_tracker"] = 2000;  // an update would have grown the scale and reset it
   EXPECT_THROW(scaler.load_state_dict(state), ValueError);
   GradScalerOptions bounded;
   bounded.max_scale = 1024;
+  bounded.init_scale = 1024;
   GradScaler capped(bounded);
   state = scaler.state_dict();  // scale 65536, above the cap
   EXPECT_THROW(capped.load_state_dict(state), ValueError);
   EXPECT_EQ(scaler.get_scale(), 65536.0);  // nothing changed
+}
+
+// A scale outside [min_scale, max_scale] would stay there until the rule
+// first moved it, and the scaler's own state would not load back.
+TEST(GradScaler, TheInitialScaleMustLieWithinTheBounds) {
+  GradScalerOptions o;
+  o.max_scale = 1024;  // the default init_scale, 65536, is above it
+  const std::string above = testing::error_of<ValueError>([&] { GradScaler{o}; });
+  EXPECT_NE(above.find("init_scale 65536 is outside [min_scale, max_scale] = [0, 1024]"), std::string::npos) << above;
+  o = {};
+  o.init_scale = 1;
+  o.min_scale = 4;
+  EXPECT_THROW(GradScaler{o}, ValueError);
+  o.init_scale = 4;  // at the floor is inside
+  GradScaler at_floor(o);
+  at_floor.load_state_dict(at_floor.state_dict());
+  EXPECT_EQ(at_floor.get_scale(), 4.0);
+}
+
+// As torch.amp.GradScaler(enabled=False): a disabled scaler checks no option.
+TEST(GradScaler, ADisabledScalerChecksNoOption) {
+  GradScalerOptions o;
+  o.enabled = false;
+  o.growth_factor = 0.5;
+  GradScaler scaler(o);
+  EXPECT_EQ(scaler.get_scale(), 1.0);
+}
+
+// torch.amp.GradScaler.step raises "No inf checks were recorded for this
+// optimizer" when none of its parameters has a gradient; counting such a
+// step as clean would move the scale towards growth.
+TEST(GradScaler, StepRefusesAnOptimizerWithoutGradients) {
+  GradScaler scaler;
+  CountingOptimizer used(full({1}, 1.0).set_requires_grad(true));
+  CountingOptimizer idle(full({1}, 1.0).set_requires_grad(true));
+  backward_step(scaler, used, false);  // the loss reaches `used` only
+  scaler.step(used);
+  const std::string message = testing::error_of<ValueError>([&] { scaler.step(idle); });
+  EXPECT_NE(message.find("none of the optimizer's 1 parameters has a gradient"), std::string::npos) << message;
+  EXPECT_EQ(idle.steps, 0);
+  scaler.update();
+  EXPECT_EQ(scaler.growth_tracker(), 1);  // from `used` alone
+}
+
+// The state uses PyTorch's keys, so PyTorch loads it; a tracker saved as
+// "growth_tracker" (this library's earlier name) still loads.
+TEST(GradScaler, StateDictUsesPyTorchsKeys) {
+  GradScalerOptions o;
+  o.growth_interval = 10;
+  GradScaler scaler(o);
+  CountingOptimizer opt(full({1}, 1.0).set_requires_grad(true));
+  for (int i = 0; i < 3; ++i) run_step(scaler, opt, false);
+  auto state = scaler.state_dict();
+  for (const char* key : {"scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker"})
+    EXPECT_EQ(state.count(key), 1u) << key;
+  EXPECT_EQ(state.at("_growth_tracker"), 3.0);
+  state["growth_tracker"] = state.at("_growth_tracker");
+  state.erase("_growth_tracker");
+  GradScaler restored(o);
+  restored.load_state_dict(state);
+  EXPECT_EQ(restored.growth_tracker(), 3);
 }
 
 // torch.amp.GradScaler's state_dict(), as PyTorch writes it, loads.

@@ -244,6 +244,12 @@ TEST_F(MptTrain, MixedPrecisionRunResumesBitIdenticalWithItsScaler) {
       "--precision fp16 --init-scale 1024 --growth-interval 2 --batch-size 16 --steps 6 --eval-batches 1 --seed 5";
   ASSERT_EQ(run(fmt::format("{} --checkpoint '{}'", common, file("whole.safetensors"))), 0) << stderr_;
   ASSERT_EQ(run(fmt::format("{} --stop-after 3 --checkpoint '{}'", common, file("part.safetensors"))), 0) << stderr_;
+  // The scaler's rule is the run's: another growth interval is refused,
+  // not overridden by the checkpoint's.
+  std::string other_interval = common;
+  other_interval.replace(other_interval.find("--growth-interval 2"), 19, "--growth-interval 500");
+  EXPECT_NE(run(fmt::format("{} --resume '{}'", other_interval, file("part.safetensors"))), 0);
+  EXPECT_NE(stderr_.find("growth_interval 2, but this run has --growth-interval 500"), std::string::npos) << stderr_;
   ASSERT_EQ(run(fmt::format("{} --resume '{}' --checkpoint '{}'", common, file("part.safetensors"),
                             file("part.safetensors"))),
             0)

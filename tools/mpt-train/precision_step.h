@@ -89,6 +89,18 @@ class PrecisionStep {
       values[key.substr(7)] = t.item();
     }
     check(!values.empty(), "mpt-train: the checkpoint has no loss-scaler state, but this run is fp16");
+    // The scaler's rule is part of the run: a resume that silently took the
+    // checkpoint's over this run's flags would not be the run asked for.
+    const amp::GradScalerOptions& o = scaler_->options();
+    for (const auto& [field, asked] : {std::pair<std::string_view, double>{"growth_factor", o.growth_factor},
+                                       {"backoff_factor", o.backoff_factor},
+                                       {"growth_interval", static_cast<double>(o.growth_interval)}}) {
+      const auto saved = values.find(std::string(field));
+      check(saved == values.end() || saved->second == asked,
+            "mpt-train: the checkpoint's loss scaler has {} {}, but this run has {} {}; resume with the "
+            "checkpoint's value",
+            field, saved->second, tools::flag_for_field(field), asked);
+    }
     scaler_->load_state_dict(values);
   }
 
