@@ -44,6 +44,19 @@ Tensor mean(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
   return out;
 }
 
+namespace {
+
+// x [..., d] as [rows, d], its leading dimensions folded into rows. Not
+// reshape(x, {-1, d}): where a size is 0 that -1 could be anything.
+Tensor as_rows(const Tensor& x) {
+  const int64_t d = x.shape().back();
+  int64_t rows = 1;
+  for (size_t i = 0; i + 1 < x.shape().size(); ++i) rows *= x.shape()[i];
+  return prim::reshape(x, {rows, d});
+}
+
+}  // namespace
+
 Tensor matmul(const Tensor& a, const Tensor& b) {
   if (AutocastOp ac{"matmul", {&a, &b}}) return matmul(ac[0], ac[1]);
   Tensor out = prim::matmul(a, b);
@@ -54,8 +67,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
       if (b.requires_grad()) {
         if (b.dim() == 2 && a.dim() > 2) {
           // [..., m, k] @ [k, n]: fold the batch into rows, one GEMM.
-          const int64_t k = a.shape().back(), n = b.shape().back();
-          gb = prim::matmul(prim::transpose(prim::reshape(a, {-1, k}), 0, 1), prim::reshape(g[0], {-1, n}));
+          gb = prim::matmul(prim::transpose(as_rows(a), 0, 1), as_rows(g[0]));
         } else {
           gb = sum_to(prim::matmul(prim::transpose(a, -1, -2), g[0]), b.shape());
         }
@@ -82,12 +94,11 @@ Tensor linear_forward(const char* op, const Tensor& x, const Tensor& weight, con
                     weight.dim() == 2 ? weight.shape()[1] : -1);
   check<ShapeError>(!bias.defined() || (bias.dim() == 1 && bias.shape()[0] == weight.shape()[0]),
                     "{}: bias {} does not match weight {}", op, describe(bias), describe(weight));
-  const int64_t in = weight.shape()[1];
   Shape out_shape = x.shape();
   out_shape.back() = weight.shape()[0];
   // The bias rides in the GEMM's epilogue (prim::linear), and in backward
   // the bias gradient in the weight gradient's (prim::linear_weight_grad).
-  return prim::reshape(prim::linear(prim::reshape(x, {-1, in}), weight, bias, relu), out_shape);
+  return prim::reshape(prim::linear(as_rows(x), weight, bias, relu), out_shape);
 }
 
 // Weight gradients of at least this many multiply-adds run beside the
@@ -103,11 +114,11 @@ constexpr double kBesideMinMultiplyAdds = 1e9;
 // as their inputs are ready.
 Grads linear_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Tensor& bias) {
   const int64_t in = weight.shape()[1], out_features = weight.shape()[0];
-  const Tensor g2 = prim::contiguous(prim::reshape(grad_out, {-1, out_features}));
+  const Tensor g2 = prim::contiguous(as_rows(grad_out));
   const bool want_bias = bias.defined() && bias.requires_grad();
   Tensor gx, gw, gb;
   if (weight.requires_grad()) {
-    const Tensor x2 = prim::reshape(x, {-1, in});
+    const Tensor x2 = as_rows(x);
     auto weight_grads = [&] {
       auto [w, b] = prim::linear_weight_grad(g2, x2, want_bias);
       return std::vector<Tensor>{prim::to(w, weight.dtype()), b.defined() ? prim::to(b, bias.dtype()) : b};

@@ -237,9 +237,13 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
   Tensor out = prim::index_select_rows(weight, indices);
   if (needs_grad({weight}))
     record("embedding", out, {weight}, Saved{indices}, [weight, indices](const Grads& g) {
-      Tensor gw = zeros(weight.shape(), weight.dtype(), weight.device());
-      prim::index_add_rows_(gw, indices, prim::to(g[0], weight.dtype()));
-      return Grads{gw};
+      // Summed in f32 for a 16-bit table, as PyTorch sums: a row that many
+      // tokens share adds thousands of small gradients, and a 16-bit sum
+      // stops growing once it is 256 (bf16) or 2048 (f16) times each one.
+      const DType sum_dtype = weight.dtype() == DType::f64 ? DType::f64 : DType::f32;
+      Tensor gw = zeros(weight.shape(), sum_dtype, weight.device());
+      prim::index_add_rows_(gw, indices, prim::to(g[0], sum_dtype));
+      return Grads{prim::to(gw, weight.dtype())};
     });
   return out;
 }
@@ -264,11 +268,15 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator* gen) {
 
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dParams& p) {
   if (AutocastOp ac{"conv2d", {&x, &weight, &bias}}) return conv2d(ac[0], ac[1], ac[2], p);
-  Tensor y = prim::conv2d(x, weight, p);
+  Tensor y = prim::conv2d(x, weight, p);  // checks x and weight
   if (bias.defined()) {
     check<ShapeError>(bias.shape() == Shape{weight.shape()[0]}, "conv2d: bias {} does not match weight {}",
                       describe(bias), describe(weight));
-    y = prim::add(y, prim::reshape(bias, {1, -1, 1, 1}));
+    // As linear: a bias of another dtype would promote the output, and the
+    // backward's convolutions would then meet operands of two dtypes.
+    check<DTypeError>(bias.dtype() == weight.dtype(), "conv2d: bias {} and weight {} differ in dtype",
+                      describe(bias), describe(weight));
+    y = prim::add(y, prim::reshape(bias, {1, weight.shape()[0], 1, 1}));
   }
   Tensor out = y;
   if (needs_grad({x, weight, bias}))
@@ -317,9 +325,11 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   Tensor scores = mul(matmul(q, transpose(k, -1, -2)), s);
   if (causal) {
     // 0 on and below the diagonal, -inf above it (log of the keep mask).
-    const Tensor rows = prim::unsqueeze(arange(0, static_cast<double>(t), 1, scores.dtype(), q.device()), 1);
-    const Tensor cols = prim::unsqueeze(arange(0, static_cast<double>(t), 1, scores.dtype(), q.device()), 0);
-    const Tensor keep = prim::binary(BinaryOp::le, cols, rows);
+    // Positions in f32 (exact to 2^24): in bf16 (f16) neighbours above 256
+    // (2048) round to one value, and a query would see the key after it.
+    const Tensor rows = prim::unsqueeze(arange(0, static_cast<double>(t), 1, DType::f32, q.device()), 1);
+    const Tensor cols = prim::unsqueeze(arange(0, static_cast<double>(t), 1, DType::f32, q.device()), 0);
+    const Tensor keep = prim::to(prim::binary(BinaryOp::le, cols, rows), scores.dtype());
     scores = add(scores, prim::unary(UnaryOp::log, keep));
   }
   return matmul(softmax(scores, -1), v);

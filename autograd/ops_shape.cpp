@@ -27,8 +27,11 @@ Tensor view(const Tensor& x, Shape shape) {
 
 Tensor flatten(const Tensor& x, int64_t start_dim) {
   const int s = normalize_dim(start_dim, x.dim(), "flatten");
+  // The folded size counted, not -1: with a batch of 0 the -1 could be anything.
   Shape shape(x.shape().begin(), x.shape().begin() + s);
-  shape.push_back(-1);
+  int64_t folded = 1;
+  for (int64_t d = s; d < x.dim(); ++d) folded *= x.shape()[d];
+  shape.push_back(folded);
   return reshape(x, shape);
 }
 

@@ -178,6 +178,21 @@ TEST_F(Gradcheck, ConvolutionAndPooling) {
     expect_gradients_match([&](const V& v) { return max_pool2d(v[0], p); }, {x({2, 3, 7, 6})});
 }
 
+// Sizes of 0 (an empty batch, no features in or out) go through forward
+// and backward with the gradients' zeros, as in PyTorch.
+TEST_F(Gradcheck, EmptySizesFlowThroughMatmulLinearAndFlatten) {
+  TRACE_SEED();
+  auto product = [](const V& v) { return matmul(v[0], v[1]); };
+  expect_gradients_match(product, {x({2, 3, 4}), x({4, 0})});
+  expect_gradients_match(product, {x({2, 3, 0}), x({0, 5})});
+  auto affine = [](const V& v) { return linear(v[0], v[1], v[2]); };
+  expect_gradients_match(affine, {x({2, 0}), x({3, 0}), x({3})});  // no input features: the bias alone
+  expect_gradients_match(affine, {x({2, 4}), x({0, 4}), x({0})});  // no output features
+  expect_gradients_match(affine, {x({0, 4}), x({3, 4}), x({3})});  // an empty batch
+  EXPECT_EQ(flatten(x({0, 2, 3, 3}), 1).shape(), (Shape{0, 18}));
+  expect_gradients_match([](const V& v) { return flatten(v[0], 1); }, {x({0, 2, 3, 3})});
+}
+
 TEST_F(Gradcheck, Attention) {
   TRACE_SEED();
   for (bool causal : {true, false})
@@ -215,6 +230,61 @@ TEST(AutogradForward, AttentionMatchesExplicitMath) {
         }
       }
     }
+}
+
+// A causal mask in 16 bits past the lengths where the dtype holds every
+// position: no query sees a key after it (in bf16, positions 256 and 257
+// round to one value).
+TEST(AutogradForward, SixteenBitCausalAttentionNeverSeesTheNextKey) {
+  const uint64_t seed = testing::fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  Generator gen(seed);
+  const int64_t t = 300;
+  for (DType dt : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor q = randn({1, 1, t, 8}, dt, kCPU, &gen), k = randn({1, 1, t, 8}, dt, kCPU, &gen);
+    const Tensor v = randn({1, 1, t, 8}, dt, kCPU, &gen);
+    const Tensor changed = prim::clone(v);
+    prim::fill_(prim::slice(changed, 2, 257, 258), 100.0);  // key 257's value only
+    const Tensor before = scaled_dot_product_attention(q, k, v, true);
+    const Tensor after = scaled_dot_product_attention(q, k, changed, true);
+    EXPECT_EQ(prim::slice(before, 2, 0, 257).to_vector<double>(), prim::slice(after, 2, 0, 257).to_vector<double>())
+        << "a query before position 257 saw its value";
+    EXPECT_NE(prim::slice(before, 2, 257, 258).to_vector<double>(), prim::slice(after, 2, 257, 258).to_vector<double>());
+  }
+}
+
+// An embedding row that many tokens share gets the sum of their gradients
+// rounded once to the table's dtype, not a 16-bit running sum (which in
+// bf16 stops growing near 0.5 for steps of 1e-3).
+TEST(AutogradForward, SixteenBitEmbeddingGradientsSumInF32) {
+  for (DType dt : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor table = zeros({10, 4}, dt).set_requires_grad(true);
+    const Tensor indices = full({2000}, 3.0, DType::i64);
+    backward(sum(mul(embedding(table, indices), full({2000, 4}, 1e-3, dt))));
+    const std::vector<double> row = prim::slice(table.grad(), 0, 3, 4).to_vector<double>();
+    const double exact = 2000 * static_cast<double>(prim::to(full({}, 1e-3, dt), DType::f64).item());
+    for (double v : row) EXPECT_NEAR(v, exact, exact * 1e-2);
+    EXPECT_EQ(prim::slice(table.grad(), 0, 0, 1).to_vector<double>(), std::vector<double>(4, 0.0));
+  }
+}
+
+// A bias gradient over four million rows is their sum to f32's precision,
+// whether it comes from the weight gradient's epilogue or from a sum of its
+// own (the weight frozen).
+TEST(AutogradForward, ABiasGradientOverMillionsOfRowsIsExactEitherWay) {
+  const int64_t n = int64_t(1) << 22;
+  const Tensor x = ones({n, 1});
+  const Tensor upstream = full({n, 1}, 0.01);
+  const double exact = n * static_cast<double>(0.01f);
+  for (bool weight_wants_a_gradient : {true, false}) {
+    SCOPED_TRACE(weight_wants_a_gradient ? "epilogue" : "own sum");
+    const Tensor w = ones({1, 1}).set_requires_grad(weight_wants_a_gradient);
+    const Tensor b = zeros({1}).set_requires_grad(true);
+    backward(sum(mul(linear(x, w, b), upstream)));
+    EXPECT_NEAR(b.grad().item(), exact, exact * 1e-6);
+  }
 }
 
 // Softmax and log-softmax in 16 bits on the CPU against the f64 result of

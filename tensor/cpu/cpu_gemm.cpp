@@ -81,16 +81,20 @@ void apply_relu(const GemmArgs& g, Acc* out) {
     if (out[i] <= 0) out[i] = 0;
 }
 
-// The bias-gradient epilogue: bias_grad[i] = sum over k of a[i, k].
+// The bias-gradient epilogue: bias_grad[i] = sum over k of a[i, k], added
+// in double: over a batch of millions of rows an f32 running sum drifts
+// (as prim::sum's blocks avoid), and the bias gradient would then depend
+// on whether the weight wants one too.
 template <typename Acc, typename T>
 void sum_rows_of_a(const GemmArgs& g) {
   if (!g.bias_grad.data) return;
   const T* a = static_cast<const T*>(g.a.data);
   T* sums = static_cast<T*>(g.bias_grad.data);
   for (int64_t i = 0; i < g.a.shape[1]; ++i) {
-    Acc acc = 0;
-    for (int64_t k = 0; k < g.a.shape[2]; ++k) acc += static_cast<Acc>(a[i * g.a.strides[1] + k * g.a.strides[2]]);
-    sums[i] = static_cast<T>(acc);
+    double acc = 0;
+    for (int64_t k = 0; k < g.a.shape[2]; ++k)
+      acc += static_cast<double>(static_cast<Acc>(a[i * g.a.strides[1] + k * g.a.strides[2]]));
+    sums[i] = static_cast<T>(static_cast<Acc>(acc));
   }
 }
 
