@@ -82,10 +82,20 @@ std::vector<bool> overflow_pattern_from_spec(const std::string& spec, int64_t st
   const std::string kind = spec.substr(0, colon);
   const std::string rest = colon == std::string::npos ? "" : spec.substr(colon + 1);
   const auto args = split(rest, ':');
+  // Whole numbers only: "10abc" or "3.7" as a count is refused, not read as 10 or 3.
+  auto whole = [](const std::string& text, auto parse) {
+    size_t used = 0;
+    const auto value = parse(text, &used);
+    if (used != text.size()) throw std::invalid_argument(text);
+    return value;
+  };
+  const auto real = [](const std::string& t, size_t* used) { return std::stod(t, used); };
+  const auto count = [](const std::string& t, size_t* used) { return std::stoll(t, used); };
   try {
-    if (kind == "bernoulli" && args.size() == 1) return bernoulli_overflows(steps, std::stod(args[0]), seed);
-    if (kind == "bursts" && args.size() == 2) return burst_overflows(steps, std::stoll(args[0]), std::stoll(args[1]));
-    if (kind == "periodic" && args.size() == 1) return periodic_overflows(steps, std::stoll(args[0]));
+    if (kind == "bernoulli" && args.size() == 1) return bernoulli_overflows(steps, whole(args[0], real), seed);
+    if (kind == "bursts" && args.size() == 2)
+      return burst_overflows(steps, whole(args[0], count), whole(args[1], count));
+    if (kind == "periodic" && args.size() == 1) return periodic_overflows(steps, whole(args[0], count));
   } catch (const std::logic_error&) {
     // a number that does not parse: reported below with the expected forms
   }

@@ -64,6 +64,11 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
     }
     check<ShapeError>(g.shape() == r.shape(), "backward: gradient {} does not match the root {}", describe(g),
                       describe(r));
+    check<DeviceError>(g.device() == r.device(), "backward: gradient {} and root {} are on different devices",
+                       describe(g), describe(r));
+    check<DTypeError>(is_floating(g.dtype()), "backward: gradient {} is not floating", describe(g));
+    // Another float dtype is converted, as PyTorch converts it.
+    if (g.dtype() != r.dtype()) g = prim::to(g, r.dtype());
     seeds.emplace_back(gradient_edge(r), g);
   }
 

@@ -76,6 +76,14 @@ CharDataset CharDataset::subset(int64_t first, int64_t count) const {
   return out;
 }
 
+std::pair<CharDataset, CharDataset> CharDataset::split_held_out(int64_t held_out) const {
+  const int64_t trained = count_ - held_out - context_;
+  check(held_out >= 1 && trained >= 1,
+        "CharDataset::split_held_out: {} windows of context {} leave no training window before {} held-out ones",
+        count_, context_, held_out);
+  return {subset(0, trained), subset(count_ - held_out, held_out)};
+}
+
 std::string CharDataset::decode(const std::vector<int64_t>& tokens) const {
   std::string out;
   for (int64_t t : tokens) {

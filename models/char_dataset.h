@@ -5,6 +5,7 @@
 // shifted by one.
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "models/dataset.h"
 
@@ -31,6 +32,11 @@ class CharDataset : public Dataset {
   // The windows starting in [first, first + count), same vocabulary and
   // text (shared, not copied): e.g. a held-out tail for validation.
   CharDataset subset(int64_t first, int64_t count) const;
+  // The last `held_out` windows, and for training the windows before them
+  // that read none of their bytes (a window reads context + 1 of them: one
+  // trained on the held-out text would flatter its evaluation). ValueError
+  // when no training window is left.
+  std::pair<CharDataset, CharDataset> split_held_out(int64_t held_out) const;
 
  private:
   int64_t context_;

@@ -232,6 +232,14 @@ TEST(AutogradForward, AttentionMatchesExplicitMath) {
     }
 }
 
+// A root's gradient of another float dtype is converted, as in PyTorch.
+TEST(AutogradForward, ARootGradientOfAnotherFloatDtypeIsConverted) {
+  const Tensor w = from_vector(std::vector<float>{1, -2, 3}, {3}).set_requires_grad(true);
+  backward(mul(w, w), from_vector(std::vector<double>{1, 0.5, 2}, {3}, DType::f64));
+  EXPECT_EQ(w.grad().dtype(), DType::f32);
+  EXPECT_EQ(w.grad().to_vector<double>(), (std::vector<double>{2, -2, 12}));
+}
+
 // A causal mask in 16 bits past the lengths where the dtype holds every
 // position: no query sees a key after it (in bf16, positions 256 and 257
 // round to one value).

@@ -300,6 +300,14 @@ std::vector<BadInput> table() {
           amp::GradScaler().scale(f32({}), -3)),
       ROW(ValueError, "scaler_zero_batch_counted_in_samples", (strings{"GradScaler::scale", "samples"}),
           amp::GradScaler({.growth_unit = amp::GrowthUnit::samples}).scale(f32({}), 0)),
+      ROW(DeviceError, "backward_gradient_on_another_device", (strings{"backward", "f32[2] on cpu and", "on cpu:1"}), {
+        const Tensor w = ones({2}, DType::f32, Device(DeviceType::cpu, 1)).set_requires_grad(true);
+        backward(mul(w, w), ones({2}));
+      }),
+      ROW(DTypeError, "backward_integer_gradient", (strings{"backward", "i64[2]"}), {
+        const Tensor w = ones({2}).set_requires_grad(true);
+        backward(mul(w, w), i64({1, 1}));
+      }),
       ROW(DTypeError, "scaler_f16_gradients", (strings{"GradScaler::unscale_", "f16[3]", "f32"}), {
         Tensor w = zeros({3}, DType::f16).set_requires_grad(true);
         amp::GradScaler scaler;

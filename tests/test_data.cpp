@@ -222,6 +222,31 @@ TEST(CharDataset, WindowsAndShiftedTargets) {
   EXPECT_THROW(CharDataset("abc", 3, "short"), IOError);
 }
 
+// Every byte of the text distinct, so each token is its byte's position:
+// the training windows' last target comes before the held-out windows'
+// first input, and between them the sets cover every window that can.
+TEST(CharDataset, AHeldOutTailSharesNoByteWithTraining) {
+  std::string text;
+  for (int b = 0; b < 200; ++b) text.push_back(static_cast<char>(b));
+  const int64_t context = 16, held_out = 20;
+  const CharDataset whole(text, context, "positions");
+  const auto [train, eval] = whole.split_held_out(held_out);
+  EXPECT_EQ(eval.size(), held_out);
+  EXPECT_EQ(train.size() + context + eval.size(), whole.size());
+  auto all = [](const CharDataset& ds) {
+    std::vector<int64_t> every(ds.size());
+    for (int64_t i = 0; i < ds.size(); ++i) every[i] = i;
+    return ds.get_batch(every);
+  };
+  const Batch trained = all(train), held = all(eval);
+  const auto read_in_training = trained.target.to_vector<int64_t>();
+  const auto held_inputs = held.input.to_vector<int64_t>();
+  EXPECT_EQ(*std::max_element(read_in_training.begin(), read_in_training.end()) + 1,
+            *std::min_element(held_inputs.begin(), held_inputs.end()))
+      << "training reads up to the byte before the held-out text, and no further";
+  EXPECT_THROW(whole.split_held_out(whole.size() - context), ValueError);  // nothing left to train on
+}
+
 TEST(CharDataset, UnusableTextFilesAreRefusedNamingThem) {
   mpt::testing::TempDir dir{"mpt-data-test"};
   write_plain(dir.file("empty.txt"), {});

@@ -177,6 +177,36 @@ TEST_F(MptTrain, StoppedAndResumedRunEndsBitIdentical) {
   EXPECT_EQ(tensors_of(file("part.safetensors")), tensors_of(file("whole.safetensors")));
 }
 
+// A stop right after an epoch's last step: that epoch is summed up before
+// the stop, and the resumed run starts the next epoch (it used to sum up
+// the finished one again, from no steps: a train loss of 0).
+TEST_F(MptTrain, AStopAtAnEpochsEndSumsItUpAndTheResumptionStartsTheNext) {
+  // 60000 images in batches of 8192: 8 steps an epoch, the last one short.
+  const std::string common = "--batch-size 8192 --epochs 2 --eval-batches 1 --seed 7";
+  ASSERT_EQ(run(fmt::format("{} --checkpoint '{}'", common, file("whole.safetensors"))), 0) << stderr_;
+  ASSERT_EQ(run(fmt::format("{} --stop-after 8 --checkpoint '{}' --metrics '{}'", common, file("part.safetensors"),
+                            file("part.jsonl"))),
+            0)
+      << stderr_;
+  std::vector<nlohmann::json> epochs;
+  for (const auto& l : json_lines(file("part.jsonl")))
+    if (l["event"] == "epoch") epochs.push_back(l);
+  ASSERT_EQ(epochs.size(), 1u);
+  EXPECT_EQ(epochs[0]["epoch"], 1);
+  EXPECT_EQ(epochs[0]["step"], 8);
+  ASSERT_EQ(run(fmt::format("{} --resume '{}' --checkpoint '{}' --metrics '{}'", common, file("part.safetensors"),
+                            file("part.safetensors"), file("resumed.jsonl"))),
+            0)
+      << stderr_;
+  epochs.clear();
+  for (const auto& l : json_lines(file("resumed.jsonl")))
+    if (l["event"] == "epoch") epochs.push_back(l);
+  ASSERT_EQ(epochs.size(), 1u);
+  EXPECT_EQ(epochs[0]["epoch"], 2);
+  EXPECT_GT(epochs[0]["train_loss"].get<double>(), 0.0);
+  EXPECT_EQ(tensors_of(file("part.safetensors")), tensors_of(file("whole.safetensors")));
+}
+
 // A real interruption: SIGTERM arrives at some step k; the run finishes that
 // step, checkpoints and exits with 130. Resumed up to step k + 3, it equals
 // a run that went to k + 3 without a break (both planned for 2000 steps).
@@ -507,7 +537,8 @@ TEST_F(MptTrain, OnGpusADdpStepIsCapturedWithItsAllReduces) {
 TEST_F(MptTrain, BadOptionsAreRefusedNamingTheOption) {
   for (const char* args : {"--log-every 0", "--eval-batches -1", "--checkpoint-every -1", "--stop-after -1",
                            "--workers -1", "--context 0", "--gpt-d-model 0", "--init-scale 0", "--lr -1",
-                           "--weight-decay -0.1", "--momentum -1", "--min-lr-ratio 5"}) {
+                           "--weight-decay -0.1", "--momentum -1", "--min-lr-ratio 5", "--lr inf",
+                           "--weight-decay 1e999", "--dist-timeout inf", "--init-scale nan"}) {
     EXPECT_EQ(run(args), 2) << args;
     const std::string flag = std::string(args).substr(0, std::string(args).find(' '));
     EXPECT_NE(stderr_.find(flag + ": must be"), std::string::npos) << args << ": " << stderr_;
@@ -522,6 +553,10 @@ TEST_F(MptTrain, BadOptionsAreRefusedNamingTheOption) {
 
   EXPECT_EQ(run("--model gpt --data fashion-mnist --steps 1"), 1);
   EXPECT_NE(stderr_.find("--model gpt trains on text"), std::string::npos) << stderr_;
+  // A text too short to hold a training window before its held-out tenth.
+  std::ofstream(file("tiny.txt")) << std::string(40, 'a');
+  EXPECT_EQ(run(fmt::format("--model gpt --data '{}' --context 32 --steps 1", file("tiny.txt"))), 1);
+  EXPECT_NE(stderr_.find("is too short for --context 32"), std::string::npos) << stderr_;
   EXPECT_EQ(run("--model mlp --data fortunes --steps 1"), 1);
   EXPECT_NE(stderr_.find("--model mlp trains on --data fashion-mnist or a folder holding Fashion-MNIST's four .gz "
                          "files, not 'fortunes'"),

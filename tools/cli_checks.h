@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -16,16 +17,18 @@ namespace mpt::tools {
 // The status a tool ends with when its command line is wrong.
 inline constexpr int kUsageError = 2;
 
-// A number for which `holds` is true; otherwise the option is refused with
-// "<rule>, got <input>". Text that is no number passes here and is refused
-// by the option's own conversion.
+// A finite number for which `holds` is true; otherwise the option is
+// refused with "<rule>, got <input>" ("must be finite" for inf, 1e999 or
+// nan, which the conversion accepts). Text that is no number passes here
+// and is refused by the option's own conversion.
 template <typename Holds>
 CLI::Validator number_where(Holds holds, std::string rule, std::string tag) {
   return CLI::Validator(
       [holds, rule](std::string& input) -> std::string {
         double value = 0;
-        if (!CLI::detail::lexical_cast(input, value) || holds(value)) return {};
-        return rule + ", got " + input;
+        if (!CLI::detail::lexical_cast(input, value)) return {};
+        if (!std::isfinite(value)) return "must be finite, got " + input;
+        return holds(value) ? std::string() : rule + ", got " + input;
       },
       std::move(tag));
 }

@@ -171,6 +171,7 @@ int main(int argc, char** argv) {
         policies = {"torch", "hysteresis", "static"};
       }
       for (const std::string& name : policies) replay_flags.checked_options(amp::scale_policy_from_name(name), "replay");
+      (void)amp::trace_format_for_path(replay_out);  // .jsonl or .csv
       overflows = amp::overflow_pattern_from_spec(pattern, replay_steps, seed);
     } else if (*sweep) {
       sweep_options = sweep_flags.checked_options(amp::scale_policy_from_name(policy), "sweep");
@@ -201,10 +202,14 @@ int main(int argc, char** argv) {
     } else if (*sweep) {
       // The outputs are tried before the runs, so that a path that cannot be
       // written fails now rather than after all the training (appending
-      // nothing leaves an existing file as it is until the end).
-      for (const auto& [flag, path] : {std::pair{"--out", sweep_out}, std::pair{"--plot", sweep_plot}})
-        if (!path.empty())
-          check<IOError>(std::ofstream(path, std::ios::app).good(), "cannot write {} '{}'", flag, path);
+      // nothing leaves an existing file as it is until the end; a file the
+      // try made is removed, so a failed sweep leaves no empty one).
+      for (const auto& [flag, path] : {std::pair{"--out", sweep_out}, std::pair{"--plot", sweep_plot}}) {
+        if (path.empty()) continue;
+        const bool existed = std::filesystem::exists(path);
+        check<IOError>(std::ofstream(path, std::ios::app).good(), "cannot write {} '{}'", flag, path);
+        if (!existed) std::filesystem::remove(path);
+      }
       // Progress counts training steps over all runs.
       tools::ProgressBar bar("sweep", static_cast<int64_t>(intervals.size()) * training.steps);
       size_t runs_done = 0;
@@ -238,7 +243,8 @@ int main(int argc, char** argv) {
       if (!sweep_out.empty()) {
         std::ofstream out(sweep_out);
         check<IOError>(out.good(), "cannot write --out '{}'", sweep_out);
-        out << results.dump(2) << '\n';
+        out << results.dump(2) << '\n' << std::flush;
+        check<IOError>(out.good(), "writing --out '{}' failed", sweep_out);
       }
       if (!sweep_plot.empty()) tools::plot_scale_trajectories(sweep_plot, series);
     } else if (*plot) {

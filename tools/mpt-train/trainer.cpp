@@ -352,6 +352,8 @@ TrainResult run_training(const TrainConfig& config) {
     ckpt::restore(saved, *w.model, *optimizer, gen, c.resume);
     step = saved.step;
     position = saved.position;
+    // Saved at an epoch's end (summed up before that stop): the next one.
+    if (position.batch >= batches) position = {position.epoch + 1, 0};
     progress.message(fmt::format("resumed from '{}' at step {} (epoch {}, batch {})", c.resume, step,
                                  position.epoch + 1, position.batch));
   }
@@ -392,6 +394,8 @@ TrainResult run_training(const TrainConfig& config) {
   auto stopping = [&] { return world ? stop_agreed : stop_requested.load(); };
   // A stop before the run's end, by signal or --stop-after: the epoch in
   // progress is neither evaluated nor summed up; its resumption does that.
+  // An epoch whose last batch was trained is summed up before the stop, and
+  // its resumption starts the next one.
   auto stopping_early = [&] { return stopping() || (step >= last_step && last_step < total_steps); };
 
   // Diagnostics: the step-time breakdown (on device 0's stream under dp),
@@ -530,7 +534,7 @@ TrainResult run_training(const TrainConfig& config) {
       world->group->allreduce(asked, dist::ReduceOp::max)->wait();
       stop_agreed = asked.item() != 0;
     }
-    if (stopping_early()) break;
+    if (stopping_early() && current.batch < batches) break;
     epoch_breakdown.add(timer.take());  // waits for the epoch's last step
     const double epoch_seconds = seconds_since(epoch_started);
     const Evaluation eval = evaluate(w, device, w.sequences ? c.batch_size : 500, c.eval_batches);

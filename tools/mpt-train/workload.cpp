@@ -53,10 +53,16 @@ Workload make_workload(const TrainConfig& c, Generator& gen) {
   check(c.data != "fashion-mnist", "mpt-train: --model gpt trains on text: --data fortunes or a text file");
   const std::string path = c.data == "fortunes" ? data::kDefaultTextCorpus : c.data;
   const data::CharDataset text(path, c.context);
-  // The last tenth of the text is held out for evaluation.
+  // The last tenth of the text is held out for evaluation; no training
+  // window reads any of its bytes.
   const int64_t held_out = std::max<int64_t>(1, text.size() / 10);
-  w.train_set = std::make_shared<data::CharDataset>(text.subset(0, text.size() - held_out));
-  w.eval_set = std::make_shared<data::CharDataset>(text.subset(text.size() - held_out, held_out));
+  check(text.size() - held_out - c.context >= 1,
+        "mpt-train: --data '{}' is too short for --context {}: its {} windows leave none for training before the "
+        "{} held out for evaluation",
+        path, c.context, text.size(), held_out);
+  auto [train, eval] = text.split_held_out(held_out);
+  w.train_set = std::make_shared<data::CharDataset>(std::move(train));
+  w.eval_set = std::make_shared<data::CharDataset>(std::move(eval));
   nn::GPTOptions o;
   o.vocab_size = text.vocab_size();
   o.context = std::max<int64_t>(c.context, 1);
