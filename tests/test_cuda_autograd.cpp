@@ -551,6 +551,27 @@ TEST(CudaAutograd, FusedAttentionMatchesTheCpu) {
 // as CausalSelfAttention cuts them), the output laid out [B, T, H, D] so the
 // heads join without a copy; values and the projection's gradient against
 // the composed math in f32 on the CPU.
+// The unfused path (a head size the fused kernel does not take) in 16 bits
+// past 256 positions: no query sees the key after it.
+TEST(CudaAutograd, SixteenBitCausalAttentionNeverSeesTheNextKey) {
+  MPT_SKIP_WITHOUT_CUDA();
+  const uint64_t seed = testing::fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  Generator gen(seed);
+  const Device gpu("cuda:0");
+  for (DType dt : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor q = randn({1, 2, 300, 8}, dt, gpu, &gen), k = randn({1, 2, 300, 8}, dt, gpu, &gen);
+    const Tensor v = randn({1, 2, 300, 8}, dt, gpu, &gen);
+    ASSERT_FALSE(prim::fused_attention_available(q, k, v));
+    const Tensor changed = prim::clone(v);
+    prim::fill_(prim::slice(changed, 2, 257, 258), 100.0);
+    const Tensor before = scaled_dot_product_attention(q, k, v, true);
+    const Tensor after = scaled_dot_product_attention(q, k, changed, true);
+    EXPECT_EQ(host_f64(prim::slice(before, 2, 0, 257)), host_f64(prim::slice(after, 2, 0, 257)));
+  }
+}
+
 TEST(CudaAutograd, FusedAttentionReadsAFusedProjectionInPlace) {
   MPT_SKIP_WITHOUT_CUDA();
   const int64_t B = 2, T = 77, H = 3, D = 64, C = H * D;
