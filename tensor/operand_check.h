@@ -22,4 +22,32 @@ inline void check_floating(const char* op, const Tensor& t) {
                     describe(t));
 }
 
+// An output must not hold one element at two positions (a dimension of
+// stride 0, as expand() makes): several writes would race for it. As in
+// PyTorch, clone() it first.
+inline void check_no_internal_overlap(const char* op, const Tensor& out) {
+  for (int64_t d = 0; d < out.dim(); ++d)
+    check<ValueError>(out.strides()[d] != 0 || out.shape()[d] <= 1,
+                      "{}: the output {} has dimension {} of stride 0, so its elements share memory; clone() it "
+                      "before writing to it",
+                      op, describe(out), d);
+}
+
+// An output may be its input (in place) but must not partly overlap it:
+// elements would be read after they were overwritten, in an order the
+// kernel does not promise. Decided, as PyTorch decides, only for dense
+// operands; others pass.
+inline void check_no_partial_overlap(const char* op, const Tensor& out, const Tensor& in) {
+  if (!out.defined() || !in.defined() || out.numel() == 0 || in.numel() == 0) return;
+  if (!out.is_contiguous() || !in.is_contiguous() || out.device() != in.device()) return;
+  const auto* o = static_cast<const char*>(out.data_ptr());
+  const auto* i = static_cast<const char*>(in.data_ptr());
+  const bool apart = o + out.nbytes() <= i || i + in.nbytes() <= o;
+  const bool same = o == i && out.nbytes() == in.nbytes() && out.dtype() == in.dtype();
+  check<ValueError>(apart || same,
+                    "{}: the output {} partly overlaps the input {}; write into a separate tensor (or clone() the "
+                    "input)",
+                    op, describe(out), describe(in));
+}
+
 }  // namespace mpt

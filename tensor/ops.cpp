@@ -201,6 +201,8 @@ void copy_(const Tensor& dst, const Tensor& src) {
   const Shape shape = broadcast_shapes(dst.shape(), src.shape(), "copy_");
   check<ShapeError>(shape == dst.shape(), "copy_: source {} does not broadcast to destination {}", describe(src),
                     describe(dst));
+  check_no_internal_overlap("copy_", dst);
+  check_no_partial_overlap("copy_", dst, src);
   dst.bump_version();
   if (dst.numel() == 0) return;
   const bool same_memory_space = dst.device() == src.device() || (dst.device().is_cpu() && src.device().is_cpu());
@@ -358,6 +360,8 @@ void unary_(UnaryOp op, const Tensor& out, const Tensor& x, double alpha, double
                     describe(x));
   check<ShapeError>(broadcast_shapes(out.shape(), x.shape(), name) == out.shape(),
                     "{}: input {} does not broadcast to output {}", name, describe(x), describe(out));
+  check_no_internal_overlap(name, out);
+  check_no_partial_overlap(name, out, x);
   out.bump_version();
   if (out.numel() == 0) return;
   on_device(out.device(), [&](Backend& b) { b.unary(op, out.view(), broadcast_view(x, out.shape()), alpha, beta); });
@@ -378,6 +382,9 @@ void binary_(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b) {
   check<ShapeError>(shape == out.shape(), "{}: output {} does not have the broadcast shape {} of {} and {}", name,
                     describe(out), shape_str(shape), describe(a), describe(b));
   check_floating(name, out);
+  check_no_internal_overlap(name, out);
+  check_no_partial_overlap(name, out, a);
+  check_no_partial_overlap(name, out, b);
   out.bump_version();
   if (out.numel() == 0) return;
   on_device(out.device(), [&](Backend& be) {

@@ -57,6 +57,16 @@ std::vector<BadInput> table() {
           from_vector(std::vector<float>{1, 2, 3}, {2, 2})),
       ROW(ValueError, "arange_zero_step", (strings{"arange", "step"}), arange(0, 10, 0)),
       ROW(ValueError, "arange_nan_end", (strings{"arange", "nan"}), arange(0, kNaN)),
+      ROW(ValueError, "copy_into_an_expanded_tensor", (strings{"copy_", "f32[4, 3]", "stride 0"}),
+          prim::copy_(prim::expand(f32({1, 3}), {4, 3}), f32({4, 3}))),
+      ROW(ValueError, "copy_between_overlapping_slices", (strings{"copy_", "partly overlaps", "f32[5]"}), {
+        const Tensor t = f32({6});
+        prim::copy_(prim::slice(t, 0, 1, 6), prim::slice(t, 0, 0, 5));
+      }),
+      ROW(ValueError, "add_into_a_shifted_input", (strings{"add", "partly overlaps"}), {
+        const Tensor t = f32({6});
+        prim::binary_(BinaryOp::add, prim::slice(t, 0, 0, 5), prim::slice(t, 0, 1, 6), f32({5}));
+      }),
       ROW(ShapeError, "add_broadcast_past_eight_dims", (strings{"at most 8 dimensions", "[1, 1, 1, 1, 1, 1, 1, 1, 2]"}),
           prim::add(f32({1, 1, 1, 1, 1, 1, 1, 1, 2}), f32({2}))),
       ROW(ShapeError, "copy_into_nine_dims", (strings{"at most 8 dimensions", "[1, 1, 1, 1, 1, 1, 1, 1, 2]"}),
