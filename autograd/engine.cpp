@@ -23,15 +23,18 @@ struct NodeState {
   std::vector<Tensor> grads;   // one slot per output of the node
 };
 
-void accumulate(Tensor& slot, const Tensor& g) {
+// Adds g into slot; `from` names the rule that made g (and which of its
+// inputs it is for) in the error a rule returning a wrong shape causes.
+template <typename From>
+void accumulate(Tensor& slot, const Tensor& g, const From& from) {
   if (!g.defined()) return;
   if (!slot.defined()) {
     slot = g;
   } else if (slot.shape() == g.shape() && slot.dtype() == g.dtype()) {
     slot = prim::add(slot, g);
   } else {
-    throw ShapeError(fmt::format("backward: gradients {} and {} for the same output disagree", describe(slot),
-                                 describe(g)));
+    throw ShapeError(fmt::format("backward: {} made the gradient {}, but another gradient of the same tensor is {}",
+                                 from(), describe(g), describe(slot)));
   }
 }
 
@@ -89,7 +92,8 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
     }
   }
   for (auto& [node, st] : state) st.grads.resize(node->num_outputs());
-  for (auto& [edge, g] : seeds) accumulate(state[edge.node.get()].grads[edge.input_nr], g);
+  for (auto& [edge, g] : seeds)
+    accumulate(state[edge.node.get()].grads[edge.input_nr], g, [] { return std::string("a root's gradient"); });
 
   auto later_first = [](Node* a, Node* b) { return a->sequence_nr() < b->sequence_nr(); };
   std::priority_queue<Node*, std::vector<Node*>, decltype(later_first)> ready(later_first);
@@ -149,7 +153,9 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
       if (!e.node) continue;
       NodeState& next = state[e.node.get()];
       Tensor& slot = next.grads[e.input_nr];
-      beside.sum_into(slot, in_grads[i], [&] { accumulate(slot, in_grads[i]); });
+      beside.sum_into(slot, in_grads[i], [&] {
+        accumulate(slot, in_grads[i], [&] { return fmt::format("the rule of '{}' (for its input {})", node->name(), i); });
+      });
       if (--next.pending == 0) ready.push(e.node.get());
     }
     if (t_observer) {

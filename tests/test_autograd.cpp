@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "autograd/function.h"
 #include "autograd/ops.h"
 #include "tests/gradcheck.h"
 #include "tests/layer_norm_ref.h"
@@ -709,6 +710,24 @@ TEST(AutogradForward, BadInputNamesTheOpAndShapes) {
 }
 
 // ---- the engine -------------------------------------------------------------------------
+
+// A rule (here a hand-written one) that returns a gradient of the wrong
+// shape is named in the error, not only the two shapes.
+TEST(Engine, ARuleThatReturnsAWrongShapeIsNamed) {
+  const Tensor x = ones({3}).set_requires_grad(true);
+  auto wrong = [&] {
+    Tensor y = prim::mul_scalar(x, 2.0);
+    record("wrong_rule", y, {x}, [](const Grads&) { return Grads{ones({2})}; });
+    return y;
+  };
+  const std::string alone = testing::error_of<ShapeError>([&] { backward(sum(wrong())); });
+  EXPECT_NE(alone.find("gradient f32[2] on cpu does not match its leaf f32[3]"), std::string::npos) << alone;
+  // Made after it, mul's rule runs first: the wrong gradient is the second to arrive.
+  const Tensor from_wrong = wrong(), from_mul = mul(x, x);
+  const std::string summed = testing::error_of<ShapeError>([&] { backward(sum(add(from_wrong, from_mul))); });
+  EXPECT_NE(summed.find("the rule of 'wrong_rule' (for its input 0) made the gradient f32[2]"), std::string::npos)
+      << summed;
+}
 
 TEST(Engine, GradientsAccumulateAcrossBackwardCalls) {
   Tensor w = from_vector({1.f, 2.f, 3.f}, {3});
