@@ -1,7 +1,6 @@
 #include "amp/grad_scaler.h"
 
 #include <algorithm>
-
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -152,20 +151,21 @@ Tensor GradScaler::unscale_gradients(const std::vector<Tensor>& params) {
     Tensor g = params[i].grad();
     if (!g.defined()) continue;
     // Checked for every gradient before any is touched: a bad one fails the
-    // call with nothing unscaled.
+    // call with nothing unscaled (the messages made only for a failure).
     // f16 gradients are refused as torch.amp.GradScaler refuses them: an
     // f16 parameter stepped with its unscaled f16 gradient loses the small
     // updates the scale was there to keep (keep f32 master weights and let
     // autocast cast them).
-    check<DTypeError>(g.dtype() != DType::f16,
-                      "GradScaler::unscale_: the gradient of {} is {}; f16 gradients cannot be unscaled (keep the "
-                      "parameters in f32 and run the forward pass under autocast)",
-                      param_name(params[i], i), describe(g));
-    check<DTypeError>(g.dtype() == DType::f32 || g.dtype() == DType::bf16,
-                      "GradScaler::unscale_: the gradient of {} is {}; expected f32 or bf16",
-                      param_name(params[i], i), describe(g));
-    check(g.is_contiguous(), "GradScaler::unscale_: the gradient of {} ({}) is not contiguous",
-          param_name(params[i], i), describe(g));
+    if (g.dtype() == DType::f16)
+      throw DTypeError(fmt::format("GradScaler::unscale_: the gradient of {} is {}; f16 gradients cannot be unscaled "
+                                   "(keep the parameters in f32 and run the forward pass under autocast)",
+                                   param_name(params[i], i), describe(g)));
+    if (g.dtype() != DType::f32 && g.dtype() != DType::bf16)
+      throw DTypeError(fmt::format("GradScaler::unscale_: the gradient of {} is {}; expected f32 or bf16",
+                                   param_name(params[i], i), describe(g)));
+    if (!g.is_contiguous())
+      throw ValueError(fmt::format("GradScaler::unscale_: the gradient of {} ({}) is not contiguous",
+                                   param_name(params[i], i), describe(g)));
     size_t d = 0;
     while (d < devices.size() && devices[d] != g.device()) ++d;
     if (d == devices.size()) {

@@ -154,7 +154,8 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
       NodeState& next = state[e.node.get()];
       Tensor& slot = next.grads[e.input_nr];
       beside.sum_into(slot, in_grads[i], [&] {
-        accumulate(slot, in_grads[i], [&] { return fmt::format("the rule of '{}' (for its input {})", node->name(), i); });
+        accumulate(slot, in_grads[i],
+                   [&] { return fmt::format("the rule of '{}' (for its input {})", node->name(), i); });
       });
       if (--next.pending == 0) ready.push(e.node.get());
     }

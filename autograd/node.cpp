@@ -65,8 +65,9 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grads) {
   Tensor g = std::move(grads.at(0));
   if (!g.defined()) return {};
   AutogradMeta& meta = leaf.autograd_meta();
-  check<ShapeError>(g.shape() == leaf.shape(), "backward: gradient {} does not match its leaf {}{}", describe(g),
-                    describe(leaf), meta.name.empty() ? "" : fmt::format(" ('{}')", meta.name));
+  if (g.shape() != leaf.shape())  // (the message made only for a failure: this runs for every leaf)
+    throw ShapeError(fmt::format("backward: gradient {} does not match its leaf {}{}", describe(g), describe(leaf),
+                                 meta.name.empty() ? "" : fmt::format(" ('{}')", meta.name)));
   // The gradient takes the leaf's dtype (f32 master weights get f32 grads).
   if (g.dtype() != leaf.dtype()) g = prim::to(g, leaf.dtype());
   if (!meta.grad.defined()) {

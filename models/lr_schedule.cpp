@@ -17,8 +17,10 @@ LrSchedule LrSchedule::cosine(double lr, int64_t warmup_steps, int64_t total_ste
   check(std::isfinite(lr) && lr >= 0, "LrSchedule::cosine: invalid learning rate {} (must be >= 0)", lr);
   check(std::isfinite(min_lr) && min_lr >= 0 && min_lr <= lr,
         "LrSchedule::cosine: min_lr {} must be in [0, lr = {}]", min_lr, lr);
-  check(warmup_steps >= 0 && total_steps >= warmup_steps,
-        "LrSchedule::cosine: need 0 <= warmup_steps <= total_steps, got warmup_steps {} total_steps {}",
+  // At least one step after the warm-up: with none, every step would be at
+  // min_lr or warming up, a schedule that never reaches its decay.
+  check(warmup_steps >= 0 && total_steps > warmup_steps,
+        "LrSchedule::cosine: need 0 <= warmup_steps < total_steps, got warmup_steps {} total_steps {}",
         warmup_steps, total_steps);
   return LrSchedule(Kind::cosine, lr, warmup_steps, total_steps, min_lr);
 }

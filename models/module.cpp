@@ -94,9 +94,15 @@ OrderedDict<Tensor> Module::named_parameters() const {
 std::vector<Tensor> Module::parameters() const { return named_parameters().values(); }
 
 OrderedDict<Tensor> Module::named_buffers() const {
-  OrderedDict<Tensor> out;
-  collect_buffers("", out);
-  return out;
+  OrderedDict<Tensor> all;
+  collect_buffers("", all);
+  // As parameters: a buffer two modules share is one (broadcast, moved once),
+  // under its first name.
+  OrderedDict<Tensor> unique;
+  std::unordered_set<const TensorImpl*> seen;
+  for (const auto& [name, b] : all)
+    if (seen.insert(b.impl_ptr().get()).second) unique.insert(name, b);
+  return unique;
 }
 
 std::vector<std::pair<std::string, Module*>> Module::named_modules() {

@@ -134,8 +134,48 @@ void Optimizer::zero_grad() {
   for (Tensor& p : all_params_) p.set_grad(Tensor());
 }
 
+// Called for every parameter at every eager step: the messages are made
+// only for a failure.
+void Optimizer::check_update(size_t index, const Tensor& p, const Tensor& g) const {
+  if (g.shape() != p.shape())
+    throw ShapeError(fmt::format("{}: gradient {} of '{}' does not match the parameter {}", name_, describe(g),
+                                 param_name(index), describe(p)));
+  if (g.device() != p.device())
+    throw DeviceError(fmt::format("{}: gradient {} of '{}' is not on the parameter's device ({})", name_, describe(g),
+                                  param_name(index), describe(p)));
+  // The kernels take the state's memory as it is: state left on another
+  // device (a module moved after its optimizer stepped or loaded) would be
+  // read there, as an illegal address on a GPU.
+  const ParamState& state = states_[index];
+  for (const auto& [key, buffer] : state.buffers)
+    if (buffer.device() != p.device())
+      throw DeviceError(fmt::format(
+          "{}: the state '{}' of '{}' is on {}, but the parameter is on {}; a module moved after its optimizer "
+          "stepped or loaded its state leaves that state behind (move the module first, or make a new optimizer)",
+          name_, key, param_name(index), buffer.device().str(), p.device().str()));
+  if (state.device_step.defined() && state.device_step.device() != p.device())
+    throw DeviceError(fmt::format("{}: the step count of '{}' is on {}, but the parameter is on {}", name_,
+                                  param_name(index), state.device_step.device().str(), p.device().str()));
+}
+
 void Optimizer::step() {
   NoGradGuard no_grad;
+  // Everything is checked before anything changes: a refused step leaves
+  // every parameter and its state as they were.
+  for (size_t gi = 0; gi < groups_.size(); ++gi) {
+    const Group& group = groups_[gi];
+    for (size_t j = 0; j < group.params.size(); ++j) {
+      const Tensor& p = group.params[j];
+      if (p.grad().defined() && !(part_ && !part_->count(p.data_ptr())))
+        check_update(group.first_index + j, p, p.grad());
+    }
+    if (group.hyper_on_device.defined() && !group.params.empty() &&
+        group.hyper_on_device.device() != group.params.front().device())
+      throw DeviceError(fmt::format("{}: group {}'s learning rate is on {}, but its parameters are on {} (make the "
+                                    "optimizer after moving the module)",
+                                    name_, gi, group.hyper_on_device.device().str(),
+                                    group.params.front().device().str()));
+  }
   std::vector<ParamUpdate> batch;
   for (const Group& group : groups_) {
     batch.clear();
@@ -144,10 +184,6 @@ void Optimizer::step() {
       Tensor g = p.grad();
       if (!g.defined() || (part_ && !part_->count(p.data_ptr()))) continue;
       const size_t index = group.first_index + j;
-      check<ShapeError>(g.shape() == p.shape(), "{}: gradient {} of '{}' does not match the parameter {}", name_,
-                        describe(g), param_name(index), describe(p));
-      check<DeviceError>(g.device() == p.device(), "{}: gradient {} of '{}' is not on the parameter's device ({})",
-                         name_, describe(g), param_name(index), describe(p));
       // Mixed precision: 16-bit gradients update f32 master weights.
       if (g.dtype() != p.dtype()) g = prim::to(g, p.dtype());
       ParamState& state = states_[index];

@@ -149,6 +149,9 @@ class Optimizer : public amp::ScalableOptimizer {
   // "blocks.0.attn.qkv.weight" when the module named it, else "param <i>".
   std::string param_name(size_t index) const;
   void check_lr(double lr, size_t g) const;
+  // What step() refuses before changing anything: a gradient that does not
+  // fit its parameter, state on another device than the parameter.
+  void check_update(size_t index, const Tensor& p, const Tensor& g) const;
   // Capturable mode: group g's lr and weight decay written to its
   // hyper_on_device (made on first use; the weight decay's own slot only
   // when `weight_decay_too`, since set_lr() leaves it); otherwise nothing.

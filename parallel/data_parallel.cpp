@@ -18,6 +18,17 @@ std::vector<Tensor> values_of(const OrderedDict<Tensor>& dict) {
   return out;
 }
 
+// Each module of `to` in the training mode of its twin in `from` (train()
+// and eval() called on the wrapped module, or on one of its parts, after
+// the replicas were made). Parents come before their children, whose own
+// mode then wins.
+void mirror_training_modes(nn::Module& from, nn::Module& to) {
+  const auto source = from.named_modules(), target = to.named_modules();
+  for (size_t m = 0; m < source.size() && m < target.size(); ++m)
+    if (target[m].second->is_training() != source[m].second->is_training())
+      target[m].second->train(source[m].second->is_training());
+}
+
 }  // namespace
 
 DataParallel::DataParallel(std::shared_ptr<nn::Module> module, const ModuleFactory& make_replica_module,
@@ -59,8 +70,7 @@ double DataParallel::forward_backward(const Tensor& input, const Tensor& target,
                     "DataParallel::forward_backward: input {} and target {} need the same batch size in dim 0",
                     describe(input), describe(target));
   const int64_t batch = input.size(0);
-  check<ShapeError>(batch >= static_cast<int64_t>(n),
-                    "DataParallel::forward_backward: batch of {} rows cannot feed {} devices", batch, n);
+  check<ShapeError>(batch >= 1, "DataParallel::forward_backward: an empty batch ({})", describe(input));
   // Phases, when a step timer runs: the parameter broadcast and the
   // gradient sum are communication; device 0's thread marks its forward
   // and backward; waiting for slower devices counts as communication.
@@ -70,14 +80,16 @@ double DataParallel::forward_backward(const Tensor& input, const Tensor& target,
     broadcast_parameters();
   }
   if (timer) timer->lap(StepPhase::comm);
-  for (size_t i = 1; i < n; ++i)
+  for (size_t i = 1; i < n; ++i) {
     for (auto& p : params_[i]) p.set_grad(Tensor());  // replicas hold only this step's gradients
+    mirror_training_modes(*replicas_[0], *replicas_[i]);
+  }
 
   // One scale() call for the batch (the scaler counts it once and places
   // its state); the devices then read the same scale.
   Tensor scale;
   if (scaler && scaler->is_enabled()) {
-    scaler->scale(full({}, 1.0, DType::f32, devices_[0]));
+    scaler->scale(full({}, 1.0, DType::f32, devices_[0]), batch);
     scale = scaler->scale_tensor();
   }
   std::vector<Tensor> losses(n);
@@ -89,6 +101,7 @@ double DataParallel::forward_backward(const Tensor& input, const Tensor& target,
   }
   threads_->run([&](size_t i) {
     const int64_t begin = begins[i], rows = begins[i + 1] - begins[i];
+    if (rows == 0) return;  // a batch smaller than the devices: this one adds zeros
     const Tensor x = prim::to(prim::slice(input, 0, begin, begin + rows), devices_[i]);
     const Tensor y = prim::to(prim::slice(target, 0, begin, begin + rows), devices_[i]);
     const Tensor l = loss(replicas_[i]->forward(x), y);
@@ -126,7 +139,8 @@ double DataParallel::forward_backward(const Tensor& input, const Tensor& target,
   if (timer) timer->lap(StepPhase::comm);
   // Read last, so no device waited for the host before its backward ran.
   double total = 0;
-  for (size_t i = 0; i < n; ++i) total += losses[i].item() * weights[i];
+  for (size_t i = 0; i < n; ++i)
+    if (losses[i].defined()) total += losses[i].item() * weights[i];
   return total;
 }
 

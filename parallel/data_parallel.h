@@ -3,8 +3,9 @@
 //  - replicas stay resident on their devices; only the parameters are copied
 //    to them, once per step, after the optimizer has updated the module;
 //  - each device runs forward, its own loss and backward on its own
-//    long-lived thread (grad mode and autocast carried over from the
-//    caller), so no card gathers every output;
+//    long-lived thread (grad mode, autocast and the training mode carried
+//    over from the caller, random numbers from a fork of its generator), so
+//    no card gathers every output;
 //  - gradients are summed by a LocalCommunicator (an NCCL clique on GPUs),
 //    not copied one by one to the first card.
 //
@@ -36,12 +37,17 @@ class DataParallel {
   ~DataParallel();
 
   // Splits input and target along dim 0 over the devices (sizes differ by at
-  // most one row), runs forward, loss and backward per device, and adds the
-  // gradient of the whole batch's mean loss to the module's parameters, as
-  // one device would. Returns that loss. With a scaler, the gradients are
-  // those of the scaled loss (one scale() for the whole batch; each device
-  // multiplies by the same scale), ready for scaler.step(optimizer).
-  // Grad mode and autocast settings carry into the device threads.
+  // most one row; with fewer rows than devices the last ones sit out), runs
+  // forward, loss and backward per device, and adds the gradient of the
+  // whole batch's mean loss to the module's parameters, as one device would.
+  // Returns that loss. With a scaler, the gradients are those of the scaled
+  // loss (one scale() for the whole batch, counting its rows; each device
+  // multiplies by the same scale), ready for scaler.step(optimizer). Grad
+  // mode, autocast and TF32 settings carry into the device threads, each
+  // device draws from a fork of the caller's default generator, and the
+  // replicas take the module's training modes (train()/eval()) each call.
+  // When a device fails the error is rethrown, and the module's gradients
+  // may already hold part of this batch's: zero them before going on.
   double forward_backward(const Tensor& input, const Tensor& target, const LossFn& loss,
                           amp::GradScaler* scaler = nullptr);
 

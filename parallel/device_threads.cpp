@@ -7,6 +7,10 @@
 #include "amp/autocast.h"
 #include "autograd/grad_mode.h"
 #include "tensor/device_guard.h"
+#include "tensor/random.h"
+#ifdef MPT_WITH_CUDA
+#include "tensor/cuda/gemm.h"
+#endif
 
 namespace mpt::dist {
 
@@ -22,6 +26,14 @@ DeviceThreads::~DeviceThreads() = default;
 void DeviceThreads::run(const std::function<void(size_t index)>& fn) {
   const bool grad_mode = grad_enabled();
   const amp::AutocastSettings autocast = amp::current_autocast_settings();
+  // Each device's random numbers (dropout) come from a fork of the caller's
+  // default generator: manual_seed() decides them, and no two devices draw
+  // the same mask.
+  std::vector<Generator> generators;
+  for (size_t i = 0; i < devices_.size(); ++i) generators.push_back(default_generator().fork());
+#ifdef MPT_WITH_CUDA
+  const bool tf32 = cuda::allow_tf32();
+#endif
   // The error raised first is the cause; the others (a peer timing out in a
   // collective the failed thread never joined, say) are its consequences.
   std::mutex mutex;
@@ -38,6 +50,10 @@ void DeviceThreads::run(const std::function<void(size_t index)>& fn) {
     works.push_back(workers_[i]->enqueue([&, i] {
       try {
         set_grad_enabled(grad_mode);  // the thread is ours: no need to restore it
+        default_generator() = generators[i];
+#ifdef MPT_WITH_CUDA
+        cuda::set_allow_tf32(tf32);
+#endif
         // Only an enabled region: a guard opens an autocast region whose
         // weight casts live until it ends, and fn may run many steps.
         std::optional<amp::AutocastSettingsGuard> autocast_guard;

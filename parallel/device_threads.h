@@ -2,9 +2,9 @@
 // One long-lived thread per device, for the single-process data-parallel
 // classes (DataParallel, ReplicaGroup). run(fn) calls fn(i) on device i's
 // thread for every i at once, with device i current and the caller's grad
-// mode and autocast settings (both are per thread; when the caller is in an
-// autocast region, fn runs in one whose weight casts live until fn
-// returns), and returns once every call has finished; the error raised
+// mode, autocast settings and TF32 setting (all per thread; when the caller
+// is in an autocast region, fn runs in one whose weight casts live until fn
+// returns) and a fork of the caller's default generator, and returns once every call has finished; the error raised
 // first is rethrown only then, since the calls may use the caller's frame.
 //
 // On a CUDA device each thread enqueues on a stream of its own (the legacy

@@ -497,10 +497,11 @@ void DistributedDataParallel::broadcast_buffers() {
   const Device device = reducer_->params.front().device();
   std::vector<WorkPtr> works;
   for (const auto& [name, b] : module_->named_buffers()) {
-    check<DeviceError>(b.device() == device, "DistributedDataParallel: buffer '{}' ({}) is on {}, the parameters on {}",
-                       name, describe(b), b.device().str(), device.str());
-    check<ValueError>(b.is_contiguous(), "DistributedDataParallel: buffer '{}' ({}) is not contiguous", name,
-                      describe(b));
+    if (b.device() != device)  // (messages made only for a failure: this runs at every forward)
+      throw DeviceError(fmt::format("DistributedDataParallel: buffer '{}' ({}) is on {}, the parameters on {}", name,
+                                    describe(b), b.device().str(), device.str()));
+    if (!b.is_contiguous())
+      throw ValueError(fmt::format("DistributedDataParallel: buffer '{}' ({}) is not contiguous", name, describe(b)));
     works.push_back(group_->broadcast(b, 0));
   }
   for (auto& w : works) w->wait();

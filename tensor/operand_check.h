@@ -25,12 +25,14 @@ inline void check_floating(const char* op, const Tensor& t) {
 // An output must not hold one element at two positions (a dimension of
 // stride 0, as expand() makes): several writes would race for it. As in
 // PyTorch, clone() it first.
+// (Both checks run on every call of an in-place op: their messages are
+// made only for a failure.)
 inline void check_no_internal_overlap(const char* op, const Tensor& out) {
   for (int64_t d = 0; d < out.dim(); ++d)
-    check<ValueError>(out.strides()[d] != 0 || out.shape()[d] <= 1,
-                      "{}: the output {} has dimension {} of stride 0, so its elements share memory; clone() it "
-                      "before writing to it",
-                      op, describe(out), d);
+    if (out.strides()[d] == 0 && out.shape()[d] > 1)
+      throw ValueError(fmt::format("{}: the output {} has dimension {} of stride 0, so its elements share memory; "
+                                   "clone() it before writing to it",
+                                   op, describe(out), d));
 }
 
 // An output may be its input (in place) but must not partly overlap it:
@@ -44,10 +46,10 @@ inline void check_no_partial_overlap(const char* op, const Tensor& out, const Te
   const auto* i = static_cast<const char*>(in.data_ptr());
   const bool apart = o + out.nbytes() <= i || i + in.nbytes() <= o;
   const bool same = o == i && out.nbytes() == in.nbytes() && out.dtype() == in.dtype();
-  check<ValueError>(apart || same,
-                    "{}: the output {} partly overlaps the input {}; write into a separate tensor (or clone() the "
-                    "input)",
-                    op, describe(out), describe(in));
+  if (!apart && !same)
+    throw ValueError(fmt::format("{}: the output {} partly overlaps the input {}; write into a separate tensor (or "
+                                 "clone() the input)",
+                                 op, describe(out), describe(in)));
 }
 
 }  // namespace mpt

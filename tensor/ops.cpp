@@ -15,8 +15,8 @@ namespace {
 TensorView broadcast_view(const Tensor& t, const Shape& shape) {
   // Checked here, not only by the output's view(): which argument of a
   // kernel call is built first is up to the compiler.
-  check<ShapeError>(shape.size() <= static_cast<size_t>(kMaxDims), "tensors have at most {} dimensions, got {}",
-                    kMaxDims, shape_str(shape));
+  if (shape.size() > static_cast<size_t>(kMaxDims))
+    throw ShapeError(fmt::format("tensors have at most {} dimensions, got {}", kMaxDims, shape_str(shape)));
   TensorView v = t.view();
   const Shape st = broadcast_strides(t.shape(), t.strides(), shape);
   v.ndim = static_cast<int>(shape.size());

@@ -26,6 +26,11 @@ class Generator {
     offset_ += static_cast<uint64_t>((n + 3) / 4);
     return start;
   }
+  // A generator of its own for one of several parallel users (a device's
+  // thread, say): seeded from this one's seed and position, which moves on
+  // by one block, so each fork draws other numbers and manual_seed() on
+  // this generator still decides them all.
+  Generator fork();
 
  private:
   uint64_t seed_;

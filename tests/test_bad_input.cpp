@@ -259,6 +259,16 @@ std::vector<BadInput> table() {
       ROW(ValueError, "optimizer_without_parameters", (strings{"AdamW", "parameter group 0 is empty"}), optim::AdamW(std::vector<Tensor>{})),
       ROW(DTypeError, "optimizer_integer_parameter", (strings{"SGD", "i64[2]"}),
           optim::SGD({zeros({2}, DType::i64)}, {})),
+      ROW(DeviceError, "optimizer_state_left_on_another_device", (strings{"AdamW", "exp_avg", "weight", "cpu:1"}), {
+        auto layer = std::make_shared<nn::Linear>(2, 2);
+        optim::AdamW adamw(layer->parameters());
+        backward(sum(layer->forward(f32({1, 2}))));
+        adamw.step();  // its moments are made on cpu:0
+        const Device other(DeviceType::cpu, 1);
+        layer->to(other);
+        backward(sum(layer->forward(zeros({1, 2}, DType::f32, other))));
+        adamw.step();
+      }),
       ROW(ValueError, "set_lr_negative", (strings{"SGD", "learning rate", "-1"}), optim::SGD({param({2})}, {}).set_lr(-1.0)),
       ROW(ValueError, "set_lr_nan", (strings{"SGD", "learning rate", "nan"}), optim::SGD({param({2})}, {}).set_lr(kNaN)),
       ROW(ValueError, "cosine_warmup_over_total", (strings{"LrSchedule::cosine", "warmup_steps 10", "total_steps 5"}),

@@ -5,8 +5,10 @@
 #include "amp/grad_scaler.h"
 #include "autograd/engine.h"
 #include "autograd/ops.h"
+#include "models/layers.h"
 #include "models/sgd.h"
 #include "parallel/data_parallel.h"
+#include "parallel/device_threads.h"
 #include "parallel/sharded_reference.h"
 #include "parallel/tiny_models.h"
 #include "test_util.h"
@@ -97,6 +99,67 @@ TEST(DataParallel, AutocastAndOneScalerTrainLikeOneDevice) {
 
 TEST(DataParallel, UnevenSplitOverThreeDevicesTrainsLikeOne) {
   train_and_compare({Device("cpu:0"), Device("cpu:1"), Device("cpu:2")}, 7);
+}
+
+// With fewer rows than devices the last devices sit out, and the step is
+// still the one device's.
+TEST(DataParallel, ABatchSmallerThanTheDevicesTrainsLikeOne) {
+  train_and_compare({Device("cpu:0"), Device("cpu:1"), Device("cpu:2")}, 2);
+}
+
+// eval() on the wrapped module after the replicas were made reaches them:
+// a dropout left on in a replica would change the loss.
+TEST(DataParallel, TheReplicasFollowTheModulesTrainingMode) {
+  const uint64_t seed = mpt::testing::fresh_seed();
+  SCOPED_TRACE(seed);
+  auto make = [seed] {
+    auto m = mpt::testing::make_mlp(seed);
+    m->push_back(std::make_shared<nn::Dropout>(0.5));
+    return m;
+  };
+  auto model = make();
+  DataParallel dp(model, make, {Device("cpu:0"), Device("cpu:1")});
+  model->eval();
+  const mpt::testing::MlpBatches data(1, 8, seed);
+  auto loss = [](const Tensor& out, const Tensor& y) { return mse_loss(out, y); };
+  const double got = dp.forward_backward(data.x(0), data.y(0), loss);
+  const double want = mse_loss(model->forward(data.x(0)), data.y(0)).item();
+  EXPECT_NEAR(got, want, 1e-6 * std::abs(want));
+}
+
+// A scaler that counts samples counts the whole batch's rows once.
+TEST(DataParallel, AScalerCountingSamplesCountsTheBatchsRows) {
+  const std::vector<Device> devices{Device("cpu:0"), Device("cpu:1")};
+  auto model = mpt::testing::make_mlp(3);
+  DataParallel dp(model, [] { return mpt::testing::make_mlp(4); }, devices);
+  optim::SGD opt(model->parameters(), {.lr = 0.1});
+  amp::GradScaler scaler({.growth_interval = 100, .growth_unit = amp::GrowthUnit::samples});
+  const mpt::testing::MlpBatches data(1, 8, 3);
+  dp.forward_backward(data.x(0), data.y(0), [](const Tensor& out, const Tensor& y) { return mse_loss(out, y); },
+                      &scaler);
+  scaler.step(opt);
+  scaler.update();
+  EXPECT_EQ(scaler.growth_tracker(), 8);
+}
+
+// Each device's thread draws from its own fork of the caller's default
+// generator: the devices' numbers differ, and manual_seed() repeats them.
+TEST(DeviceThreads, EachDeviceDrawsItsOwnNumbersFromTheCallersSeed) {
+  const std::vector<Device> devices{Device("cpu:0"), Device("cpu:1")};
+  DeviceThreads threads(devices);
+  auto draw = [&] {
+    std::vector<std::vector<double>> drawn(devices.size());
+    threads.run([&](size_t i) { drawn[i] = rand({8}, DType::f32, devices[i]).to_vector<double>(); });
+    return drawn;
+  };
+  manual_seed(5);
+  const auto first = draw();
+  manual_seed(5);
+  const auto again = draw();
+  const auto next = draw();
+  EXPECT_NE(first[0], first[1]);
+  EXPECT_EQ(first, again);
+  EXPECT_NE(again, next);
 }
 
 TEST(DataParallel, AModuleOnTheWrongDeviceIsAClearError) {

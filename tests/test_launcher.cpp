@@ -116,6 +116,43 @@ TEST(Launcher, ACrashIsNamedBeforeTheErrorsItCaused) {
   std::remove((flag + ".new").c_str());
 }
 
+// An option mpt-run does not know is refused, not run as the program; the
+// spellings torchrun also accepts (--nproc-per-node, --master-port, ...)
+// are mpt-run's own.
+TEST(Launcher, UnknownOptionsAreRefusedAndTorchrunsSpellingsAccepted) {
+  const JobResult unknown =
+      mpt::testing::run_shell(fmt::format("'{}' --nproc_per_node 1 --standalone /bin/true", mpt::testing::mpt_run_path()));
+  EXPECT_EQ(unknown.exit_code, 2) << unknown.output;
+  EXPECT_NE(unknown.output.find("unknown option '--standalone'"), std::string::npos) << unknown.output;
+  const int port = mpt::testing::free_port();
+  const JobResult hyphens = mpt::testing::run_shell(
+      fmt::format("'{}' --nproc-per-node 2 --master-port {} --kill-timeout 1 sh -c 'echo rank=$RANK port=$MASTER_PORT'",
+                  mpt::testing::mpt_run_path(), port));
+  EXPECT_EQ(hyphens.exit_code, 0) << hyphens.output;
+  EXPECT_NE(hyphens.output.find(fmt::format("rank=1 port={}", port)), std::string::npos) << hyphens.output;
+}
+
+// Started under nohup (SIGHUP ignored), a hang-up leaves the job running.
+TEST(Launcher, AHangupIgnoredAtTheStartIsLeftIgnored) {
+  const JobResult r = mpt::testing::run_shell(fmt::format(
+      "trap '' HUP; '{}' --nproc_per_node 1 --master_port {} sh -c 'sleep 1; echo survived' & pid=$!; "
+      "sleep 0.3; kill -HUP $pid; wait $pid; echo status=$?",
+      mpt::testing::mpt_run_path(), mpt::testing::free_port()));
+  EXPECT_NE(r.output.find("survived"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("status=0"), std::string::npos) << r.output;
+}
+
+// Ranks read no terminal input (a rank in a process group of its own that
+// read the terminal would be stopped, and the job would hang): their input
+// is empty, whatever the launcher's is.
+TEST(Launcher, RanksReadNoInput) {
+  const JobResult r = mpt::testing::run_shell(
+      fmt::format("timeout 20 '{}' --nproc_per_node 1 --master_port {} sh -c 'read x; echo read=$?' < /dev/zero",
+                  mpt::testing::mpt_run_path(), mpt::testing::free_port()));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("read=1"), std::string::npos) << r.output;
+}
+
 // Several nodes need the master's address: the default, 127.0.0.1, would
 // leave the other nodes waiting out their timeout for a store they cannot reach.
 TEST(Launcher, SeveralNodesNeedTheMastersAddress) {

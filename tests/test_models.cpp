@@ -155,6 +155,10 @@ TEST_F(ModelsTest, RegistrationRulesAndTiedWeights) {
   EXPECT_EQ(named.keys(), (std::vector<std::string>{"w"}));
   EXPECT_EQ(m.state_dict().keys(), (std::vector<std::string>{"w", "child.tied", "running"}));
   EXPECT_EQ(m.named_buffers().keys(), (std::vector<std::string>{"running"}));
+  // A buffer two modules share is one buffer too (broadcast and moved once).
+  child->register_buffer("shared_running", m.named_buffers().at("running"));
+  EXPECT_EQ(m.named_buffers().keys(), (std::vector<std::string>{"running"}));
+  EXPECT_EQ(m.state_dict().keys(), (std::vector<std::string>{"w", "child.tied", "running", "child.shared_running"}));
 }
 
 // ---- state dicts ----------------------------------------------------------------------------------------

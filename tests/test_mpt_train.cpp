@@ -181,8 +181,16 @@ TEST_F(MptTrain, StoppedAndResumedRunEndsBitIdentical) {
 // the stop, and the resumed run starts the next epoch (it used to sum up
 // the finished one again, from no steps: a train loss of 0).
 TEST_F(MptTrain, AStopAtAnEpochsEndSumsItUpAndTheResumptionStartsTheNext) {
-  // 60000 images in batches of 8192: 8 steps an epoch, the last one short.
-  const std::string common = "--batch-size 8192 --epochs 2 --eval-batches 1 --seed 7";
+  // 600 bytes of text: 584 windows of 16, the last 58 held out and 16 more
+  // between: 510 to train on, in 8 batches of 64 (the last one short).
+  std::string text;
+  while (text.size() < 600) text += "the quick brown fox jumps over the lazy dog. ";
+  text.resize(600);
+  std::ofstream(file("text.txt")) << text;
+  const std::string common = fmt::format(
+      "--model gpt --data '{}' --gpt-layers 1 --gpt-heads 2 --gpt-d-model 16 --context 16 --batch-size 64 "
+      "--epochs 2 --eval-batches 1 --seed 7",
+      file("text.txt"));
   ASSERT_EQ(run(fmt::format("{} --checkpoint '{}'", common, file("whole.safetensors"))), 0) << stderr_;
   ASSERT_EQ(run(fmt::format("{} --stop-after 8 --checkpoint '{}' --metrics '{}'", common, file("part.safetensors"),
                             file("part.jsonl"))),

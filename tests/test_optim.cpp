@@ -596,6 +596,8 @@ TEST(LrSchedule, CosineWithWarmupBoundaries) {
 
 TEST(LrSchedule, ValidatesAndApplies) {
   EXPECT_THROW(optim::LrSchedule::cosine(1.0, 10, 5), ValueError);
+  EXPECT_THROW(optim::LrSchedule::cosine(1.0, 0, 0), ValueError);  // every step would be at min_lr
+  EXPECT_THROW(optim::LrSchedule::cosine(1.0, 5, 5), ValueError);
   EXPECT_THROW(optim::LrSchedule::cosine(1.0, 0, 5, 2.0), ValueError);
   EXPECT_THROW(optim::LrSchedule::cosine(-1.0, 0, 5), ValueError);
   EXPECT_THROW(optim::LrSchedule::constant(-1.0), ValueError);

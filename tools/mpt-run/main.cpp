@@ -34,17 +34,17 @@ int main(int argc, char** argv) {
   std::string job_token;
   std::vector<std::string> command;
   // The count is explicit: CUDA_VISIBLE_DEVICES alone never decides it.
-  app.add_option("--nproc_per_node", nproc, "processes on this node (usually one per GPU)")
+  app.add_option("--nproc_per_node,--nproc-per-node", nproc, "processes on this node (usually one per GPU)")
       ->required()
       ->default_str("")  // required: the 0 it starts from is no default
       ->check(CLI::Range(1, 1024));
   app.add_option("--nnodes", nnodes, "number of nodes")->check(CLI::Range(1, 100000));
-  app.add_option("--node_rank", node_rank, "this node's index, 0..nnodes-1")->check(mpt::tools::non_negative());
-  app.add_option("--master_addr", master_addr, "host of rank 0 (its store)");
-  app.add_option("--master_port", master_port, "port of rank 0's store")->check(CLI::Range(1, 65535));
-  app.add_option("--job_token", job_token,
+  app.add_option("--node_rank,--node-rank", node_rank, "this node's index, 0..nnodes-1")->check(mpt::tools::non_negative());
+  app.add_option("--master_addr,--master-addr", master_addr, "host of rank 0 (its store)");
+  app.add_option("--master_port,--master-port", master_port, "port of rank 0's store")->check(CLI::Range(1, 65535));
+  app.add_option("--job_token,--job-token", job_token,
                  "shared secret of this job's processes (default: $MPT_JOB_TOKEN; on one node, a random one)");
-  app.add_option("--kill_timeout", kill_grace, "seconds a rank gets to exit after SIGTERM before SIGKILL")
+  app.add_option("--kill_timeout,--kill-timeout", kill_grace, "seconds a rank gets to exit after SIGTERM before SIGKILL")
       ->check(mpt::tools::non_negative());
   app.prefix_command();  // everything from the program on belongs to it
   app.footer("After the options: the program to run and its arguments (a '--' before them is optional).");
@@ -52,7 +52,17 @@ int main(int argc, char** argv) {
   command = app.remaining();
   // "mpt-run --nproc_per_node 2 -- ./train": the separator ends mpt-run's
   // options; it is not the program.
-  if (!command.empty() && command.front() == "--") command.erase(command.begin());
+  if (!command.empty() && command.front() == "--") {
+    command.erase(command.begin());
+  } else if (!command.empty() && command.front().starts_with("-")) {
+    // Not a program: an option mpt-run does not know (torchrun's --standalone
+    // or --rdzv-*), which would otherwise be run as the program.
+    fmt::print(stderr,
+               "mpt-run: unknown option '{}' (see --help; to run a program whose name starts with '-', put '--' "
+               "before it)\n",
+               command.front());
+    return mpt::tools::kUsageError;
+  }
   if (command.empty()) {
     fmt::print(stderr, "mpt-run: no program given\n{}", app.help());
     return mpt::tools::kUsageError;

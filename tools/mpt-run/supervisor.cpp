@@ -99,6 +99,9 @@ void start(Child& c, const std::vector<std::string>& command, const RankSpec& sp
     if (::getppid() != launcher) ::_exit(125);  // the launcher died before prctl
     ::dup2(out_pipe[1], STDOUT_FILENO);
     ::dup2(err_pipe[1], STDERR_FILENO);
+    // No terminal input: a rank, in a process group of its own, that read
+    // the terminal would be stopped (SIGTTIN) and the job would hang.
+    if (const int null_fd = ::open("/dev/null", O_RDONLY); null_fd >= 0) ::dup2(null_fd, STDIN_FILENO);
     ::signal(SIGINT, SIG_DFL);
     ::signal(SIGTERM, SIG_DFL);
     for (const auto& [k, v] : spec.env) ::setenv(k.c_str(), v.c_str(), 1);
@@ -134,7 +137,10 @@ Outcome supervise(const std::vector<std::string>& command, const std::vector<Ran
   sa.sa_handler = on_stop_signal;
   ::sigaction(SIGINT, &sa, nullptr);
   ::sigaction(SIGTERM, &sa, nullptr);
-  ::sigaction(SIGHUP, &sa, nullptr);
+  // A hang-up stops the job unless it was started to outlive one (nohup
+  // leaves SIGHUP ignored; the ranks inherit that too).
+  struct sigaction hangup {};
+  if (::sigaction(SIGHUP, nullptr, &hangup) != 0 || hangup.sa_handler != SIG_IGN) ::sigaction(SIGHUP, &sa, nullptr);
   // Started with SIGCHLD ignored (a parent may leave it so), the kernel
   // would reap the ranks itself, and waitpid() would never report them.
   ::signal(SIGCHLD, SIG_DFL);

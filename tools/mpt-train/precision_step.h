@@ -96,10 +96,11 @@ class PrecisionStep {
                                        {"backoff_factor", o.backoff_factor},
                                        {"growth_interval", static_cast<double>(o.growth_interval)}}) {
       const auto saved = values.find(std::string(field));
-      check(saved == values.end() || saved->second == asked,
+      const double had = saved == values.end() ? asked : saved->second;  // a missing one GradScaler refuses
+      check(had == asked,
             "mpt-train: the checkpoint's loss scaler has {} {}, but this run has {} {}; resume with the "
             "checkpoint's value",
-            field, saved->second, tools::flag_for_field(field), asked);
+            field, had, tools::flag_for_field(field), asked);
     }
     scaler_->load_state_dict(values);
   }
