@@ -120,8 +120,8 @@ TEST(Launcher, ACrashIsNamedBeforeTheErrorsItCaused) {
 // spellings torchrun also accepts (--nproc-per-node, --master-port, ...)
 // are mpt-run's own.
 TEST(Launcher, UnknownOptionsAreRefusedAndTorchrunsSpellingsAccepted) {
-  const JobResult unknown =
-      mpt::testing::run_shell(fmt::format("'{}' --nproc_per_node 1 --standalone /bin/true", mpt::testing::mpt_run_path()));
+  const JobResult unknown = mpt::testing::run_shell(
+      fmt::format("'{}' --nproc_per_node 1 --standalone /bin/true", mpt::testing::mpt_run_path()));
   EXPECT_EQ(unknown.exit_code, 2) << unknown.output;
   EXPECT_NE(unknown.output.find("unknown option '--standalone'"), std::string::npos) << unknown.output;
   const int port = mpt::testing::free_port();

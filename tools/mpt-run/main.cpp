@@ -39,12 +39,14 @@ int main(int argc, char** argv) {
       ->default_str("")  // required: the 0 it starts from is no default
       ->check(CLI::Range(1, 1024));
   app.add_option("--nnodes", nnodes, "number of nodes")->check(CLI::Range(1, 100000));
-  app.add_option("--node_rank,--node-rank", node_rank, "this node's index, 0..nnodes-1")->check(mpt::tools::non_negative());
+  app.add_option("--node_rank,--node-rank", node_rank, "this node's index, 0..nnodes-1")
+      ->check(mpt::tools::non_negative());
   app.add_option("--master_addr,--master-addr", master_addr, "host of rank 0 (its store)");
   app.add_option("--master_port,--master-port", master_port, "port of rank 0's store")->check(CLI::Range(1, 65535));
   app.add_option("--job_token,--job-token", job_token,
                  "shared secret of this job's processes (default: $MPT_JOB_TOKEN; on one node, a random one)");
-  app.add_option("--kill_timeout,--kill-timeout", kill_grace, "seconds a rank gets to exit after SIGTERM before SIGKILL")
+  app.add_option("--kill_timeout,--kill-timeout", kill_grace,
+                 "seconds a rank gets to exit after SIGTERM before SIGKILL")
       ->check(mpt::tools::non_negative());
   app.prefix_command();  // everything from the program on belongs to it
   app.footer("After the options: the program to run and its arguments (a '--' before them is optional).");

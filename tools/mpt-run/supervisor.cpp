@@ -101,7 +101,7 @@ void start(Child& c, const std::vector<std::string>& command, const RankSpec& sp
     ::dup2(err_pipe[1], STDERR_FILENO);
     // No terminal input: a rank, in a process group of its own, that read
     // the terminal would be stopped (SIGTTIN) and the job would hang.
-    if (const int null_fd = ::open("/dev/null", O_RDONLY); null_fd >= 0) ::dup2(null_fd, STDIN_FILENO);
+    if (const int null_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC); null_fd >= 0) ::dup2(null_fd, STDIN_FILENO);
     ::signal(SIGINT, SIG_DFL);
     ::signal(SIGTERM, SIG_DFL);
     for (const auto& [k, v] : spec.env) ::setenv(k.c_str(), v.c_str(), 1);
