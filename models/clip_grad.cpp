@@ -19,13 +19,18 @@ double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, doubl
 
   const bool inf_norm = std::isinf(norm_type);
   // Each gradient's partial result (sum |g|^p, or max |g|) is combined on
-  // the first gradient's device in f32 (as PyTorch does), so the only host
-  // sync is the final item().
+  // the first gradient's device, so the only host sync is the final item().
+  // In f32, or in f64 when a gradient is f64: an f64 gradient's norm is
+  // f64 in PyTorch too, and in f32 a component of 1e20 would square to
+  // infinity.
   const Device& device = grads.front().device();
-  Tensor acc = scalar_tensor(0.0, DType::f32, device);
+  const bool any_f64 =
+      std::any_of(grads.begin(), grads.end(), [](const Tensor& g) { return g.dtype() == DType::f64; });
+  const DType acc_dtype = any_f64 ? DType::f64 : DType::f32;
+  Tensor acc = scalar_tensor(0.0, acc_dtype, device);
   for (const Tensor& g : grads) {
     if (g.numel() == 0) continue;
-    const Tensor a = prim::unary(UnaryOp::abs, prim::to(g, DType::f32));
+    const Tensor a = prim::unary(UnaryOp::abs, prim::to(g, acc_dtype));
     Tensor part;
     if (inf_norm) {
       part = prim::amax(a);

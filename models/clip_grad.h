@@ -14,7 +14,7 @@ inline constexpr double kInfNorm = std::numeric_limits<double>::infinity();
 // and scales every gradient in place by min(1, max_norm / (total + 1e-6)).
 // A non-finite total is returned as is and, as in PyTorch, poisons the
 // gradients (NaN), which a loss scaler then detects. Norms accumulate in f32
-// whatever the gradient dtype, on the first gradient's device; reading the
+// (f64 when a gradient is f64), on the first gradient's device; reading the
 // total back is the one host sync (the price of returning a double).
 double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, double norm_type = 2.0);
 

@@ -568,6 +568,19 @@ TEST_F(OptimTest, ClipGradNormEdgeCases) {
     for (double v : host_f64(t.grad())) EXPECT_TRUE(std::isnan(v)) << v;
 }
 
+// f64 gradients are measured in f64, as PyTorch measures them: in f32,
+// 1e20 squares to infinity and 1e-30 to zero.
+TEST_F(OptimTest, ClipGradNormOfF64GradientsIsF64) {
+  for (const double v : {1e20, 1e-30}) {
+    SCOPED_TRACE(v);
+    Tensor p = from_vector(std::vector<double>{0.0, 0.0}, {2}, DType::f64);
+    p.set_requires_grad(true);
+    p.set_grad(from_vector(std::vector<double>{3 * v, 4 * v}, {2}, DType::f64));
+    EXPECT_NEAR(nn::clip_grad_norm_({p}, 1e300), 5 * v, 1e-12 * 5 * v);
+    EXPECT_NEAR(nn::clip_grad_norm_({p}, 1e300, 3.0), std::cbrt(91.0) * v, 1e-12 * 5 * v);
+  }
+}
+
 // ---- learning-rate schedules -----------------------------------------------------------------------
 
 TEST(LrSchedule, CosineWithWarmupBoundaries) {
