@@ -237,3 +237,40 @@ TEST(Launcher, StoppingTheLauncherStopsEveryRank) {
     EXPECT_NE(::kill(std::stoi((*it)[2]), 0), 0) << "rank " << (*it)[1] << " outlived the launcher";
   EXPECT_EQ(seen, 2) << out;
 }
+
+namespace {
+// Whether `pid` runs: a zombie no one reaped yet counts as gone.
+bool process_alive(pid_t pid) {
+  std::ifstream stat(fmt::format("/proc/{}/stat", pid));
+  std::string line;
+  if (!std::getline(stat, line)) return false;
+  const size_t state = line.rfind(')') + 2;  // after the command name, which may hold spaces
+  return state < line.size() && line[state] != 'Z';
+}
+}  // namespace
+
+// A launcher killed outright (SIGKILL: no handler of its own runs) takes
+// down what its ranks started too, not only the ranks.
+TEST(Launcher, AKilledLauncherLeavesNoGrandchildren) {
+  const std::string pids = fmt::format("/tmp/mpt-run-orphans-{}", ::getpid());
+  const JobResult r = mpt::testing::run_shell(fmt::format(
+      "'{}' --nproc_per_node 2 --master_port {} sh -c 'sleep 60 & echo $! > {}.$RANK; wait' & pid=$!; "
+      "for i in $(seq 100); do [ -s {}.0 ] && [ -s {}.1 ] && break; sleep 0.1; done; "
+      "kill -KILL $pid; wait $pid; echo status=$?",
+      mpt::testing::mpt_run_path(), mpt::testing::free_port(), pids, pids, pids));
+  EXPECT_NE(r.output.find("status=137"), std::string::npos) << r.output;
+  for (int rank = 0; rank < 2; ++rank) {
+    std::ifstream in(fmt::format("{}.{}", pids, rank));
+    pid_t grandchild = 0;
+    ASSERT_TRUE(in >> grandchild) << "rank " << rank << " did not start its child: " << r.output;
+    std::remove(fmt::format("{}.{}", pids, rank).c_str());
+    bool alive = true;
+    for (int i = 0; i < 100 && alive; ++i) {
+      alive = process_alive(grandchild);
+      if (alive) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    EXPECT_FALSE(alive) << "rank " << rank << "'s child " << grandchild << " outlived the killed launcher";
+    if (alive) ::kill(grandchild, SIGKILL);
+  }
+}
+

@@ -15,6 +15,8 @@
 
 #include <fmt/format.h>
 
+#include "orphan_guard.h"
+
 namespace mpt::run {
 
 namespace {
@@ -93,7 +95,8 @@ void start(Child& c, const std::vector<std::string>& command, const RankSpec& sp
   if (pid < 0) throw std::runtime_error(fmt::format("mpt-run: fork() failed: {}", std::strerror(errno)));
   if (pid == 0) {
     // The rank leads its own process group, so stopping it stops whatever it
-    // started too; and it dies with the launcher, so none is orphaned.
+    // started too; and it dies with the launcher (what it started dies by
+    // the OrphanGuard), so none is orphaned.
     ::setpgid(0, 0);
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != launcher) ::_exit(125);  // the launcher died before prctl
@@ -145,9 +148,13 @@ Outcome supervise(const std::vector<std::string>& command, const std::vector<Ran
   // would reap the ranks itself, and waitpid() would never report them.
   ::signal(SIGCHLD, SIG_DFL);
 
+  OrphanGuard orphan_guard;
   std::vector<Child> children(ranks.size());
   const pid_t self = ::getpid();
-  for (size_t i = 0; i < ranks.size(); ++i) start(children[i], command, ranks[i], self);
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    start(children[i], command, ranks[i], self);
+    orphan_guard.watch(children[i].pid);
+  }
 
   Outcome outcome;
   std::optional<Clock::time_point> kill_deadline;  // set once we start stopping the ranks
