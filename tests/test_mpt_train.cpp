@@ -215,6 +215,47 @@ TEST_F(MptTrain, AStopAtAnEpochsEndSumsItUpAndTheResumptionStartsTheNext) {
   EXPECT_EQ(tensors_of(file("part.safetensors")), tensors_of(file("whole.safetensors")));
 }
 
+// An epoch a stop cut in two is summed up whole by the resumed run: its
+// training loss, accuracy and skipped steps are those of an unbroken run
+// (the resumed run used to count only the steps after the stop). A finished
+// run resumed again has nothing to train and reports its test figures.
+TEST_F(MptTrain, AResumedEpochIsSummedUpWhole) {
+  std::string text;
+  while (text.size() < 600) text += "the quick brown fox jumps over the lazy dog. ";
+  text.resize(600);
+  std::ofstream(file("text.txt")) << text;
+  // 8 steps; fp16 from 2^22, so the first four overflow and are skipped
+  // (three before the stop, one after).
+  const std::string common = fmt::format(
+      "--model gpt --data '{}' --gpt-layers 1 --gpt-heads 2 --gpt-d-model 16 --context 16 --batch-size 64 "
+      "--epochs 1 --eval-batches 1 --seed 7 --precision fp16 --init-scale 4194304",
+      file("text.txt"));
+  ASSERT_EQ(run(fmt::format("{} --metrics '{}'", common, file("whole.jsonl"))), 0) << stderr_;
+  ASSERT_EQ(run(fmt::format("{} --stop-after 3 --checkpoint '{}'", common, file("part.safetensors"))), 0) << stderr_;
+  ASSERT_EQ(run(fmt::format("{} --resume '{}' --checkpoint '{}' --metrics '{}'", common, file("part.safetensors"),
+                            file("part.safetensors"), file("resumed.jsonl"))),
+            0)
+      << stderr_;
+  const auto whole = events(file("whole.jsonl"), "epoch"), resumed = events(file("resumed.jsonl"), "epoch");
+  ASSERT_EQ(whole.size(), 1u);
+  ASSERT_EQ(resumed.size(), 1u);
+  EXPECT_GT(whole[0]["skipped_steps"].get<int64_t>(), 0) << "the test needs skipped steps before the stop";
+  EXPECT_EQ(resumed[0]["skipped_steps"], whole[0]["skipped_steps"]);
+  EXPECT_EQ(resumed[0]["train_accuracy"], whole[0]["train_accuracy"]);
+  const double loss = whole[0]["train_loss"].get<double>();
+  EXPECT_NEAR(resumed[0]["train_loss"].get<double>(), loss, 1e-12 * loss);
+
+  const double eval_loss = events(file("resumed.jsonl"), "end").at(0)["eval_loss"].get<double>();
+  ASSERT_EQ(run(fmt::format("{} --resume '{}' --metrics '{}'", common, file("part.safetensors"), file("again.jsonl"))),
+            0)
+      << stderr_;
+  const auto end = events(file("again.jsonl"), "end");
+  ASSERT_EQ(end.size(), 1u);
+  EXPECT_EQ(end[0]["steps"], 8);
+  EXPECT_GT(eval_loss, 0.0);
+  EXPECT_EQ(end[0]["eval_loss"].get<double>(), eval_loss);
+}
+
 // A real interruption: SIGTERM arrives at some step k; the run finishes that
 // step, checkpoints and exits with 130. Resumed up to step k + 3, it equals
 // a run that went to k + 3 without a break (both planned for 2000 steps).
@@ -229,8 +270,10 @@ TEST_F(MptTrain, SignalledRunCheckpointsAndResumesBitIdentical) {
       "wait $pid\n"
       "echo $? >'{}'\n",
       mpt_train(), common, file("m.jsonl"), file("cut.safetensors"), file("m.jsonl"), file("rc"));
-  ASSERT_EQ(std::system(fmt::format("bash '{}'", file("interrupt.sh")).c_str()), 0);
+  ASSERT_EQ(std::system(fmt::format("bash '{}' 2>'{}'", file("interrupt.sh"), file("interrupt.err")).c_str()), 0);
   EXPECT_EQ(slurp(file("rc")), "130\n");
+  EXPECT_NE(slurp(file("interrupt.err")).find("stopping after this step; a second signal ends it now"),
+            std::string::npos);
   const int64_t k = ckpt::read_checkpoint(file("cut.safetensors")).step;
   ASSERT_GE(k, 1);
   ASSERT_LT(k, 2000);
@@ -270,9 +313,14 @@ TEST_F(MptTrain, BadCheckpointsAreRefusedWithTheReason) {
   EXPECT_EQ(run(fmt::format("--optimizer sgd --batch-size 16 --steps 4 --resume '{}'", ck)), 1);
   EXPECT_NE(stderr_.find("run.optimizer 'adamw'"), std::string::npos) << stderr_;
 
-  // An fp32 checkpoint has no loss-scaler state for an fp16 run.
-  EXPECT_EQ(run(fmt::format("--precision fp16 --batch-size 16 --steps 4 --resume '{}'", ck)), 1);
-  EXPECT_NE(stderr_.find("loss-scaler state"), std::string::npos) << stderr_;
+  // The precision is the run's (bf16 by default on the CPU): its
+  // checkpoint has no loss-scaler state for an fp16 run, and fp32 would
+  // round other numbers.
+  for (const char* other : {"fp16", "fp32"}) {
+    EXPECT_EQ(run(fmt::format("--precision {} --batch-size 16 --steps 4 --resume '{}'", other, ck)), 1);
+    EXPECT_NE(stderr_.find(fmt::format("run.precision 'bf16', but this run has '{}'", other)), std::string::npos)
+        << stderr_;
+  }
 }
 
 // fp16 autocast with the loss scaler (small growth interval, so the scale
@@ -288,6 +336,9 @@ TEST_F(MptTrain, MixedPrecisionRunResumesBitIdenticalWithItsScaler) {
   other_interval.replace(other_interval.find("--growth-interval 2"), 19, "--growth-interval 500");
   EXPECT_NE(run(fmt::format("{} --resume '{}'", other_interval, file("part.safetensors"))), 0);
   EXPECT_NE(stderr_.find("growth_interval 2, but this run has --growth-interval 500"), std::string::npos) << stderr_;
+  // So is its policy: the hysteresis policy would read the same state otherwise.
+  EXPECT_EQ(run(fmt::format("{} --scaler hysteresis --resume '{}'", common, file("part.safetensors"))), 1);
+  EXPECT_NE(stderr_.find("run.scaler 'dynamic', but this run has 'hysteresis'"), std::string::npos) << stderr_;
   ASSERT_EQ(run(fmt::format("{} --resume '{}' --checkpoint '{}'", common, file("part.safetensors"),
                             file("part.safetensors"))),
             0)
@@ -558,6 +609,10 @@ TEST_F(MptTrain, BadOptionsAreRefusedNamingTheOption) {
   EXPECT_NE(stderr_.find("mpt-train: --growth-factor must be > 1"), std::string::npos) << stderr_;
   EXPECT_EQ(run("--backoff-factor 1 --steps 1"), 2);
   EXPECT_NE(stderr_.find("mpt-train: --backoff-factor must be in (0, 1)"), std::string::npos) << stderr_;
+
+  // GPT's heads must split its width: a usage error, before any data is read.
+  EXPECT_EQ(run("--model gpt --gpt-heads 5 --gpt-d-model 384 --steps 1"), 2);
+  EXPECT_NE(stderr_.find("--gpt-d-model 384 must be a multiple of --gpt-heads 5"), std::string::npos) << stderr_;
 
   EXPECT_EQ(run("--model gpt --data fashion-mnist --steps 1"), 1);
   EXPECT_NE(stderr_.find("--model gpt trains on text"), std::string::npos) << stderr_;

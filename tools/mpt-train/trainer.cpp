@@ -3,10 +3,12 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <iterator>
 #include <optional>
 
 #include <unistd.h>
@@ -41,9 +43,16 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // Set by SIGINT/SIGTERM: the run finishes its current step, writes its
-// checkpoint and stops, so --resume continues it exactly.
+// checkpoint and stops, so --resume continues it exactly. A second signal
+// ends the process at once (the default action is back): the way out of a
+// stop that waits for something that will not come.
 std::atomic<bool> stop_requested{false};
-extern "C" void request_stop(int) { stop_requested = true; }
+extern "C" void request_stop(int sig) {
+  stop_requested = true;
+  std::signal(sig, SIG_DFL);
+  static constexpr char kNotice[] = "mpt-train: stopping after this step; a second signal ends it now\n";
+  [[maybe_unused]] const ssize_t n = ::write(STDERR_FILENO, kNotice, sizeof kNotice - 1);
+}
 
 // Installs the handlers for the run's duration.
 class StopOnSignal {
@@ -123,16 +132,60 @@ std::string as_utf8(const std::string& s) {
 
 // What a resumed run must share with the one that wrote the checkpoint:
 // what the data position counts in (batches of one size, in one seeded
-// order, over one number of shards) and what the optimizer state belongs
-// to. (Checkpoints from before a key existed pass without it.)
+// order, over one number of shards), what the optimizer state belongs to,
+// and the precision and loss-scaling policy the run's numbers come from
+// (the scaler's state means one thing to one policy). (Checkpoints from
+// before a key existed pass without it.)
 io::Metadata run_identity(const TrainConfig& c, int64_t world_size) {
-  return {{"run.model", c.model},
-          {"run.data", as_utf8(c.data)},
-          {"run.batch_size", std::to_string(c.batch_size)},
-          {"run.accumulation", std::to_string(c.accumulation)},
-          {"run.seed", std::to_string(c.seed)},
-          {"run.world_size", std::to_string(world_size)},
-          {"run.optimizer", c.optimizer}};
+  io::Metadata identity{{"run.model", c.model},
+                        {"run.data", as_utf8(c.data)},
+                        {"run.batch_size", std::to_string(c.batch_size)},
+                        {"run.accumulation", std::to_string(c.accumulation)},
+                        {"run.seed", std::to_string(c.seed)},
+                        {"run.world_size", std::to_string(world_size)},
+                        {"run.optimizer", c.optimizer},
+                        {"run.precision", c.precision}};
+  if (c.precision == "fp16") identity["run.scaler"] = c.scaler;
+  return identity;
+}
+
+// An epoch at a stop in its middle: what its steps so far add up to, kept
+// in the checkpoint's extra tensors ("epoch.*") so that the resumed run
+// sums up the whole epoch, not only the part after the stop.
+struct EpochSoFar {
+  TrainingTotals::Sums sums;
+  int64_t first_step = 0;    // the run's step count at the epoch's start
+  int64_t first_update = 0;  // and the first parameter's update count (skipped steps show as missing updates)
+};
+
+constexpr const char* kEpochKeys[] = {"epoch.loss_sum", "epoch.correct", "epoch.predictions", "epoch.first_step",
+                                      "epoch.first_update"};
+
+OrderedDict<Tensor> epoch_state(const EpochSoFar& e) {
+  const double values[] = {e.sums.loss, e.sums.correct, static_cast<double>(e.sums.predictions),
+                           static_cast<double>(e.first_step), static_cast<double>(e.first_update)};
+  OrderedDict<Tensor> out;
+  for (size_t i = 0; i < std::size(kEpochKeys); ++i) out.insert(kEpochKeys[i], scalar_tensor(values[i], DType::f64));
+  return out;
+}
+
+// Nothing from a checkpoint written before these entries existed.
+std::optional<EpochSoFar> read_epoch_state(const OrderedDict<Tensor>& state, const std::string& source) {
+  if (state.empty()) return std::nullopt;
+  double values[std::size(kEpochKeys)];
+  for (size_t i = 0; i < std::size(kEpochKeys); ++i) {
+    const Tensor* t = state.find(kEpochKeys[i]);
+    check(t && t->numel() == 1, "mpt-train: --resume '{}': the checkpoint's epoch totals lack '{}'", source,
+          kEpochKeys[i]);
+    values[i] = t->item();
+    check(std::isfinite(values[i]) && values[i] >= 0,
+          "mpt-train: --resume '{}': the checkpoint's '{}' is {}, not a count", source, kEpochKeys[i], values[i]);
+  }
+  check(state.size() == std::size(kEpochKeys), "mpt-train: --resume '{}': unexpected epoch entries in the checkpoint",
+        source);
+  return EpochSoFar{{values[0], values[1], static_cast<int64_t>(values[2])},
+                    static_cast<int64_t>(values[3]),
+                    static_cast<int64_t>(values[4])};
 }
 
 std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c, const std::vector<Tensor>& params) {
@@ -244,6 +297,9 @@ void check_options(const TrainConfig& c) {
         c.min_lr_ratio);
   check(c.cuda_graph == "auto" || c.cuda_graph == "on" || c.cuda_graph == "off",
         "mpt-train: unknown --cuda-graph '{}' (auto, on, off)", c.cuda_graph);
+  // GPT's heads split d_model evenly (checked here, not after the data is read).
+  check(c.model != "gpt" || (c.gpt_heads >= 1 && c.gpt_d_model % c.gpt_heads == 0),
+        "mpt-train: --gpt-d-model {} must be a multiple of --gpt-heads {}", c.gpt_d_model, c.gpt_heads);
   scaler_options(c);  // the loss-scaler options, whether or not this run uses them
 }
 
@@ -339,6 +395,7 @@ TrainResult run_training(const TrainConfig& config) {
 
   int64_t step = 0;
   data::DataPosition position;
+  std::optional<EpochSoFar> resumed_epoch;  // the epoch the resumed run starts in the middle of
   if (!c.resume.empty()) {
     const ckpt::Checkpoint saved = ckpt::read_checkpoint(c.resume);
     // The data position counts batches of one size in one seeded order.
@@ -348,22 +405,31 @@ TrainResult run_training(const TrainConfig& config) {
             "mpt-train: --resume '{}' was written for {} '{}', but this run has '{}'", c.resume, key,
             it == saved.info.end() ? "" : it->second, expected);
     }
-    precision.load_state_dict(saved.extra);  // all or nothing, before the model is touched
+    OrderedDict<Tensor> scaler_state, epoch_entries;
+    for (const auto& [key, t] : saved.extra) (key.rfind("epoch.", 0) == 0 ? epoch_entries : scaler_state).insert(key, t);
+    const std::optional<EpochSoFar> saved_epoch = read_epoch_state(epoch_entries, c.resume);
+    precision.load_state_dict(scaler_state);  // all or nothing, before the model is touched
     ckpt::restore(saved, *w.model, *optimizer, gen, c.resume);
     step = saved.step;
     position = saved.position;
     // Saved at an epoch's end (summed up before that stop): the next one.
     if (position.batch >= batches) position = {position.epoch + 1, 0};
+    if (position.batch > 0) resumed_epoch = saved_epoch;
     progress.message(fmt::format("resumed from '{}' at step {} (epoch {}, batch {})", c.resume, step,
                                  position.epoch + 1, position.batch));
   }
   data::DataPosition current = position;  // of the next batch to train on
+  // What the epoch in progress adds up to (training steps only; the
+  // evaluation counts with its own).
+  TrainingTotals totals(device);
+  EpochSoFar epoch_so_far;
   auto save = [&] {
     if (c.checkpoint.empty() || !lead) return;
     ckpt::Checkpoint snapshot = ckpt::capture(*w.model, *optimizer, step, current, gen);
     snapshot.extra = precision.state_dict();
+    epoch_so_far.sums = totals.sums();
+    for (const auto& [key, t] : epoch_state(epoch_so_far)) snapshot.extra.insert(key, t);
     snapshot.info = run_identity(c, world_size);
-    snapshot.info["run.precision"] = c.precision;
     ckpt::save_checkpoint(c.checkpoint, snapshot);  // into the folder prepare_checkpoint_path made
   };
 
@@ -395,8 +461,10 @@ TrainResult run_training(const TrainConfig& config) {
   // A stop before the run's end, by signal or --stop-after: the epoch in
   // progress is neither evaluated nor summed up; its resumption does that.
   // An epoch whose last batch was trained is summed up before the stop, and
-  // its resumption starts the next one.
-  auto stopping_early = [&] { return stopping() || (step >= last_step && last_step < total_steps); };
+  // its resumption starts the next one. A signal after the last step stops
+  // nothing: the run ends as it would have.
+  auto finished = [&] { return step >= total_steps; };
+  auto stopping_early = [&] { return !finished() && (stopping() || step >= last_step); };
 
   // Diagnostics: the step-time breakdown (on device 0's stream under dp),
   // and on the lead rank a sampler of the GPUs this node's ranks use.
@@ -420,23 +488,28 @@ TrainResult run_training(const TrainConfig& config) {
 
   // The model's own step, eager or as a CUDA graph (every step but
   // DataParallel's, which drives several devices).
-  TrainingTotals totals(device);
   std::optional<TrainingStep> train_step;
   if (!dp) train_step.emplace(w, precision, *optimizer, totals, ddp.get(), device, graph);
   bool fallback_reported = false;
 
   TrainResult result;
+  bool evaluated = false;  // an epoch of this invocation was evaluated
   StopOnSignal stop_on_signal;
   for (int64_t epoch = position.epoch; epoch < c.epochs && step < last_step && !stopping(); ++epoch) {
     loader.start_epoch(epoch, epoch == position.epoch ? position.batch : 0);
     progress.start_epoch(epoch, c.epochs, steps_per_epoch);
     const auto epoch_started = Clock::now();
     auto window_started = Clock::now();
-    totals.start_epoch();
-    int64_t samples = 0, window_samples = 0;
     // Steps the loss scaler skipped show as updates missing from the first
     // parameter's count (every model here updates all of its parameters).
-    const int64_t epoch_first_step = step, epoch_first_update = optimizer->step_count(0);
+    if (resumed_epoch && epoch == position.epoch) {
+      epoch_so_far = *resumed_epoch;
+      totals.resume_epoch(epoch_so_far.sums);
+    } else {
+      epoch_so_far = {{}, step, optimizer->step_count(0)};
+      totals.start_epoch();
+    }
+    int64_t samples = 0, window_samples = 0;  // this invocation's, for its rate
     StepBreakdown epoch_breakdown;
     // A step's micro-batches: `accumulation` of them, fewer at the epoch's
     // end, none after it.
@@ -540,6 +613,7 @@ TrainResult run_training(const TrainConfig& config) {
     const Evaluation eval = evaluate(w, device, w.sequences ? c.batch_size : 500, c.eval_batches);
     result.eval_loss = eval.loss;
     result.eval_accuracy = eval.accuracy;
+    evaluated = true;
     nlohmann::ordered_json summary = {{"event", "epoch"},
                               {"epoch", epoch + 1},
                               {"step", step},
@@ -550,8 +624,8 @@ TrainResult run_training(const TrainConfig& config) {
                               {"samples_per_s", samples / std::max(epoch_seconds, 1e-9)},
                               {"seconds", epoch_seconds},
                               {"scale", precision.scale()},
-                              {"skipped_steps", (step - epoch_first_step) -
-                                                    (optimizer->step_count(0) - epoch_first_update)}};
+                              {"skipped_steps", (step - epoch_so_far.first_step) -
+                                                    (optimizer->step_count(0) - epoch_so_far.first_update)}};
     if (train_step && train_step->graph()) {
       summary["graph_captures"] = train_step->captures();
       summary["graph_replays"] = train_step->replays();
@@ -562,11 +636,18 @@ TrainResult run_training(const TrainConfig& config) {
     progress.end_epoch(summary);
   }
   sampler_thread.reset();
+  // Nothing was left to train (a finished run resumed, or --steps lowered
+  // below the checkpoint's): the end still reports the model's test figures.
+  if (finished() && !evaluated) {
+    const Evaluation eval = evaluate(w, device, w.sequences ? c.batch_size : 500, c.eval_batches);
+    result.eval_loss = eval.loss;
+    result.eval_accuracy = eval.accuracy;
+  }
   save();
   result.steps = step;
   result.seconds = seconds_since(started);
-  result.interrupted = stopping();
   result.stopped_early = stopping_early();
+  result.interrupted = result.stopped_early && stopping();
   if (result.stopped_early) {
     progress.record({{"event", "interrupted"}, {"reason", result.interrupted ? "signal" : "stop-after"},
                      {"steps", step}, {"seconds", result.seconds}});

@@ -49,6 +49,17 @@ void TrainingTotals::add(double loss, int64_t correct, int64_t predictions, doub
   predictions_ += predictions;
 }
 
+TrainingTotals::Sums TrainingTotals::sums() const {
+  return {loss_sum_.item() + host_loss_sum_, correct_.item() + host_correct_, predictions_};
+}
+
+void TrainingTotals::resume_epoch(const Sums& sums) {
+  start_epoch();
+  host_loss_sum_ = sums.loss;
+  host_correct_ = sums.correct;
+  predictions_ = sums.predictions;
+}
+
 double TrainingTotals::step_loss() const { return step_loss_.item() + host_step_loss_; }
 
 double TrainingTotals::mean_loss() const {

@@ -32,6 +32,17 @@ class TrainingTotals {
   // replicas count on their own devices), its predictions counted with it.
   void add(double loss, int64_t correct, int64_t predictions, double weight);
 
+  // The epoch's sums so far, carried in a checkpoint across a stop so that
+  // the resumed run sums up the whole epoch. sums() waits for the device.
+  struct Sums {
+    double loss = 0;  // per-prediction losses added up
+    double correct = 0;
+    int64_t predictions = 0;
+  };
+  Sums sums() const;
+  // Starts an epoch that goes on from `sums` (what sums() gave before the stop).
+  void resume_epoch(const Sums& sums);
+
   // These wait for the device's work so far.
   double step_loss() const;
   double mean_loss() const;  // per prediction, over the epoch so far (0 before any)
