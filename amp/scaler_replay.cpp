@@ -34,10 +34,13 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 std::vector<bool> bernoulli_overflows(int64_t steps, double p, uint64_t seed) {
   check_steps("bernoulli_overflows", steps);
   check(p >= 0 && p <= 1, "bernoulli_overflows: p must be in [0, 1], got {}", p);
+  // The draws are mt19937_64's (whose numbers the standard fixes), each
+  // turned into a uniform double in [0, 1) by its top 53 bits, not
+  // std::bernoulli_distribution, whose algorithm each standard library
+  // picks: a seed gives the same pattern wherever the tool was built.
   std::mt19937_64 rng(seed);
-  std::bernoulli_distribution coin(p);
   std::vector<bool> out(static_cast<size_t>(steps));
-  for (auto&& v : out) v = coin(rng);
+  for (auto&& v : out) v = static_cast<double>(rng() >> 11) * 0x1.0p-53 < p;
   return out;
 }
 

@@ -11,7 +11,9 @@
 
 namespace mpt::amp {
 
-// Each step overflows with probability p (seeded, reproducible).
+// Each step overflows with probability p (seeded: the same pattern from
+// every build; step i overflows when the i-th number of mt19937_64(seed),
+// its top 53 bits as a fraction of 2^53, is below p).
 std::vector<bool> bernoulli_overflows(int64_t steps, double p, uint64_t seed);
 // `length` consecutive overflows starting every `every` steps (from step `every - 1`).
 std::vector<bool> burst_overflows(int64_t steps, int64_t every, int64_t length);

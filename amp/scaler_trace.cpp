@@ -3,6 +3,7 @@
 #include <cmath>
 #include <limits>
 #include <sstream>
+#include <stdexcept>
 
 #include <nlohmann/json.hpp>
 
@@ -64,6 +65,13 @@ bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
+// A CSV flag as written (1, 0) or as a spreadsheet may save it (true, false).
+bool csv_flag(const std::string& field, const char* name) {
+  if (field == "1" || field == "true" || field == "TRUE") return true;
+  if (field == "0" || field == "false" || field == "FALSE") return false;
+  throw std::invalid_argument(fmt::format("{} must be 1 or 0, got '{}'", name, field));
+}
+
 }  // namespace
 
 TraceFormat trace_format_from_name(const std::string& name) {
@@ -114,8 +122,9 @@ std::vector<ScalerTraceRow> read_scaler_trace(const std::string& path) {
   bool csv = false;
   while (std::getline(in, line)) {
     ++line_nr;
+    if (!line.empty() && line.back() == '\r') line.pop_back();  // a file saved with Windows line ends
     if (line.empty()) continue;
-    if (line_nr == 1 && line == kCsvHeader) {
+    if (rows.empty() && !csv && line == kCsvHeader) {
       csv = true;
       continue;
     }
@@ -129,8 +138,8 @@ std::vector<ScalerTraceRow> read_scaler_trace(const std::string& path) {
         r.next_scale = parse_double(f[2]);
         r.growth_tracker = std::stoll(f[3]);
         r.hysteresis_left = std::stoi(f[4]);
-        r.found_inf = f[5] == "1";
-        r.skipped = f[6] == "1";
+        r.found_inf = csv_flag(f[5], "found_inf");
+        r.skipped = csv_flag(f[6], "skipped");
         r.first_nonfinite = f[7];
         r.grad_norm = parse_double(f[8]);
       } else {

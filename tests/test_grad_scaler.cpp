@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <limits>
 #include <random>
 #include <vector>
@@ -639,6 +640,35 @@ TEST(ScalerTrace, RowsDescribeEachStepAndRoundTripThroughBothFormats) {
     EXPECT_DOUBLE_EQ(rows[3].grad_norm, 2.0);  // unscaled gradient: four ones
     std::remove(path.c_str());
   }
+}
+
+// A CSV trace saved with Windows line ends (a spreadsheet's export) reads
+// as the same trace; a flag that is neither 1 nor 0 is refused, naming it,
+// not read as false.
+TEST(ScalerTrace, CsvWithWindowsLineEndsReadsAndBadFlagsAreRefused) {
+  const std::string path = ::testing::TempDir() + "scaler_trace_crlf.csv";
+  std::ofstream(path, std::ios::binary)
+      << "step,scale,next_scale,growth_tracker,hysteresis_left,found_inf,skipped,first_nonfinite,grad_norm\r\n"
+      << "0,8,4,0,2,1,1,w,inf\r\n"
+      << "1,4,4,1,2,FALSE,0,,0.5\r\n";
+  const auto rows = amp::read_scaler_trace(path);
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_TRUE(rows[0].found_inf && rows[0].skipped);
+  EXPECT_EQ(rows[0].first_nonfinite, "w");
+  EXPECT_FALSE(rows[1].found_inf);
+  EXPECT_EQ(rows[1].grad_norm, 0.5);
+  std::ofstream(path, std::ios::binary | std::ios::trunc)
+      << "step,scale,next_scale,growth_tracker,hysteresis_left,found_inf,skipped,first_nonfinite,grad_norm\n"
+      << "0,8,4,0,2,yes,1,w,inf\n";
+  try {
+    amp::read_scaler_trace(path);
+    ADD_FAILURE() << "a found_inf of 'yes' was accepted";
+  } catch (const IOError& e) {
+    EXPECT_NE(std::string(e.what()).find("line 2 is malformed (found_inf must be 1 or 0, got 'yes')"),
+              std::string::npos)
+        << e.what();
+  }
+  std::remove(path.c_str());
 }
 
 }  // namespace

@@ -4,10 +4,12 @@
 // name the flag.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "amp/scaler_trace.h"
 #include "tests/test_util.h"
@@ -93,12 +95,44 @@ TEST_F(MptScaler, ValuesNoRunCouldTakeAreUsageErrorsNamingTheFlag) {
       {"sweep --intervals 50,0", "--intervals: must be positive, got 0"},
       {"sweep --device tpu", "unknown device 'tpu'"},
       {"plot run.jsonl --width 10", "--width: Value 10 not in range"},
+      {"replay --steps 10000000000000", "--steps: Value 10000000000000 not in range"},
   };
   for (const auto& [args, message] : cases) {
     EXPECT_EQ(run(args), 2) << args << ": " << stderr_;
     EXPECT_NE(stderr_.find(message), std::string::npos) << args << ": " << stderr_;
     EXPECT_FALSE(std::filesystem::exists(file("scale.jsonl"))) << args;
   }
+}
+
+// Outputs replace the files they name only once the whole command
+// succeeded: a plot that cannot be written fails the replay before any
+// trajectory is written, the previous ones stay as they were, and no
+// temporary is left behind.
+TEST_F(MptScaler, AFailedReplayLeavesThePreviousOutputsWhole) {
+  ASSERT_EQ(run("replay --policy all --pattern periodic:50 --steps 200 --out run.jsonl"), 0) << stderr_;
+  const auto files_in_folder = [&] {
+    std::vector<std::string> names;
+    for (const auto& entry : std::filesystem::directory_iterator(dir_.path()))
+      if (entry.path().filename() != "stdout" && entry.path().filename() != "stderr")
+        names.push_back(entry.path().filename().string());
+    std::sort(names.begin(), names.end());
+    return names;
+  };
+  const std::vector<std::string> before = files_in_folder();
+  EXPECT_EQ(before, (std::vector<std::string>{"run.hysteresis.jsonl", "run.static.jsonl", "run.torch.jsonl"}));
+  const auto torch = amp::read_scaler_trace(file("run.torch.jsonl"));
+
+  EXPECT_EQ(run("replay --policy all --pattern periodic:7 --steps 300 --out run.jsonl --plot no/such/folder.png"), 1);
+  EXPECT_NE(stderr_.find("no/such/folder.png"), std::string::npos) << stderr_;
+  EXPECT_EQ(files_in_folder(), before);
+  const auto after = amp::read_scaler_trace(file("run.torch.jsonl"));
+  ASSERT_EQ(after.size(), torch.size());
+  for (size_t i = 0; i < after.size(); ++i) ASSERT_EQ(after[i].next_scale, torch[i].next_scale) << i;
+
+  ASSERT_EQ(run("replay --policy torch --steps 100 --out run.torch.jsonl --plot run.png"), 0) << stderr_;
+  EXPECT_EQ(files_in_folder(),
+            (std::vector<std::string>{"run.hysteresis.jsonl", "run.png", "run.static.jsonl", "run.torch.jsonl"}));
+  EXPECT_EQ(amp::read_scaler_trace(file("run.torch.jsonl")).size(), 100u);
 }
 
 }  // namespace

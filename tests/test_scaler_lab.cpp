@@ -2,9 +2,11 @@
 // GradScaler does on the same pattern) and growth-interval sweeps.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <limits>
+#include <random>
 
 #include "amp/scaler_replay.h"
 #include "amp/scaler_sweep.h"
@@ -27,6 +29,11 @@ TEST(OverflowPatterns, GeneratedPatternsFollowTheirDefinitions) {
   for (bool v : b) n += v;
   EXPECT_NEAR(n, 2000, 5 * std::sqrt(2000.0));  // 5 sigma
   EXPECT_EQ(b, amp::bernoulli_overflows(200000, 0.01, 5));  // seeded
+  // The written rule, which no standard library's choices enter: step i
+  // overflows when mt19937_64's i-th number, as a 53-bit fraction, is below p.
+  std::mt19937_64 rng(5);
+  for (size_t i = 0; i < b.size(); ++i)
+    ASSERT_EQ(b[i], static_cast<double>(rng() >> 11) / 9007199254740992.0 < 0.01) << i;
   EXPECT_THROW(amp::overflow_pattern_from_spec("gaussian:3", 10, 0), ValueError);
   EXPECT_THROW(amp::overflow_pattern_from_spec("bursts:5", 10, 0), ValueError);
   EXPECT_EQ(amp::overflow_pattern_from_spec("periodic:10", 100, 0), periodic);

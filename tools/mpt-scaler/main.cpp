@@ -14,12 +14,15 @@
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string_view>
 
 #include "amp/scaler_replay.h"
 #include "amp/scaler_sweep.h"
 #include "tensor/error.h"
+#include "tools/atomic_output.h"
 #include "tools/cli_checks.h"
 #include "tools/mpt-scaler/plot.h"
 #include "tools/mpt-scaler/progress.h"
@@ -28,6 +31,8 @@
 using namespace mpt;
 
 namespace {
+
+constexpr int64_t kMaxReplaySteps = 100'000'000;
 
 // "run.jsonl" + "torch" -> "run.torch.jsonl" (one output per policy).
 std::string path_for(const std::string& path, const std::string& tag, bool several) {
@@ -88,6 +93,16 @@ void write_rows(const std::string& path, const std::vector<amp::ScalerTraceRow>&
   bar.finish();
 }
 
+// Refuses an output path that cannot be written before any work, rather
+// than after it (appending nothing leaves an existing file as it is; a file
+// the try made is removed, so a failed command leaves no empty one).
+void check_writable(const std::string& flag, const std::string& path) {
+  if (path.empty()) return;
+  const bool existed = std::filesystem::exists(path);
+  check<IOError>(std::ofstream(path, std::ios::app).good(), "cannot write {} '{}'", flag, path);
+  if (!existed) std::filesystem::remove(path);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -108,8 +123,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   replay->add_option("--pattern", pattern, "bernoulli:P | bursts:EVERY:LENGTH | periodic:PERIOD | file:PATH")
       ->capture_default_str();
-  replay->add_option("--steps", replay_steps, "steps to generate (ignored for file:)")
+  // At most 10^8: a replay keeps every step's row (tens of bytes) in memory.
+  replay->add_option("--steps", replay_steps, "steps to generate, at most 100000000 (ignored for file:)")
       ->check(tools::positive())
+      ->check(CLI::Range(int64_t{1}, kMaxReplaySteps))
       ->capture_default_str();
   replay->add_option("--seed", seed)->capture_default_str();
   replay->add_option("--out", replay_out, "trajectory file (.jsonl or .csv); several policies add .<policy>")
@@ -186,11 +203,17 @@ int main(int argc, char** argv) {
 
   try {
     if (*replay) {
+      for (const std::string& name : policies) check_writable("--out", path_for(replay_out, name, policies.size() > 1));
+      check_writable("--plot", replay_plot);
       std::vector<tools::ScaleSeries> series;
+      // Every output is committed at the end: a failure leaves the files of
+      // an earlier replay as they were, not a mix of old and new ones.
+      std::vector<std::unique_ptr<tools::AtomicOutput>> outputs;
       for (const std::string& name : policies) {
         const auto rows = amp::replay_overflows(replay_flags.options(amp::scale_policy_from_name(name)), overflows);
         const std::string path = path_for(replay_out, name, policies.size() > 1);
-        write_rows(path, rows);
+        outputs.push_back(std::make_unique<tools::AtomicOutput>(path));
+        write_rows(outputs.back()->temp_path(), rows);
         int64_t skipped = 0;
         for (const auto& r : rows) skipped += r.skipped;
         std::printf("%-10s %s: %zu steps, %lld skipped, final scale %g  (colour %s)\n", name.c_str(), path.c_str(),
@@ -198,18 +221,16 @@ int main(int argc, char** argv) {
                     tools::series_colour(series.size()).c_str());
         series.push_back(tools::series_from_trace(name, rows));
       }
-      if (!replay_plot.empty()) tools::plot_scale_trajectories(replay_plot, series);
+      if (!replay_plot.empty()) {
+        outputs.push_back(std::make_unique<tools::AtomicOutput>(replay_plot));
+        tools::plot_scale_trajectories(outputs.back()->temp_path(), series);
+      }
+      for (const auto& output : outputs) output->commit();
     } else if (*sweep) {
       // The outputs are tried before the runs, so that a path that cannot be
-      // written fails now rather than after all the training (appending
-      // nothing leaves an existing file as it is until the end; a file the
-      // try made is removed, so a failed sweep leaves no empty one).
-      for (const auto& [flag, path] : {std::pair{"--out", sweep_out}, std::pair{"--plot", sweep_plot}}) {
-        if (path.empty()) continue;
-        const bool existed = std::filesystem::exists(path);
-        check<IOError>(std::ofstream(path, std::ios::app).good(), "cannot write {} '{}'", flag, path);
-        if (!existed) std::filesystem::remove(path);
-      }
+      // written fails now rather than after all the training.
+      check_writable("--out", sweep_out);
+      check_writable("--plot", sweep_plot);
       // Progress counts training steps over all runs.
       tools::ProgressBar bar("sweep", static_cast<int64_t>(intervals.size()) * training.steps);
       size_t runs_done = 0;
@@ -240,20 +261,29 @@ int main(int argc, char** argv) {
                            {"steps_at_scale", at_scale}});
         series.push_back(tools::series_from_trace(fmt::format("{}", run.growth_interval), run.trace));
       }
+      std::optional<tools::AtomicOutput> out_file, plot_file;
       if (!sweep_out.empty()) {
-        std::ofstream out(sweep_out);
+        out_file.emplace(sweep_out);
+        std::ofstream out(out_file->temp_path());
         check<IOError>(out.good(), "cannot write --out '{}'", sweep_out);
         out << results.dump(2) << '\n' << std::flush;
         check<IOError>(out.good(), "writing --out '{}' failed", sweep_out);
       }
-      if (!sweep_plot.empty()) tools::plot_scale_trajectories(sweep_plot, series);
+      if (!sweep_plot.empty()) {
+        plot_file.emplace(sweep_plot);
+        tools::plot_scale_trajectories(plot_file->temp_path(), series);
+      }
+      if (out_file) out_file->commit();
+      if (plot_file) plot_file->commit();
     } else if (*plot) {
       std::vector<tools::ScaleSeries> series;
       for (size_t i = 0; i < traces.size(); ++i) {
         series.push_back(tools::series_from_trace(traces[i], amp::read_scaler_trace(traces[i])));
         std::printf("%zu %s %s\n", i + 1, tools::series_colour(i).c_str(), traces[i].c_str());
       }
-      tools::plot_scale_trajectories(plot_out, series, width, height);
+      tools::AtomicOutput out_file(plot_out);
+      tools::plot_scale_trajectories(out_file.temp_path(), series, width, height);
+      out_file.commit();
     }
   } catch (const std::exception& e) {
     // mpt::Error, or what the standard library throws (std::filesystem, std::bad_alloc).

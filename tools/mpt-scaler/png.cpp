@@ -109,6 +109,7 @@ void write_png(const std::string& path, const Canvas& canvas) {
   std::ofstream out(path, std::ios::binary);
   check<IOError>(out.good(), "write_png: cannot open '{}' for writing", path);
   out.write(png.data(), static_cast<std::streamsize>(png.size()));
+  out.flush();  // a write that fails only when the buffer goes out shows here
   check<IOError>(out.good(), "write_png: writing '{}' failed", path);
 }
 
