@@ -1,0 +1,186 @@
+#!/usr/bin/env python3
+"""Trains the reference models in PyTorch and in mptrain (tools/mpt-parity)
+from the same initial weights on the same batches, and compares the runs
+step by step. Runs on the GPU machine, where PyTorch is:
+
+  python3 scripts/parity_vs_torch.py --build build-stage [--steps 100]
+
+For each model (mlp and cnn on Fashion-MNIST, gpt on the fortunes text) and
+precision (fp16 with the loss scaler, bf16, fp32):
+  - fp16: the loss scale after every step must be the same in both runs
+    (the scaler skips the same steps and grows at the same ones);
+  - every precision: both runs' final weights are compared with PyTorch's
+    run of the same steps in f64 (skipping the steps the fp16 runs skipped),
+    and mptrain's distance from it must be at most twice PyTorch's: as
+    accurate as PyTorch at that precision, give or take rounding in another
+    order.
+The scaler starts at 2^24 and grows every 10 clean steps, so that it backs
+off several times at the start and tries to grow (and overflows) along the
+way. Prints a table and exits 1 when a check fails.
+"""
+import argparse
+import gzip
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+
+from bench_vs_torch import find_reference
+
+LR, WEIGHT_DECAY, INIT_SCALE, GROWTH_INTERVAL = 1e-3, 1e-2, 2.0**24, 10
+AMP_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def idx_images(path):
+    raw = gzip.open(path).read()
+    n, rows, cols = (int.from_bytes(raw[i:i + 4], "big") for i in (4, 8, 12))
+    return torch.frombuffer(bytearray(raw[16:]), dtype=torch.uint8).reshape(n, rows, cols)
+
+
+def idx_labels(path):
+    raw = gzip.open(path).read()
+    return torch.frombuffer(bytearray(raw[8:]), dtype=torch.uint8).to(torch.int64)
+
+
+def make_data(model, data_dir, steps, gen):
+    """x [steps, batch, ...] and y [steps, batch, ...], drawn without replacement."""
+    if model in ("mlp", "cnn"):
+        images = idx_images(os.path.join(data_dir, "train-images-idx3-ubyte.gz"))
+        labels = idx_labels(os.path.join(data_dir, "train-labels-idx1-ubyte.gz"))
+        batch = 256
+        pick = torch.randperm(len(images), generator=gen)[: steps * batch]
+        x = (images[pick].float() / 255.0 - 0.2860) / 0.3530
+        x = x.reshape(steps, batch, 784) if model == "mlp" else x.reshape(steps, batch, 1, 28, 28)
+        return x.contiguous(), labels[pick].reshape(steps, batch).contiguous()
+    text = open(os.path.join(data_dir, "fortunes"), "rb").read()
+    tokens = torch.frombuffer(bytearray(text), dtype=torch.uint8).to(torch.int64) % 65
+    batch, context = 8, 256
+    starts = torch.randint(0, len(tokens) - context - 1, (steps * batch,), generator=gen)
+    windows = torch.stack([tokens[s:s + context + 1] for s in starts.tolist()]).reshape(steps, batch, context + 1)
+    return windows[..., :-1].contiguous(), windows[..., 1:].contiguous()
+
+
+def reference_model(model):
+    import torch_bench  # the reference benchmark's own layouts
+    workload = {"mlp": "mlp_small", "cnn": "cnn", "gpt": "gpt_mini"}[model]
+    torch.manual_seed(0)
+    m, _, _ = torch_bench.make(workload, "cpu", batch=1)
+    return m
+
+
+def loss_of(out, y):
+    """Cross-entropy in f32 (f64 in the f64 runs), as the reference computes it."""
+    logits = out.reshape(-1, out.shape[-1])
+    return F.cross_entropy(logits if logits.dtype == torch.float64 else logits.float(), y.reshape(-1))
+
+
+def train_torch(model, init, x, y, precision, skip=()):
+    """PyTorch's run; precision "f64" runs the steps in f64, skipping `skip`."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    m = reference_model(model)
+    m.load_state_dict(init)
+    wide = precision == "f64"
+    m = m.to("cuda", torch.float64 if wide else torch.float32)
+    opt = torch.optim.AdamW(m.parameters(), lr=LR, weight_decay=WEIGHT_DECAY, fused=True)
+    scaler = torch.amp.GradScaler("cuda", init_scale=INIT_SCALE, growth_interval=GROWTH_INTERVAL,
+                                  enabled=precision == "fp16")
+    dtype = AMP_DTYPES.get(precision)
+    losses, scales = [], []
+    for s in range(len(x)):
+        xs, ys = x[s].to("cuda"), y[s].to("cuda")
+        if wide and xs.is_floating_point():
+            xs = xs.double()
+        with torch.autocast("cuda", dtype=dtype or torch.float32, enabled=dtype is not None):
+            loss = loss_of(m(xs), ys)
+        opt.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()
+        if s not in skip:
+            scaler.step(opt)
+        scaler.update()
+        losses.append(float(loss))
+        scales.append(scaler.get_scale() if precision == "fp16" else 1.0)
+    return losses, scales, {k: v.detach().double().cpu() for k, v in m.state_dict().items()}
+
+
+def train_mptrain(tool, model, files, precision, graph):
+    out = os.path.join(files, f"{model}-{precision}{'-graph' if graph else ''}.safetensors")
+    cmd = [tool, "--model", model, "--init", os.path.join(files, f"{model}-init.safetensors"),
+           "--data", os.path.join(files, f"{model}-data.safetensors"), "--precision", precision, "--out", out,
+           "--lr", str(LR), "--weight-decay", str(WEIGHT_DECAY), "--init-scale", str(INIT_SCALE),
+           "--growth-interval", str(GROWTH_INTERVAL)] + (["--graph"] if graph else [])
+    run = subprocess.run(cmd, capture_output=True, text=True)
+    if run.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({run.returncode}):\n{run.stderr}")
+    if run.stderr:
+        print(run.stderr, file=sys.stderr, end="")
+    steps = [json.loads(line) for line in run.stdout.splitlines()]
+    weights = {k: v.double() for k, v in load_file(out).items()}
+    return [s["loss"] for s in steps], [s["scale"] for s in steps], weights
+
+
+def distance(a, b):
+    return sum(float((a[k] - b[k]).pow(2).sum()) for k in b) ** 0.5
+
+
+def skipped_steps(scales):
+    before = [INIT_SCALE] + scales[:-1]
+    return {s for s, (old, new) in enumerate(zip(before, scales)) if new < old}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--build", default="build-stage")
+    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--models", default="mlp,cnn,gpt")
+    p.add_argument("--files", default=None, help="folder for the runs' files (default: a temporary one)")
+    a = p.parse_args()
+    sys.path.insert(0, find_reference(a.build))
+    tool = os.path.join(a.build, "tools", "mpt-parity", "mpt-parity")
+    data_dir = os.path.join(a.build, "data")
+    files = a.files or tempfile.mkdtemp(prefix="parity-")
+    os.makedirs(files, exist_ok=True)
+    failures = []
+    print("| model | precision | scale trajectory | skipped steps | last loss (PyTorch / ours) | max loss gap | "
+          "distance from f64: PyTorch / ours | ours / PyTorch |")
+    print("|---|---|---|---|---|---|---|---|")
+    for model in a.models.split(","):
+        gen = torch.Generator().manual_seed(1)
+        x, y = make_data(model, data_dir, a.steps, gen)
+        init = {k: v.contiguous() for k, v in reference_model(model).state_dict().items()}
+        save_file(init, os.path.join(files, f"{model}-init.safetensors"))
+        save_file({"x": x, "y": y}, os.path.join(files, f"{model}-data.safetensors"))
+        torch_fp16 = train_torch(model, init, x, y, "fp16")
+        skips = skipped_steps(torch_fp16[1])
+        f64_runs = {True: train_torch(model, init, x, y, "f64", skip=skips), False: train_torch(model, init, x, y, "f64")}
+        for precision, graph in (("fp16", False), ("fp16", True), ("bf16", False), ("fp32", False)):
+            theirs = torch_fp16 if precision == "fp16" else train_torch(model, init, x, y, precision)
+            ours = train_mptrain(tool, model, files, precision, graph)
+            truth = f64_runs[precision == "fp16"][2]
+            same_scales = ours[1] == theirs[1]
+            err_theirs, err_ours = distance(theirs[2], truth), distance(ours[2], truth)
+            ratio = err_ours / err_theirs if err_theirs > 0 else float("inf")
+            gap = max(abs(o - t) for o, t in zip(ours[0], theirs[0]))
+            name = precision + (" (graph)" if graph else "")
+            trajectory = ("same" if same_scales else "DIFFERENT") if precision == "fp16" else "-"
+            print(f"| {model} | {name} | {trajectory} | {len(skipped_steps(ours[1])) if precision == 'fp16' else '-'} | "
+                  f"{theirs[0][-1]:.4f} / {ours[0][-1]:.4f} | {gap:.2e} | {err_theirs:.3e} / {err_ours:.3e} | "
+                  f"{ratio:.2f} |", flush=True)
+            if precision == "fp16" and not same_scales:
+                first = next(s for s, (o, t) in enumerate(zip(ours[1], theirs[1])) if o != t)
+                failures.append(f"{model} {name}: the scale differs first after step {first}: "
+                                f"{theirs[1][first]} in PyTorch, {ours[1][first]} in mptrain")
+            if not ratio <= 2.0:
+                failures.append(f"{model} {name}: mptrain is {ratio:.2f}x as far from f64 as PyTorch")
+    for f in failures:
+        print("FAILED:", f)
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
