@@ -7,13 +7,20 @@ step by step. Runs on the GPU machine, where PyTorch is:
 
 For each model (mlp and cnn on Fashion-MNIST, gpt on the fortunes text) and
 precision (fp16 with the loss scaler, bf16, fp32):
-  - fp16: the loss scale after every step must be the same in both runs
-    (the scaler skips the same steps and grows at the same ones);
+  - fp16, the scaler's rule: PyTorch's overflows (the steps its scale backed
+    off at), replayed through mptrain's scaler (`mpt-scaler replay`), must
+    give PyTorch's scale after every step, exactly;
+  - fp16, the two training runs: their scales must agree at least until the
+    first growth (the back-offs from 2^24 are far beyond fp16's range, so
+    both must see them). Later decisions may part where a step's gradients
+    sit at fp16's limit, and rounding in another order (another cuBLAS or
+    cuDNN algorithm) tips one run over it and not the other: the table
+    gives the first step where they part, if any;
   - every precision: both runs' final weights are compared with PyTorch's
-    run of the same steps in f64 (skipping the steps the fp16 runs skipped),
-    and mptrain's distance from it must be at most twice PyTorch's: as
-    accurate as PyTorch at that precision, give or take rounding in another
-    order.
+    run of the same steps in f64 (skipping the steps PyTorch's fp16 run
+    skipped), and mptrain's distance from it must be at most twice
+    PyTorch's: as accurate as PyTorch at that precision, give or take
+    rounding in another order.
 The scaler starts at 2^24 and grows every 10 clean steps, so that it backs
 off several times at the start and tries to grow (and overflows) along the
 way. Prints a table and exits 1 when a check fails.
@@ -103,7 +110,7 @@ def train_torch(model, init, x, y, precision, skip=()):
         if s not in skip:
             scaler.step(opt)
         scaler.update()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         scales.append(scaler.get_scale() if precision == "fp16" else 1.0)
     return losses, scales, {k: v.detach().double().cpu() for k, v in m.state_dict().items()}
 
@@ -124,13 +131,39 @@ def train_mptrain(tool, model, files, precision, graph):
     return [s["loss"] for s in steps], [s["scale"] for s in steps], weights
 
 
+def replay_rule(scaler_tool, scales, files, name):
+    """mptrain's scale after each step, given PyTorch's overflows."""
+    pattern = os.path.join(files, f"{name}-overflows.txt")
+    with open(pattern, "w") as f:
+        f.writelines("1\n" if s in skipped_steps(scales) else "0\n" for s in range(len(scales)))
+    out = os.path.join(files, f"{name}-replay.jsonl")
+    cmd = [scaler_tool, "replay", "--policy", "torch", "--pattern", f"file:{pattern}", "--init-scale", str(INIT_SCALE),
+           "--growth-interval", str(GROWTH_INTERVAL), "--out", out]
+    run = subprocess.run(cmd, capture_output=True, text=True)
+    if run.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({run.returncode}):\n{run.stderr}")
+    with open(out) as f:
+        return [json.loads(line)["next_scale"] for line in f]
+
+
+def first_difference(a, b):
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+
+
 def distance(a, b):
     return sum(float((a[k] - b[k]).pow(2).sum()) for k in b) ** 0.5
 
 
 def skipped_steps(scales):
+    """The steps after which the scale backed off: those the scaler skipped."""
     before = [INIT_SCALE] + scales[:-1]
     return {s for s, (old, new) in enumerate(zip(before, scales)) if new < old}
+
+
+def first_growth(scales):
+    """The first step after which the scale grew (None: it never did)."""
+    before = [INIT_SCALE] + scales[:-1]
+    return next((s for s, (old, new) in enumerate(zip(before, scales)) if new > old), None)
 
 
 def main():
@@ -146,9 +179,11 @@ def main():
     files = a.files or tempfile.mkdtemp(prefix="parity-")
     os.makedirs(files, exist_ok=True)
     failures = []
-    print("| model | precision | scale trajectory | skipped steps | last loss (PyTorch / ours) | max loss gap | "
-          "distance from f64: PyTorch / ours | ours / PyTorch |")
-    print("|---|---|---|---|---|---|---|---|")
+    scaler_tool = os.path.join(a.build, "tools", "mpt-scaler", "mpt-scaler")
+    print("| model | precision | scaler rule on PyTorch's overflows | scales of the two runs | skipped steps "
+          "(PyTorch / ours) | last loss (PyTorch / ours) | max loss gap | distance from f64: PyTorch / ours | "
+          "ours / PyTorch |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for model in a.models.split(","):
         gen = torch.Generator().manual_seed(1)
         x, y = make_data(model, data_dir, a.steps, gen)
@@ -157,24 +192,33 @@ def main():
         save_file({"x": x, "y": y}, os.path.join(files, f"{model}-data.safetensors"))
         torch_fp16 = train_torch(model, init, x, y, "fp16")
         skips = skipped_steps(torch_fp16[1])
+        rule = replay_rule(scaler_tool, torch_fp16[1], files, model)
+        rule_same = rule == torch_fp16[1]
+        if not rule_same:
+            step = first_difference(rule, torch_fp16[1])
+            failures.append(f"{model}: PyTorch's overflows through mptrain's scaler give {rule[step]} after step "
+                            f"{step}, PyTorch {torch_fp16[1][step]}")
+        grew_first = first_growth(torch_fp16[1])
         f64_runs = {True: train_torch(model, init, x, y, "f64", skip=skips), False: train_torch(model, init, x, y, "f64")}
         for precision, graph in (("fp16", False), ("fp16", True), ("bf16", False), ("fp32", False)):
             theirs = torch_fp16 if precision == "fp16" else train_torch(model, init, x, y, precision)
             ours = train_mptrain(tool, model, files, precision, graph)
             truth = f64_runs[precision == "fp16"][2]
-            same_scales = ours[1] == theirs[1]
             err_theirs, err_ours = distance(theirs[2], truth), distance(ours[2], truth)
             ratio = err_ours / err_theirs if err_theirs > 0 else float("inf")
             gap = max(abs(o - t) for o, t in zip(ours[0], theirs[0]))
             name = precision + (" (graph)" if graph else "")
-            trajectory = ("same" if same_scales else "DIFFERENT") if precision == "fp16" else "-"
-            print(f"| {model} | {name} | {trajectory} | {len(skipped_steps(ours[1])) if precision == 'fp16' else '-'} | "
-                  f"{theirs[0][-1]:.4f} / {ours[0][-1]:.4f} | {gap:.2e} | {err_theirs:.3e} / {err_ours:.3e} | "
-                  f"{ratio:.2f} |", flush=True)
-            if precision == "fp16" and not same_scales:
-                first = next(s for s, (o, t) in enumerate(zip(ours[1], theirs[1])) if o != t)
-                failures.append(f"{model} {name}: the scale differs first after step {first}: "
-                                f"{theirs[1][first]} in PyTorch, {ours[1][first]} in mptrain")
+            rule_cell = trajectory = skipped = "-"
+            if precision == "fp16":
+                rule_cell = "same" if rule_same else "DIFFERENT"
+                parted = first_difference(ours[1], theirs[1])
+                trajectory = "same" if parted is None else f"part after step {parted}"
+                skipped = f"{len(skips)} / {len(skipped_steps(ours[1]))}"
+                if parted is not None and (grew_first is None or parted <= grew_first):
+                    failures.append(f"{model} {name}: the scales part after step {parted} (PyTorch "
+                                    f"{theirs[1][parted]}, mptrain {ours[1][parted]}), before PyTorch's first growth")
+            print(f"| {model} | {name} | {rule_cell} | {trajectory} | {skipped} | {theirs[0][-1]:.4f} / "
+                  f"{ours[0][-1]:.4f} | {gap:.2e} | {err_theirs:.3e} / {err_ours:.3e} | {ratio:.2f} |", flush=True)
             if not ratio <= 2.0:
                 failures.append(f"{model} {name}: mptrain is {ratio:.2f}x as far from f64 as PyTorch")
     for f in failures:
