@@ -14,7 +14,8 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, std::shared_ptr<c
   check(options.prefetch >= 1, "DataLoader: prefetch {} must be at least 1", options.prefetch);
   epoch_length_ = static_cast<int64_t>(sampler_->indices(0).size());
   const int64_t n = epoch_length_;
-  batches_per_epoch_ = options.drop_last ? n / options.batch_size : (n + options.batch_size - 1) / options.batch_size;
+  // (n + batch_size - 1) / batch_size would overflow for a batch size near the int64 limit.
+  batches_per_epoch_ = n / options.batch_size + (!options.drop_last && n % options.batch_size != 0 ? 1 : 0);
   start_epoch(0);
 }
 

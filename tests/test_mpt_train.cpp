@@ -256,6 +256,27 @@ TEST_F(MptTrain, AResumedEpochIsSummedUpWhole) {
   EXPECT_EQ(end[0]["eval_loss"].get<double>(), eval_loss);
 }
 
+// Sizes near the int64 limit count without overflow: a batch and an
+// accumulation that take the whole text at once, and epochs without end
+// that --steps bounds (the counts used to wrap, and the run ended at once
+// with 0 steps).
+TEST_F(MptTrain, HugeSizesCountWithoutOverflow) {
+  std::string text;
+  while (text.size() < 600) text += "the quick brown fox jumps over the lazy dog. ";
+  text.resize(600);
+  std::ofstream(file("text.txt")) << text;
+  const std::string huge = "9223372036854775807";
+  ASSERT_EQ(run(fmt::format("--model gpt --data '{}' --gpt-layers 1 --gpt-heads 2 --gpt-d-model 16 --context 16 "
+                            "--batch-size {} --accumulation {} --epochs {} --steps 2 --eval-batches 1 --metrics '{}'",
+                            file("text.txt"), huge, huge, huge, file("m.jsonl"))),
+            0)
+      << stderr_;
+  const auto epochs = events(file("m.jsonl"), "epoch");
+  ASSERT_EQ(epochs.size(), 2u);  // one step an epoch: the whole text in one batch
+  EXPECT_EQ(epochs[1]["step"], 2);
+  EXPECT_EQ(events(file("m.jsonl"), "end").at(0)["steps"], 2);
+}
+
 // A real interruption: SIGTERM arrives at some step k; the run finishes that
 // step, checkpoints and exits with 130. Resumed up to step k + 3, it equals
 // a run that went to k + 3 without a break (both planned for 2000 steps).

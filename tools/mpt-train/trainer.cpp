@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <iterator>
+#include <limits>
 #include <optional>
 
 #include <unistd.h>
@@ -388,9 +389,13 @@ TrainResult run_training(const TrainConfig& config) {
                           {.batch_size = c.batch_size, .num_workers = c.workers, .prefetch = 4,
                            .pin_memory = device.is_cuda()});
   const int64_t batches = loader.batches_per_epoch();
-  const int64_t steps_per_epoch = (batches + c.accumulation - 1) / c.accumulation;
-  const int64_t total_steps = c.max_steps > 0 ? std::min(c.max_steps, c.epochs * steps_per_epoch)
-                                              : c.epochs * steps_per_epoch;
+  // Counted without overflow, whatever the options' sizes (a batch or an
+  // accumulation near the int64 limit, --epochs to run until --steps).
+  const int64_t steps_per_epoch = batches / c.accumulation + (batches % c.accumulation != 0 ? 1 : 0);
+  constexpr int64_t kMaxSteps = std::numeric_limits<int64_t>::max();
+  const int64_t all_epochs_steps =
+      steps_per_epoch > 0 && c.epochs > kMaxSteps / steps_per_epoch ? kMaxSteps : c.epochs * steps_per_epoch;
+  const int64_t total_steps = c.max_steps > 0 ? std::min(c.max_steps, all_epochs_steps) : all_epochs_steps;
   const optim::LrSchedule schedule = make_schedule(c, total_steps);
 
   int64_t step = 0;
@@ -406,7 +411,8 @@ TrainResult run_training(const TrainConfig& config) {
             it == saved.info.end() ? "" : it->second, expected);
     }
     OrderedDict<Tensor> scaler_state, epoch_entries;
-    for (const auto& [key, t] : saved.extra) (key.rfind("epoch.", 0) == 0 ? epoch_entries : scaler_state).insert(key, t);
+    for (const auto& [key, t] : saved.extra)
+      (key.rfind("epoch.", 0) == 0 ? epoch_entries : scaler_state).insert(key, t);
     const std::optional<EpochSoFar> saved_epoch = read_epoch_state(epoch_entries, c.resume);
     precision.load_state_dict(scaler_state);  // all or nothing, before the model is touched
     ckpt::restore(saved, *w.model, *optimizer, gen, c.resume);
@@ -423,6 +429,10 @@ TrainResult run_training(const TrainConfig& config) {
   // evaluation counts with its own).
   TrainingTotals totals(device);
   EpochSoFar epoch_so_far;
+  if (resumed_epoch) {
+    epoch_so_far = *resumed_epoch;
+    totals.resume_epoch(epoch_so_far.sums);
+  }
   auto save = [&] {
     if (c.checkpoint.empty() || !lead) return;
     ckpt::Checkpoint snapshot = ckpt::capture(*w.model, *optimizer, step, current, gen);
@@ -493,7 +503,14 @@ TrainResult run_training(const TrainConfig& config) {
   bool fallback_reported = false;
 
   TrainResult result;
-  bool evaluated = false;  // an epoch of this invocation was evaluated
+  bool evaluated = false;  // by this invocation
+  auto evaluate_model = [&] {
+    const Evaluation eval = evaluate(w, device, w.sequences ? c.batch_size : 500, c.eval_batches);
+    result.eval_loss = eval.loss;
+    result.eval_accuracy = eval.accuracy;
+    evaluated = true;
+    return eval;
+  };
   StopOnSignal stop_on_signal;
   for (int64_t epoch = position.epoch; epoch < c.epochs && step < last_step && !stopping(); ++epoch) {
     loader.start_epoch(epoch, epoch == position.epoch ? position.batch : 0);
@@ -502,10 +519,7 @@ TrainResult run_training(const TrainConfig& config) {
     auto window_started = Clock::now();
     // Steps the loss scaler skipped show as updates missing from the first
     // parameter's count (every model here updates all of its parameters).
-    if (resumed_epoch && epoch == position.epoch) {
-      epoch_so_far = *resumed_epoch;
-      totals.resume_epoch(epoch_so_far.sums);
-    } else {
+    if (!resumed_epoch || epoch != position.epoch) {  // (a resumed epoch's sums are in already)
       epoch_so_far = {{}, step, optimizer->step_count(0)};
       totals.start_epoch();
     }
@@ -594,7 +608,7 @@ TrainResult run_training(const TrainConfig& config) {
           if (auto warning = imbalance_warning(per_rank)) progress.message(*warning);
         }
       }
-      progress.step(step, (current.batch + c.accumulation - 1) / c.accumulation,
+      progress.step(step, current.batch / c.accumulation + (current.batch % c.accumulation != 0 ? 1 : 0),
                     [&totals] { return totals.step_loss(); }, optimizer->lr(), rate, timing);
       if (logging) {
         window_started = Clock::now();
@@ -610,10 +624,7 @@ TrainResult run_training(const TrainConfig& config) {
     if (stopping_early() && current.batch < batches) break;
     epoch_breakdown.add(timer.take());  // waits for the epoch's last step
     const double epoch_seconds = seconds_since(epoch_started);
-    const Evaluation eval = evaluate(w, device, w.sequences ? c.batch_size : 500, c.eval_batches);
-    result.eval_loss = eval.loss;
-    result.eval_accuracy = eval.accuracy;
-    evaluated = true;
+    const Evaluation eval = evaluate_model();
     nlohmann::ordered_json summary = {{"event", "epoch"},
                               {"epoch", epoch + 1},
                               {"step", step},
@@ -638,11 +649,7 @@ TrainResult run_training(const TrainConfig& config) {
   sampler_thread.reset();
   // Nothing was left to train (a finished run resumed, or --steps lowered
   // below the checkpoint's): the end still reports the model's test figures.
-  if (finished() && !evaluated) {
-    const Evaluation eval = evaluate(w, device, w.sequences ? c.batch_size : 500, c.eval_batches);
-    result.eval_loss = eval.loss;
-    result.eval_accuracy = eval.accuracy;
-  }
+  if (finished() && !evaluated) evaluate_model();
   save();
   result.steps = step;
   result.seconds = seconds_since(started);
