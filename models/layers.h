@@ -66,7 +66,9 @@ class Embedding : public Module {
 };
 
 // Active only in training mode. Keeps its generator pointer (null: the
-// thread's default), so seeded runs drop the same elements.
+// thread's default), so seeded runs drop the same elements, and a
+// checkpoint of that generator (ckpt::capture) resumes the same masks; the
+// generator must outlive the module.
 class Dropout : public Module {
  public:
   explicit Dropout(double p = 0.5, Generator* gen = nullptr);
