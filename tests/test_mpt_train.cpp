@@ -43,6 +43,19 @@ class MptTrain : public ::testing::Test {
   }
   std::string file(const std::string& name) const { return dir_.file(name); }
 
+  // A GPT small enough for many quick runs, on 600 bytes of text written
+  // here: 584 windows of 16, the last 58 held out and 16 more between, 510
+  // to train on (8 batches of 64, the last one short). The flags that say
+  // so; a test adds its own.
+  std::string tiny_gpt() const {
+    std::string text;
+    while (text.size() < 600) text += "the quick brown fox jumps over the lazy dog. ";
+    text.resize(600);
+    std::ofstream(file("text.txt")) << text;
+    return fmt::format("--model gpt --data '{}' --gpt-layers 1 --gpt-heads 2 --gpt-d-model 16 --context 16",
+                       file("text.txt"));
+  }
+
   // Runs mpt-train with `args` (on the CPU unless told; `env`: variable
   // assignments before the command); returns its exit status, keeps its
   // output.
@@ -181,16 +194,7 @@ TEST_F(MptTrain, StoppedAndResumedRunEndsBitIdentical) {
 // the stop, and the resumed run starts the next epoch (it used to sum up
 // the finished one again, from no steps: a train loss of 0).
 TEST_F(MptTrain, AStopAtAnEpochsEndSumsItUpAndTheResumptionStartsTheNext) {
-  // 600 bytes of text: 584 windows of 16, the last 58 held out and 16 more
-  // between: 510 to train on, in 8 batches of 64 (the last one short).
-  std::string text;
-  while (text.size() < 600) text += "the quick brown fox jumps over the lazy dog. ";
-  text.resize(600);
-  std::ofstream(file("text.txt")) << text;
-  const std::string common = fmt::format(
-      "--model gpt --data '{}' --gpt-layers 1 --gpt-heads 2 --gpt-d-model 16 --context 16 --batch-size 64 "
-      "--epochs 2 --eval-batches 1 --seed 7",
-      file("text.txt"));
+  const std::string common = tiny_gpt() + " --batch-size 64 --epochs 2 --eval-batches 1 --seed 7";
   ASSERT_EQ(run(fmt::format("{} --checkpoint '{}'", common, file("whole.safetensors"))), 0) << stderr_;
   ASSERT_EQ(run(fmt::format("{} --stop-after 8 --checkpoint '{}' --metrics '{}'", common, file("part.safetensors"),
                             file("part.jsonl"))),
@@ -220,16 +224,10 @@ TEST_F(MptTrain, AStopAtAnEpochsEndSumsItUpAndTheResumptionStartsTheNext) {
 // (the resumed run used to count only the steps after the stop). A finished
 // run resumed again has nothing to train and reports its test figures.
 TEST_F(MptTrain, AResumedEpochIsSummedUpWhole) {
-  std::string text;
-  while (text.size() < 600) text += "the quick brown fox jumps over the lazy dog. ";
-  text.resize(600);
-  std::ofstream(file("text.txt")) << text;
   // 8 steps; fp16 from 2^22, so the first four overflow and are skipped
   // (three before the stop, one after).
-  const std::string common = fmt::format(
-      "--model gpt --data '{}' --gpt-layers 1 --gpt-heads 2 --gpt-d-model 16 --context 16 --batch-size 64 "
-      "--epochs 1 --eval-batches 1 --seed 7 --precision fp16 --init-scale 4194304",
-      file("text.txt"));
+  const std::string common =
+      tiny_gpt() + " --batch-size 64 --epochs 1 --eval-batches 1 --seed 7 --precision fp16 --init-scale 4194304";
   ASSERT_EQ(run(fmt::format("{} --metrics '{}'", common, file("whole.jsonl"))), 0) << stderr_;
   ASSERT_EQ(run(fmt::format("{} --stop-after 3 --checkpoint '{}'", common, file("part.safetensors"))), 0) << stderr_;
   ASSERT_EQ(run(fmt::format("{} --resume '{}' --checkpoint '{}' --metrics '{}'", common, file("part.safetensors"),
@@ -261,14 +259,9 @@ TEST_F(MptTrain, AResumedEpochIsSummedUpWhole) {
 // that --steps bounds (the counts used to wrap, and the run ended at once
 // with 0 steps).
 TEST_F(MptTrain, HugeSizesCountWithoutOverflow) {
-  std::string text;
-  while (text.size() < 600) text += "the quick brown fox jumps over the lazy dog. ";
-  text.resize(600);
-  std::ofstream(file("text.txt")) << text;
   const std::string huge = "9223372036854775807";
-  ASSERT_EQ(run(fmt::format("--model gpt --data '{}' --gpt-layers 1 --gpt-heads 2 --gpt-d-model 16 --context 16 "
-                            "--batch-size {} --accumulation {} --epochs {} --steps 2 --eval-batches 1 --metrics '{}'",
-                            file("text.txt"), huge, huge, huge, file("m.jsonl"))),
+  ASSERT_EQ(run(fmt::format("{} --batch-size {} --accumulation {} --epochs {} --steps 2 --eval-batches 1 --metrics '{}'",
+                            tiny_gpt(), huge, huge, huge, file("m.jsonl"))),
             0)
       << stderr_;
   const auto epochs = events(file("m.jsonl"), "epoch");
