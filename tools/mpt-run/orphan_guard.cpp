@@ -43,7 +43,7 @@ constexpr pid_t kJobOver = 0;
   ::_exit(0);
 }
 
-void write_message(int fd, pid_t message) {
+void send_message(int fd, pid_t message) {
   for (;;) {
     const ssize_t n = ::send(fd, &message, sizeof message, MSG_NOSIGNAL);
     if (n == static_cast<ssize_t>(sizeof message)) return;
@@ -74,7 +74,7 @@ OrphanGuard::OrphanGuard() {
 
 OrphanGuard::~OrphanGuard() {
   try {
-    write_message(to_guard_, kJobOver);
+    send_message(to_guard_, kJobOver);
   } catch (const std::exception&) {
     // The guard is gone already; nothing is left for it to do.
   }
@@ -84,6 +84,6 @@ OrphanGuard::~OrphanGuard() {
   }
 }
 
-void OrphanGuard::watch(pid_t process_group) { write_message(to_guard_, process_group); }
+void OrphanGuard::watch(pid_t process_group) { send_message(to_guard_, process_group); }
 
 }  // namespace mpt::run
