@@ -71,6 +71,12 @@ void Module::collect_buffers(const std::string& prefix, OrderedDict<Tensor>& out
   for (const auto& [name, child] : children_) child->collect_buffers(join(prefix, name), out);
 }
 
+void Module::collect_state(const std::string& prefix, OrderedDict<Tensor>& out) const {
+  for (const auto& [name, p] : params_) out.insert(join(prefix, name), p);
+  for (const auto& [name, b] : buffers_) out.insert(join(prefix, name), b);
+  for (const auto& [name, child] : children_) child->collect_state(join(prefix, name), out);
+}
+
 void Module::collect_modules(const std::string& prefix, std::vector<std::pair<std::string, Module*>>& out) {
   out.emplace_back(prefix, this);
   for (auto& [name, child] : children_) child->collect_modules(join(prefix, name), out);
@@ -135,8 +141,7 @@ void Module::zero_grad() {
 
 StateDict Module::state_dict() const {
   StateDict out;
-  collect_parameters("", out);
-  collect_buffers("", out);
+  collect_state("", out);
   return out;
 }
 

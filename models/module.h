@@ -74,8 +74,9 @@ class Module {
   void zero_grad();
 
   // ---- checkpoints ----------------------------------------------------------------------
-  // Parameters then buffers, by dotted name. The tensors are the live ones
-  // (not copies): clone them to keep a snapshot.
+  // By dotted name, in PyTorch's order: a module's own parameters, then its
+  // own buffers, then each child's in registration order. The tensors are
+  // the live ones (not copies): clone them to keep a snapshot.
   StateDict state_dict() const;
   // Copies values in place. Everything is checked before anything is
   // written, so a failed load leaves the module untouched. Errors list every
@@ -104,6 +105,7 @@ class Module {
   void check_new_name(const std::string& name, const char* what) const;
   void collect_parameters(const std::string& prefix, OrderedDict<Tensor>& out) const;
   void collect_buffers(const std::string& prefix, OrderedDict<Tensor>& out) const;
+  void collect_state(const std::string& prefix, OrderedDict<Tensor>& out) const;
   void collect_modules(const std::string& prefix, std::vector<std::pair<std::string, Module*>>& out);
 
   std::string type_name_;

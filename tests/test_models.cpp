@@ -153,12 +153,13 @@ TEST_F(ModelsTest, RegistrationRulesAndTiedWeights) {
   child->register_parameter("tied", w);
   const auto named = m.named_parameters();
   EXPECT_EQ(named.keys(), (std::vector<std::string>{"w"}));
-  EXPECT_EQ(m.state_dict().keys(), (std::vector<std::string>{"w", "child.tied", "running"}));
+  // In PyTorch's order: a module's own parameters and buffers, then its children's.
+  EXPECT_EQ(m.state_dict().keys(), (std::vector<std::string>{"w", "running", "child.tied"}));
   EXPECT_EQ(m.named_buffers().keys(), (std::vector<std::string>{"running"}));
   // A buffer two modules share is one buffer too (broadcast and moved once).
   child->register_buffer("shared_running", m.named_buffers().at("running"));
   EXPECT_EQ(m.named_buffers().keys(), (std::vector<std::string>{"running"}));
-  EXPECT_EQ(m.state_dict().keys(), (std::vector<std::string>{"w", "child.tied", "running", "child.shared_running"}));
+  EXPECT_EQ(m.state_dict().keys(), (std::vector<std::string>{"w", "running", "child.tied", "child.shared_running"}));
 }
 
 // ---- state dicts ----------------------------------------------------------------------------------------
