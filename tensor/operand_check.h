@@ -7,7 +7,16 @@
 
 namespace mpt {
 
+// An operand left empty (a Tensor() never assigned, an absent gradient)
+// is named with the op it was passed to; Tensor's own accessors could only
+// say that some tensor was undefined.
+inline void check_defined(const char* op, const Tensor& t) {
+  if (!t.defined()) throw ValueError(fmt::format("{}: an operand is an undefined tensor", op));
+}
+
 inline void check_same_device(const char* op, const Tensor& a, const Tensor& b) {
+  check_defined(op, a);
+  check_defined(op, b);
   check<DeviceError>(a.device() == b.device(), "{}: operands are on different devices: {} and {}", op, describe(a),
                      describe(b));
 }
@@ -18,6 +27,7 @@ inline void check_same_device_and_dtype(const char* op, const Tensor& a, const T
 }
 
 inline void check_floating(const char* op, const Tensor& t) {
+  check_defined(op, t);
   check<DTypeError>(is_floating(t.dtype()), "{}: expected a floating tensor (f32, f16, bf16, f64), got {}", op,
                     describe(t));
 }
