@@ -4,6 +4,7 @@
 #include "autograd/function.h"
 #include "autograd/grad_utils.h"
 #include "autograd/ops.h"
+#include "tensor/operand_check.h"
 
 namespace mpt {
 namespace {
@@ -89,6 +90,8 @@ namespace {
 // The checks and the product of linear() and linear_relu(); `op` names the
 // caller in errors.
 Tensor linear_forward(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias, bool relu) {
+  check_defined(op, x);
+  check_defined(op, weight);
   check<ShapeError>(weight.dim() == 2 && x.dim() >= 1 && x.shape().back() == weight.shape()[1],
                     "{}: input {} does not match weight {} (expected [..., {}])", op, describe(x), describe(weight),
                     weight.dim() == 2 ? weight.shape()[1] : -1);

@@ -10,6 +10,7 @@
 #include "autograd/grad_utils.h"
 #include "autograd/ops.h"
 #include "tensor/index_check.h"
+#include "tensor/operand_check.h"
 
 namespace mpt {
 namespace {
@@ -66,6 +67,8 @@ Tensor log_softmax(const Tensor& x, int64_t dim) {
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index, Reduction reduction) {
   if (AutocastOp ac{"cross_entropy", {&logits, &target}}) return cross_entropy(ac[0], ac[1], ignore_index, reduction);
+  check_defined("cross_entropy", logits);
+  check_defined("cross_entropy", target);
   check<ShapeError>(logits.dim() == 2 && target.dim() == 1 && target.shape()[0] == logits.shape()[0],
                     "cross_entropy: expects logits [N, C] and target [N], got {} and {}", describe(logits),
                     describe(target));
@@ -141,6 +144,7 @@ Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) 
 namespace {
 void check_layer_norm_args(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
                            std::optional<DType> out_dtype) {
+  check_defined("layer_norm", x);
   check<ShapeError>(x.dim() >= 1, "layer_norm: input must have at least one dimension, got {}", describe(x));
   check(std::isfinite(eps) && eps >= 0, "layer_norm: eps must be finite and >= 0, got {}", eps);
   const int64_t d = x.shape().back();
@@ -232,6 +236,8 @@ std::pair<Tensor, Tensor> layer_norm_with_skip(const Tensor& x, const Tensor& we
 }
 
 Tensor embedding(const Tensor& weight, const Tensor& indices) {
+  check_defined("embedding", weight);
+  check_defined("embedding", indices);
   check<ShapeError>(weight.dim() == 2, "embedding: weight must be [num, dim], got {}", describe(weight));
   check_index_range("embedding", indices, weight.shape()[0]);
   Tensor out = prim::index_select_rows(weight, indices);
@@ -303,6 +309,7 @@ Tensor max_pool2d(const Tensor& x, const Pool2dParams& p) {
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
                                     std::optional<double> scale) {
   if (AutocastOp ac{"scaled_dot_product_attention", {&q, &k, &v}}) return scaled_dot_product_attention(ac[0], ac[1], ac[2], causal, scale);
+  for (const Tensor* t : {&q, &k, &v}) check_defined("scaled_dot_product_attention", *t);
   check<ShapeError>(q.dim() == 4 && k.shape() == q.shape() && v.shape() == q.shape(),
                     "scaled_dot_product_attention: expects q, k, v of one shape [B, H, T, D], got {}, {}, {}",
                     describe(q), describe(k), describe(v));
