@@ -871,5 +871,43 @@ TEST(CudaStepTimer, TimesPhasesWithEventsOnTheStream) {
   EXPECT_EQ(timer.take().steps, 0);
 }
 
+// index_add_rows_ (embedding's backward) adds each row's terms in one fixed
+// order: the same bits every run (atomics added in whatever order threads
+// came), and the f64 sum up to the table dtype's rounding. One row takes
+// most indices, so its terms cross many chunks of the sorted list; the
+// others take a few or none; the table holds values already; the lengths
+// fall on and off the chunk size.
+TEST_F(CudaTensor, IndexAddRowsGivesTheSameBitsEveryRun) {
+  SCOPED_TRACE(trace());
+  std::mt19937_64 rng(seed_);
+  const int64_t rows = 13, d = 70;
+  for (const int64_t n : {int64_t{1}, int64_t{31}, int64_t{64}, int64_t{1000}, int64_t{20000}}) {
+    std::vector<int64_t> ids(static_cast<size_t>(n));
+    for (int64_t& id : ids) id = rng() % 10 < 7 ? 0 : static_cast<int64_t>(rng() % rows);
+    const Tensor idx = gpu(from_vector(ids, {n}, DType::i64));
+    for (const DType dt : {DType::f32, DType::f64, DType::f16, DType::bf16}) {
+      SCOPED_TRACE(fmt::format("n {} {}", n, dtype_name(dt)));
+      // Terms of many magnitudes (e^-8 to e^8 apart), so that the order of
+      // additions shows in the rounding; over sqrt(n), so that f16's sums
+      // stay far from its largest value.
+      const Tensor magnitude = prim::mul_scalar(prim::unary(UnaryOp::exp, prim::mul_scalar(randn({n, 1}, DType::f32), 2.0)),
+                                                1.0 / std::sqrt(static_cast<double>(n)));
+      const Tensor src = prim::to(prim::mul(randn({n, d}, DType::f32), magnitude), dt);
+      const Tensor base = randn({rows, d}, dt);
+      auto add_on_gpu = [&] {
+        const Tensor table = gpu(base);
+        prim::index_add_rows_(table, idx, gpu(src));
+        return host_f64(table);
+      };
+      const std::vector<double> first = add_on_gpu();
+      for (int run = 0; run < 4; ++run) ASSERT_EQ(add_on_gpu(), first) << "run " << run + 1;
+      const Tensor expected = prim::to(base, DType::f64);
+      prim::index_add_rows_(expected, from_vector(ids, {n}, DType::i64), prim::to(src, DType::f64));
+      const double tol = dt == DType::f64 ? 1e-12 : dt == DType::f32 ? 1e-4 : 2 * tolerance(dt);
+      EXPECT_LE(testing::rel_error(first, host_f64(expected)), tol);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace mpt

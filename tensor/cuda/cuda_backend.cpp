@@ -114,6 +114,23 @@ uint64_t element_bits(double value, DType t) {
   throw_dtype_unsupported("fill", t);
 }
 
+// Device memory a call's launches need while they run, from the caching
+// allocator: given back when the call returns, on the stream it was taken
+// for, so its next user is ordered after these launches.
+class LaunchScratch {
+ public:
+  LaunchScratch(const Launch& l, size_t bytes)
+      : allocator_(caching_allocator(l.device)), ptr_(allocator_.allocate(bytes, l.stream)) {}
+  ~LaunchScratch() { allocator_.free(ptr_); }
+  LaunchScratch(const LaunchScratch&) = delete;
+  LaunchScratch& operator=(const LaunchScratch&) = delete;
+  void* get() const { return ptr_; }
+
+ private:
+  CachingAllocator& allocator_;
+  void* ptr_;
+};
+
 class CudaBackend final : public Backend {
  public:
   void fill(const TensorView& out, double value) override {
@@ -217,8 +234,11 @@ class CudaBackend final : public Backend {
     check_rows("index_add_rows", src, table, idx);
     check_float("scatter", "index_add_rows", table.dtype);
     check_same_dtype("scatter", "index_add_rows", table, src);
-    launch_scatter_add_rows(current_launch(), table.dtype, table.data, static_cast<const int64_t*>(idx.data),
-                            src.data, table.shape[0], idx.shape[0], table.shape[1]);
+    const Launch l = current_launch();
+    const int64_t rows = table.shape[0], n = idx.shape[0], d = table.shape[1];
+    const LaunchScratch scratch(l, scatter_add_rows_scratch_bytes(table.dtype, rows, n, d));
+    launch_scatter_add_rows(l, table.dtype, table.data, static_cast<const int64_t*>(idx.data), src.data, rows, n, d,
+                            scratch.get());
   }
 
   void conv2d_forward(const TensorView& out, const TensorView& x, const TensorView& w,
@@ -291,13 +311,8 @@ class CudaBackend final : public Backend {
     const Launch l = current_launch();
     // One row of column sums per block for each parameter, then one launch adds them up.
     const size_t bytes = static_cast<size_t>(layer_norm_backward_partials(l, a) * a.d) * sizeof(float);
-    CachingAllocator& allocator = caching_allocator(l.device);
-    struct Scratch {
-      CachingAllocator& allocator;
-      void* ptr;
-      ~Scratch() { allocator.free(ptr); }
-    } partials{allocator, allocator.allocate(2 * bytes, l.stream)};
-    float* partial_w = static_cast<float*>(partials.ptr);
+    const LaunchScratch partials(l, 2 * bytes);
+    float* partial_w = static_cast<float*>(partials.get());
     float* partial_b = partial_w + bytes / sizeof(float);
     launch_layer_norm_backward(l, a, grad_out.data, grad_x_more.data, grad_x.data, partial_w, partial_b);
     launch_layer_norm_param_grads(l, a, partial_w, partial_b, static_cast<float*>(grad_weight.data),

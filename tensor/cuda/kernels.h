@@ -89,10 +89,15 @@ void launch_reduce(const Launch& l, ReduceOp op, DType in_dtype, const void* in,
 // check reports it).
 void launch_gather_rows(const Launch& l, void* out, const void* table, const int64_t* idx, size_t element_size,
                         int64_t rows, int64_t n, int64_t d);
-// table[idx[i], :] += src[i, :] with atomics (f32, f64, f16, bf16); indices
-// outside the table's `rows` are left out.
+// table[idx[i], :] += src[i, :] (f32, f64, f16, bf16), the same bits every
+// run: each row's terms are added in the order of their positions, in
+// chunks, without atomics (sums in f32, f64 for f64). Indices outside the
+// table's `rows` are left out. `scratch` holds
+// scatter_add_rows_scratch_bytes(...) bytes on the launch's device, free to
+// reuse once the launch's stream has passed this work.
+size_t scatter_add_rows_scratch_bytes(DType dtype, int64_t rows, int64_t n, int64_t d);
 void launch_scatter_add_rows(const Launch& l, DType dtype, void* table, const int64_t* idx, const void* src,
-                             int64_t rows, int64_t n, int64_t d);
+                             int64_t rows, int64_t n, int64_t d, void* scratch);
 
 // NCHW max pooling; x_shape is [N, C, H, W], the output [N, C, ho, wo].
 void launch_max_pool2d_forward(const Launch& l, DType dtype, void* out, int64_t* indices, const void* x,

@@ -1,4 +1,6 @@
 // Row gathers/scatters (embedding) and max pooling on CUDA.
+#include <cub/device/device_radix_sort.cuh>
+
 #include "tensor/cuda/kernel_utils.cuh"
 
 namespace mpt::cuda {
@@ -22,24 +24,112 @@ __global__ void gather_rows_kernel(T* __restrict__ out, const T* __restrict__ ta
   }
 }
 
-__device__ __forceinline__ void atomic_add(float* p, float v) { atomicAdd(p, v); }
-__device__ __forceinline__ void atomic_add(double* p, double v) { atomicAdd(p, v); }
-__device__ __forceinline__ void atomic_add(__half* p, float v) { atomicAdd(p, __float2half_rn(v)); }
-// Needs sm_80, the oldest architecture this project builds for.
-__device__ __forceinline__ void atomic_add(__nv_bfloat16* p, float v) { atomicAdd(p, __float2bfloat16_rn(v)); }
+// Scatter-add in a fixed order (table[idx[i]] += src[i]), as PyTorch's
+// embedding backward sums: the indices are sorted (stably, so equal ones
+// keep their positions' order), the sorted list is cut into chunks of
+// kScatterChunk, and each chunk sums its runs of one row in order. A run
+// that is a row's whole share (the row's indices all in this chunk) is added
+// to the table there; a row whose indices cross chunk boundaries leaves its
+// pieces in two slots a chunk (the piece that goes on from the chunk before,
+// and the one that goes on into the next), which a second kernel adds up in
+// chunk order for the chunk where the row starts. Each table row is written
+// by one thread a column, so the sums come out the same bits every run
+// (atomics, which this replaced, added in whatever order threads came).
+constexpr int64_t kScatterChunk = 32;
 
-// Repeated indices meet in atomics, so the order of additions (and, in
-// 16-bit and f32, the rounding) may differ from run to run.
-template <typename T>
-__global__ void scatter_add_rows_kernel(T* __restrict__ table, const int64_t* __restrict__ idx,
-                                        const T* __restrict__ src, int64_t rows, int64_t n, int64_t d) {
-  for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
-    const int64_t r = idx[i];
-    if (r < 0 || r >= rows) continue;  // reported by the index check; never write outside the table
-    T* dst = table + r * d;
-    const T* s = src + i * d;
-    for (int64_t j = threadIdx.x; j < d; j += blockDim.x) atomic_add(dst + j, Element<T>::load(s[j]));
+__global__ void iota_kernel(int64_t* __restrict__ out, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+    out[i] = i;
+}
+
+// Grid: one block a chunk; threads over the columns. `head` and `tail` are
+// [chunks, d] in the accumulation type A.
+template <typename T, typename A>
+__global__ void scatter_chunk_sums_kernel(T* __restrict__ table, const int64_t* __restrict__ key,
+                                          const int64_t* __restrict__ pos, const T* __restrict__ src,
+                                          A* __restrict__ head, A* __restrict__ tail, int64_t rows, int64_t n,
+                                          int64_t d) {
+  const int64_t c = blockIdx.x;
+  const int64_t begin = c * kScatterChunk, end = n < begin + kScatterChunk ? n : begin + kScatterChunk;
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
+    int64_t start = begin;
+    A acc = 0;
+    for (int64_t k = begin; k < end; ++k) {
+      acc += static_cast<A>(Element<T>::load(src[pos[k] * d + j]));
+      if (k + 1 < end && key[k + 1] == key[k]) continue;
+      // A run of one row ends at k.
+      const int64_t r = key[k];
+      const bool from_before = start == begin && begin > 0 && key[begin - 1] == r;
+      const bool into_next = k + 1 == end && end < n && key[end] == r;
+      if (from_before) {
+        head[c * d + j] = acc;
+      } else if (into_next) {
+        tail[c * d + j] = acc;
+      } else if (r >= 0 && r < rows) {  // a bad index is reported by the index check; never write outside
+        T* dst = table + r * d + j;
+        *dst = Element<T>::store(static_cast<A>(Element<T>::load(*dst)) + acc);
+      }
+      start = k + 1;
+      acc = 0;
+    }
   }
+}
+
+// Grid: one block a chunk; the chunks where a row that goes on into the next
+// chunks starts add its pieces in order and write the row.
+template <typename T, typename A>
+__global__ void scatter_chunk_carry_kernel(T* __restrict__ table, const int64_t* __restrict__ key,
+                                           const A* __restrict__ head, const A* __restrict__ tail, int64_t rows,
+                                           int64_t n, int64_t d) {
+  const int64_t c = blockIdx.x;
+  const int64_t begin = c * kScatterChunk, end = n < begin + kScatterChunk ? n : begin + kScatterChunk;
+  const int64_t r = key[end - 1];
+  const bool into_next = end < n && key[end] == r;
+  const bool whole_chunk_from_before = begin > 0 && key[begin - 1] == r;  // keys are sorted
+  if (!into_next || whole_chunk_from_before || r < 0 || r >= rows) return;
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
+    A acc = tail[c * d + j];
+    for (int64_t next = c + 1;; ++next) {
+      acc += head[next * d + j];
+      const int64_t next_end = n < (next + 1) * kScatterChunk ? n : (next + 1) * kScatterChunk;
+      if (!(next_end < n && key[next_end - 1] == r && key[next_end] == r)) break;
+    }
+    T* dst = table + r * d + j;
+    *dst = Element<T>::store(static_cast<A>(Element<T>::load(*dst)) + acc);
+  }
+}
+
+// Where each part of the scratch lies (256-byte aligned).
+struct ScatterScratch {
+  size_t keys, pos_in, pos_out, head, tail, sort, total;
+  ScatterScratch(int64_t n, int64_t d, size_t acc_size, size_t sort_bytes) {
+    const auto round = [](size_t b) { return (b + 255) / 256 * 256; };
+    const int64_t chunks = (n + kScatterChunk - 1) / kScatterChunk;
+    const size_t idx_bytes = round(sizeof(int64_t) * static_cast<size_t>(n));
+    const size_t slot_bytes = round(acc_size * static_cast<size_t>(chunks * d));
+    keys = 0;
+    pos_in = keys + idx_bytes;
+    pos_out = pos_in + idx_bytes;
+    head = pos_out + idx_bytes;
+    tail = head + slot_bytes;
+    sort = tail + slot_bytes;
+    total = sort + round(sort_bytes);
+  }
+};
+
+// Bits the sort must look at for keys in [0, rows).
+int sort_bits(int64_t rows) {
+  int bits = 1;
+  while (bits < 63 && (int64_t{1} << bits) < rows) ++bits;
+  return bits;
+}
+
+size_t radix_sort_bytes(int64_t n, int64_t rows) {
+  size_t bytes = 0;
+  MPT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, bytes, static_cast<const int64_t*>(nullptr),
+                                                 static_cast<int64_t*>(nullptr), static_cast<const int64_t*>(nullptr),
+                                                 static_cast<int64_t*>(nullptr), n, 0, sort_bits(rows)));
+  return bytes;
 }
 
 struct PoolGeometry {
@@ -168,14 +258,38 @@ void launch_gather_rows(const Launch& l, void* out, const void* table, const int
   MPT_CUDA_CHECK_LAUNCH("gather_rows_kernel");
 }
 
+size_t scatter_add_rows_scratch_bytes(DType dtype, int64_t rows, int64_t n, int64_t d) {
+  if (n == 0 || d == 0) return 0;
+  const size_t acc_size = dtype == DType::f64 ? sizeof(double) : sizeof(float);
+  return ScatterScratch(n, d, acc_size, radix_sort_bytes(n, rows)).total;
+}
+
 void launch_scatter_add_rows(const Launch& l, DType dtype, void* table, const int64_t* idx, const void* src,
-                             int64_t rows, int64_t n, int64_t d) {
+                             int64_t rows, int64_t n, int64_t d, void* scratch) {
+  if (n == 0 || d == 0) return;
   dispatch_floating(dtype, "index_add_rows", [&](auto tag) {
     using T = decltype(tag);
-    scatter_add_rows_kernel<T><<<row_blocks(n), row_threads(d), 0, l.stream>>>(
-        static_cast<T*>(table), idx, static_cast<const T*>(src), rows, n, d);
+    using A = typename Element<T>::Compute;
+    size_t sort_bytes = radix_sort_bytes(n, rows);
+    const ScatterScratch at(n, d, sizeof(A), sort_bytes);
+    char* base = static_cast<char*>(scratch);
+    auto* keys = reinterpret_cast<int64_t*>(base + at.keys);
+    auto* pos_in = reinterpret_cast<int64_t*>(base + at.pos_in);
+    auto* pos_out = reinterpret_cast<int64_t*>(base + at.pos_out);
+    auto* head = reinterpret_cast<A*>(base + at.head);
+    auto* tail = reinterpret_cast<A*>(base + at.tail);
+    iota_kernel<<<grid_for(l, n), kThreads, 0, l.stream>>>(pos_in, n);
+    MPT_CUDA_CHECK_LAUNCH("iota_kernel");
+    MPT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(base + at.sort, sort_bytes, idx, keys, pos_in, pos_out, n, 0,
+                                                   sort_bits(rows), l.stream));
+    const auto chunks = static_cast<unsigned>((n + kScatterChunk - 1) / kScatterChunk);
+    scatter_chunk_sums_kernel<T, A><<<chunks, row_threads(d), 0, l.stream>>>(
+        static_cast<T*>(table), keys, pos_out, static_cast<const T*>(src), head, tail, rows, n, d);
+    MPT_CUDA_CHECK_LAUNCH("scatter_chunk_sums_kernel");
+    scatter_chunk_carry_kernel<T, A><<<chunks, row_threads(d), 0, l.stream>>>(static_cast<T*>(table), keys, head,
+                                                                               tail, rows, n, d);
+    MPT_CUDA_CHECK_LAUNCH("scatter_chunk_carry_kernel");
   });
-  MPT_CUDA_CHECK_LAUNCH("scatter_add_rows_kernel");
 }
 
 void launch_max_pool2d_forward(const Launch& l, DType dtype, void* out, int64_t* indices, const void* x,
