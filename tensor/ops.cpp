@@ -198,6 +198,8 @@ void scaled_copy_list_(const std::vector<Tensor>& dsts, const std::vector<Tensor
 }
 
 void copy_(const Tensor& dst, const Tensor& src) {
+  check_defined("copy_", dst);
+  check_defined("copy_", src);
   const Shape shape = broadcast_shapes(dst.shape(), src.shape(), "copy_");
   check<ShapeError>(shape == dst.shape(), "copy_: source {} does not broadcast to destination {}", describe(src),
                     describe(dst));
@@ -224,6 +226,7 @@ void copy_(const Tensor& dst, const Tensor& src) {
 }
 
 Tensor to(const Tensor& t, const Device& device) {
+  check_defined("to", t);
   if (t.device() == device) return t;
   check_device_available(device);
   Tensor out = Tensor::empty(t.shape(), t.dtype(), device);
@@ -232,15 +235,20 @@ Tensor to(const Tensor& t, const Device& device) {
 }
 
 Tensor to(const Tensor& t, DType dtype) {
+  check_defined("to", t);
   if (t.dtype() == dtype) return t;
   Tensor out = Tensor::empty(t.shape(), dtype, t.device());
   copy_(out, t);
   return out;
 }
 
-Tensor contiguous(const Tensor& t) { return t.is_contiguous() ? t : clone(t); }
+Tensor contiguous(const Tensor& t) {
+  check_defined("contiguous", t);
+  return t.is_contiguous() ? t : clone(t);
+}
 
 Tensor clone(const Tensor& t) {
+  check_defined("clone", t);
   Tensor out = Tensor::empty(t.shape(), t.dtype(), t.device());
   copy_(out, t);
   return out;
@@ -249,6 +257,7 @@ Tensor clone(const Tensor& t) {
 // ---- views ----------------------------------------------------------------------
 
 Tensor view(const Tensor& t, Shape shape) {
+  check_defined("view", t);
   shape = infer_shape(t, std::move(shape), "view");
   auto strides = view_strides(t.shape(), t.strides(), shape);
   check<ShapeError>(strides.has_value(),
@@ -258,6 +267,7 @@ Tensor view(const Tensor& t, Shape shape) {
 }
 
 Tensor reshape(const Tensor& t, Shape shape) {
+  check_defined("reshape", t);
   shape = infer_shape(t, std::move(shape), "reshape");
   if (auto strides = view_strides(t.shape(), t.strides(), shape))
     return with_layout(t, std::move(shape), std::move(*strides), t.offset());
@@ -265,6 +275,7 @@ Tensor reshape(const Tensor& t, Shape shape) {
 }
 
 Tensor transpose(const Tensor& t, int64_t d0, int64_t d1) {
+  check_defined("transpose", t);
   const int a = normalize_dim(d0, t.dim(), "transpose"), b = normalize_dim(d1, t.dim(), "transpose");
   Shape shape = t.shape(), strides = t.strides();
   if (t.dim() == 0) return t;
@@ -274,6 +285,7 @@ Tensor transpose(const Tensor& t, int64_t d0, int64_t d1) {
 }
 
 Tensor permute(const Tensor& t, const std::vector<int64_t>& dims) {
+  check_defined("permute", t);
   check<ShapeError>(static_cast<int64_t>(dims.size()) == t.dim(), "permute: {} dimensions given for {}", dims.size(),
                     describe(t));
   Shape shape(dims.size()), strides(dims.size());
@@ -289,6 +301,7 @@ Tensor permute(const Tensor& t, const std::vector<int64_t>& dims) {
 }
 
 Tensor slice(const Tensor& t, int64_t dim, int64_t start, int64_t end, int64_t step) {
+  check_defined("slice", t);
   const int d = normalize_existing_dim(dim, t.dim(), "slice");
   check<ValueError>(step > 0, "slice: step must be positive, got {}", step);
   const int64_t n = t.shape()[d];
@@ -324,6 +337,7 @@ std::optional<Tensor> joined_slices(const std::vector<Tensor>& parts, int64_t di
 }
 
 Tensor expand(const Tensor& t, const Shape& shape) {
+  check_defined("expand", t);
   for (int64_t d : shape)
     check<ShapeError>(d >= 0, "expand: {} cannot be expanded to {}: sizes must be given (no -1)", describe(t),
                       shape_str(shape));
@@ -333,6 +347,7 @@ Tensor expand(const Tensor& t, const Shape& shape) {
 }
 
 Tensor unsqueeze(const Tensor& t, int64_t dim) {
+  check_defined("unsqueeze", t);
   const int d = normalize_dim(dim, t.dim() + 1, "unsqueeze");
   Shape shape = t.shape(), strides = t.strides();
   const int64_t stride = d < t.dim() ? t.shape()[d] * t.strides()[d] : 1;
@@ -342,6 +357,7 @@ Tensor unsqueeze(const Tensor& t, int64_t dim) {
 }
 
 Tensor squeeze(const Tensor& t, int64_t dim) {
+  check_defined("squeeze", t);
   const int d = normalize_dim(dim, t.dim(), "squeeze");
   if (t.dim() == 0 || t.shape()[d] != 1) return t;
   Shape shape = t.shape(), strides = t.strides();

@@ -75,6 +75,7 @@ Shape pool_out_shape(const char* op, const Shape& x, const Pool2dParams& p) {
 Tensor cat(const std::vector<Tensor>& xs, int64_t dim) {
   check<ShapeError>(!xs.empty(), "cat: no tensors given");
   const Tensor& first = xs[0];
+  check_defined("cat", first);
   const int d = normalize_existing_dim(dim, first.dim(), "cat");
   Shape shape = first.shape();
   shape[d] = 0;
