@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include <zlib.h>
+
 #include "amp/scaler_trace.h"
 #include "tests/test_util.h"
 
@@ -133,6 +135,61 @@ TEST_F(MptScaler, AFailedReplayLeavesThePreviousOutputsWhole) {
   EXPECT_EQ(files_in_folder(),
             (std::vector<std::string>{"run.hysteresis.jsonl", "run.png", "run.static.jsonl", "run.torch.jsonl"}));
   EXPECT_EQ(amp::read_scaler_trace(file("run.torch.jsonl")).size(), 100u);
+}
+
+// The pixels of a PNG as mpt-scaler writes it (8-bit RGB, every scanline
+// unfiltered), row by row.
+struct RgbImage {
+  int width = 0, height = 0;
+  std::vector<uint8_t> rgb;
+  int count(uint8_t r, uint8_t g, uint8_t b) const {
+    int n = 0;
+    for (size_t i = 0; i + 2 < rgb.size(); i += 3) n += rgb[i] == r && rgb[i + 1] == g && rgb[i + 2] == b;
+    return n;
+  }
+};
+
+RgbImage read_png(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), {});
+  auto u32 = [&](size_t at) {
+    return uint32_t{static_cast<uint8_t>(bytes.at(at))} << 24 | uint32_t{static_cast<uint8_t>(bytes.at(at + 1))} << 16 |
+           uint32_t{static_cast<uint8_t>(bytes.at(at + 2))} << 8 | uint32_t{static_cast<uint8_t>(bytes.at(at + 3))};
+  };
+  RgbImage img;
+  std::string packed;
+  for (size_t at = 8; at + 8 <= bytes.size();) {  // after the 8-byte signature: length, type, data, CRC
+    const uint32_t length = u32(at);
+    const std::string type = bytes.substr(at + 4, 4);
+    if (type == "IHDR") {
+      img.width = static_cast<int>(u32(at + 8));
+      img.height = static_cast<int>(u32(at + 12));
+    }
+    if (type == "IDAT") packed += bytes.substr(at + 8, length);
+    at += 12 + length;
+  }
+  const size_t row = 1 + 3 * static_cast<size_t>(img.width);
+  std::vector<uint8_t> raw(row * static_cast<size_t>(img.height));
+  uLongf raw_size = raw.size();
+  EXPECT_EQ(uncompress(raw.data(), &raw_size, reinterpret_cast<const Bytef*>(packed.data()), packed.size()), Z_OK);
+  for (int y = 0; y < img.height; ++y) {
+    EXPECT_EQ(raw[y * row], 0) << "scanline " << y << " is filtered";
+    img.rgb.insert(img.rgb.end(), raw.begin() + static_cast<std::ptrdiff_t>(y * row + 1),
+                   raw.begin() + static_cast<std::ptrdiff_t>((y + 1) * row));
+  }
+  return img;
+}
+
+// Each step's scale is held up to the next step, the last one's too: a
+// trace of one step draws a line across the plot, not only the legend's
+// swatch.
+TEST_F(MptScaler, PlotDrawsEveryStepToItsNextScale) {
+  ASSERT_EQ(run("replay --policy torch --steps 1 --out one.jsonl --plot one.png"), 0) << stderr_;
+  const RgbImage one = read_png(file("one.png"));
+  ASSERT_EQ(one.width, 1000);
+  const int swatch = 14 * 10;  // the legend's, at most
+  // The series' colour (the palette's first) along the plot's whole width, 2 pixels thick.
+  EXPECT_GT(one.count(31, 119, 180), swatch + 2 * 800) << "a one-step trace drew no line";
 }
 
 }  // namespace

@@ -22,6 +22,12 @@ ScaleSeries series_from_trace(const std::string& label, const std::vector<amp::S
     s.steps.push_back(static_cast<double>(r.step));
     s.scales.push_back(r.scale);
   }
+  // The last update's result, where the step after the trace would start:
+  // without it the last step (and a one-row trace) would draw nothing.
+  if (!rows.empty()) {
+    s.steps.push_back(static_cast<double>(rows.back().step + 1));
+    s.scales.push_back(rows.back().next_scale);
+  }
   return s;
 }
 
@@ -39,7 +45,7 @@ void plot_scale_trajectories(const std::string& path, const std::vector<ScaleSer
     for (size_t i = 0; i < s.steps.size(); ++i) {
       check(s.scales[i] > 0, "plot_scale_trajectories: series '{}' has scale {} at step {}; log2 needs it positive",
             s.label, s.scales[i], s.steps[i]);
-      x_max = std::max(x_max, s.steps[i] + 1);
+      x_max = std::max(x_max, s.steps[i]);
       y_lo = std::min(y_lo, std::floor(std::log2(s.scales[i])));
       y_hi = std::max(y_hi, std::ceil(std::log2(s.scales[i])));
     }
@@ -64,10 +70,13 @@ void plot_scale_trajectories(const std::string& path, const std::vector<ScaleSer
     canvas.line(left, py(k), left + plot_w, py(k), kGrid);
     canvas.text(8, py(k) - 5, fmt::format("2^{}", k), kInk);
   }
-  for (int i = 0; i <= 5; ++i) {
-    const double x = x_max * i / 5;
+  // Five steps between ticks at most; fewer for a short trace, whose ticks
+  // then fall on whole steps.
+  const int ticks = static_cast<int>(std::min(5.0, x_max));
+  for (int i = 0; i <= ticks; ++i) {
+    const double x = x_max * i / ticks;
     canvas.line(px(x), top, px(x), top + plot_h, kGrid);
-    const std::string label = fmt::format("{}", static_cast<int64_t>(x));
+    const std::string label = fmt::format("{}", std::llround(x));
     canvas.text(px(x) - static_cast<int>(label.size()) * 4, top + plot_h + 12, label, kInk);
   }
   canvas.line(left, top, left, top + plot_h, kInk, 2);

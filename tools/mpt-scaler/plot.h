@@ -14,6 +14,8 @@ struct ScaleSeries {
   std::vector<double> scales;  // positive
 };
 
+// Each row's step and scale, then one point more: the last row's next_scale
+// at the step after it.
 ScaleSeries series_from_trace(const std::string& label, const std::vector<amp::ScalerTraceRow>& rows);
 
 // Colour i of the palette the plot uses, as "#rrggbb" (for a legend printed beside it).
