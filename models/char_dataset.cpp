@@ -93,4 +93,16 @@ std::string CharDataset::decode(const std::vector<int64_t>& tokens) const {
   return out;
 }
 
+std::vector<int64_t> CharDataset::encode(const std::string& text) const {
+  std::vector<int64_t> tokens;
+  tokens.reserve(text.size());
+  for (size_t i = 0; i < text.size(); ++i) {
+    const size_t id = vocab_.find(text[i]);  // the vocabulary is at most 256 sorted bytes
+    check(id != std::string::npos, "CharDataset::encode: byte {} of '{}' (0x{:02x}) is not in the vocabulary", i, text,
+          static_cast<unsigned char>(text[i]));
+    tokens.push_back(static_cast<int64_t>(id));
+  }
+  return tokens;
+}
+
 }  // namespace mpt::data

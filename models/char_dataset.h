@@ -28,6 +28,9 @@ class CharDataset : public Dataset {
   int64_t context() const { return context_; }
   const std::string& vocabulary() const { return vocab_; }  // token id -> byte
   std::string decode(const std::vector<int64_t>& tokens) const;
+  // The token ids of `text`; ValueError naming the first byte the
+  // vocabulary lacks.
+  std::vector<int64_t> encode(const std::string& text) const;
 
   // The windows starting in [first, first + count), same vocabulary and
   // text (shared, not copied): e.g. a held-out tail for validation.

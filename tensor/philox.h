@@ -3,6 +3,7 @@
 // SC'11): a counter-based generator. The same header compiles for host and
 // device, so the CPU and the GPU draw the same numbers for the same
 // (seed, counter), whatever the launch shape.
+#include <cmath>
 #include <cstdint>
 
 #if defined(__CUDACC__)
@@ -57,9 +58,11 @@ MPT_HD double philox_normal_at(uint64_t seed, uint64_t offset, uint64_t i) {
   const int pair = static_cast<int>(i % 4) / 2;
   const double u1 = (static_cast<double>(r.v[2 * pair] >> 8) + 1.0) * (1.0 / 16777216.0);  // (0, 1]
   const double u2 = philox_uniform(r.v[2 * pair + 1]);
-  const double radius = sqrt(-2.0 * log(u1));
+  // The C library's functions by their global names, which host and device
+  // code share (an unqualified `log` would also see mpt's tensor ops).
+  const double radius = ::sqrt(-2.0 * ::log(u1));
   const double angle = 6.283185307179586 * u2;
-  return (i % 2 == 0) ? radius * cos(angle) : radius * sin(angle);
+  return (i % 2 == 0) ? radius * ::cos(angle) : radius * ::sin(angle);
 }
 
 }  // namespace mpt

@@ -14,6 +14,7 @@
 #include "models/adamw.h"
 #include "models/checkpoint.h"
 #include "models/cnn.h"
+#include "models/generate.h"
 #include "models/gpt.h"
 #include "models/layers.h"
 #include "models/mlp.h"
@@ -132,6 +133,30 @@ TEST(CudaModels, GptMatchesTheCpu) {
   const Tensor idx = reshape(labels(2 * 32, 65, gen), {2, 32});
   expect_gpu_matches_cpu([](Generator& g) { return std::make_shared<nn::GPT>(nn::GPTOptions{}, &g); }, idx,
                          labels(2 * 32, 65, gen), 1e-4);
+}
+
+// Text sampled from a GPT on the GPU is the CPU's, token for token, for the
+// same weights and seed: the draws are made on the host from the last
+// position's logits, which the two devices compute equal up to rounding (a
+// draw that falls within rounding of a boundary between two tokens has a
+// chance near 1e-6 a token). Greedy picks are left out: an untrained
+// model's logits lie close enough for rounding to swap the top two.
+TEST(CudaModels, GptSamplesTheCpusTextOnTheGpu) {
+  MPT_SKIP_WITHOUT_CUDA();
+  const uint64_t seed = testing::fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const nn::GPTOptions o{.vocab_size = 11, .context = 16, .d_model = 64, .n_layers = 2, .n_heads = 4};
+  Generator init_cpu(seed), init_gpu(seed);
+  nn::GPT cpu(o, &init_cpu), gpu(o, &init_gpu);
+  gpu.to(Device("cuda:0"));
+  // From one token (a window of one, whose attention weights are a single
+  // 1) and from three, on past the context of 16.
+  for (const std::vector<int64_t>& prompt : {std::vector<int64_t>{7}, std::vector<int64_t>{1, 2, 3}})
+    for (const nn::SamplingOptions s : {nn::SamplingOptions{1, 0}, nn::SamplingOptions{0.7, 4}}) {
+      Generator a(seed), b(seed);
+      const std::vector<int64_t> on_cpu = nn::generate(cpu, prompt, 40, s, a);
+      EXPECT_EQ(nn::generate(gpu, prompt, 40, s, b), on_cpu);
+    }
 }
 
 TEST(CudaModels, CheckpointOfGpuTensorsRestoresOntoTheGpu) {

@@ -22,6 +22,7 @@ namespace mpt::data {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::error_of;
 using testing::expect_contains;
 
 using Bytes = std::vector<uint8_t>;
@@ -220,6 +221,15 @@ TEST(CharDataset, WindowsAndShiftedTargets) {
   EXPECT_EQ(tail.decode(tx), "worl");
   EXPECT_THROW(ds.subset(5, 3), ValueError);
   EXPECT_THROW(CharDataset("abc", 3, "short"), IOError);
+}
+
+TEST(CharDataset, EncodesWhatItDecodes) {
+  const CharDataset ds("hello world", 4, "inline");
+  EXPECT_EQ(ds.encode("hello"), (std::vector<int64_t>{3, 2, 4, 4, 5}));  // " dehlorw"
+  EXPECT_EQ(ds.decode(ds.encode("low rod")), "low rod");
+  EXPECT_TRUE(ds.encode("").empty());
+  expect_contains(error_of<ValueError>([&] { ds.encode("hex"); }),
+                  {"CharDataset::encode", "byte 2 of 'hex' (0x78)", "not in the vocabulary"});
 }
 
 // Every byte of the text distinct, so each token is its byte's position:

@@ -254,6 +254,49 @@ TEST_F(MptTrain, AResumedEpochIsSummedUpWhole) {
   EXPECT_EQ(end[0]["eval_loss"].get<double>(), eval_loss);
 }
 
+// A GPT run shows text sampled from its model after each epoch, going on
+// from the prompt in characters of the text; the draws depend on the seed
+// and the step only, so a resumed run samples what an unbroken one does.
+TEST_F(MptTrain, AGptRunSamplesTextAfterEachEpoch) {
+  const std::string base = tiny_gpt() + " --batch-size 64 --epochs 2 --eval-batches 1 --seed 7";
+  const std::string common = base + " --sample-tokens 40 --sample-prompt 'the '";
+  ASSERT_EQ(run(fmt::format("{} --metrics '{}'", common, file("whole.jsonl"))), 0) << stderr_;
+  const auto samples = events(file("whole.jsonl"), "sample");
+  ASSERT_EQ(samples.size(), 2u);
+  const std::string alphabet = "the quick brown fox jumps over the lazy dog. ";
+  for (size_t i = 0; i < samples.size(); ++i) {
+    EXPECT_EQ(samples[i]["step"], 8 * (i + 1));
+    EXPECT_EQ(samples[i]["prompt"], "the ");
+    const std::string text = samples[i]["text"];
+    ASSERT_EQ(text.size(), 40u);
+    EXPECT_EQ(text.find_first_not_of(alphabet), std::string::npos) << text;
+    EXPECT_NE(stdout_.find(fmt::format("sample after step {} (temperature 0.8):\nthe {}", 8 * (i + 1), text)),
+              std::string::npos)
+        << stdout_;
+  }
+  EXPECT_NE(samples[0]["text"], samples[1]["text"]);
+
+  ASSERT_EQ(run(fmt::format("{} --stop-after 12 --checkpoint '{}'", common, file("part.safetensors"))), 0) << stderr_;
+  ASSERT_EQ(run(fmt::format("{} --resume '{}' --metrics '{}'", common, file("part.safetensors"), file("rest.jsonl"))),
+            0)
+      << stderr_;
+  const auto resumed = events(file("rest.jsonl"), "sample");
+  ASSERT_EQ(resumed.size(), 1u);
+  EXPECT_EQ(resumed[0], samples[1]);
+
+  ASSERT_EQ(run(fmt::format("{} --steps 8 --sample-tokens 0 --metrics '{}'", base, file("none.jsonl"))), 0);
+  EXPECT_TRUE(events(file("none.jsonl"), "sample").empty());
+  EXPECT_EQ(stdout_.find("sample after"), std::string::npos) << stdout_;
+
+  // A prompt the text's characters cannot spell is refused before training.
+  EXPECT_EQ(run(fmt::format("{} --sample-prompt 'the Zebra'", base)), 1);
+  EXPECT_NE(stderr_.find("mpt-train: --sample-prompt: CharDataset::encode: byte 4 of 'the Zebra' (0x5a) is not in "
+                         "the vocabulary"),
+            std::string::npos)
+      << stderr_;
+  EXPECT_EQ(stdout_.find("first input batch"), std::string::npos) << stdout_;
+}
+
 // Sizes near the int64 limit count without overflow: a batch and an
 // accumulation that take the whole text at once, and epochs without end
 // that --steps bounds (the counts used to wrap, and the run ended at once
@@ -611,7 +654,8 @@ TEST_F(MptTrain, BadOptionsAreRefusedNamingTheOption) {
   for (const char* args : {"--log-every 0", "--eval-batches -1", "--checkpoint-every -1", "--stop-after -1",
                            "--workers -1", "--context 0", "--gpt-d-model 0", "--init-scale 0", "--lr -1",
                            "--weight-decay -0.1", "--momentum -1", "--min-lr-ratio 5", "--lr inf",
-                           "--weight-decay 1e999", "--dist-timeout inf", "--init-scale nan"}) {
+                           "--weight-decay 1e999", "--dist-timeout inf", "--init-scale nan", "--sample-tokens -1",
+                           "--sample-temperature -0.5", "--sample-temperature nan", "--sample-top-k -1"}) {
     EXPECT_EQ(run(args), 2) << args;
     const std::string flag = std::string(args).substr(0, std::string(args).find(' '));
     EXPECT_NE(stderr_.find(flag + ": must be"), std::string::npos) << args << ": " << stderr_;

@@ -23,6 +23,16 @@ int main(int argc, char** argv) {
   app.add_option("--gpt-layers", c.gpt_layers, "gpt: number of blocks")->check(positive());
   app.add_option("--gpt-heads", c.gpt_heads, "gpt: attention heads")->check(positive());
   app.add_option("--gpt-d-model", c.gpt_d_model, "gpt: model width")->check(positive());
+  app.add_option("--sample-tokens", c.sample_tokens,
+                 "gpt: characters of text sampled from the model after each epoch (0: none)")
+      ->check(non_negative());
+  app.add_option("--sample-prompt", c.sample_prompt,
+                 "gpt: the text the samples go on from (empty: the training text's first character)");
+  app.add_option("--sample-temperature", c.sample_temperature,
+                 "gpt: sampling temperature (0: the likeliest character each time)")
+      ->check(non_negative());
+  app.add_option("--sample-top-k", c.sample_top_k, "gpt: draw among the k likeliest characters only (0: among all)")
+      ->check(non_negative());
 
   app.add_option("--precision", c.precision,
                  "fp16 (autocast + loss scaler), bf16 (autocast), fp32, or auto (fp16 on a GPU, bf16 on the CPU)")

@@ -6,6 +6,11 @@
 
 namespace mpt::train {
 
+std::string as_utf8(const std::string& s) {
+  using nlohmann::json;
+  return json::parse(json(s).dump(-1, ' ', false, json::error_handler_t::replace)).get<std::string>();
+}
+
 Progress::Progress(const std::string& style, int64_t log_every, const std::string& metrics_path)
     : log_every_(std::max<int64_t>(1, log_every)) {
   if (style == "auto")

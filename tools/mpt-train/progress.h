@@ -14,6 +14,12 @@
 
 namespace mpt::train {
 
+// `s` as UTF-8, other bytes replaced by U+FFFD, the same way every time:
+// JSON strings (metrics, checkpoint metadata) must be UTF-8, and a data path
+// or a sampled text may hold other bytes (a Latin-1 name, a character cut in
+// two by a byte-level model).
+std::string as_utf8(const std::string& s);
+
 class Progress {
  public:
   enum class Style { bar, lines, none };

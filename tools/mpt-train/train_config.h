@@ -13,6 +13,10 @@ struct TrainConfig {
                                         // empty: the model's own (fashion-mnist; fortunes for gpt)
   int64_t context = 256;                // gpt: sequence length (and rows of the position table)
   int64_t gpt_layers = 6, gpt_heads = 6, gpt_d_model = 384;
+  int64_t sample_tokens = 200;          // gpt: characters sampled from the model after each epoch (0: none)
+  std::string sample_prompt;            // gpt: the text the samples go on from (empty: the text's first character)
+  double sample_temperature = 0.8;      // gpt: 0 takes the likeliest character each time
+  int64_t sample_top_k = 0;             // gpt: draw among the k likeliest characters only (0: among all)
 
   // Numerics.
   std::string precision = "auto";       // fp16 (autocast + loss scaler), bf16 (autocast), fp32;

@@ -34,6 +34,7 @@
 #include "tools/mpt-train/gpu_sampler.h"
 #include "tools/mpt-train/precision_step.h"
 #include "tools/mpt-train/progress.h"
+#include "tools/mpt-train/text_sample.h"
 #include "tools/mpt-train/training_step.h"
 #include "tools/mpt-train/training_totals.h"
 #include "tools/mpt-train/workload.h"
@@ -123,14 +124,6 @@ void prepare_checkpoint_path(const std::string& checkpoint) {
                  checkpoint, folder, std::strerror(errno));
 }
 
-// Checkpoint metadata is UTF-8 text: a data path with other bytes (a
-// Latin-1 name, say) is kept with them replaced, the same way in every run,
-// so that a resumed run still compares equal.
-std::string as_utf8(const std::string& s) {
-  using nlohmann::json;
-  return json::parse(json(s).dump(-1, ' ', false, json::error_handler_t::replace)).get<std::string>();
-}
-
 // What a resumed run must share with the one that wrote the checkpoint:
 // what the data position counts in (batches of one size, in one seeded
 // order, over one number of shards), what the optimizer state belongs to,
@@ -139,7 +132,7 @@ std::string as_utf8(const std::string& s) {
 // before a key existed pass without it.)
 io::Metadata run_identity(const TrainConfig& c, int64_t world_size) {
   io::Metadata identity{{"run.model", c.model},
-                        {"run.data", as_utf8(c.data)},
+                        {"run.data", as_utf8(c.data)},  // UTF-8 metadata: the same replacements every run
                         {"run.batch_size", std::to_string(c.batch_size)},
                         {"run.accumulation", std::to_string(c.accumulation)},
                         {"run.seed", std::to_string(c.seed)},
@@ -301,6 +294,11 @@ void check_options(const TrainConfig& c) {
   // GPT's heads split d_model evenly (checked here, not after the data is read).
   check(c.model != "gpt" || (c.gpt_heads >= 1 && c.gpt_d_model % c.gpt_heads == 0),
         "mpt-train: --gpt-d-model {} must be a multiple of --gpt-heads {}", c.gpt_d_model, c.gpt_heads);
+  check(c.sample_tokens >= 0 && c.sample_top_k >= 0,
+        "mpt-train: --sample-tokens {} and --sample-top-k {} must not be negative", c.sample_tokens, c.sample_top_k);
+  check(std::isfinite(c.sample_temperature) && c.sample_temperature >= 0,
+        "mpt-train: --sample-temperature must be finite and not negative (0: the likeliest character), got {}",
+        c.sample_temperature);
   scaler_options(c);  // the loss-scaler options, whether or not this run uses them
 }
 
@@ -345,6 +343,7 @@ TrainResult run_training(const TrainConfig& config) {
   }
   Generator gen(c.seed);
   Workload w = make_workload(c, gen);
+  const TextSampler text_sampler(w, c);  // (checks --sample-prompt before any training)
   w.model->to(device);
   std::unique_ptr<optim::Optimizer> optimizer = make_optimizer(c, w.model->parameters());
   PrecisionStep precision(c, *optimizer, device);
@@ -645,11 +644,15 @@ TrainResult run_training(const TrainConfig& config) {
         timing_fields(epoch_breakdown, 1e3 * epoch_seconds / std::max<int64_t>(epoch_breakdown.steps, 1));
     for (const auto& [k, v] : epoch_timing.items()) summary[k] = v;
     progress.end_epoch(summary);
+    if (lead) text_sampler.sample(step, progress);
   }
   sampler_thread.reset();
   // Nothing was left to train (a finished run resumed, or --steps lowered
   // below the checkpoint's): the end still reports the model's test figures.
-  if (finished() && !evaluated) evaluate_model();
+  if (finished() && !evaluated) {
+    evaluate_model();
+    if (lead) text_sampler.sample(step, progress);
+  }
   save();
   result.steps = step;
   result.seconds = seconds_since(started);

@@ -61,7 +61,8 @@ Workload make_workload(const TrainConfig& c, Generator& gen) {
         "{} held out for evaluation",
         path, c.context, text.size(), held_out);
   auto [train, eval] = text.split_held_out(held_out);
-  w.train_set = std::make_shared<data::CharDataset>(std::move(train));
+  w.text = std::make_shared<data::CharDataset>(std::move(train));
+  w.train_set = w.text;
   w.eval_set = std::make_shared<data::CharDataset>(std::move(eval));
   nn::GPTOptions o;
   o.vocab_size = text.vocab_size();

@@ -3,6 +3,7 @@
 // with it: the pieces mpt-train varies with --model and --data.
 #include <memory>
 
+#include "models/char_dataset.h"
 #include "models/dataset.h"
 #include "models/module.h"
 #include "tensor/random.h"
@@ -24,6 +25,7 @@ struct Workload {
   bool sequences = false;      // gpt: outputs [B, T, V]
   bool flatten_input = false;  // mlp: [N, 1, 28, 28] -> [N, 784]
   int64_t eval_stride = 1;     // evaluate every eval_stride-th sample
+  std::shared_ptr<const data::CharDataset> text;  // gpt: the training text (its vocabulary), for samples
 };
 
 // Builds the model (weights drawn from `gen`) and loads the data sets.
