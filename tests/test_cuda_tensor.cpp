@@ -502,6 +502,15 @@ TEST_F(CudaTensor, MatmulMatchesTheCpu) {
       if (c.transpose_b) b = prim::transpose(b, -1, -2);
       expect_matmul_close(prim::matmul(gpu(a), gpu(b)), prim::matmul(a, b), a, b, what);
     }
+    // Matrices whose dimensions of size 1 have stride 0 (expanded from a
+    // scalar, as a single query's attention weights over a single key may
+    // be): a dimension never stepped along takes any stride.
+    const Tensor s = randn({}, dt), v = randn({1, 2, 1, 5}, dt), w = randn({1, 4}, dt);
+    expect_matmul_close(prim::matmul(prim::expand(gpu(s), {1, 2, 1, 1}), gpu(v)),
+                        prim::matmul(prim::expand(s, {1, 2, 1, 1}), v), prim::expand(s, {1, 2, 1, 1}), v,
+                        fmt::format("{} scalar expanded to [1, 2, 1, 1] @ [1, 2, 1, 5]", dtype_name(dt)));
+    expect_matmul_close(prim::matmul(prim::expand(gpu(s), {1, 1}), gpu(w)), prim::matmul(prim::expand(s, {1, 1}), w),
+                        prim::expand(s, {1, 1}), w, fmt::format("{} scalar expanded to [1, 1] @ [1, 4]", dtype_name(dt)));
   }
 }
 

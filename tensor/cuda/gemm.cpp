@@ -54,11 +54,14 @@ struct Operand {
 // The cuBLAS operand that stands for X^T, X a row-major [r, c] view with
 // strides (sr, sc).
 Operand transposed_operand(int64_t r, int64_t c, int64_t sr, int64_t sc, const char* name) {
+  // A dimension of size 1 is never stepped along, so its stride (0 where it
+  // was broadcast, anything in a view) is free: take the one cuBLAS accepts.
+  if (c == 1) sc = 1;
+  if (r == 1) sr = sc == 1 ? std::max<int64_t>(c, 1) : 1;
   // sc == 1: read column-major, X is X^T [c, r] with leading dimension sr.
-  // (ld only matters between columns, so a single column takes any ld >= rows.)
-  if (sc == 1 && (r == 1 || sr >= c)) return {CUBLAS_OP_N, c, r, r == 1 ? std::max<int64_t>(c, 1) : sr};
+  if (sc == 1 && sr >= c) return {CUBLAS_OP_N, c, r, sr};
   // sr == 1: X is stored column-major, [r, c] with leading dimension sc.
-  if (sr == 1 && (c == 1 || sc >= r)) return {CUBLAS_OP_T, r, c, c == 1 ? std::max<int64_t>(r, 1) : sc};
+  if (sr == 1 && sc >= r) return {CUBLAS_OP_T, r, c, sc};
   throw ValueError(fmt::format("CUDA gemm: operand {} of shape [{}, {}] has strides [{}, {}]; cuBLAS needs one of "
                                "them to be 1 and the other at least the matching size (make it contiguous)",
                                name, r, c, sr, sc));
