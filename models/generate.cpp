@@ -83,13 +83,25 @@ std::vector<int64_t> generate(GPT& model, const std::vector<int64_t>& prompt, in
   EvalModeGuard eval_mode(model);
   std::vector<int64_t> tokens = prompt;
   tokens.reserve(prompt.size() + static_cast<size_t>(new_tokens));
-  for (int64_t i = 0; i < new_tokens; ++i) {
+  // Each new token is read on top of the cached keys and values; once the
+  // context is full the window slides, every position moves, and the last
+  // `context` tokens are read again whole.
+  GPTCache cache;
+  auto read_window = [&] {
     const int64_t t = std::min<int64_t>(static_cast<int64_t>(tokens.size()), context);
-    const std::vector<int64_t> window(tokens.end() - t, tokens.end());
-    const Tensor logits = model.forward(from_vector(window, {1, t}, DType::i64, device));  // [1, t, vocab]
-    // Only the last position's row comes to the host.
-    const Tensor last = prim::to(prim::to(prim::slice(logits, 1, t - 1, t), DType::f64), kCPU);
-    tokens.push_back(sample_token(last.to_vector<double>(), options, gen));
+    cache.length = 0;
+    return model.forward_cached(from_vector(std::vector<int64_t>(tokens.end() - t, tokens.end()), {1, t}, DType::i64,
+                                            device),
+                                cache);
+  };
+  Tensor logits;  // [1, vocab] for the position after the last token
+  for (int64_t i = 0; i < new_tokens; ++i) {
+    if (i == 0 || cache.length == context)
+      logits = read_window();
+    else
+      logits = model.forward_cached(from_vector(std::vector<int64_t>{tokens.back()}, {1, 1}, DType::i64, device), cache);
+    // Only that row comes to the host.
+    tokens.push_back(sample_token(prim::to(prim::to(logits, DType::f64), kCPU).to_vector<double>(), options, gen));
   }
   return tokens;
 }

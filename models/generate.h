@@ -24,12 +24,14 @@ void check_sampling_options(const SamplingOptions& options);
 // ValueError for an empty row or a NaN or +inf logit.
 int64_t sample_token(const std::vector<double>& logits, const SamplingOptions& options, Generator& gen);
 
-// `prompt` followed by `new_tokens` sampled tokens. The model reads the
-// last `context` tokens for each one, the whole window again each time (no
-// cache of keys and values), on the device its parameters are on, under
-// the caller's autocast, without recording gradients, in eval mode (its
-// mode is put back after). ValueError for an empty prompt, a token outside
-// the vocabulary or a negative count.
+// `prompt` followed by `new_tokens` sampled tokens, each drawn from the
+// model's logits after the last `context` tokens. The model reads each new
+// token on top of the keys and values it cached (GPT::forward_cached);
+// once the context is full the window slides and is read again whole for
+// each token. It runs on the device its parameters are on, under the
+// caller's autocast, without recording gradients, in eval mode (its mode
+// is put back after). ValueError for an empty prompt, a token outside the
+// vocabulary or a negative count.
 std::vector<int64_t> generate(GPT& model, const std::vector<int64_t>& prompt, int64_t new_tokens,
                               const SamplingOptions& options, Generator& gen);
 

@@ -1,5 +1,9 @@
 #include "models/gpt.h"
 
+#include <cmath>
+
+#include "autograd/grad_mode.h"
+
 namespace mpt::nn {
 
 GPTBlock::GPTBlock(int64_t d_model, int64_t n_heads, Generator* gen)
@@ -31,6 +35,35 @@ Tensor GPTBlock::forward(const Tensor& x) {
   return h_skip + (*out)(gelu((*fc)(m)));
 }
 
+Tensor GPTBlock::forward_cached(const Tensor& x, Tensor& keys, Tensor& values, int64_t past, int64_t capacity) {
+  NoGradGuard no_grad;
+  const int64_t B = x.size(0), n = x.size(1), C = d_model, H = n_heads;
+  const auto [x_skip, a] = ln1->forward_with_skip("linear", x);
+  std::vector<Tensor> qkv_parts = split((*qkv)(a), C, 2);
+  for (Tensor& t : qkv_parts) t = transpose(reshape(t, {B, n, H, C / H}), 1, 2);  // [B, H, n, C/H]
+  if (!keys.defined()) {
+    keys = Tensor::empty({B, H, capacity, C / H}, qkv_parts[1].dtype(), x.device());
+    values = Tensor::empty({B, H, capacity, C / H}, qkv_parts[2].dtype(), x.device());
+  }
+  prim::copy_(prim::slice(keys, 2, past, past + n), qkv_parts[1]);
+  prim::copy_(prim::slice(values, 2, past, past + n), qkv_parts[2]);
+  const Tensor k = prim::slice(keys, 2, 0, past + n), v = prim::slice(values, 2, 0, past + n);
+  // softmax(q k^T / sqrt(d/H)) v over the positions so far; among the new
+  // ones, each query sees those up to its own.
+  Tensor scores = mul(matmul(qkv_parts[0], transpose(k, -1, -2)), 1.0 / std::sqrt(static_cast<double>(C / H)));
+  if (n > 1) {
+    const Tensor query_at = prim::unsqueeze(arange(static_cast<double>(past), static_cast<double>(past + n), 1,
+                                                   DType::f32, x.device()), 1);
+    const Tensor key_at = prim::unsqueeze(arange(0, static_cast<double>(past + n), 1, DType::f32, x.device()), 0);
+    const Tensor keep = prim::to(prim::binary(BinaryOp::le, key_at, query_at), scores.dtype());
+    scores = add(scores, prim::unary(UnaryOp::log, keep));  // -inf where a key lies ahead
+  }
+  const Tensor y = matmul(softmax(scores, -1), v);
+  const Tensor h = x_skip + (*proj)(reshape(transpose(y, 1, 2), {B, n, C}));
+  const auto [h_skip, m] = ln2->forward_with_skip("linear", h);
+  return h_skip + (*out)(gelu((*fc)(m)));
+}
+
 GPT::GPT(const GPTOptions& o, Generator* gen) : Module("GPT"), options(o) {
   check(o.vocab_size > 0 && o.context > 0 && o.n_layers >= 0,
         "GPT: vocab_size {}, context {} must be positive and n_layers {} not negative", o.vocab_size, o.context,
@@ -52,6 +85,37 @@ Tensor GPT::forward(const Tensor& idx) {
   const Tensor positions = arange(0, static_cast<double>(T), 1, DType::i64, idx.device());
   const Tensor x = (*tok)(idx) + (*pos)(positions);
   return (*head)(ln->forward_into("linear", blocks->forward(x)));
+}
+
+Tensor GPT::forward_cached(const Tensor& idx, GPTCache& cache) {
+  NoGradGuard no_grad;
+  check<ShapeError>(idx.dim() == 2 && idx.size(1) >= 1, "GPT::forward_cached: input {} must be [B, n] token indices",
+                    describe(idx));
+  check<DTypeError>(idx.dtype() == DType::i64, "GPT::forward_cached: input {} must hold i64 token indices",
+                    describe(idx));
+  const int64_t B = idx.size(0), n = idx.size(1), past = cache.length;
+  check<ShapeError>(past + n <= options.context,
+                    "GPT::forward_cached: {} positions read and {} more exceed the context of {}", past, n,
+                    options.context);
+  const Tensor positions =
+      arange(static_cast<double>(past), static_cast<double>(past + n), 1, DType::i64, idx.device());
+  Tensor x = (*tok)(idx) + (*pos)(positions);
+  if (cache.keys.empty()) {
+    cache.keys.resize(blocks->size());
+    cache.values.resize(blocks->size());
+  }
+  check<ShapeError>(cache.keys.size() == blocks->size() &&
+                        (cache.keys.empty() || !cache.keys[0].defined() ||
+                         (cache.keys[0].size(0) == B && cache.keys[0].device() == idx.device())),
+                    "GPT::forward_cached: the cache holds another model's or batch's positions ({} blocks, {}; here {} "
+                    "blocks, batch {} on {})",
+                    cache.keys.size(), cache.keys.empty() || !cache.keys[0].defined() ? "none yet" : describe(cache.keys[0]),
+                    blocks->size(), B, idx.device().str());
+  for (size_t i = 0; i < blocks->size(); ++i)
+    x = static_cast<GPTBlock&>(*(*blocks)[i]).forward_cached(x, cache.keys[i], cache.values[i], past, options.context);
+  cache.length = past + n;
+  const Tensor last = prim::slice(x, 1, n - 1, n);  // [B, 1, d]
+  return reshape((*head)(ln->forward_into("linear", last)), {B, options.vocab_size});
 }
 
 }  // namespace mpt::nn

@@ -6,6 +6,7 @@
 //   x = x + proj(causal_attention(qkv(ln1(x))))
 //   x = x + out(gelu(fc(ln2(x))))
 #include <memory>
+#include <vector>
 
 #include "models/layers.h"
 #include "models/sequential.h"
@@ -20,10 +21,24 @@ struct GPTOptions {
   int64_t n_heads = 6;
 };
 
+// What a GPT has read when it reads a sequence a few tokens at a time (as
+// sampling does): each block's keys and values of the positions so far, so
+// that a new token costs one position's work, not the whole window's.
+struct GPTCache {
+  std::vector<Tensor> keys, values;  // per block, [B, H, context, d/H]: the first `length` positions written
+  int64_t length = 0;                // positions read so far
+};
+
 class GPTBlock : public Module {
  public:
   GPTBlock(int64_t d_model, int64_t n_heads, Generator* gen = nullptr);
   Tensor forward(const Tensor& x) override;  // [B, T, d] -> [B, T, d]
+  // x [B, n, d] at positions past .. past + n - 1, each attending to the
+  // keys and values of every position up to its own: those of the n new
+  // positions are written into `keys` and `values` first (made [B, H,
+  // capacity, d/H] when undefined, in the dtype the projection writes). No
+  // gradients are recorded.
+  Tensor forward_cached(const Tensor& x, Tensor& keys, Tensor& values, int64_t past, int64_t capacity);
 
   int64_t d_model, n_heads;
   std::shared_ptr<LayerNorm> ln1, ln2;
@@ -35,6 +50,12 @@ class GPT : public Module {
   explicit GPT(const GPTOptions& options = {}, Generator* gen = nullptr);
   // Token indices i64 [B, T] (T <= context) -> logits [B, T, vocab_size].
   Tensor forward(const Tensor& idx) override;
+  // The next tokens of sequences already read into `cache` (empty at
+  // first): idx i64 [B, n] at positions cache.length onwards, which must
+  // stay within the context. Returns the logits [B, vocab_size] of the last
+  // one, as forward() on the whole sequence would give them (to rounding),
+  // and extends the cache. No gradients are recorded.
+  Tensor forward_cached(const Tensor& idx, GPTCache& cache);
 
   GPTOptions options;
   std::shared_ptr<Embedding> tok, pos;

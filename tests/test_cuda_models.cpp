@@ -10,6 +10,7 @@
 #include <cmath>
 #include <filesystem>
 
+#include "amp/autocast.h"
 #include "autograd/grad_mode.h"
 #include "models/adamw.h"
 #include "models/checkpoint.h"
@@ -157,6 +158,38 @@ TEST(CudaModels, GptSamplesTheCpusTextOnTheGpu) {
       const std::vector<int64_t> on_cpu = nn::generate(cpu, prompt, 40, s, a);
       EXPECT_EQ(nn::generate(gpu, prompt, 40, s, b), on_cpu);
     }
+}
+
+// Under fp16 and bf16 autocast the cached keys and values are 16-bit, as
+// the projection writes them; the cached reads give the logits of whole
+// reads up to 16-bit rounding.
+TEST(CudaModels, GptCachedReadsUnderAutocastGiveTheLogitsOfWholeReads) {
+  MPT_SKIP_WITHOUT_CUDA();
+  const uint64_t seed = testing::fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  Generator init(seed);
+  nn::GPT model({.vocab_size = 13, .context = 32, .d_model = 64, .n_layers = 2, .n_heads = 4}, &init);
+  model.to(Device("cuda:0"));
+  std::vector<int64_t> tokens;
+  for (double u : rand({32}, DType::f32, kCPU, &init, 0.0, 13.0).to_vector<double>())
+    tokens.push_back(std::min<int64_t>(static_cast<int64_t>(u), 12));
+  for (const DType low : {DType::f16, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(low));
+    amp::AutocastGuard autocast(DeviceType::cuda, low);
+    NoGradGuard no_grad;
+    nn::GPTCache cache;
+    for (const auto& [from, to] : std::vector<std::pair<int64_t, int64_t>>{{0, 5}, {5, 6}, {6, 7}, {7, 32}}) {
+      const Tensor cached = model.forward_cached(
+          from_vector(std::vector<int64_t>(tokens.begin() + from, tokens.begin() + to), {1, to - from}, DType::i64,
+                      Device("cuda:0")),
+          cache);
+      EXPECT_EQ(cache.keys[0].dtype(), low);
+      const Tensor whole = model.forward(
+          from_vector(std::vector<int64_t>(tokens.begin(), tokens.begin() + to), {1, to}, DType::i64, Device("cuda:0")));
+      EXPECT_LE(rel_error(host_f64(cached), host_f64(prim::slice(whole, 1, to - 1, to))), low == DType::f16 ? 1e-2 : 5e-2)
+          << "positions " << from << " to " << to - 1;
+    }
+  }
 }
 
 TEST(CudaModels, CheckpointOfGpuTensorsRestoresOntoTheGpu) {

@@ -144,6 +144,44 @@ TEST_F(Sampling, TheSameSeedGivesTheSameText) {
   EXPECT_NE(text(seed_), text(seed_ + 1));
 }
 
+// Reading a sequence a few tokens at a time on top of the cached keys and
+// values gives each last position the logits that reading the whole
+// sequence gives it, for a batch of two, from a first read of three tokens
+// on to the end of the context, which it refuses to pass.
+TEST_F(Sampling, CachedReadsGiveTheLogitsOfWholeReads) {
+  SCOPED_TRACE(trace());
+  constexpr int64_t kVocab = 7, kContext = 9;
+  nn::GPT model({.vocab_size = kVocab, .context = kContext, .d_model = 24, .n_layers = 2, .n_heads = 3}, &gen_);
+  std::mt19937_64 rng(seed_);
+  std::vector<std::vector<int64_t>> rows(2);
+  for (auto& row : rows)
+    for (int64_t t = 0; t < kContext; ++t) row.push_back(static_cast<int64_t>(rng() % kVocab));
+  auto columns = [&](int64_t from, int64_t to) {
+    std::vector<int64_t> v;
+    for (const auto& row : rows) v.insert(v.end(), row.begin() + from, row.begin() + to);
+    return from_vector(v, {2, to - from}, DType::i64);
+  };
+  nn::GPTCache cache;
+  for (const auto& [from, to] : std::vector<std::pair<int64_t, int64_t>>{{0, 3}, {3, 4}, {4, 6}, {6, 9}}) {
+    SCOPED_TRACE(fmt::format("positions {} to {}", from, to - 1));
+    const Tensor cached = model.forward_cached(columns(from, to), cache);
+    ASSERT_EQ(cached.shape(), (Shape{2, kVocab}));
+    EXPECT_EQ(cache.length, to);
+    Tensor whole;
+    {
+      NoGradGuard no_grad;
+      whole = prim::slice(model.forward(columns(0, to)), 1, to - 1, to);
+    }
+    EXPECT_LE(testing::rel_error(testing::host_f64(cached), testing::host_f64(whole)), 1e-5);
+    EXPECT_FALSE(cached.requires_grad());
+  }
+  expect_contains(error_of<ShapeError>([&] { model.forward_cached(columns(0, 1), cache); }),
+                  {"GPT::forward_cached", "9 positions read and 1 more exceed the context of 9"});
+  cache.length = 0;
+  expect_contains(error_of<ShapeError>([&] { model.forward_cached(from_vector(std::vector<int64_t>{1}, {1, 1}, DType::i64), cache); }),
+                  {"GPT::forward_cached", "another model's or batch's", "batch 1"});
+}
+
 TEST_F(Sampling, GenerateRefusesABadPromptOrCount) {
   nn::GPT model({.vocab_size = 5, .context = 8, .d_model = 16, .n_layers = 1, .n_heads = 2}, &gen_);
   expect_contains(error_of<ValueError>([&] { nn::generate(model, {}, 3, {}, gen_); }), {"generate", "prompt"});
