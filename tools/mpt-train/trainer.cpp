@@ -643,15 +643,17 @@ TrainResult run_training(const TrainConfig& config) {
     const nlohmann::ordered_json epoch_timing =
         timing_fields(epoch_breakdown, 1e3 * epoch_seconds / std::max<int64_t>(epoch_breakdown.steps, 1));
     for (const auto& [k, v] : epoch_timing.items()) summary[k] = v;
+    // Every rank samples (the others print nothing), so that none waits in
+    // its next all-reduce for rank 0's sample.
     progress.end_epoch(summary);
-    if (lead) text_sampler.sample(step, progress);
+    text_sampler.sample(step, progress);
   }
   sampler_thread.reset();
   // Nothing was left to train (a finished run resumed, or --steps lowered
   // below the checkpoint's): the end still reports the model's test figures.
   if (finished() && !evaluated) {
     evaluate_model();
-    if (lead) text_sampler.sample(step, progress);
+    text_sampler.sample(step, progress);
   }
   save();
   result.steps = step;
