@@ -260,7 +260,10 @@ TEST_F(MptTrain, AResumedEpochIsSummedUpWhole) {
 TEST_F(MptTrain, AGptRunSamplesTextAfterEachEpoch) {
   const std::string base = tiny_gpt() + " --batch-size 64 --epochs 2 --eval-batches 1 --seed 7";
   const std::string common = base + " --sample-tokens 40 --sample-prompt 'the '";
-  ASSERT_EQ(run(fmt::format("{} --metrics '{}'", common, file("whole.jsonl"))), 0) << stderr_;
+  ASSERT_EQ(run(fmt::format("{} --metrics '{}' --checkpoint '{}'", common, file("whole.jsonl"),
+                            file("whole.safetensors"))),
+            0)
+      << stderr_;
   const auto samples = events(file("whole.jsonl"), "sample");
   ASSERT_EQ(samples.size(), 2u);
   const std::string alphabet = "the quick brown fox jumps over the lazy dog. ";
@@ -283,6 +286,18 @@ TEST_F(MptTrain, AGptRunSamplesTextAfterEachEpoch) {
   const auto resumed = events(file("rest.jsonl"), "sample");
   ASSERT_EQ(resumed.size(), 1u);
   EXPECT_EQ(resumed[0], samples[1]);
+
+  // The finished run resumed trains nothing and samples once more: a way
+  // to draw text from a checkpoint, with another prompt and length.
+  ASSERT_EQ(run(fmt::format("{} --resume '{}' --sample-tokens 30 --sample-prompt 'lazy' --metrics '{}'", base,
+                            file("whole.safetensors"), file("again.jsonl"))),
+            0)
+      << stderr_;
+  const auto again = events(file("again.jsonl"), "sample");
+  ASSERT_EQ(again.size(), 1u);
+  EXPECT_EQ(again[0]["step"], 16);
+  EXPECT_EQ(again[0]["prompt"], "lazy");
+  EXPECT_EQ(again[0]["text"].get<std::string>().size(), 30u);
 
   ASSERT_EQ(run(fmt::format("{} --steps 8 --sample-tokens 0 --metrics '{}'", base, file("none.jsonl"))), 0);
   EXPECT_TRUE(events(file("none.jsonl"), "sample").empty());
