@@ -104,13 +104,14 @@ Tensor GPT::forward_cached(const Tensor& idx, GPTCache& cache) {
     cache.keys.resize(blocks->size());
     cache.values.resize(blocks->size());
   }
+  const Shape cache_shape{B, options.n_heads, options.context, options.d_model / options.n_heads};
   check<ShapeError>(cache.keys.size() == blocks->size() &&
                         (cache.keys.empty() || !cache.keys[0].defined() ||
-                         (cache.keys[0].size(0) == B && cache.keys[0].device() == idx.device())),
-                    "GPT::forward_cached: the cache holds another model's or batch's positions ({} blocks, {}; here {} "
-                    "blocks, batch {} on {})",
+                         (cache.keys[0].shape() == cache_shape && cache.keys[0].device() == idx.device())),
+                    "GPT::forward_cached: the cache holds another model's or batch's positions ({} blocks, keys {}; "
+                    "here {} blocks, keys {} on {})",
                     cache.keys.size(), cache.keys.empty() || !cache.keys[0].defined() ? "none yet" : describe(cache.keys[0]),
-                    blocks->size(), B, idx.device().str());
+                    blocks->size(), shape_str(cache_shape), idx.device().str());
   for (size_t i = 0; i < blocks->size(); ++i)
     x = static_cast<GPTBlock&>(*(*blocks)[i]).forward_cached(x, cache.keys[i], cache.values[i], past, options.context);
   cache.length = past + n;

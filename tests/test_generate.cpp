@@ -179,7 +179,10 @@ TEST_F(Sampling, CachedReadsGiveTheLogitsOfWholeReads) {
                   {"GPT::forward_cached", "9 positions read and 1 more exceed the context of 9"});
   cache.length = 0;
   expect_contains(error_of<ShapeError>([&] { model.forward_cached(from_vector(std::vector<int64_t>{1}, {1, 1}, DType::i64), cache); }),
-                  {"GPT::forward_cached", "another model's or batch's", "batch 1"});
+                  {"GPT::forward_cached", "another model's or batch's", "keys [1, 3, 9, 8]"});
+  nn::GPT wider({.vocab_size = kVocab, .context = kContext, .d_model = 36, .n_layers = 2, .n_heads = 3}, &gen_);
+  expect_contains(error_of<ShapeError>([&] { wider.forward_cached(columns(0, 1), cache); }),
+                  {"another model's or batch's", "keys f32[2, 3, 9, 8]", "keys [2, 3, 9, 12]"});
 }
 
 TEST_F(Sampling, GenerateRefusesABadPromptOrCount) {
