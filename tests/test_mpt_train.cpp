@@ -561,6 +561,27 @@ TEST_F(MptTrain, DdpOverTwoRanksTrainsAsOneProcess) {
   EXPECT_LE(testing::rel_error(ddp, one), 1e-5);  // summed in another order: equal up to rounding
 }
 
+// A GPT trained by two ranks samples its text after each epoch on every
+// rank (so that none waits for another in its next all-reduce); rank 0
+// alone prints and records it, and the run ends as a whole.
+TEST_F(MptTrain, ADdpGptRunSamplesOnEveryRankAndRankZeroShowsIt) {
+  const std::string cmd = fmt::format(
+      "'{}' --nproc_per_node 2 --master_port {} --kill_timeout 2 '{}' --device cpu --progress lines {} --batch-size 32 "
+      "--epochs 2 --eval-batches 1 --sample-tokens 24 --metrics '{}' >'{}' 2>&1",
+      mpt_run(), testing::free_port(), mpt_train(), tiny_gpt(), file("m.jsonl"), file("out"));
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << slurp(file("out"));
+  const std::string out = slurp(file("out"));
+  int printed = 0;
+  for (size_t at = out.find("[rank 0] mpt-train: sample after step "); at != std::string::npos;
+       at = out.find("[rank 0] mpt-train: sample after step ", at + 1))
+    ++printed;
+  EXPECT_EQ(printed, 2) << out;
+  EXPECT_EQ(out.find("[rank 1] mpt-train: sample"), std::string::npos) << out;
+  const auto samples = events(file("m.jsonl"), "sample");
+  ASSERT_EQ(samples.size(), 2u);
+  for (const auto& sample : samples) EXPECT_EQ(sample["text"].get<std::string>().size(), 24u);
+}
+
 // Two ranks through mpt-run on Gloo: each rank introduces itself, and rank
 // 0's metrics carry every rank's working time per step (the imbalance check's input).
 TEST_F(MptTrain, DdpRanksIntroduceThemselvesAndShareTheirStepTimes) {
