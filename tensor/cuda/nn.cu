@@ -37,11 +37,6 @@ __global__ void gather_rows_kernel(T* __restrict__ out, const T* __restrict__ ta
 // (atomics, which this replaced, added in whatever order threads came).
 constexpr int64_t kScatterChunk = 32;
 
-__global__ void iota_kernel(int64_t* __restrict__ out, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
-    out[i] = i;
-}
-
 // Grid: one block a chunk; threads over the columns. `head` and `tail` are
 // [chunks, d] in the accumulation type A.
 template <typename T, typename A>
@@ -278,8 +273,7 @@ void launch_scatter_add_rows(const Launch& l, DType dtype, void* table, const in
     auto* pos_out = reinterpret_cast<int64_t*>(base + at.pos_out);
     auto* head = reinterpret_cast<A*>(base + at.head);
     auto* tail = reinterpret_cast<A*>(base + at.tail);
-    iota_kernel<<<grid_for(l, n), kThreads, 0, l.stream>>>(pos_in, n);
-    MPT_CUDA_CHECK_LAUNCH("iota_kernel");
+    launch_arange(l, pos_in, DType::i64, n, 0, 1);  // each index's position, sorted along with it
     MPT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(base + at.sort, sort_bytes, idx, keys, pos_in, pos_out, n, 0,
                                                    sort_bits(rows), l.stream));
     const auto chunks = static_cast<unsigned>((n + kScatterChunk - 1) / kScatterChunk);
