@@ -108,7 +108,12 @@ Tensor dropout(const Tensor& x, double p, bool training = true, Generator* gen =
 // x [N, C, H, W], weight [O, C, kh, kw], bias [O] or undefined.
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(), const Conv2dParams& p = {});
 Tensor max_pool2d(const Tensor& x, const Pool2dParams& p = {});
-// q, k, v [B, H, T, D] -> [B, H, T, D]; softmax(q k^T * scale (+ causal mask)) v.
+// q [B, H, Tq, D], k and v [B, H, Tk, D] -> [B, H, Tq, D];
+// softmax(q k^T * scale (+ causal mask)) v, scale 1 / sqrt(D) by default.
+// The causal mask places the queries at the keys' end (query i sees keys up
+// to Tk - Tq + i), as a key/value cache needs; it is PyTorch's
+// causal_lower_right, where PyTorch's is_causal aligns at the start. Equal
+// shapes take the fused kernel where the backend has one.
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal = true,
                                     std::optional<double> scale = std::nullopt);
 

@@ -310,10 +310,16 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
                                     std::optional<double> scale) {
   if (AutocastOp ac{"scaled_dot_product_attention", {&q, &k, &v}}) return scaled_dot_product_attention(ac[0], ac[1], ac[2], causal, scale);
   for (const Tensor* t : {&q, &k, &v}) check_defined("scaled_dot_product_attention", *t);
-  check<ShapeError>(q.dim() == 4 && k.shape() == q.shape() && v.shape() == q.shape(),
-                    "scaled_dot_product_attention: expects q, k, v of one shape [B, H, T, D], got {}, {}, {}",
+  const bool four_dims = q.dim() == 4 && k.dim() == 4 && v.dim() == 4;
+  check<ShapeError>(four_dims && k.shape() == v.shape() && q.size(0) == k.size(0) && q.size(1) == k.size(1) &&
+                        q.size(3) == k.size(3),
+                    "scaled_dot_product_attention: expects q [B, H, Tq, D] and k, v [B, H, Tk, D], got {}, {}, {}",
                     describe(q), describe(k), describe(v));
-  const int64_t t = q.shape()[2];
+  const int64_t tq = q.shape()[2], tk = k.shape()[2];
+  check<ShapeError>(!causal || tq <= tk,
+                    "scaled_dot_product_attention: a causal mask puts the {} queries at the end of the keys, but q {} "
+                    "has more than the {} keys of k {}",
+                    tq, describe(q), tk, describe(k));
   const double s = scale.value_or(1.0 / std::sqrt(static_cast<double>(q.shape()[3])));
   if (prim::fused_attention_available(q, k, v)) {
     // One kernel each way; the [T, T] scores never reach memory.
@@ -330,12 +336,14 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
     return out;
   }
   Tensor scores = mul(matmul(q, transpose(k, -1, -2)), s);
-  if (causal) {
-    // 0 on and below the diagonal, -inf above it (log of the keep mask).
-    // Positions in f32 (exact to 2^24): in bf16 (f16) neighbours above 256
-    // (2048) round to one value, and a query would see the key after it.
-    const Tensor rows = prim::unsqueeze(arange(0, static_cast<double>(t), 1, DType::f32, q.device()), 1);
-    const Tensor cols = prim::unsqueeze(arange(0, static_cast<double>(t), 1, DType::f32, q.device()), 0);
+  if (causal && tq > 1) {  // a single query, at the end, sees every key
+    // 0 where a key is at or before its query, -inf after it (log of the
+    // keep mask); query i sits at key position tk - tq + i. Positions in f32
+    // (exact to 2^24): in bf16 (f16) neighbours above 256 (2048) round to one
+    // value, and a query would see the key after it.
+    const Tensor rows = prim::unsqueeze(
+        arange(static_cast<double>(tk - tq), static_cast<double>(tk), 1, DType::f32, q.device()), 1);
+    const Tensor cols = prim::unsqueeze(arange(0, static_cast<double>(tk), 1, DType::f32, q.device()), 0);
     const Tensor keep = prim::to(prim::binary(BinaryOp::le, cols, rows), scores.dtype());
     scores = add(scores, prim::unary(UnaryOp::log, keep));
   }

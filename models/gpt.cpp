@@ -1,7 +1,5 @@
 #include "models/gpt.h"
 
-#include <cmath>
-
 #include "autograd/grad_mode.h"
 
 namespace mpt::nn {
@@ -48,17 +46,9 @@ Tensor GPTBlock::forward_cached(const Tensor& x, Tensor& keys, Tensor& values, i
   prim::copy_(prim::slice(keys, 2, past, past + n), qkv_parts[1]);
   prim::copy_(prim::slice(values, 2, past, past + n), qkv_parts[2]);
   const Tensor k = prim::slice(keys, 2, 0, past + n), v = prim::slice(values, 2, 0, past + n);
-  // softmax(q k^T / sqrt(d/H)) v over the positions so far; among the new
-  // ones, each query sees those up to its own.
-  Tensor scores = mul(matmul(qkv_parts[0], transpose(k, -1, -2)), 1.0 / std::sqrt(static_cast<double>(C / H)));
-  if (n > 1) {
-    const Tensor query_at = prim::unsqueeze(arange(static_cast<double>(past), static_cast<double>(past + n), 1,
-                                                   DType::f32, x.device()), 1);
-    const Tensor key_at = prim::unsqueeze(arange(0, static_cast<double>(past + n), 1, DType::f32, x.device()), 0);
-    const Tensor keep = prim::to(prim::binary(BinaryOp::le, key_at, query_at), scores.dtype());
-    scores = add(scores, prim::unary(UnaryOp::log, keep));  // -inf where a key lies ahead
-  }
-  const Tensor y = matmul(softmax(scores, -1), v);
+  // The new queries sit at the end of the keys so far, each seeing those up
+  // to its own position.
+  const Tensor y = scaled_dot_product_attention(qkv_parts[0], k, v, /*causal=*/true);
   const Tensor h = x_skip + (*proj)(reshape(transpose(y, 1, 2), {B, n, C}));
   const auto [h_skip, m] = ln2->forward_with_skip("linear", h);
   return h_skip + (*out)(gelu((*fc)(m)));

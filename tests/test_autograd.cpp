@@ -196,41 +196,52 @@ TEST_F(Gradcheck, EmptySizesFlowThroughMatmulLinearAndFlatten) {
 
 TEST_F(Gradcheck, Attention) {
   TRACE_SEED();
-  for (bool causal : {true, false})
-    expect_gradients_match([=](const V& v) { return scaled_dot_product_attention(v[0], v[1], v[2], causal); },
-                           {x({2, 2, 5, 3}), x({2, 2, 5, 3}), x({2, 2, 5, 3})});
+  for (bool causal : {true, false}) {
+    auto attention = [=](const V& v) { return scaled_dot_product_attention(v[0], v[1], v[2], causal); };
+    expect_gradients_match(attention, {x({2, 2, 5, 3}), x({2, 2, 5, 3}), x({2, 2, 5, 3})});
+    expect_gradients_match(attention, {x({2, 2, 3, 3}), x({2, 2, 5, 3}), x({2, 2, 5, 3})});  // fewer queries
+  }
+  expect_gradients_match([](const V& v) { return scaled_dot_product_attention(v[0], v[1], v[2], false); },
+                         {x({1, 2, 4, 3}), x({1, 2, 2, 3}), x({1, 2, 2, 3})});  // more queries, no mask
 }
 
 // ---- forward values of the composite ops ---------------------------------------------
 
-// Causal or not, with the default scale 1 / sqrt(d) or an explicit one.
+// Causal or not, with the default scale 1 / sqrt(d) or an explicit one, and
+// with as many queries as keys or fewer (a causal mask then puts them at the
+// keys' end: query i sees keys up to 4 - tq + i).
 TEST(AutogradForward, AttentionMatchesExplicitMath) {
   const uint64_t seed = testing::fresh_seed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   Generator gen(seed);
-  const Tensor q = randn({1, 1, 4, 2}, DType::f64, kCPU, &gen), k = randn({1, 1, 4, 2}, DType::f64, kCPU, &gen),
-               v = randn({1, 1, 4, 2}, DType::f64, kCPU, &gen);
-  const auto qv = q.to_vector<double>(), kv = k.to_vector<double>(), vv = v.to_vector<double>();
-  for (bool causal : {true, false})
-    for (std::optional<double> scale : {std::optional<double>(), std::optional<double>(0.3)}) {
-      SCOPED_TRACE(::testing::Message() << "causal " << causal << ", scale " << scale.value_or(-1));
-      const auto y = scaled_dot_product_attention(q, k, v, causal, scale).to_vector<double>();
-      const double s = scale.value_or(1.0 / std::sqrt(2.0));
-      for (int i = 0; i < 4; ++i) {
-        const int last = causal ? i : 3;
-        std::vector<double> w(4, 0.0);
-        double total = 0;
-        for (int j = 0; j <= last; ++j) {
-          w[j] = std::exp((qv[i * 2] * kv[j * 2] + qv[i * 2 + 1] * kv[j * 2 + 1]) * s);
-          total += w[j];
-        }
-        for (int d = 0; d < 2; ++d) {
-          double ref = 0;
-          for (int j = 0; j <= last; ++j) ref += w[j] / total * vv[j * 2 + d];
-          EXPECT_NEAR(y[i * 2 + d], ref, 1e-12);
+  const int tk = 4;
+  const Tensor k = randn({1, 1, tk, 2}, DType::f64, kCPU, &gen), v = randn({1, 1, tk, 2}, DType::f64, kCPU, &gen);
+  const auto kv = k.to_vector<double>(), vv = v.to_vector<double>();
+  for (int tq : {4, 3, 1}) {
+    const Tensor q = randn({1, 1, tq, 2}, DType::f64, kCPU, &gen);
+    const auto qv = q.to_vector<double>();
+    for (bool causal : {true, false})
+      for (std::optional<double> scale : {std::optional<double>(), std::optional<double>(0.3)}) {
+        SCOPED_TRACE(::testing::Message() << tq << " queries, causal " << causal << ", scale " << scale.value_or(-1));
+        const auto y = scaled_dot_product_attention(q, k, v, causal, scale).to_vector<double>();
+        ASSERT_EQ(y.size(), static_cast<size_t>(tq * 2));
+        const double s = scale.value_or(1.0 / std::sqrt(2.0));
+        for (int i = 0; i < tq; ++i) {
+          const int last = causal ? tk - tq + i : tk - 1;
+          std::vector<double> w(tk, 0.0);
+          double total = 0;
+          for (int j = 0; j <= last; ++j) {
+            w[j] = std::exp((qv[i * 2] * kv[j * 2] + qv[i * 2 + 1] * kv[j * 2 + 1]) * s);
+            total += w[j];
+          }
+          for (int d = 0; d < 2; ++d) {
+            double ref = 0;
+            for (int j = 0; j <= last; ++j) ref += w[j] / total * vv[j * 2 + d];
+            EXPECT_NEAR(y[i * 2 + d], ref, 1e-12);
+          }
         }
       }
-    }
+  }
 }
 
 // A root's gradient of another float dtype is converted, as in PyTorch.

@@ -221,6 +221,11 @@ std::vector<BadInput> table() {
           scaled_dot_product_attention(f32({1, 2, 4, 8}), f32({1, 2, 5, 8}), f32({1, 2, 4, 8}))),
       ROW(ShapeError, "attention_3d", (strings{"attention", "[2, 4, 8]"}),
           scaled_dot_product_attention(f32({2, 4, 8}), f32({2, 4, 8}), f32({2, 4, 8}))),
+      ROW(ShapeError, "attention_head_widths_differ", (strings{"attention", "[1, 2, 4, 8]", "[1, 2, 4, 4]"}),
+          scaled_dot_product_attention(f32({1, 2, 4, 8}), f32({1, 2, 4, 4}), f32({1, 2, 4, 4}))),
+      ROW(ShapeError, "attention_causal_with_more_queries_than_keys",
+          (strings{"attention", "causal", "[1, 2, 5, 8]", "[1, 2, 4, 8]"}),
+          scaled_dot_product_attention(f32({1, 2, 5, 8}), f32({1, 2, 4, 8}), f32({1, 2, 4, 8}), true)),
 
       // ---- modules and models ----
       ROW(ValueError, "linear_zero_features", (strings{"Linear", "0"}), nn::Linear(0, 3)),

@@ -98,6 +98,9 @@ std::vector<Case> cases() {
        {{4, 6, 48}, {48}, {48}}},
       {"attention", [](const V& v) { return scaled_dot_product_attention(v[0], v[1], v[2], true); },
        {{2, 3, 16, 8}, {2, 3, 16, 8}, {2, 3, 16, 8}}},
+      {"attention_queries_at_the_keys_end",  // a key/value cache's read: fewer queries than keys
+       [](const V& v) { return scaled_dot_product_attention(v[0], v[1], v[2], true); },
+       {{2, 3, 5, 64}, {2, 3, 19, 64}, {2, 3, 19, 64}}},
       {"attention_split_from_one_block",  // head size 64: the fused kernels' (16 bits)
        [](const V& v) {
          std::vector<Tensor> qkv = split(v[0], 128, 2);  // [2, 24, 384] -> q | k | v as [2, 2, 24, 64]
