@@ -6,6 +6,7 @@
 
 #include "autograd/grad_mode.h"
 #include "autograd/ops.h"
+#include "models/training_mode.h"
 #include "tensor/philox.h"
 
 namespace mpt::nn {
@@ -19,19 +20,6 @@ double uniform53(Generator& gen) {
   const uint64_t bits = (uint64_t{r.v[0]} >> 5) << 26 | (uint64_t{r.v[1]} >> 6);
   return static_cast<double>(bits) * 0x1p-53;
 }
-
-// Puts `model` in eval mode for a scope and its own mode back after.
-class EvalModeGuard {
- public:
-  explicit EvalModeGuard(Module& m) : module_(m), was_training_(m.is_training()) { m.eval(); }
-  ~EvalModeGuard() { module_.train(was_training_); }
-  EvalModeGuard(const EvalModeGuard&) = delete;
-  EvalModeGuard& operator=(const EvalModeGuard&) = delete;
-
- private:
-  Module& module_;
-  bool was_training_;
-};
 
 }  // namespace
 

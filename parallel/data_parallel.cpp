@@ -3,6 +3,7 @@
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
 #include "autograd/ops.h"
+#include "models/training_mode.h"
 #include "tensor/device_guard.h"
 #include "tensor/nvtx.h"
 #include "tensor/ops.h"
@@ -16,17 +17,6 @@ std::vector<Tensor> values_of(const OrderedDict<Tensor>& dict) {
   std::vector<Tensor> out;
   for (const auto& [name, t] : dict) out.push_back(t);
   return out;
-}
-
-// Each module of `to` in the training mode of its twin in `from` (train()
-// and eval() called on the wrapped module, or on one of its parts, after
-// the replicas were made). Parents come before their children, whose own
-// mode then wins.
-void mirror_training_modes(nn::Module& from, nn::Module& to) {
-  const auto source = from.named_modules(), target = to.named_modules();
-  for (size_t m = 0; m < source.size() && m < target.size(); ++m)
-    if (target[m].second->is_training() != source[m].second->is_training())
-      target[m].second->train(source[m].second->is_training());
 }
 
 }  // namespace
@@ -82,7 +72,7 @@ double DataParallel::forward_backward(const Tensor& input, const Tensor& target,
   if (timer) timer->lap(StepPhase::comm);
   for (size_t i = 1; i < n; ++i) {
     for (auto& p : params_[i]) p.set_grad(Tensor());  // replicas hold only this step's gradients
-    mirror_training_modes(*replicas_[0], *replicas_[i]);
+    nn::copy_training_modes(*replicas_[0], *replicas_[i]);
   }
 
   // One scale() call for the batch (the scaler counts it once and places

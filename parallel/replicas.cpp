@@ -1,5 +1,6 @@
 #include "parallel/replicas.h"
 
+#include "models/training_mode.h"
 #include "tensor/device_guard.h"
 
 namespace mpt::dist {
@@ -26,7 +27,7 @@ std::shared_ptr<nn::Module> make_replica(const ModuleFactory& make, const nn::Mo
   check<ValueError>(replica != nullptr, "{}: the replica factory returned null for {}", who, device.str());
   replica->to(device);
   replica->load_state_dict(source.state_dict());  // checks that the architectures agree
-  replica->train(source.is_training());
+  nn::copy_training_modes(source, *replica);
   return replica;
 }
 

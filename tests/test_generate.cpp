@@ -126,6 +126,11 @@ TEST_F(Sampling, AGptContinuesTheCycleItLearnedPastItsContext) {
   }
   EXPECT_TRUE(model->is_training()) << "generate left the model in eval mode";
   EXPECT_TRUE(grad_enabled());
+  // A block in eval mode inside a training model stays so.
+  (*model->blocks)[0]->eval();
+  nn::generate(*model, prompt, 2, SamplingOptions{0, 0}, gen_);
+  EXPECT_FALSE((*model->blocks)[0]->is_training()) << "generate put the block back in training mode";
+  EXPECT_TRUE(model->is_training() && model->tok->is_training());
 }
 
 // The draws come from the generator alone: the same seed gives the same

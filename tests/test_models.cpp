@@ -17,6 +17,7 @@
 #include "models/layers.h"
 #include "models/sequential.h"
 #include "models/sgd.h"
+#include "models/training_mode.h"
 #include "tests/layer_norm_ref.h"
 #include "tests/test_util.h"
 
@@ -288,6 +289,52 @@ TEST_F(ModelsTest, TrainEvalRecursesAndDropoutFollowsIt) {
     }
   EXPECT_NEAR(kept_out / kept_in, 1 / 0.9, 3e-4 / 0.9);
   EXPECT_NEAR(static_cast<double>(std::count(out16.begin(), out16.end(), 0.0)), 0.1 * n, 5 * std::sqrt(n * 0.09));
+}
+
+// Modules in different modes (a dropout switched off inside a training
+// model; a training part inside an evaluated one): an EvalModeGuard puts all
+// in eval mode and gives each its own mode back, and copy_training_modes
+// gives a twin tree the same modes. Module::train alone would make them one.
+TEST_F(ModelsTest, TrainingModesComeBackModuleByModule) {
+  SCOPED_TRACE(trace());
+  auto make = [this] {
+    auto root = std::make_shared<nn::Sequential>(), inner = std::make_shared<nn::Sequential>();
+    inner->push_back(std::make_shared<nn::Dropout>(0.5, &gen_));
+    root->push_back(std::make_shared<nn::Linear>(4, 4, true, &gen_));
+    root->push_back(std::make_shared<nn::Dropout>(0.5, &gen_));
+    root->push_back(inner);
+    return root;
+  };
+  auto modes = [](nn::Module& m) {
+    std::vector<bool> out;
+    for (const auto& [name, module] : m.named_modules()) out.push_back(module->is_training());
+    return out;
+  };
+  auto model = make();
+  (*model)[1]->eval();  // root, linear, inner training; the outer dropout not
+  const std::vector<bool> mixed = modes(*model);
+  ASSERT_EQ(mixed, (std::vector<bool>{true, true, false, true, true}));
+  {
+    nn::EvalModeGuard eval_mode(*model);
+    EXPECT_EQ(modes(*model), std::vector<bool>(5, false));
+  }
+  EXPECT_EQ(modes(*model), mixed);
+
+  model->eval();
+  (*model)[2]->train();  // an evaluated root around a training part
+  const std::vector<bool> inverted = modes(*model);
+  {
+    nn::EvalModeGuard eval_mode(*model);
+    EXPECT_EQ(modes(*model), std::vector<bool>(5, false));
+  }
+  EXPECT_EQ(modes(*model), inverted);
+
+  auto twin = make();
+  nn::copy_training_modes(*model, *twin);
+  EXPECT_EQ(modes(*twin), inverted);
+  (*model)[1]->train();
+  nn::copy_training_modes(*model, *twin);
+  EXPECT_EQ(modes(*twin), modes(*model));
 }
 
 TEST_F(ModelsTest, ToMovesParametersInPlace) {

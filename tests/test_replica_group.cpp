@@ -10,6 +10,7 @@
 #include "autograd/engine.h"
 #include "autograd/ops.h"
 #include "models/adamw.h"
+#include "models/layers.h"
 #include "models/sgd.h"
 #include "parallel/replica_group.h"
 #include "parallel/sharded_reference.h"
@@ -167,5 +168,23 @@ TEST(ReplicaGroup, AModuleOnTheWrongDeviceIsAClearError) {
   } catch (const DeviceError& e) {
     EXPECT_NE(std::string(e.what()).find("ReplicaGroup: parameter"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("must live on devices[0] = cpu:1"), std::string::npos) << e.what();
+  }
+}
+
+// A replica starts in its module's modes, module by module: a dropout
+// switched off in the module is off in every replica.
+TEST(ReplicaGroup, ReplicasStartInTheModulesTrainingModes) {
+  auto make = [] {
+    auto m = mpt::testing::make_mlp(3);
+    m->push_back(std::make_shared<nn::Dropout>(0.5));
+    return m;
+  };
+  auto model = make();
+  (*model)[model->size() - 1]->eval();
+  ReplicaGroup group(model, make, {Device("cpu:0"), Device("cpu:1")}, test_options());
+  for (size_t r = 0; r < group.size(); ++r) {
+    auto& replica = dynamic_cast<nn::Sequential&>(*group.replica(r).module);
+    EXPECT_TRUE(replica.is_training()) << "replica " << r;
+    EXPECT_FALSE(replica[replica.size() - 1]->is_training()) << "replica " << r << "'s dropout";
   }
 }

@@ -22,6 +22,7 @@
 #include "models/dataset.h"
 #include "models/lr_schedule.h"
 #include "models/sgd.h"
+#include "models/training_mode.h"
 #include "parallel/data_parallel.h"
 #include "parallel/device_routed_group.h"
 #include "parallel/distributed_data_parallel.h"
@@ -217,7 +218,7 @@ struct Evaluation {
 
 Evaluation evaluate(const Workload& w, const Device& device, int64_t batch_size, int64_t max_batches) {
   NoGradGuard no_grad;
-  w.model->eval();
+  nn::EvalModeGuard eval_mode(*w.model);
   // Text windows overlap; evaluating every context-th one covers the
   // held-out text once.
   std::vector<int64_t> samples;
@@ -236,7 +237,6 @@ Evaluation evaluate(const Workload& w, const Device& device, int64_t batch_size,
     totals.count(w.predictions(b));
     totals.add(w.loss(out, target), out, target, 1.0);
   }
-  w.model->train();
   return {totals.mean_loss(), totals.accuracy()};
 }
 
