@@ -3,45 +3,107 @@
 #include <zlib.h>
 
 #include <algorithm>
-#include <memory>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <vector>
 
 #include "tensor/error.h"
 
 namespace mpt::data {
 namespace {
 
-// gzopen reads plain files transparently too, so one path serves both.
-struct GzFile {
-  explicit GzFile(const std::string& path) : path(path), handle(gzopen(path.c_str(), "rb")) {
-    check<IOError>(handle != nullptr, "read_idx: cannot open '{}'", path);
+// A file read front to back; a gzip file (one member, or several back to
+// back as `cat a.gz b.gz` makes) is inflated on the way, a plain one passed
+// through. zlib's gzread would stop silently at bytes after the last member;
+// here they are refused, as a damaged file.
+class FileReader {
+ public:
+  explicit FileReader(const std::string& path) : path_(path), file_(std::fopen(path.c_str(), "rb")) {
+    check<IOError>(file_ != nullptr, "read_idx: cannot open '{}': {}", path, std::strerror(errno));
+    if (inflateInit2(&zs_, 16 + MAX_WBITS) != Z_OK) {  // 16: gzip wrapping only
+      std::fclose(file_);
+      throw IOError(fmt::format("read_idx: cannot start inflating '{}': out of memory", path));
+    }
+    try {
+      gzip_ = refill() && zs_.avail_in >= 2 && zs_.next_in[0] == 0x1f && zs_.next_in[1] == 0x8b;
+    } catch (...) {
+      inflateEnd(&zs_);
+      std::fclose(file_);
+      throw;
+    }
   }
-  ~GzFile() {
-    if (handle) gzclose(handle);
+  ~FileReader() {
+    inflateEnd(&zs_);
+    std::fclose(file_);
   }
+  FileReader(const FileReader&) = delete;
+  FileReader& operator=(const FileReader&) = delete;
+
   // Reads up to n bytes; returns how many arrived (fewer only at the end).
   size_t read(void* dst, size_t n) {
+    auto* out = static_cast<unsigned char*>(dst);
     size_t got = 0;
-    while (got < n) {
-      const unsigned chunk = static_cast<unsigned>(std::min<size_t>(n - got, 1u << 30));
-      const int r = gzread(handle, static_cast<char*>(dst) + got, chunk);
-      if (r < 0) {
-        int code = 0;
-        const char* msg = gzerror(handle, &code);
-        throw IOError(fmt::format("read_idx: '{}' is not a readable (gzip) file: {}", path, msg ? msg : "?"));
+    while (got < n && (zs_.avail_in > 0 || refill())) {
+      if (!gzip_) {
+        const size_t take = std::min<size_t>(n - got, zs_.avail_in);
+        std::memcpy(out + got, zs_.next_in, take);
+        zs_.next_in += take;
+        zs_.avail_in -= static_cast<unsigned>(take);
+        got += take;
+        continue;
       }
-      if (r == 0) break;
-      got += static_cast<size_t>(r);
+      if (!in_member_) {  // bytes follow a member's end: they must start another
+        inflateReset(&zs_);
+        in_member_ = true;
+      }
+      zs_.next_out = out + got;
+      zs_.avail_out = static_cast<unsigned>(std::min<size_t>(n - got, 1u << 30));
+      const int r = inflate(&zs_, Z_NO_FLUSH);
+      got = static_cast<size_t>(zs_.next_out - out);
+      if (r == Z_STREAM_END) {
+        in_member_ = false;
+        ++members_;
+      } else if (r != Z_OK) {
+        const char* why = zs_.msg ? zs_.msg : "corrupt data";
+        if (members_ > 0)
+          throw IOError(fmt::format("read_idx: '{}' has bytes after the end of its gzip stream that are not gzip ({})",
+                                    path_, why));
+        throw IOError(fmt::format("read_idx: '{}' is not a readable gzip file: {}", path_, why));
+      }
+    }
+    if (gzip_ && in_member_ && got < n) {  // the file ended inside a member
+      check<IOError>(members_ > 0, "read_idx: '{}' ends inside its gzip stream (truncated)", path_);
+      throw IOError(fmt::format("read_idx: '{}' has {} bytes after the end of its gzip stream that are not a whole "
+                                "gzip member",
+                                path_, zs_.total_in));
     }
     return got;
   }
-  std::string path;
-  gzFile handle;
+
+ private:
+  // More raw bytes into the buffer; false at the file's end.
+  bool refill() {
+    const size_t r = std::fread(buffer_.data(), 1, buffer_.size(), file_);
+    check<IOError>(!std::ferror(file_), "read_idx: cannot read '{}': {}", path_, std::strerror(errno));
+    zs_.next_in = buffer_.data();
+    zs_.avail_in = static_cast<unsigned>(r);
+    return r > 0;
+  }
+
+  std::string path_;
+  std::FILE* file_;
+  z_stream zs_{};
+  std::vector<unsigned char> buffer_ = std::vector<unsigned char>(size_t{1} << 18);
+  bool gzip_ = false;
+  bool in_member_ = false;  // inside a gzip member (a header read or to come, its end not yet)
+  int members_ = 0;         // gzip members inflated to their end
 };
 
 }  // namespace
 
 IdxArray read_idx(const std::string& path) {
-  GzFile file(path);
+  FileReader file(path);
   uint8_t magic[4];
   const size_t got = file.read(magic, 4);
   check<IOError>(got == 4, "read_idx: '{}' is too short for an IDX header ({} bytes, need 4)", path, got);

@@ -124,7 +124,43 @@ TEST(IdxFile, MalformedFilesNameTheFileAndTheFault) {
   std::ifstream in(dir.file("whole.gz"), std::ios::binary);
   Bytes gz((std::istreambuf_iterator<char>(in)), {});
   p = with("cut.gz", Bytes(gz.begin(), gz.begin() + gz.size() / 2), false);
-  expect_contains(idx_error(p), {p});
+  expect_contains(idx_error(p), {p, "ends inside its gzip stream"});
+  // Its eight-byte trailer (CRC-32 and length) missing: every data byte
+  // arrived, but nothing vouches for them.
+  p = with("no_trailer.gz", Bytes(gz.begin(), gz.end() - 8), false);
+  expect_contains(idx_error(p), {p, "ends inside its gzip stream"});
+  // A CRC-32 that does not match the data.
+  Bytes flipped = gz;
+  flipped[flipped.size() - 8] ^= 0x40;
+  p = with("flipped.gz", flipped, false);
+  expect_contains(idx_error(p), {p, "not a readable gzip file", "incorrect data check"});
+  // Bytes after the stream that start no other member (gzread ignored them).
+  for (const Bytes& junk : {Bytes{0}, Bytes{'j', 'u', 'n', 'k'}, Bytes{0x1f, 0x8b}}) {
+    Bytes followed = gz;
+    followed.insert(followed.end(), junk.begin(), junk.end());
+    p = with("junk.gz", followed, false);
+    expect_contains(idx_error(p), {p, "after the end of its gzip stream"});
+  }
+}
+
+// Gzip members back to back (`cat a.gz b.gz`) are one stream, as gzip reads them.
+TEST(IdxFile, ReadsGzipMembersBackToBack) {
+  mpt::testing::TempDir dir{"mpt-data-test"};
+  const Bytes bytes = idx_bytes({40, 30});
+  const size_t half = bytes.size() / 2;
+  write_gz(dir.file("first.gz"), Bytes(bytes.begin(), bytes.begin() + half));
+  write_gz(dir.file("second.gz"), Bytes(bytes.begin() + half, bytes.end()));
+  auto contents = [](const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return Bytes((std::istreambuf_iterator<char>(in)), {});
+  };
+  Bytes both = contents(dir.file("first.gz"));
+  const Bytes second = contents(dir.file("second.gz"));
+  both.insert(both.end(), second.begin(), second.end());
+  write_plain(dir.file("both.gz"), both);
+  const IdxArray a = read_idx(dir.file("both.gz"));
+  EXPECT_EQ(a.shape, (std::vector<int64_t>{40, 30}));
+  EXPECT_EQ(a.values, Bytes(bytes.begin() + 12, bytes.end()));
 }
 
 // ---- Fashion-MNIST ---------------------------------------------------------------------------
