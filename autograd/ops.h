@@ -101,6 +101,14 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
 // x itself (its values and storage, recorded as this op's output).
 std::pair<Tensor, Tensor> layer_norm_with_skip(const Tensor& x, const Tensor& weight, const Tensor& bias,
                                                double eps = 1e-5, std::optional<DType> out_dtype = std::nullopt);
+// torch.nn.functional.batch_norm: x [N, C, ...] normalised per channel,
+// then scaled by weight and shifted by bias ([C] each, or undefined). In
+// training, by the batch's mean and (biased) variance, which also update
+// running_mean and running_var in place when given: r = (1 - momentum) r +
+// momentum * statistic, the variance unbiased. Otherwise by the running
+// statistics. Computed in f32 (f64 for f64); the output has x's dtype.
+Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
+                  const Tensor& bias, bool training, double momentum = 0.1, double eps = 1e-5);
 // weight [V, D], indices i64 of any shape -> [..., D].
 Tensor embedding(const Tensor& weight, const Tensor& indices);
 // Zeroes each element with probability p and scales the rest by 1/(1-p).

@@ -11,6 +11,7 @@
 #include "amp/grad_scaler.h"
 #include "autograd/ops.h"
 #include "models/adamw.h"
+#include "models/batch_norm.h"
 #include "models/char_dataset.h"
 #include "models/clip_grad.h"
 #include "models/data_loader.h"
@@ -231,6 +232,22 @@ std::vector<BadInput> table() {
       ROW(ValueError, "linear_zero_features", (strings{"Linear", "0"}), nn::Linear(0, 3)),
       ROW(ValueError, "embedding_negative_size", (strings{"Embedding", "-4"}), nn::Embedding(-4, 2)),
       ROW(ValueError, "layer_norm_zero_width", (strings{"LayerNorm", "0"}), nn::LayerNorm(0)),
+      ROW(ValueError, "batch_norm_zero_features", (strings{"BatchNorm2d", "num_features", "0"}), nn::BatchNorm2d(0)),
+      ROW(ValueError, "batch_norm_momentum_above_one", (strings{"BatchNorm1d", "momentum", "1.5"}),
+          nn::BatchNorm1d(3, {.momentum = 1.5})),
+      ROW(ShapeError, "batch_norm2d_wrong_channels", (strings{"BatchNorm2d(3)", "f32[2, 4, 5, 5]", "[N, 3, H, W]"}),
+          nn::BatchNorm2d(3).forward(f32({2, 4, 5, 5}))),
+      ROW(ShapeError, "batch_norm1d_wrong_rank", (strings{"BatchNorm1d(3)", "f32[2, 3, 4, 4]", "[N, 3, L]"}),
+          nn::BatchNorm1d(3).forward(f32({2, 3, 4, 4}))),
+      ROW(ShapeError, "batch_norm_one_value_per_channel_in_training",
+          (strings{"batch_norm", "more than one value per channel", "f32[1, 3]"}),
+          nn::BatchNorm1d(3).forward(f32({1, 3}))),
+      ROW(ShapeError, "batch_norm_weight_of_another_size", (strings{"batch_norm", "weight", "f32[4]", "f32[2, 3]"}),
+          batch_norm(f32({2, 3}), Tensor(), Tensor(), f32({4}), Tensor(), true)),
+      ROW(ValueError, "batch_norm_eval_without_running_statistics", (strings{"batch_norm", "running statistics"}),
+          batch_norm(f32({2, 3}), Tensor(), Tensor(), Tensor(), Tensor(), false)),
+      ROW(DTypeError, "batch_norm_integer_input", (strings{"batch_norm", "i64[2, 3]"}),
+          batch_norm(prim::to(f32({2, 3}), DType::i64), Tensor(), Tensor(), Tensor(), Tensor(), true)),
       ROW(ValueError, "conv2d_zero_kernel", (strings{"Conv2d", "kernel", "0"}), nn::Conv2d(1, 2, 0)),
       ROW(ShapeError, "mlp_wrong_input_width", (strings{"Linear(10, 8)", "f32[4, 100]"}),
           nn::make_mlp({.in_features = 10, .hidden = {8}, .num_classes = 3})->forward(f32({4, 100}))),

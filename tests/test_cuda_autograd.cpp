@@ -96,6 +96,18 @@ std::vector<Case> cases() {
          return skip * normed;
        },
        {{4, 6, 48}, {48}, {48}}},
+      {"batch_norm_batch_statistics",
+       [](const V& v) {
+         const Tensor running_mean = zeros({3}, DType::f32, v[0].device()), running_var = ones({3}, DType::f32, v[0].device());
+         return batch_norm(v[0], running_mean, running_var, v[1], v[2], true);
+       },
+       {{4, 3, 5, 6}, {3}, {3}}},
+      {"batch_norm_running_statistics",
+       [](const V& v) {
+         const Tensor running_mean = full({3}, 0.25, DType::f32, v[0].device());
+         return batch_norm(v[0], running_mean, full({3}, 2.0, DType::f32, v[0].device()), v[1], v[2], false);
+       },
+       {{7, 3}, {3}, {3}}},
       {"attention", [](const V& v) { return scaled_dot_product_attention(v[0], v[1], v[2], true); },
        {{2, 3, 16, 8}, {2, 3, 16, 8}, {2, 3, 16, 8}}},
       {"attention_queries_at_the_keys_end",  // a key/value cache's read: fewer queries than keys

@@ -13,6 +13,7 @@
 #include "amp/autocast.h"
 #include "autograd/grad_mode.h"
 #include "models/adamw.h"
+#include "models/batch_norm.h"
 #include "models/checkpoint.h"
 #include "models/cnn.h"
 #include "models/generate.h"
@@ -224,6 +225,35 @@ TEST(CudaModels, CheckpointOfGpuTensorsRestoresOntoTheGpu) {
     EXPECT_EQ(host_f64(ob[i].second), host_f64(oa[i].second)) << oa[i].first;
   }
   EXPECT_EQ(opt_b.state(0).step, 1);
+}
+
+// A BatchNorm2d moved to the GPU (its i64 batch count too) keeps the
+// running statistics the CPU keeps over three training batches, counts
+// them, normalises by them in eval mode, and gives a 16-bit output for a
+// 16-bit input under autocast.
+TEST(CudaModels, BatchNormKeepsTheCpusRunningStatistics) {
+  MPT_SKIP_WITHOUT_CUDA();
+  const uint64_t seed = testing::fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  Generator gen(seed);
+  const Device gpu("cuda:0");
+  nn::BatchNorm2d cpu_bn(5), gpu_bn(5);
+  gpu_bn.to(gpu);
+  ASSERT_EQ(gpu_bn.num_batches_tracked.device(), gpu);
+  for (int step = 0; step < 3; ++step) {
+    const Tensor x = randn({6, 5, 7, 7}, DType::f32, kCPU, &gen);
+    const Tensor yc = cpu_bn.forward(x), yg = gpu_bn.forward(prim::to(x, gpu));
+    EXPECT_LE(rel_error(host_f64(yg), host_f64(yc)), 1e-5) << "step " << step;
+  }
+  EXPECT_EQ(gpu_bn.num_batches_tracked.item(), 3);
+  EXPECT_LE(rel_error(host_f64(gpu_bn.running_mean), host_f64(cpu_bn.running_mean)), 1e-5);
+  EXPECT_LE(rel_error(host_f64(gpu_bn.running_var), host_f64(cpu_bn.running_var)), 1e-5);
+  cpu_bn.eval();
+  gpu_bn.eval();
+  const Tensor x = randn({2, 5, 4, 4}, DType::f32, kCPU, &gen);
+  EXPECT_LE(rel_error(host_f64(gpu_bn.forward(prim::to(x, gpu))), host_f64(cpu_bn.forward(x))), 1e-5);
+  amp::AutocastGuard autocast(DeviceType::cuda);
+  EXPECT_EQ(gpu_bn.forward(prim::to(prim::to(x, DType::f16), gpu)).dtype(), DType::f16);
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include "autograd/grad_mode.h"
 #include "autograd/ops.h"
 #include "models/adamw.h"
+#include "models/batch_norm.h"
 #include "parallel/counting_group.h"
 #include "parallel/distributed_data_parallel.h"
 #include "parallel/thread_ranks.h"
@@ -17,6 +18,7 @@
 
 using namespace mpt;
 using namespace mpt::dist;
+using mpt::testing::host_f64;
 using mpt::testing::with_ranks;
 
 namespace {
@@ -98,6 +100,38 @@ TEST(Ddp, BuffersFollowRankZeroBeforeEachSynchronisedForward) {
     // Rank 0's running mean went 0.5 -> 0.75 -> 0.875 -> 0.9375 over the
     // second, the no_sync and the no-grad forward.
     EXPECT_EQ(seen(), 0.9375) << "rank 0's after its unsynchronised forwards";
+  });
+}
+
+// A batch norm's running statistics and its i64 batch count follow rank 0
+// at each synchronised forward, then take the rank's own batch, as in
+// PyTorch: rank 1 ends with rank 0's statistics moved once towards its own.
+TEST(Ddp, BatchNormStatisticsStartEachSynchronisedForwardFromRankZeros) {
+  const uint64_t seed = mpt::testing::fresh_seed();
+  SCOPED_TRACE(seed);
+  with_ranks(2, [&](ProcessGroup& g) {
+    auto bn = std::make_shared<nn::BatchNorm1d>(3);
+    DistributedDataParallel ddp(bn, borrowed(g));
+    // Each rank's batches; both ranks draw both, so each knows the other's.
+    Generator gen(seed);
+    std::vector<std::vector<Tensor>> batches(2);
+    for (auto& rank_batches : batches)
+      for (int i = 0; i < 3; ++i) rank_batches.push_back(randn({8, 3}, DType::f32, kCPU, &gen));
+    const auto& own = batches[g.rank()];
+    auto batch_mean = [](const Tensor& x) { return host_f64(prim::mean(x, {0})); };
+
+    {
+      auto guard = ddp.no_sync();  // each rank on its own: rank 1 counts one more batch
+      for (int i = 0; i < 1 + g.rank(); ++i) backward(sum(ddp(own[i])));
+    }
+    EXPECT_EQ(bn->num_batches_tracked.item(), 1 + g.rank());
+    backward(sum(ddp(own[2])));
+    // Rank 0's state after its one batch, moved by this rank's third.
+    const std::vector<double> zero_after_one = batch_mean(batches[0][0]), third = batch_mean(own[2]);
+    const std::vector<double> running = host_f64(bn->running_mean);
+    for (int c = 0; c < 3; ++c)
+      EXPECT_NEAR(running[c], 0.9 * (0.1 * zero_after_one[c]) + 0.1 * third[c], 1e-6) << "channel " << c;
+    EXPECT_EQ(bn->num_batches_tracked.item(), 2) << "rank 0's count, plus one";
   });
 }
 
