@@ -84,14 +84,16 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
   if (bias.defined()) y = prim::add(y, per_channel(bias, ct, channel_shape));
   Tensor out = prim::to(y, x.dtype());
   if (needs_grad({x, weight, bias}))
+    // Only x's dtype: the rule reads xhat and rstd, so x itself need not stay alive.
     record("batch_norm", out, {x, weight, bias}, Saved{weight},
-           [x, weight, bias, xhat, rstd, dims, channel_shape, training](const Grads& g) {
+           [x_dtype = x.dtype(), weight, bias, xhat, rstd, dims, channel_shape, training](const Grads& g) {
              const Tensor gy = prim::to(g[0], xhat.dtype());
              Tensor gw, gb;
              if (weight.defined() && weight.requires_grad())
                gw = prim::to(prim::sum(prim::mul(gy, xhat), dims), weight.dtype());
              if (bias.defined() && bias.requires_grad()) gb = prim::to(prim::sum(gy, dims), bias.dtype());
-             const Tensor gxhat = weight.defined() ? prim::mul(gy, per_channel(weight, xhat.dtype(), channel_shape)) : gy;
+             const Tensor gxhat =
+                 weight.defined() ? prim::mul(gy, per_channel(weight, xhat.dtype(), channel_shape)) : gy;
              // With batch statistics the mean and variance depend on x too:
              // dx = rstd * (gxhat - mean(gxhat) - xhat * mean(gxhat * xhat)).
              // With running ones they are constants: dx = rstd * gxhat.
@@ -99,7 +101,7 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
              if (training)
                inner = prim::sub(prim::sub(gxhat, prim::mean(gxhat, dims, true)),
                                  prim::mul(xhat, prim::mean(prim::mul(gxhat, xhat), dims, true)));
-             return Grads{prim::to(prim::mul(inner, rstd), x.dtype()), gw, gb};
+             return Grads{prim::to(prim::mul(inner, rstd), x_dtype), gw, gb};
            });
   return out;
 }

@@ -29,8 +29,8 @@ class BatchNorm : public Module {
 
   int64_t num_features;
   BatchNormOptions options;
-  Tensor weight, bias;                                        // undefined without affine
-  Tensor running_mean, running_var, num_batches_tracked;      // undefined without track_running_stats
+  Tensor weight, bias;                                    // undefined without affine
+  Tensor running_mean, running_var, num_batches_tracked;  // undefined without track_running_stats
 
  protected:
   // `ranks`: the input ranks the layer takes, `layout` names them for messages.

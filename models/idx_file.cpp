@@ -44,19 +44,23 @@ class FileReader {
   size_t read(void* dst, size_t n) {
     auto* out = static_cast<unsigned char*>(dst);
     size_t got = 0;
-    while (got < n && (zs_.avail_in > 0 || refill())) {
-      if (!gzip_) {
-        const size_t take = std::min<size_t>(n - got, zs_.avail_in);
-        std::memcpy(out + got, zs_.next_in, take);
-        zs_.next_in += take;
-        zs_.avail_in -= static_cast<unsigned>(take);
-        got += take;
-        continue;
-      }
-      if (!in_member_) {  // bytes follow a member's end: they must start another
-        inflateReset(&zs_);
+    while (got < n) {
+      if (!gzip_ || !in_member_) {
+        if (zs_.avail_in == 0 && !refill()) break;  // the end, in a plain file or between gzip members
+        if (!gzip_) {
+          const size_t take = std::min<size_t>(n - got, zs_.avail_in);
+          std::memcpy(out + got, zs_.next_in, take);
+          zs_.next_in += take;
+          zs_.avail_in -= static_cast<unsigned>(take);
+          got += take;
+          continue;
+        }
+        inflateReset(&zs_);  // bytes follow a member's end: they must start another
         in_member_ = true;
       }
+      // Inflate runs even with no input left: it may hold output, or a
+      // trailer it has read but not yet checked.
+      if (zs_.avail_in == 0) refill();
       zs_.next_out = out + got;
       zs_.avail_out = static_cast<unsigned>(std::min<size_t>(n - got, 1u << 30));
       const int r = inflate(&zs_, Z_NO_FLUSH);
@@ -64,6 +68,11 @@ class FileReader {
       if (r == Z_STREAM_END) {
         in_member_ = false;
         ++members_;
+      } else if (r == Z_BUF_ERROR) {  // no progress: it needs input, and the file has ended
+        check<IOError>(members_ > 0, "read_idx: '{}' ends inside its gzip stream (truncated)", path_);
+        throw IOError(fmt::format(
+            "read_idx: '{}' has {} bytes after the end of its gzip stream that are not a whole gzip member", path_,
+            zs_.total_in));
       } else if (r != Z_OK) {
         const char* why = zs_.msg ? zs_.msg : "corrupt data";
         if (members_ > 0)
@@ -71,12 +80,6 @@ class FileReader {
                                     path_, why));
         throw IOError(fmt::format("read_idx: '{}' is not a readable gzip file: {}", path_, why));
       }
-    }
-    if (gzip_ && in_member_ && got < n) {  // the file ended inside a member
-      check<IOError>(members_ > 0, "read_idx: '{}' ends inside its gzip stream (truncated)", path_);
-      throw IOError(fmt::format("read_idx: '{}' has {} bytes after the end of its gzip stream that are not a whole "
-                                "gzip member",
-                                path_, zs_.total_in));
     }
     return got;
   }
