@@ -4,7 +4,9 @@
 #include "amp/autocast.h"
 #include "amp/grad_scaler.h"
 #include "autograd/engine.h"
+#include "autograd/grad_mode.h"
 #include "autograd/ops.h"
+#include "models/batch_norm.h"
 #include "models/layers.h"
 #include "models/sgd.h"
 #include "parallel/data_parallel.h"
@@ -125,6 +127,47 @@ TEST(DataParallel, TheReplicasFollowTheModulesTrainingMode) {
   const double got = dp.forward_backward(data.x(0), data.y(0), loss);
   const double want = mse_loss(model->forward(data.x(0)), data.y(0)).item();
   EXPECT_NEAR(got, want, 1e-6 * std::abs(want));
+}
+
+// A batch norm's running statistics: the module (replica 0) keeps those of
+// its own share of each batch, as in PyTorch's DataParallel, and the other
+// replicas start each call from them, so an evaluation over the devices
+// normalises as the module does on the whole batch.
+TEST(DataParallel, BatchNormStatisticsAreTheModulesOnEveryReplica) {
+  const uint64_t seed = mpt::testing::fresh_seed();
+  SCOPED_TRACE(seed);
+  auto make = [seed] {
+    auto m = mpt::testing::make_mlp(seed);
+    m->push_back(std::make_shared<nn::BatchNorm1d>(3));
+    return m;
+  };
+  auto model = make();
+  auto& bn = dynamic_cast<nn::BatchNorm1d&>(*(*model)[model->size() - 1]);
+  DataParallel dp(model, make, {Device("cpu:0"), Device("cpu:1")});
+  const mpt::testing::MlpBatches data(2, 8, seed);
+  auto loss = [](const Tensor& out, const Tensor& y) { return mse_loss(out, y); };
+  // What the module's norm saw: the features of rows 0-3 of each batch.
+  std::vector<double> expected(3, 0.0);
+  for (int step = 0; step < 2; ++step) {
+    std::vector<double> features;
+    {
+      NoGradGuard no_grad;
+      nn::Sequential& body = *model;
+      Tensor h = prim::slice(data.x(step), 0, 0, 4);
+      for (size_t i = 0; i + 1 < body.size(); ++i) h = body[i]->forward(h);
+      features = mpt::testing::host_f64(prim::mean(h, {0}));
+    }
+    dp.forward_backward(data.x(step), data.y(step), loss);
+    for (int c = 0; c < 3; ++c) expected[c] = 0.9 * expected[c] + 0.1 * features[c];
+  }
+  const std::vector<double> running = mpt::testing::host_f64(bn.running_mean);
+  for (int c = 0; c < 3; ++c) EXPECT_NEAR(running[c], expected[c], 1e-6) << "channel " << c;
+  EXPECT_EQ(bn.num_batches_tracked.item(), 2);
+
+  model->eval();
+  const double got = dp.forward_backward(data.x(0), data.y(0), loss);
+  const double want = mse_loss(model->forward(data.x(0)), data.y(0)).item();
+  EXPECT_NEAR(got, want, 1e-6 * std::abs(want)) << "a replica normalised by statistics other than the module's";
 }
 
 // A scaler that counts samples counts the whole batch's rows once.
