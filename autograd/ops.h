@@ -120,9 +120,13 @@ Tensor max_pool2d(const Tensor& x, const Pool2dParams& p = {});
 // softmax(q k^T * scale (+ causal mask)) v, scale 1 / sqrt(D) by default.
 // The causal mask places the queries at the keys' end (query i sees keys up
 // to Tk - Tq + i), as a key/value cache needs; it is PyTorch's
-// causal_lower_right, where PyTorch's is_causal aligns at the start. Equal
-// shapes take the fused kernel where the backend has one.
+// causal_lower_right, where PyTorch's is_causal aligns at the start.
+// attn_mask, broadcast to [B, H, Tq, Tk]: u8 (nonzero: the key takes part,
+// as PyTorch's bool masks) or floating (added to the scores, in their dtype;
+// it gets a gradient if it requires one); with causal, both apply. A query
+// left with no key gives NaN. Equal shapes without a mask take the fused
+// kernel where the backend has one.
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal = true,
-                                    std::optional<double> scale = std::nullopt);
+                                    std::optional<double> scale = std::nullopt, const Tensor& attn_mask = Tensor());
 
 }  // namespace mpt

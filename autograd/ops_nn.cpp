@@ -306,9 +306,31 @@ Tensor max_pool2d(const Tensor& x, const Pool2dParams& p) {
   return out;
 }
 
+namespace {
+
+// attn_mask broadcasts to the scores [B, H, Tq, Tk], lives with q, and is
+// either u8 (nonzero: the key takes part) or floating (added to the scores).
+void check_attention_mask(const Tensor& mask, const Tensor& q, const Tensor& k) {
+  check_same_device("scaled_dot_product_attention", q, mask);
+  check<DTypeError>(mask.dtype() == DType::u8 || is_floating(mask.dtype()),
+                    "scaled_dot_product_attention: attn_mask {} must be u8 (nonzero keeps a key) or floating (added "
+                    "to the scores)",
+                    describe(mask));
+  const Shape scores{q.size(0), q.size(1), q.size(2), k.size(2)};
+  bool broadcasts = mask.dim() <= 4;
+  for (int64_t i = 1; broadcasts && i <= mask.dim(); ++i)
+    broadcasts = mask.size(-i) == 1 || mask.size(-i) == scores[static_cast<size_t>(4 - i)];
+  check<ShapeError>(broadcasts,
+                    "scaled_dot_product_attention: attn_mask {} does not broadcast to the scores {} of q {} and k {}",
+                    describe(mask), shape_str(scores), describe(q), describe(k));
+}
+
+}  // namespace
+
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
-                                    std::optional<double> scale) {
-  if (AutocastOp ac{"scaled_dot_product_attention", {&q, &k, &v}}) return scaled_dot_product_attention(ac[0], ac[1], ac[2], causal, scale);
+                                    std::optional<double> scale, const Tensor& attn_mask) {
+  if (AutocastOp ac{"scaled_dot_product_attention", {&q, &k, &v}})
+    return scaled_dot_product_attention(ac[0], ac[1], ac[2], causal, scale, attn_mask);
   for (const Tensor* t : {&q, &k, &v}) check_defined("scaled_dot_product_attention", *t);
   const bool four_dims = q.dim() == 4 && k.dim() == 4 && v.dim() == 4;
   check<ShapeError>(four_dims && k.shape() == v.shape() && q.size(0) == k.size(0) && q.size(1) == k.size(1) &&
@@ -320,8 +342,9 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
                     "scaled_dot_product_attention: a causal mask puts the {} queries at the end of the keys, but q {} "
                     "has more than the {} keys of k {}",
                     tq, describe(q), tk, describe(k));
+  if (attn_mask.defined()) check_attention_mask(attn_mask, q, k);
   const double s = scale.value_or(1.0 / std::sqrt(static_cast<double>(q.shape()[3])));
-  if (prim::fused_attention_available(q, k, v)) {
+  if (!attn_mask.defined() && prim::fused_attention_available(q, k, v)) {
     // One kernel each way; the [T, T] scores never reach memory.
     auto [out, lse_of_rows] = prim::attention_forward(q, k, v, causal, s);
     if (needs_grad({q, k, v})) {
@@ -346,6 +369,13 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
     const Tensor cols = prim::unsqueeze(arange(0, static_cast<double>(tk), 1, DType::f32, q.device()), 0);
     const Tensor keep = prim::to(prim::binary(BinaryOp::le, cols, rows), scores.dtype());
     scores = add(scores, prim::unary(UnaryOp::log, keep));
+  }
+  if (attn_mask.defined() && attn_mask.dtype() == DType::u8) {
+    const Tensor none = zeros({}, scores.dtype(), q.device());
+    const Tensor keep = prim::binary(BinaryOp::ne, prim::to(attn_mask, scores.dtype()), none);
+    scores = add(scores, prim::unary(UnaryOp::log, keep));  // -inf where a key is left out
+  } else if (attn_mask.defined()) {
+    scores = add(scores, to(attn_mask, scores.dtype()));  // differentiable: a learned bias gets its gradient
   }
   return matmul(softmax(scores, -1), v);
 }

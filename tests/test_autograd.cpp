@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <optional>
+#include <random>
 #include <string>
 #include <utility>
 #include <vector>
@@ -203,6 +204,14 @@ TEST_F(Gradcheck, Attention) {
   }
   expect_gradients_match([](const V& v) { return scaled_dot_product_attention(v[0], v[1], v[2], false); },
                          {x({1, 2, 4, 3}), x({1, 2, 2, 3}), x({1, 2, 2, 3})});  // more queries, no mask
+  // A learned additive mask gets its gradient; a u8 mask, with the causal one.
+  expect_gradients_match(
+      [](const V& v) { return scaled_dot_product_attention(v[0], v[1], v[2], false, std::nullopt, v[3]); },
+      {x({2, 2, 3, 3}), x({2, 2, 5, 3}), x({2, 2, 5, 3}), x({2, 1, 3, 5})});
+  const Tensor keep = from_vector(std::vector<uint8_t>{1, 0, 1, 1, 0, 1, 1, 0, 0, 1, 1, 1, 0, 1, 0}, {3, 5}, DType::u8);
+  expect_gradients_match(
+      [=](const V& v) { return scaled_dot_product_attention(v[0], v[1], v[2], true, std::nullopt, keep); },
+      {x({2, 2, 3, 3}), x({2, 2, 5, 3}), x({2, 2, 5, 3})});
 }
 
 // ---- forward values of the composite ops ---------------------------------------------
@@ -242,6 +251,52 @@ TEST(AutogradForward, AttentionMatchesExplicitMath) {
         }
       }
   }
+}
+
+// Masks: a u8 one leaves out the keys it zeroes (per batch here, broadcast
+// over the heads), a float one is added to the scores (broadcast over batch
+// and heads); with causal, both apply.
+TEST(AutogradForward, AttentionMasksMatchExplicitMath) {
+  const uint64_t seed = testing::fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  Generator gen(seed);
+  const int64_t B = 2, H = 2, tq = 3, tk = 5, d = 4;
+  const Tensor q = randn({B, H, tq, d}, DType::f64, kCPU, &gen), k = randn({B, H, tk, d}, DType::f64, kCPU, &gen),
+               v = randn({B, H, tk, d}, DType::f64, kCPU, &gen);
+  std::mt19937_64 coin(seed);
+  std::vector<uint8_t> keep_values(static_cast<size_t>(B * tq * tk));
+  for (size_t i = 0; i < keep_values.size(); ++i)  // key 0 always kept, so no query is left without keys
+    keep_values[i] = i % tk == 0 || coin() % 2 == 0;
+  const Tensor keep = from_vector(keep_values, {B, 1, tq, tk}, DType::u8);
+  const Tensor bias = randn({tq, tk}, DType::f64, kCPU, &gen);
+  const auto qv = q.to_vector<double>(), kv = k.to_vector<double>(), vv = v.to_vector<double>(),
+             bv = bias.to_vector<double>();
+  const double s = 1.0 / std::sqrt(static_cast<double>(d));
+  for (bool causal : {false, true})
+    for (bool additive : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "causal " << causal << (additive ? ", float mask" : ", u8 mask"));
+      const auto y = scaled_dot_product_attention(q, k, v, causal, std::nullopt, additive ? bias : keep)
+                         .to_vector<double>();
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t h = 0; h < H; ++h)
+          for (int64_t i = 0; i < tq; ++i) {
+            std::vector<double> w(tk, 0.0);
+            double total = 0;
+            for (int64_t j = 0; j < tk; ++j) {
+              if (causal && j > tk - tq + i) continue;
+              if (!additive && !keep_values[(b * tq + i) * tk + j]) continue;
+              double score = 0;
+              for (int64_t e = 0; e < d; ++e) score += qv[((b * H + h) * tq + i) * d + e] * kv[((b * H + h) * tk + j) * d + e];
+              w[j] = std::exp(score * s + (additive ? bv[i * tk + j] : 0.0));
+              total += w[j];
+            }
+            for (int64_t e = 0; e < d; ++e) {
+              double ref = 0;
+              for (int64_t j = 0; j < tk; ++j) ref += w[j] / total * vv[((b * H + h) * tk + j) * d + e];
+              EXPECT_NEAR(y[((b * H + h) * tq + i) * d + e], ref, 1e-12) << b << " " << h << " " << i << " " << e;
+            }
+          }
+    }
 }
 
 // A root's gradient of another float dtype is converted, as in PyTorch.

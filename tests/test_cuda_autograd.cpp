@@ -110,6 +110,14 @@ std::vector<Case> cases() {
        {{7, 3}, {3}, {3}}},
       {"attention", [](const V& v) { return scaled_dot_product_attention(v[0], v[1], v[2], true); },
        {{2, 3, 16, 8}, {2, 3, 16, 8}, {2, 3, 16, 8}}},
+      {"attention_with_masks",  // a u8 mask with the causal one, and a float mask (with its gradient)
+       [](const V& v) {
+         const std::vector<uint8_t> keep{1, 1, 1, 1, 1, 1, 1, 0, 1, 0, 0, 1};  // batch 1 leaves out keys 1, 3, 4
+         const Tensor mask = prim::to(from_vector(keep, {2, 1, 1, 6}, DType::u8), v[0].device());
+         return scaled_dot_product_attention(v[0], v[1], v[2], true, std::nullopt, mask) +
+                scaled_dot_product_attention(v[0], v[1], v[2], false, std::nullopt, v[3]);
+       },
+       {{2, 2, 6, 8}, {2, 2, 6, 8}, {2, 2, 6, 8}, {6, 6}}},
       {"attention_queries_at_the_keys_end",  // a key/value cache's read: fewer queries than keys
        [](const V& v) { return scaled_dot_product_attention(v[0], v[1], v[2], true); },
        {{2, 3, 5, 64}, {2, 3, 19, 64}, {2, 3, 19, 64}}},
