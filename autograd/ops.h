@@ -124,8 +124,8 @@ Tensor max_pool2d(const Tensor& x, const Pool2dParams& p = {});
 // attn_mask, broadcast to [B, H, Tq, Tk]: u8 (nonzero: the key takes part,
 // as PyTorch's bool masks) or floating (added to the scores, in their dtype;
 // it gets a gradient if it requires one); with causal, both apply. A query
-// left with no key gives NaN. Equal shapes without a mask take the fused
-// kernel where the backend has one.
+// whose keys are all masked out gives zeros, as in PyTorch. Equal shapes
+// without a mask take the fused kernel where the backend has one.
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal = true,
                                     std::optional<double> scale = std::nullopt, const Tensor& attn_mask = Tensor());
 

@@ -308,6 +308,16 @@ Tensor max_pool2d(const Tensor& x, const Pool2dParams& p) {
 
 namespace {
 
+// max(x, floor), the gradient passing to x where x is kept.
+Tensor at_least(const Tensor& x, const Tensor& floor) {
+  Tensor out = prim::binary(BinaryOp::maximum, x, floor);
+  if (needs_grad({x}))
+    record("scaled_dot_product_attention", out, {x}, [x, floor](const Grads& g) {
+      return Grads{prim::mul(g[0], prim::binary(BinaryOp::ge, x, floor))};
+    });
+  return out;
+}
+
 // attn_mask broadcasts to the scores [B, H, Tq, Tk], lives with q, and is
 // either u8 (nonzero: the key takes part) or floating (added to the scores).
 void check_attention_mask(const Tensor& mask, const Tensor& q, const Tensor& k) {
@@ -370,14 +380,22 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
     const Tensor keep = prim::to(prim::binary(BinaryOp::le, cols, rows), scores.dtype());
     scores = add(scores, prim::unary(UnaryOp::log, keep));
   }
-  if (attn_mask.defined() && attn_mask.dtype() == DType::u8) {
+  if (!attn_mask.defined()) return matmul(softmax(scores, -1), v);
+  if (attn_mask.dtype() == DType::u8) {
     const Tensor none = zeros({}, scores.dtype(), q.device());
     const Tensor keep = prim::binary(BinaryOp::ne, prim::to(attn_mask, scores.dtype()), none);
     scores = add(scores, prim::unary(UnaryOp::log, keep));  // -inf where a key is left out
-  } else if (attn_mask.defined()) {
+  } else {
     scores = add(scores, to(attn_mask, scores.dtype()));  // differentiable: a learned bias gets its gradient
   }
-  return matmul(softmax(scores, -1), v);
+  // A query whose keys are all masked out gets zeros, with zero gradients,
+  // as from PyTorch's _safe_softmax, not the NaN of a softmax over -inf
+  // alone (which a loss would carry even where it ignores the row): its
+  // scores are lifted to 0 for the softmax and its output multiplied by 0.
+  const Tensor minus_inf = full({}, -std::numeric_limits<double>::infinity(), scores.dtype(), q.device());
+  const Tensor live = prim::binary(BinaryOp::gt, prim::amax(scores, {-1}, true), minus_inf);  // 1 or 0 a query
+  const Tensor floor = prim::unary(UnaryOp::log, prim::add_scalar(prim::mul_scalar(live, -1.0), 1.0));  // -inf or 0
+  return mul(matmul(softmax(at_least(scores, floor), -1), v), live);
 }
 
 }  // namespace mpt

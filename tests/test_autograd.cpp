@@ -299,6 +299,63 @@ TEST(AutogradForward, AttentionMasksMatchExplicitMath) {
     }
 }
 
+// A query whose keys are all masked out (a u8 row of zeros; a float row of
+// -inf; left padding under the causal mask) gives zeros and passes no
+// gradient, as PyTorch's attention does; the other queries are untouched.
+TEST(AutogradForward, AQueryWithEveryKeyMaskedGivesZeros) {
+  const uint64_t seed = testing::fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  Generator gen(seed);
+  const double inf = std::numeric_limits<double>::infinity();
+  // Each: the mask, causal or not, and the (query) rows it leaves without keys.
+  struct Case {
+    const char* name;
+    Tensor mask;
+    bool causal;
+    std::vector<int64_t> dead;
+  };
+  const std::vector<Case> cases = {
+      {"u8", from_vector(std::vector<uint8_t>{1, 0, 1, 0, 0, 0, 0, 0, 1, 1, 1, 1}, {3, 4}, DType::u8), false, {1}},
+      {"float", from_vector(std::vector<double>{0, -inf, 0.5, 1, -inf, -inf, -inf, -inf, 2, 0, 0, -1}, {3, 4},
+                            DType::f64),
+       false, {1}},
+      // Keys 0 and 1 are padding: the causal mask leaves query 0 (key
+      // position 1) with padding alone.
+      {"left padding", from_vector(std::vector<uint8_t>{0, 0, 1, 1}, {4}, DType::u8), true, {0}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const Tensor q = randn({1, 2, 3, 4}, DType::f64, kCPU, &gen).set_requires_grad(true);
+    const Tensor k = randn({1, 2, 4, 4}, DType::f64, kCPU, &gen).set_requires_grad(true);
+    const Tensor v = randn({1, 2, 4, 4}, DType::f64, kCPU, &gen).set_requires_grad(true);
+    const Tensor y = scaled_dot_product_attention(q, k, v, c.causal, std::nullopt, c.mask);
+    backward(sum(y));
+    for (const Tensor& t : {y, q.grad(), k.grad(), v.grad()}) {
+      const std::vector<double> values = host_f64(t);
+      for (double x : values) ASSERT_TRUE(std::isfinite(x)) << "a NaN or inf in " << describe(t);
+    }
+    const std::vector<double> out = host_f64(y), gq = host_f64(q.grad());
+    for (int64_t h = 0; h < 2; ++h)
+      for (int64_t i = 0; i < 3; ++i) {
+        const bool dead = std::find(c.dead.begin(), c.dead.end(), i) != c.dead.end();
+        for (int64_t e = 0; e < 4; ++e) {
+          const size_t at = static_cast<size_t>((h * 3 + i) * 4 + e);
+          if (dead) {
+            EXPECT_EQ(out[at], 0.0) << "head " << h << " query " << i;
+            EXPECT_EQ(gq[at], 0.0) << "head " << h << " query " << i;
+          } else {
+            EXPECT_NE(out[at], 0.0) << "head " << h << " query " << i;
+          }
+        }
+      }
+  }
+  // Gradients where some queries have keys and one has none.
+  const Tensor keep = from_vector(std::vector<uint8_t>{1, 1, 0, 0, 0, 0, 0, 1, 0}, {3, 3}, DType::u8);
+  expect_gradients_match(
+      [=](const V& v) { return scaled_dot_product_attention(v[0], v[1], v[2], false, std::nullopt, keep); },
+      {testing::leaf({1, 1, 3, 2}, gen), testing::leaf({1, 1, 3, 2}, gen), testing::leaf({1, 1, 3, 2}, gen)});
+}
+
 // A root's gradient of another float dtype is converted, as in PyTorch.
 TEST(AutogradForward, ARootGradientOfAnotherFloatDtypeIsConverted) {
   const Tensor w = from_vector(std::vector<float>{1, -2, 3}, {3}).set_requires_grad(true);

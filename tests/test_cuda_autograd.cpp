@@ -110,12 +110,15 @@ std::vector<Case> cases() {
        {{7, 3}, {3}, {3}}},
       {"attention", [](const V& v) { return scaled_dot_product_attention(v[0], v[1], v[2], true); },
        {{2, 3, 16, 8}, {2, 3, 16, 8}, {2, 3, 16, 8}}},
-      {"attention_with_masks",  // a u8 mask with the causal one, and a float mask (with its gradient)
+      {"attention_with_masks",  // a u8 mask with the causal one, a float mask (with its gradient), a dead query
        [](const V& v) {
          const std::vector<uint8_t> keep{1, 1, 1, 1, 1, 1, 1, 0, 1, 0, 0, 1};  // batch 1 leaves out keys 1, 3, 4
          const Tensor mask = prim::to(from_vector(keep, {2, 1, 1, 6}, DType::u8), v[0].device());
+         const std::vector<uint8_t> rows{1, 1, 0, 1, 1, 1};  // query 2 sees no key: zeros
+         const Tensor dead_row = prim::to(from_vector(rows, {6, 1}, DType::u8), v[0].device());
          return scaled_dot_product_attention(v[0], v[1], v[2], true, std::nullopt, mask) +
-                scaled_dot_product_attention(v[0], v[1], v[2], false, std::nullopt, v[3]);
+                scaled_dot_product_attention(v[0], v[1], v[2], false, std::nullopt, v[3]) +
+                scaled_dot_product_attention(v[0], v[1], v[2], false, std::nullopt, dead_row);
        },
        {{2, 2, 6, 8}, {2, 2, 6, 8}, {2, 2, 6, 8}, {6, 6}}},
       {"attention_queries_at_the_keys_end",  // a key/value cache's read: fewer queries than keys
