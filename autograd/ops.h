@@ -87,6 +87,13 @@ enum class Reduction { mean, sum, none };
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index = -100,
                      Reduction reduction = Reduction::mean);
 Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction = Reduction::mean);
+// torch.nn.functional.binary_cross_entropy_with_logits: per element
+// -[pos_weight * y log(sigmoid(x)) + (1 - y) log(1 - sigmoid(x))], stable for
+// any logit; target of the logits' shape (values in [0, 1]); pos_weight
+// broadcasts to the logits (one weight a class). Computed in f32 (f64 for
+// f64) from logits of any floating dtype.
+Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& target,
+                                        Reduction reduction = Reduction::mean, const Tensor& pos_weight = Tensor());
 // Over the last dimension; weight and bias [D] may be undefined. The math
 // is at least f32; the result is in out_dtype (x's when absent), rounded
 // once from the f32 result: a norm feeding a matmul under autocast writes

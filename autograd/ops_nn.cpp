@@ -141,6 +141,42 @@ Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) 
   return mean(sq);
 }
 
+Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& target, Reduction reduction,
+                                        const Tensor& pos_weight) {
+  check_defined("binary_cross_entropy_with_logits", logits);
+  check_defined("binary_cross_entropy_with_logits", target);
+  check_floating("binary_cross_entropy_with_logits", logits);
+  check_floating("binary_cross_entropy_with_logits", target);
+  check<ShapeError>(logits.shape() == target.shape(),
+                    "binary_cross_entropy_with_logits: logits {} and target {} differ in shape", describe(logits),
+                    describe(target));
+  check_same_device("binary_cross_entropy_with_logits", logits, target);
+  // In f32 (f64 for f64) whatever the logits' dtype, as PyTorch's autocast
+  // would cast them: the loss is a sum of many small terms.
+  const DType ct = compute_dtype(logits);
+  const Tensor x = to(logits, ct), y = to(target, ct);
+  // (1 - y) x + w (log(1 + e^-|x|) + max(-x, 0)), w = 1 + (pos_weight - 1) y:
+  // no exp of a positive number, so no overflow for any logit.
+  const Tensor negative_part = relu(neg(x));
+  const Tensor magnitude = add(relu(x), negative_part);
+  Tensor log_term = add(log(add(exp(neg(magnitude)), 1.0)), negative_part);
+  if (pos_weight.defined()) {
+    check_floating("binary_cross_entropy_with_logits", pos_weight);
+    check_same_device("binary_cross_entropy_with_logits", logits, pos_weight);
+    check<ShapeError>(broadcasts_to(pos_weight.shape(), logits.shape()),
+                      "binary_cross_entropy_with_logits: pos_weight {} does not broadcast to logits {}",
+                      describe(pos_weight), describe(logits));
+    log_term = mul(add(mul(add(to(pos_weight, ct), -1.0), y), 1.0), log_term);
+  }
+  const Tensor loss = add(mul(add(neg(y), 1.0), x), log_term);
+  switch (reduction) {
+    case Reduction::none: return loss;
+    case Reduction::sum: return sum(loss);
+    case Reduction::mean: break;
+  }
+  return mean(loss);
+}
+
 namespace {
 void check_layer_norm_args(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
                            std::optional<DType> out_dtype) {
@@ -327,10 +363,7 @@ void check_attention_mask(const Tensor& mask, const Tensor& q, const Tensor& k) 
                     "to the scores)",
                     describe(mask));
   const Shape scores{q.size(0), q.size(1), q.size(2), k.size(2)};
-  bool broadcasts = mask.dim() <= 4;
-  for (int64_t i = 1; broadcasts && i <= mask.dim(); ++i)
-    broadcasts = mask.size(-i) == 1 || mask.size(-i) == scores[static_cast<size_t>(4 - i)];
-  check<ShapeError>(broadcasts,
+  check<ShapeError>(broadcasts_to(mask.shape(), scores),
                     "scaled_dot_product_attention: attn_mask {} does not broadcast to the scores {} of q {} and k {}",
                     describe(mask), shape_str(scores), describe(q), describe(k));
 }

@@ -15,6 +15,9 @@ Shape contiguous_strides(const Shape& s);
 std::string shape_str(const Shape& s);  // "[2, 3]"
 // The shape two operands broadcast to, NumPy rules; throws ShapeError naming `op`.
 Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op);
+// Whether `from` broadcasts to exactly `to` (no more dimensions; each of
+// size 1 or the same), for callers that name the operands themselves.
+bool broadcasts_to(const Shape& from, const Shape& to);
 // Strides that read a tensor of (shape, strides) as if it had shape `to`
 // (stride 0 along broadcast dimensions). `to` must be a broadcast of `shape`.
 Shape broadcast_strides(const Shape& shape, const Shape& strides, const Shape& to);

@@ -149,6 +149,14 @@ TEST_F(Gradcheck, SoftmaxFamilyAndLosses) {
                          {x({6, 5}, false, -2, 2)}, 2e-3, 1e-3);
   expect_gradients_match([](const V& v) { return to(mse_loss(v[0], v[1]), DType::f64); }, {x({3, 4}), x({3, 4})},
                          2e-3, 1e-3);
+  // Binary cross-entropy in f64: logits, targets in [0, 1] and per-class
+  // positive weights all get their gradients.
+  for (Reduction r : {Reduction::mean, Reduction::sum, Reduction::none}) {
+    expect_gradients_match([=](const V& v) { return binary_cross_entropy_with_logits(v[0], v[1], r); },
+                           {x({4, 3}, false, -4, 4), x({4, 3}, false, 0, 1)});
+    expect_gradients_match([=](const V& v) { return binary_cross_entropy_with_logits(v[0], v[1], r, v[2]); },
+                           {x({4, 3}, false, -4, 4), x({4, 3}, false, 0, 1), x({3}, false, 0.5, 3)});
+  }
 }
 
 TEST_F(Gradcheck, LayerNormEmbeddingDropout) {
@@ -787,6 +795,46 @@ TEST(AutogradForward, MseLossMatchesNaiveLoopsForEachReduction) {
     EXPECT_NEAR(summed.item(), total, tol * total) << "sum";
     EXPECT_NEAR(averaged.item(), total / n, tol * total / n) << "mean";
     EXPECT_EQ(mse_loss(a, b).item(), averaged.item()) << "the default reduction is the mean";
+  }
+}
+
+// -[p y log(sigmoid(x)) + (1 - y) log(1 - sigmoid(x))], with log(sigmoid)
+// written stably for the reference; logits up to +-1000 stay finite, and
+// 16-bit logits give an f32 loss.
+TEST(AutogradForward, BinaryCrossEntropyWithLogitsMatchesDefinition) {
+  const uint64_t seed = testing::fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  Generator gen(seed);
+  auto log_sigmoid = [](double x) { return x >= 0 ? -std::log1p(std::exp(-x)) : x - std::log1p(std::exp(x)); };
+  const std::vector<double> xs{-1000, -30, -2.5, -0.1, 0, 0.3, 4, 40, 1000};
+  const int64_t n = static_cast<int64_t>(xs.size());
+  const Tensor x = from_vector(xs, {n / 3, 3}, DType::f64);
+  const Tensor y = rand({n / 3, 3}, DType::f64, kCPU, &gen, 0, 1);
+  const Tensor pw = from_vector(std::vector<double>{0.5, 1, 3}, {3}, DType::f64);
+  const std::vector<double> yv = host_f64(y), pv = host_f64(pw);
+  for (bool weighted : {false, true}) {
+    SCOPED_TRACE(weighted ? "pos_weight" : "no pos_weight");
+    std::vector<double> expected(xs.size());
+    double total = 0;
+    for (size_t i = 0; i < xs.size(); ++i) {
+      const double p = weighted ? pv[i % 3] : 1.0;
+      total += expected[i] = -(p * yv[i] * log_sigmoid(xs[i]) + (1 - yv[i]) * log_sigmoid(-xs[i]));
+    }
+    const Tensor none = binary_cross_entropy_with_logits(x, y, Reduction::none, weighted ? pw : Tensor());
+    const std::vector<double> got = host_f64(none);
+    for (size_t i = 0; i < xs.size(); ++i)
+      EXPECT_NEAR(got[i], expected[i], 1e-12 * (1 + std::fabs(expected[i]))) << "logit " << xs[i];
+    EXPECT_NEAR(binary_cross_entropy_with_logits(x, y, Reduction::sum, weighted ? pw : Tensor()).item(), total,
+                1e-12 * total);
+    EXPECT_NEAR(binary_cross_entropy_with_logits(x, y, Reduction::mean, weighted ? pw : Tensor()).item(),
+                total / static_cast<double>(n), 1e-12 * total);
+  }
+  for (DType dt : {DType::f16, DType::bf16}) {
+    const Tensor x16 = prim::to(randn({8, 4}, DType::f32, kCPU, &gen), dt);
+    const Tensor y16 = prim::to(rand({8, 4}, DType::f32, kCPU, &gen, 0, 1), dt);
+    const Tensor loss = binary_cross_entropy_with_logits(x16, y16);
+    EXPECT_EQ(loss.dtype(), DType::f32) << dtype_name(dt);
+    EXPECT_EQ(loss.item(), binary_cross_entropy_with_logits(prim::to(x16, DType::f32), prim::to(y16, DType::f32)).item());
   }
 }
 

@@ -144,6 +144,17 @@ TEST(Tensor, JoinedSlicesViewTheBlockTheyLieIn) {
       prim::joined_slices({prim::slice(transposed, 2, 0, 2), prim::slice(transposed, 2, 2, 4)}, 2, 2, {2, 3, 4}));
 }
 
+TEST(Shape, BroadcastsToSaysWhetherAShapeStretchesToAnother) {
+  EXPECT_TRUE(broadcasts_to({}, {2, 3}));
+  EXPECT_TRUE(broadcasts_to({3}, {2, 3}));
+  EXPECT_TRUE(broadcasts_to({2, 1}, {2, 3}));
+  EXPECT_TRUE(broadcasts_to({1, 1, 3}, {4, 2, 3}));
+  EXPECT_TRUE(broadcasts_to({2, 3}, {2, 3}));
+  EXPECT_FALSE(broadcasts_to({2}, {2, 3}));        // trailing dimensions line up: 2 against 3
+  EXPECT_FALSE(broadcasts_to({1, 2, 3}, {2, 3}));  // more dimensions than the target
+  EXPECT_FALSE(broadcasts_to({2, 3}, {2, 1}));     // only the source stretches
+}
+
 TEST(Tensor, PrintsLikePyTorch) {
   const std::string s = prim::view(arange(0, 4), {2, 2}).str();
   EXPECT_NE(s.find("[[0, 1],"), std::string::npos) << s;
