@@ -33,6 +33,7 @@ Tensor sigmoid(const Tensor& x);
 Tensor relu(const Tensor& x);
 enum class GeluApprox { none, tanh };  // none: the exact erf form (PyTorch's default)
 Tensor gelu(const Tensor& x, GeluApprox approx = GeluApprox::none);
+Tensor silu(const Tensor& x);  // x * sigmoid(x), also called swish
 
 inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
 inline Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }

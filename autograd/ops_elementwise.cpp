@@ -3,6 +3,7 @@
 #include "autograd/function.h"
 #include "autograd/grad_utils.h"
 #include "autograd/ops.h"
+#include "tensor/operand_check.h"
 
 namespace mpt {
 
@@ -156,6 +157,13 @@ Tensor relu(const Tensor& x) {
     record("relu", out, {x}, Saved{kept}, [kept](const Grads& g) { return Grads{binary(BinaryOp::relu_backward, g[0], kept)}; });
   }
   return out;
+}
+
+Tensor silu(const Tensor& x) {
+  check_floating("silu", x);
+  // In f32 (f64 for f64) and rounded once to x's dtype, the gradient too.
+  const Tensor wide = to(x, x.dtype() == DType::f64 ? DType::f64 : DType::f32);
+  return to(mul(wide, sigmoid(wide)), x.dtype());
 }
 
 Tensor gelu(const Tensor& x, GeluApprox approx) {

@@ -86,6 +86,24 @@ class ReLU : public Module {
   Tensor forward(const Tensor& x) override { return relu(x); }
 };
 
+class SiLU : public Module {
+ public:
+  SiLU() : Module("SiLU") {}
+  Tensor forward(const Tensor& x) override { return silu(x); }
+};
+
+class Tanh : public Module {
+ public:
+  Tanh() : Module("Tanh") {}
+  Tensor forward(const Tensor& x) override { return tanh(x); }
+};
+
+class Sigmoid : public Module {
+ public:
+  Sigmoid() : Module("Sigmoid") {}
+  Tensor forward(const Tensor& x) override { return sigmoid(x); }
+};
+
 class GELU : public Module {
  public:
   explicit GELU(GeluApprox approx = GeluApprox::none) : Module("GELU"), approx(approx) {}

@@ -74,6 +74,7 @@ TEST_F(Gradcheck, UnaryFunctions) {
   expect_gradients_match([](const V& v) { return relu(v[0]); }, {away_from_zero({4, 5})});
   expect_gradients_match([](const V& v) { return gelu(v[0]); }, {x({4, 5}, false, -3, 3)});
   expect_gradients_match([](const V& v) { return gelu(v[0], GeluApprox::tanh); }, {x({4, 5}, false, -3, 3)});
+  expect_gradients_match([](const V& v) { return silu(v[0]); }, {x({4, 5}, false, -6, 6)});
   expect_gradients_match([](const V& v) { return pow(v[0], 2.7); }, {x({3, 4}, false, 0.2, 2)});
   expect_gradients_match([](const V& v) { return pow(v[0], v[1]); }, {x({3, 4}, false, 0.2, 2), x({4}, false, -1, 2)});
   // x^0 has gradient 0 everywhere, at 0 too (not 0 * 0^-1 = NaN).
@@ -362,6 +363,27 @@ TEST(AutogradForward, AQueryWithEveryKeyMaskedGivesZeros) {
   expect_gradients_match(
       [=](const V& v) { return scaled_dot_product_attention(v[0], v[1], v[2], false, std::nullopt, keep); },
       {testing::leaf({1, 1, 3, 2}, gen), testing::leaf({1, 1, 3, 2}, gen), testing::leaf({1, 1, 3, 2}, gen)});
+}
+
+// silu(x) = x / (1 + e^-x); in 16 bits the f32 value and gradient rounded once.
+TEST(AutogradForward, SiluMatchesDefinitionAndRoundsOnce) {
+  const uint64_t seed = testing::fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  Generator gen(seed);
+  const Tensor x = randn({50}, DType::f64, kCPU, &gen);
+  const std::vector<double> xv = host_f64(x), y = host_f64(silu(x));
+  for (size_t i = 0; i < xv.size(); ++i) EXPECT_NEAR(y[i], xv[i] / (1 + std::exp(-xv[i])), 1e-15) << xv[i];
+  for (DType dt : {DType::f16, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor x16 = prim::to(randn({200}, DType::f32, kCPU, &gen), dt).set_requires_grad(true);
+    const Tensor x32 = prim::to(x16, DType::f32).set_requires_grad(true);
+    const Tensor y16 = silu(x16), y32 = silu(x32);
+    ASSERT_EQ(y16.dtype(), dt);
+    EXPECT_EQ(host_f64(y16), host_f64(prim::to(y32, dt)));
+    backward(sum(y16));
+    backward(sum(y32));
+    EXPECT_EQ(host_f64(x16.grad()), host_f64(prim::to(x32.grad(), dt)));
+  }
 }
 
 // A root's gradient of another float dtype is converted, as in PyTorch.

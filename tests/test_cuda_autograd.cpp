@@ -96,6 +96,7 @@ std::vector<Case> cases() {
          return skip * normed;
        },
        {{4, 6, 48}, {48}, {48}}},
+      {"silu", [](const V& v) { return silu(v[0]); }, {{7, 33}}},
       {"batch_norm_batch_statistics",
        [](const V& v) {
          const Tensor running_mean = zeros({3}, DType::f32, v[0].device()), running_var = ones({3}, DType::f32, v[0].device());
