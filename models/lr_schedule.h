@@ -18,6 +18,10 @@ class LrSchedule {
   // Warm-up counts from step + 1 so that step 0 already moves the weights
   // and the last warm-up step reaches lr exactly.
   static LrSchedule cosine(double lr, int64_t warmup_steps, int64_t total_steps, double min_lr = 0.0);
+  // The same warm-up, then a straight line down (the fine-tuning recipe):
+  //   warmup <= step < total:  min_lr + (lr - min_lr) * (total - step) / (total - warmup)
+  //   step >= total:           min_lr
+  static LrSchedule linear(double lr, int64_t warmup_steps, int64_t total_steps, double min_lr = 0.0);
 
   // Steps count from 0; a negative step is a ValueError.
   double lr_at(int64_t step) const;
@@ -34,7 +38,7 @@ class LrSchedule {
   int64_t total_steps() const { return total_; }
 
  private:
-  enum class Kind { constant, cosine };
+  enum class Kind { constant, cosine, linear };
   LrSchedule(Kind kind, double lr, int64_t warmup, int64_t total, double min_lr)
       : kind_(kind), lr_(lr), warmup_(warmup), total_(total), min_lr_(min_lr) {}
 

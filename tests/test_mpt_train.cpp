@@ -155,6 +155,23 @@ TEST_F(MptTrain, AFolderOfFashionMnistTrainsAsDebiansCopy) {
   EXPECT_EQ(from_copy[0]["steps"], 5);
 }
 
+// --schedule linear: the warm-up, then equal steps down to the floor; each
+// step's metrics line has the lr that step used.
+TEST_F(MptTrain, ALinearScheduleStepsDownEvenly) {
+  const std::string metrics = file("m.jsonl");
+  ASSERT_EQ(run(fmt::format("--steps 6 --warmup-steps 2 --schedule linear --lr 0.01 --min-lr-ratio 0.1 "
+                            "--log-every 1 --eval-batches 1 --metrics '{}'",
+                            metrics)),
+            0)
+      << stderr_;
+  std::vector<double> lrs;
+  for (const auto& l : events(metrics, "step")) lrs.push_back(l["lr"].get<double>());
+  // Warm-up 0.005, 0.01; then from 0.01 down to 0.001 over 4 steps.
+  const std::vector<double> expected{0.005, 0.01, 0.01, 0.00775, 0.0055, 0.00325};
+  ASSERT_EQ(lrs.size(), expected.size());
+  for (size_t i = 0; i < lrs.size(); ++i) EXPECT_NEAR(lrs[i], expected[i], 1e-15) << "step " << i + 1;
+}
+
 TEST_F(MptTrain, StoppedAndResumedRunEndsBitIdentical) {
   const std::string common = "--batch-size 32 --accumulation 2 --steps 12 --warmup-steps 4 --eval-batches 1 --seed 7";
   ASSERT_EQ(run(fmt::format("{} --workers 2 --checkpoint '{}'", common, file("whole.safetensors"))), 0) << stderr_;

@@ -607,6 +607,23 @@ TEST(LrSchedule, CosineWithWarmupBoundaries) {
   EXPECT_DOUBLE_EQ(constant.lr_at(123456), 0.25);
 }
 
+TEST(LrSchedule, LinearWithWarmupBoundaries) {
+  const auto s = optim::LrSchedule::linear(1.0, 10, 110, 0.1);
+  EXPECT_DOUBLE_EQ(s.lr_at(0), 0.1);  // the cosine's warm-up: (0 + 1) / 10
+  EXPECT_DOUBLE_EQ(s.lr_at(9), 1.0);
+  EXPECT_DOUBLE_EQ(s.lr_at(10), 1.0);  // decay starts at the peak
+  EXPECT_NEAR(s.lr_at(60), 0.55, 1e-12);  // half way
+  EXPECT_NEAR(s.lr_at(35), 0.1 + 0.9 * 0.75, 1e-12);  // a quarter of the way: a straight line
+  EXPECT_NEAR(s.lr_at(109), 0.1 + 0.9 / 100, 1e-12);
+  EXPECT_DOUBLE_EQ(s.lr_at(110), 0.1);
+  EXPECT_DOUBLE_EQ(s.lr_at(100000), 0.1);
+  for (int64_t t = 10; t < 109; ++t)  // equal steps down
+    EXPECT_NEAR(s.lr_at(t) - s.lr_at(t + 1), 0.009, 1e-12) << t;
+  EXPECT_THROW(optim::LrSchedule::linear(1.0, 5, 5), ValueError);
+  EXPECT_THROW(optim::LrSchedule::linear(1.0, 0, 5, 2.0), ValueError);
+  EXPECT_THROW(optim::LrSchedule::linear(-1.0, 0, 5), ValueError);
+}
+
 TEST(LrSchedule, ValidatesAndApplies) {
   EXPECT_THROW(optim::LrSchedule::cosine(1.0, 10, 5), ValueError);
   EXPECT_THROW(optim::LrSchedule::cosine(1.0, 0, 0), ValueError);  // every step would be at min_lr

@@ -57,9 +57,9 @@ int main(int argc, char** argv) {
   app.add_option("--lr", c.lr, "Peak learning rate")->check(non_negative());
   app.add_option("--weight-decay", c.weight_decay, "Weight decay")->check(non_negative());
   app.add_option("--momentum", c.momentum, "SGD momentum")->check(non_negative());
-  app.add_option("--schedule", c.schedule, "Learning-rate schedule")->check(CLI::IsMember({"constant", "cosine"}));
-  app.add_option("--warmup-steps", c.warmup_steps, "cosine: linear warm-up steps")->check(non_negative());
-  app.add_option("--min-lr-ratio", c.min_lr_ratio, "cosine: final lr as a fraction of --lr")
+  app.add_option("--schedule", c.schedule, "Learning-rate schedule")->check(CLI::IsMember({"constant", "cosine", "linear"}));
+  app.add_option("--warmup-steps", c.warmup_steps, "cosine, linear: warm-up steps")->check(non_negative());
+  app.add_option("--min-lr-ratio", c.min_lr_ratio, "cosine, linear: final lr as a fraction of --lr")
       ->check(mpt::tools::fraction());
   app.add_option("--epochs", c.epochs, "Epochs")->check(positive());
   app.add_option("--steps", c.max_steps, "Stop after this many optimizer steps (0: all epochs)")

@@ -32,9 +32,9 @@ struct TrainConfig {
   int64_t accumulation = 1;             // micro-batches per optimizer step
   std::string optimizer = "adamw";      // adamw, sgd
   double lr = 1e-3, weight_decay = 0.0, momentum = 0.9;
-  std::string schedule = "cosine";      // constant, cosine (with linear warm-up)
+  std::string schedule = "cosine";      // constant, cosine or linear (both after a linear warm-up)
   int64_t warmup_steps = 100;
-  double min_lr_ratio = 0.0;            // cosine: floor as a fraction of lr
+  double min_lr_ratio = 0.0;            // cosine, linear: floor as a fraction of lr
   int64_t epochs = 2;
   int64_t max_steps = 0;                // stop after this many optimizer steps (0: run all epochs)
   int64_t stop_after = 0;               // end the run after this many steps as if interrupted

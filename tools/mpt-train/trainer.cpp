@@ -193,9 +193,12 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c, const std
 
 optim::LrSchedule make_schedule(const TrainConfig& c, int64_t total_steps) {
   if (c.schedule == "constant") return optim::LrSchedule::constant(c.lr);
-  check(c.schedule == "cosine", "mpt-train: unknown --schedule '{}' (constant, cosine)", c.schedule);
+  check(c.schedule == "cosine" || c.schedule == "linear", "mpt-train: unknown --schedule '{}' (constant, cosine, linear)",
+        c.schedule);
   const int64_t warmup = std::min(c.warmup_steps, std::max<int64_t>(total_steps - 1, 0));
-  return optim::LrSchedule::cosine(c.lr, warmup, std::max<int64_t>(total_steps, warmup + 1), c.lr * c.min_lr_ratio);
+  const int64_t total = std::max<int64_t>(total_steps, warmup + 1);
+  const auto decay = c.schedule == "cosine" ? &optim::LrSchedule::cosine : &optim::LrSchedule::linear;
+  return decay(c.lr, warmup, total, c.lr * c.min_lr_ratio);
 }
 
 // "cuda:0 (NVIDIA H200)", or "cpu".
