@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "tensor/error.h"
@@ -21,22 +22,14 @@ class FileReader {
  public:
   explicit FileReader(const std::string& path) : path_(path), file_(std::fopen(path.c_str(), "rb")) {
     check<IOError>(file_ != nullptr, "read_idx: cannot open '{}': {}", path, std::strerror(errno));
-    if (inflateInit2(&zs_, 16 + MAX_WBITS) != Z_OK) {  // 16: gzip wrapping only
-      std::fclose(file_);
-      throw IOError(fmt::format("read_idx: cannot start inflating '{}': out of memory", path));
-    }
-    try {
-      gzip_ = refill() && zs_.avail_in >= 2 && zs_.next_in[0] == 0x1f && zs_.next_in[1] == 0x8b;
-    } catch (...) {
-      inflateEnd(&zs_);
-      std::fclose(file_);
-      throw;
-    }
+    // The first bytes say whether the file is gzip; zlib then starts on the
+    // input they left in next_in and avail_in. zlib starts last: if it
+    // fails there is nothing to end, and file_ closes itself.
+    gzip_ = refill() && zs_.avail_in >= 2 && zs_.next_in[0] == 0x1f && zs_.next_in[1] == 0x8b;
+    check<IOError>(inflateInit2(&zs_, 16 + MAX_WBITS) == Z_OK,  // 16: gzip wrapping only
+                   "read_idx: cannot start inflating '{}': out of memory", path);
   }
-  ~FileReader() {
-    inflateEnd(&zs_);
-    std::fclose(file_);
-  }
+  ~FileReader() { inflateEnd(&zs_); }
   FileReader(const FileReader&) = delete;
   FileReader& operator=(const FileReader&) = delete;
 
@@ -87,15 +80,19 @@ class FileReader {
  private:
   // More raw bytes into the buffer; false at the file's end.
   bool refill() {
-    const size_t r = std::fread(buffer_.data(), 1, buffer_.size(), file_);
-    check<IOError>(!std::ferror(file_), "read_idx: cannot read '{}': {}", path_, std::strerror(errno));
+    const size_t r = std::fread(buffer_.data(), 1, buffer_.size(), file_.get());
+    check<IOError>(!std::ferror(file_.get()), "read_idx: cannot read '{}': {}", path_, std::strerror(errno));
     zs_.next_in = buffer_.data();
     zs_.avail_in = static_cast<unsigned>(r);
     return r > 0;
   }
 
+  struct CloseFile {
+    void operator()(std::FILE* f) const { std::fclose(f); }
+  };
+
   std::string path_;
-  std::FILE* file_;
+  std::unique_ptr<std::FILE, CloseFile> file_;
   z_stream zs_{};
   std::vector<unsigned char> buffer_ = std::vector<unsigned char>(size_t{1} << 18);
   bool gzip_ = false;
