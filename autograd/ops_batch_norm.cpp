@@ -50,7 +50,7 @@ Tensor per_channel(const Tensor& t, DType compute, const Shape& channel_shape) {
 Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
                   const Tensor& bias, bool training, double momentum, double eps) {
   check_batch_norm_args(x, running_mean, running_var, weight, bias, training, momentum, eps);
-  const DType ct = x.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  const DType ct = compute_dtype(x.dtype());
   const int64_t c = x.size(1);
   std::vector<int64_t> dims{0};  // every dimension but the channels'
   for (int64_t d = 2; d < x.dim(); ++d) dims.push_back(d);

@@ -162,7 +162,7 @@ Tensor relu(const Tensor& x) {
 Tensor silu(const Tensor& x) {
   check_floating("silu", x);
   // In f32 (f64 for f64) and rounded once to x's dtype, the gradient too.
-  const Tensor wide = to(x, x.dtype() == DType::f64 ? DType::f64 : DType::f32);
+  const Tensor wide = to(x, compute_dtype(x.dtype()));
   return to(mul(wide, sigmoid(wide)), x.dtype());
 }
 

@@ -16,8 +16,7 @@ namespace mpt {
 namespace {
 
 // The dtype these functions compute in: f64 stays f64, all else is f32.
-DType compute_dtype(const Tensor& t) { return t.dtype() == DType::f64 ? DType::f64 : DType::f32; }
-Tensor wide(const Tensor& t) { return prim::to(t, compute_dtype(t)); }
+Tensor wide(const Tensor& t) { return prim::to(t, compute_dtype(t.dtype())); }
 Tensor as(const Tensor& t, const Tensor& like) { return prim::to(t, like.dtype()); }
 
 Tensor softmax_wide(const Tensor& x32, int64_t dim) {
@@ -99,7 +98,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_
       });
     return out;
   }
-  const DType ct = compute_dtype(logits);
+  const DType ct = compute_dtype(logits.dtype());
   const Tensor t32 = prim::unsqueeze(prim::to(target, ct), 1);  // class ids are exact in f32 up to 2^24
   const Tensor onehot = prim::binary(BinaryOp::eq, arange(0, static_cast<double>(classes), 1, ct, dev), t32);
   const Tensor valid = prim::binary(BinaryOp::ne, t32, full({}, static_cast<double>(ignore_index), ct, dev));
@@ -131,7 +130,7 @@ Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) 
   if (AutocastOp ac{"mse_loss", {&input, &target}}) return mse_loss(ac[0], ac[1], reduction);
   check<ShapeError>(input.shape() == target.shape(), "mse_loss: input {} and target {} differ in shape",
                     describe(input), describe(target));
-  const Tensor d = sub(to(input, compute_dtype(input)), to(target, compute_dtype(input)));
+  const Tensor d = sub(to(input, compute_dtype(input.dtype())), to(target, compute_dtype(input.dtype())));
   const Tensor sq = mul(d, d);
   switch (reduction) {
     case Reduction::none: return sq;
@@ -153,7 +152,7 @@ Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& targ
   check_same_device("binary_cross_entropy_with_logits", logits, target);
   // In f32 (f64 for f64) whatever the logits' dtype, as PyTorch's autocast
   // would cast them: the loss is a sum of many small terms.
-  const DType ct = compute_dtype(logits);
+  const DType ct = compute_dtype(logits.dtype());
   const Tensor x = to(logits, ct), y = to(target, ct);
   // (1 - y) x + w (log(1 + e^-|x|) + max(-x, 0)), w = 1 + (pos_weight - 1) y:
   // no exp of a positive number, so no overflow for any logit.
@@ -282,7 +281,7 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
       // Summed in f32 for a 16-bit table, as PyTorch sums: a row that many
       // tokens share adds thousands of small gradients, and a 16-bit sum
       // stops growing once it is 256 (bf16) or 2048 (f16) times each one.
-      const DType sum_dtype = weight.dtype() == DType::f64 ? DType::f64 : DType::f32;
+      const DType sum_dtype = compute_dtype(weight.dtype());
       Tensor gw = zeros(weight.shape(), sum_dtype, weight.device());
       prim::index_add_rows_(gw, indices, prim::to(g[0], sum_dtype));
       return Grads{prim::to(gw, weight.dtype())};
@@ -298,7 +297,7 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator* gen) {
   // (to 1.109375 for p = 0.1 in bf16), which would shrink every kept value
   // alike. Each output is x * keep rounded once to x's dtype. p == 1 drops
   // everything.
-  const DType wide = x.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  const DType wide = compute_dtype(x.dtype());
   const Tensor u = rand(x.shape(), wide, x.device(), gen);
   const Tensor keep = prim::unary(UnaryOp::affine, prim::binary(BinaryOp::ge, u, full({}, p, wide, x.device())),
                                   p < 1.0 ? 1.0 / (1.0 - p) : 0.0, 0.0);

@@ -88,7 +88,7 @@ void AdamW::update_group(const Group& group, std::vector<ParamUpdate>& batch) {
     // once at the end, as the fused kernels do: in 16 bits g * g alone
     // overflows f16 from |g| = 256, which would leave exp_avg_sq infinite
     // and the parameter stuck for good (PyTorch's addcmul_ widens too).
-    const DType wide = u.param.dtype() == DType::f64 ? DType::f64 : DType::f32;
+    const DType wide = compute_dtype(u.param.dtype());
     const Tensor& m_stored = u.state->buffers.at("exp_avg");
     const Tensor& v_stored = u.state->buffers.at("exp_avg_sq");
     const Tensor p = prim::to(u.param, wide), g = prim::to(u.grad, wide);

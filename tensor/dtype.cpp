@@ -45,6 +45,8 @@ bool is_floating(DType t) {
   return t == DType::f32 || t == DType::f16 || t == DType::bf16 || t == DType::f64;
 }
 
+DType compute_dtype(DType t) { return t == DType::f64 ? DType::f64 : DType::f32; }
+
 namespace {
 int float_rank(DType t) {
   switch (t) {

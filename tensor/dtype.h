@@ -19,5 +19,8 @@ bool is_floating(DType t);
 // The wider of two dtypes, as PyTorch promotes: floats win over integers,
 // f16 with bf16 gives f32.
 DType promote(DType a, DType b);
+// The dtype arithmetic on floats of type t runs in: f64 for f64, f32 for
+// the others (16-bit floats widen, as the kernels widen them).
+DType compute_dtype(DType t);
 
 }  // namespace mpt
