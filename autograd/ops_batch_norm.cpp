@@ -12,20 +12,22 @@
 namespace mpt {
 namespace {
 
+// (Run at every forward: the messages are made only for a failure.)
 void check_batch_norm_args(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
                            const Tensor& weight, const Tensor& bias, bool training, double momentum, double eps) {
-  check_defined("batch_norm", x);
-  check_floating("batch_norm", x);
-  check<ShapeError>(x.dim() >= 2, "batch_norm: input {} must be [N, C, ...]", describe(x));
+  check_floating("batch_norm", x);  // (defined, too)
+  if (x.dim() < 2) throw ShapeError(fmt::format("batch_norm: input {} must be [N, C, ...]", describe(x)));
   const int64_t c = x.size(1);
   const std::pair<const Tensor*, const char*> per_channel[] = {
       {&running_mean, "running_mean"}, {&running_var, "running_var"}, {&weight, "weight"}, {&bias, "bias"}};
   for (const auto& [t, name] : per_channel) {
     if (!t->defined()) continue;
-    check<ShapeError>(t->shape() == Shape{c}, "batch_norm: {} {} does not match the {} channels of input {}", name,
-                      describe(*t), c, describe(x));
-    check<DeviceError>(t->device() == x.device(), "batch_norm: {} {} is on {}, input {} on {}", name, describe(*t),
-                       t->device().str(), describe(x), x.device().str());
+    if (t->shape() != Shape{c})
+      throw ShapeError(fmt::format("batch_norm: {} {} does not match the {} channels of input {}", name,
+                                   describe(*t), c, describe(x)));
+    if (t->device() != x.device())
+      throw DeviceError(fmt::format("batch_norm: {} {} is on {}, input {} on {}", name, describe(*t),
+                                    t->device().str(), describe(x), x.device().str()));
     check_floating("batch_norm", *t);
   }
   check<ValueError>(running_mean.defined() == running_var.defined(),
@@ -35,8 +37,9 @@ void check_batch_norm_args(const Tensor& x, const Tensor& running_mean, const Te
   check<ValueError>(std::isfinite(eps) && eps >= 0, "batch_norm: eps must be finite and >= 0, got {}", eps);
   check<ValueError>(std::isfinite(momentum) && momentum >= 0 && momentum <= 1,
                     "batch_norm: momentum must be in [0, 1], got {}", momentum);
-  check<ShapeError>(!training || x.numel() / std::max<int64_t>(c, 1) > 1,
-                    "batch_norm: training needs more than one value per channel, got input {}", describe(x));
+  if (training && x.numel() / std::max<int64_t>(c, 1) <= 1)
+    throw ShapeError(
+        fmt::format("batch_norm: training needs more than one value per channel, got input {}", describe(x)));
 }
 
 // A [C] tensor as [1, C, 1, ...] in the compute dtype: it broadcasts over

@@ -142,9 +142,7 @@ Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) 
 
 Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& target, Reduction reduction,
                                         const Tensor& pos_weight) {
-  check_defined("binary_cross_entropy_with_logits", logits);
-  check_defined("binary_cross_entropy_with_logits", target);
-  check_floating("binary_cross_entropy_with_logits", logits);
+  check_floating("binary_cross_entropy_with_logits", logits);  // (defined, too)
   check_floating("binary_cross_entropy_with_logits", target);
   check<ShapeError>(logits.shape() == target.shape(),
                     "binary_cross_entropy_with_logits: logits {} and target {} differ in shape", describe(logits),
@@ -357,14 +355,15 @@ Tensor at_least(const Tensor& x, const Tensor& floor) {
 // either u8 (nonzero: the key takes part) or floating (added to the scores).
 void check_attention_mask(const Tensor& mask, const Tensor& q, const Tensor& k) {
   check_same_device("scaled_dot_product_attention", q, mask);
-  check<DTypeError>(mask.dtype() == DType::u8 || is_floating(mask.dtype()),
-                    "scaled_dot_product_attention: attn_mask {} must be u8 (nonzero keeps a key) or floating (added "
-                    "to the scores)",
-                    describe(mask));
+  if (mask.dtype() != DType::u8 && !is_floating(mask.dtype()))
+    throw DTypeError(fmt::format("scaled_dot_product_attention: attn_mask {} must be u8 (nonzero keeps a key) or "
+                                 "floating (added to the scores)",
+                                 describe(mask)));
   const Shape scores{q.size(0), q.size(1), q.size(2), k.size(2)};
-  check<ShapeError>(broadcasts_to(mask.shape(), scores),
-                    "scaled_dot_product_attention: attn_mask {} does not broadcast to the scores {} of q {} and k {}",
-                    describe(mask), shape_str(scores), describe(q), describe(k));
+  if (!broadcasts_to(mask.shape(), scores))
+    throw ShapeError(fmt::format(
+        "scaled_dot_product_attention: attn_mask {} does not broadcast to the scores {} of q {} and k {}",
+        describe(mask), shape_str(scores), describe(q), describe(k)));
 }
 
 }  // namespace
@@ -374,16 +373,18 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   if (AutocastOp ac{"scaled_dot_product_attention", {&q, &k, &v}})
     return scaled_dot_product_attention(ac[0], ac[1], ac[2], causal, scale, attn_mask);
   for (const Tensor* t : {&q, &k, &v}) check_defined("scaled_dot_product_attention", *t);
+  // (Messages made only for a failure: this runs at every forward.)
   const bool four_dims = q.dim() == 4 && k.dim() == 4 && v.dim() == 4;
-  check<ShapeError>(four_dims && k.shape() == v.shape() && q.size(0) == k.size(0) && q.size(1) == k.size(1) &&
-                        q.size(3) == k.size(3),
-                    "scaled_dot_product_attention: expects q [B, H, Tq, D] and k, v [B, H, Tk, D], got {}, {}, {}",
-                    describe(q), describe(k), describe(v));
+  if (!(four_dims && k.shape() == v.shape() && q.size(0) == k.size(0) && q.size(1) == k.size(1) &&
+        q.size(3) == k.size(3)))
+    throw ShapeError(
+        fmt::format("scaled_dot_product_attention: expects q [B, H, Tq, D] and k, v [B, H, Tk, D], got {}, {}, {}",
+                    describe(q), describe(k), describe(v)));
   const int64_t tq = q.shape()[2], tk = k.shape()[2];
-  check<ShapeError>(!causal || tq <= tk,
-                    "scaled_dot_product_attention: a causal mask puts the {} queries at the end of the keys, but q {} "
-                    "has more than the {} keys of k {}",
-                    tq, describe(q), tk, describe(k));
+  if (causal && tq > tk)
+    throw ShapeError(fmt::format("scaled_dot_product_attention: a causal mask puts the {} queries at the end of the "
+                                 "keys, but q {} has more than the {} keys of k {}",
+                                 tq, describe(q), tk, describe(k)));
   if (attn_mask.defined()) check_attention_mask(attn_mask, q, k);
   const double s = scale.value_or(1.0 / std::sqrt(static_cast<double>(q.shape()[3])));
   if (!attn_mask.defined() && prim::fused_attention_available(q, k, v)) {

@@ -29,9 +29,9 @@ BatchNorm::BatchNorm(std::string type_name, int64_t num_features, const BatchNor
 }
 
 Tensor BatchNorm::forward(const Tensor& x) {
-  check<ShapeError>(x.defined() && std::find(ranks_.begin(), ranks_.end(), x.dim()) != ranks_.end() &&
-                        x.size(1) == num_features,
-                    "{}({}): input {} must be {}", type_name(), num_features, describe(x), layout_);
+  if (!(x.defined() && std::find(ranks_.begin(), ranks_.end(), x.dim()) != ranks_.end() &&
+        x.size(1) == num_features))  // (the message made only for a failure: this runs at every forward)
+    throw ShapeError(fmt::format("{}({}): input {} must be {}", type_name(), num_features, describe(x), layout_));
   const bool update = is_training() && running_mean.defined();
   double momentum = options.momentum.value_or(0.0);
   if (update) {

@@ -14,22 +14,26 @@ inline void check_defined(const char* op, const Tensor& t) {
   if (!t.defined()) throw ValueError(fmt::format("{}: an operand is an undefined tensor", op));
 }
 
+// (These run on every call of every raw op: their messages are made only
+// for a failure.)
 inline void check_same_device(const char* op, const Tensor& a, const Tensor& b) {
   check_defined(op, a);
   check_defined(op, b);
-  check<DeviceError>(a.device() == b.device(), "{}: operands are on different devices: {} and {}", op, describe(a),
-                     describe(b));
+  if (a.device() != b.device())
+    throw DeviceError(fmt::format("{}: operands are on different devices: {} and {}", op, describe(a), describe(b)));
 }
 
 inline void check_same_device_and_dtype(const char* op, const Tensor& a, const Tensor& b) {
   check_same_device(op, a, b);
-  check<DTypeError>(a.dtype() == b.dtype(), "{}: operands differ in dtype: {} and {}", op, describe(a), describe(b));
+  if (a.dtype() != b.dtype())
+    throw DTypeError(fmt::format("{}: operands differ in dtype: {} and {}", op, describe(a), describe(b)));
 }
 
 inline void check_floating(const char* op, const Tensor& t) {
   check_defined(op, t);
-  check<DTypeError>(is_floating(t.dtype()), "{}: expected a floating tensor (f32, f16, bf16, f64), got {}", op,
-                    describe(t));
+  if (!is_floating(t.dtype()))
+    throw DTypeError(
+        fmt::format("{}: expected a floating tensor (f32, f16, bf16, f64), got {}", op, describe(t)));
 }
 
 // An output must not hold one element at two positions (a dimension of

@@ -367,15 +367,16 @@ Tensor squeeze(const Tensor& t, int64_t dim) {
 }
 
 // ---- element-wise -------------------------------------------------------------------
+// (The checks run on every call: their messages are made only for a failure.)
 
 void unary_(UnaryOp op, const Tensor& out, const Tensor& x, double alpha, double beta) {
   const char* name = unary_op_name(op);
   check_same_device(name, out, x);
   check_floating(name, x);
-  check<DTypeError>(out.dtype() == x.dtype(), "{}: output {} and input {} differ in dtype", name, describe(out),
-                    describe(x));
-  check<ShapeError>(broadcast_shapes(out.shape(), x.shape(), name) == out.shape(),
-                    "{}: input {} does not broadcast to output {}", name, describe(x), describe(out));
+  if (out.dtype() != x.dtype())
+    throw DTypeError(fmt::format("{}: output {} and input {} differ in dtype", name, describe(out), describe(x)));
+  if (broadcast_shapes(out.shape(), x.shape(), name) != out.shape())
+    throw ShapeError(fmt::format("{}: input {} does not broadcast to output {}", name, describe(x), describe(out)));
   check_no_internal_overlap(name, out);
   check_no_partial_overlap(name, out, x);
   out.bump_version();
@@ -395,8 +396,9 @@ void binary_(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b) {
   check_same_device(name, a, b);
   check_same_device(name, out, a);
   const Shape shape = broadcast_shapes(a.shape(), b.shape(), name);
-  check<ShapeError>(shape == out.shape(), "{}: output {} does not have the broadcast shape {} of {} and {}", name,
-                    describe(out), shape_str(shape), describe(a), describe(b));
+  if (shape != out.shape())
+    throw ShapeError(fmt::format("{}: output {} does not have the broadcast shape {} of {} and {}", name,
+                                 describe(out), shape_str(shape), describe(a), describe(b)));
   check_floating(name, out);
   check_no_internal_overlap(name, out);
   check_no_partial_overlap(name, out, a);
@@ -416,8 +418,8 @@ Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
   const char* name = binary_op_name(op);
   check_same_device(name, a, b);
   const DType dtype = promote(a.dtype(), b.dtype());
-  check<DTypeError>(is_floating(dtype), "{}: expected floating operands, got {} and {}", name, describe(a),
-                    describe(b));
+  if (!is_floating(dtype))
+    throw DTypeError(fmt::format("{}: expected floating operands, got {} and {}", name, describe(a), describe(b)));
   Tensor out = Tensor::empty(broadcast_shapes(a.shape(), b.shape(), name), dtype, a.device());
   binary_(op, out, a, b);
   return out;
