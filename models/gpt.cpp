@@ -95,13 +95,13 @@ Tensor GPT::forward_cached(const Tensor& idx, GPTCache& cache) {
     cache.values.resize(blocks->size());
   }
   const Shape cache_shape{B, options.n_heads, options.context, options.d_model / options.n_heads};
-  check<ShapeError>(cache.keys.size() == blocks->size() &&
-                        (cache.keys.empty() || !cache.keys[0].defined() ||
-                         (cache.keys[0].shape() == cache_shape && cache.keys[0].device() == idx.device())),
-                    "GPT::forward_cached: the cache holds another model's or batch's positions ({} blocks, keys {}; "
-                    "here {} blocks, keys {} on {})",
-                    cache.keys.size(), cache.keys.empty() || !cache.keys[0].defined() ? "none yet" : describe(cache.keys[0]),
-                    blocks->size(), shape_str(cache_shape), idx.device().str());
+  const bool filled = !cache.keys.empty() && cache.keys[0].defined();
+  if (cache.keys.size() != blocks->size() ||
+      (filled && (cache.keys[0].shape() != cache_shape || cache.keys[0].device() != idx.device())))
+    throw ShapeError(fmt::format("GPT::forward_cached: the cache holds another model's or batch's positions ({} "
+                                 "blocks, keys {}; here {} blocks, keys {} on {})",
+                                 cache.keys.size(), filled ? describe(cache.keys[0]).str() : "none yet",
+                                 blocks->size(), shape_str(cache_shape), idx.device().str()));
   for (size_t i = 0; i < blocks->size(); ++i)
     x = static_cast<GPTBlock&>(*(*blocks)[i]).forward_cached(x, cache.keys[i], cache.values[i], past, options.context);
   cache.length = past + n;

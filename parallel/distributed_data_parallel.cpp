@@ -568,7 +568,7 @@ void DistributedDataParallel::allreduce_found_inf(const Tensor& found_inf) {
 void allreduce_found_inf(ProcessGroup& group, const Tensor& found_inf) {
   check<ShapeError>(found_inf.defined() && found_inf.numel() == 1,
                     "allreduce_found_inf: expected a one-element tensor, got {}",
-                    found_inf.defined() ? describe(found_inf) : "undefined");
+                    describe(found_inf));
   group.allreduce(found_inf, ReduceOp::max)->wait();
 }
 

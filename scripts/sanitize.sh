@@ -21,7 +21,7 @@ if [[ ! -f $build_dir/build.ninja ]]; then
   # shellcheck disable=SC2086
   CC=clang-14 CXX=clang++-14 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -gline-tables-only -DNDEBUG" \
-    -DMPT_WITH_CUDA=OFF -DMPT_SANITIZE=ON -DMPT_BUILD_FUZZERS=ON ${MPT_CMAKE_ARGS:-}
+    -DMPT_WITH_CUDA=OFF -DMPT_SANITIZE=ON -DMPT_BUILD_FUZZERS=ON -DMPT_BUILD_BENCHMARKS=OFF ${MPT_CMAKE_ARGS:-}
 fi
 cmake --build "$build_dir" -j "$jobs"
 

@@ -338,9 +338,8 @@ std::optional<Tensor> joined_slices(const std::vector<Tensor>& parts, int64_t di
 
 Tensor expand(const Tensor& t, const Shape& shape) {
   check_defined("expand", t);
-  for (int64_t d : shape)
-    check<ShapeError>(d >= 0, "expand: {} cannot be expanded to {}: sizes must be given (no -1)", describe(t),
-                      shape_str(shape));
+  check<ShapeError>(std::ranges::all_of(shape, [](int64_t d) { return d >= 0; }),
+                    "expand: {} cannot be expanded to {}: sizes must be given (no -1)", describe(t), shape_str(shape));
   const Shape b = broadcast_shapes(t.shape(), shape, "expand");
   check<ShapeError>(b == shape, "expand: {} cannot be expanded to {}", describe(t), shape_str(shape));
   return with_layout(t, shape, broadcast_strides(t.shape(), t.strides(), shape), t.offset());

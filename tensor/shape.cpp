@@ -1,5 +1,7 @@
 #include "tensor/shape.h"
 
+#include <ostream>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -27,7 +29,11 @@ Shape contiguous_strides(const Shape& s) {
   return st;
 }
 
-std::string shape_str(const Shape& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
+std::string ShapeDescription::str() const { return fmt::format("[{}]", fmt::join(shape_, ", ")); }
+
+ShapeDescription shape_str(const Shape& s) { return ShapeDescription(s); }
+
+std::ostream& operator<<(std::ostream& os, const ShapeDescription& d) { return os << d.str(); }
 
 Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
   const size_t n = std::max(a.size(), b.size());

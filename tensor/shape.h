@@ -1,8 +1,15 @@
 #pragma once
 // Shapes and strides, counted in elements.
 #include <cstdint>
+#include <iosfwd>
 #include <string>
 #include <vector>
+
+// Kernels' sources include this header too, and nvcc cannot compile fmt's
+// header-only build: they get the shapes, not the formatting.
+#if !defined(__CUDACC__)
+#include <fmt/format.h>
+#endif
 
 namespace mpt {
 
@@ -12,7 +19,21 @@ inline constexpr int kMaxDims = 8;
 
 int64_t numel(const Shape& s);
 Shape contiguous_strides(const Shape& s);
-std::string shape_str(const Shape& s);  // "[2, 3]"
+
+// A shape's "[2, 3]", written out only when it is formatted or made a
+// string: operand checks pass it to messages that are built only when the
+// check fails (see describe() in tensor.h). It holds a copy of the shape.
+class ShapeDescription {
+ public:
+  explicit ShapeDescription(Shape s) : shape_(std::move(s)) {}
+  std::string str() const;
+  operator std::string() const { return str(); }  // NOLINT: a description is text wherever text is asked for
+
+ private:
+  Shape shape_;
+};
+ShapeDescription shape_str(const Shape& s);
+std::ostream& operator<<(std::ostream& os, const ShapeDescription& d);
 // The shape two operands broadcast to, NumPy rules; throws ShapeError naming `op`.
 Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op);
 // Whether `from` broadcasts to exactly `to` (no more dimensions; each of
@@ -29,3 +50,12 @@ int normalize_dim(int64_t dim, int64_t ndim, const char* op);
 int normalize_existing_dim(int64_t dim, int64_t ndim, const char* op);
 
 }  // namespace mpt
+
+#if !defined(__CUDACC__)
+template <>
+struct fmt::formatter<mpt::ShapeDescription> : fmt::formatter<std::string_view> {
+  auto format(const mpt::ShapeDescription& d, fmt::format_context& ctx) const {
+    return fmt::formatter<std::string_view>::format(d.str(), ctx);
+  }
+};
+#endif

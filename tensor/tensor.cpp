@@ -1,5 +1,6 @@
 #include "tensor/tensor.h"
 
+#include <algorithm>
 #include <ostream>
 
 #include "tensor/ops.h"
@@ -7,12 +8,13 @@
 namespace mpt {
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, const Device& device) {
-  for (int64_t d : shape)
-    check<ShapeError>(d >= 0, "empty: negative dimension in shape {}", shape_str(shape));
+  // (Every new tensor passes here: the messages are made only on failure.)
+  if (!std::ranges::all_of(shape, [](int64_t d) { return d >= 0; }))
+    throw ShapeError(fmt::format("empty: negative dimension in shape {}", shape_str(shape)));
   size_t bytes = 0;
-  check<ShapeError>(!__builtin_mul_overflow(static_cast<size_t>(mpt::numel(shape)), dtype_size(dtype), &bytes),
-                    "empty: shape {} of {} needs more bytes than a size_t can count", shape_str(shape),
-                    dtype_name(dtype));
+  if (__builtin_mul_overflow(static_cast<size_t>(mpt::numel(shape)), dtype_size(dtype), &bytes))
+    throw ShapeError(fmt::format("empty: shape {} of {} needs more bytes than a size_t can count", shape_str(shape),
+                                 dtype_name(dtype)));
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = Storage::allocate(bytes, device);
   impl->shape = shape;
@@ -154,9 +156,13 @@ std::shared_ptr<Node> Tensor::grad_fn() const {
   return impl_ && impl_->autograd ? impl_->autograd->grad_fn : nullptr;
 }
 
-std::string describe(const Tensor& t) {
-  if (!t.defined()) return "undefined tensor";
-  return fmt::format("{}{} on {}", dtype_name(t.dtype()), shape_str(t.shape()), t.device().str());
+std::string TensorDescription::str() const {
+  if (!tensor_.defined()) return "undefined tensor";
+  return fmt::format("{}{} on {}", dtype_name(tensor_.dtype()), shape_str(tensor_.shape()), tensor_.device().str());
 }
+
+TensorDescription describe(const Tensor& t) { return TensorDescription(t); }
+
+std::ostream& operator<<(std::ostream& os, const TensorDescription& d) { return os << d.str(); }
 
 }  // namespace mpt

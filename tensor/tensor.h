@@ -112,6 +112,30 @@ struct AutogradMeta {
 };
 
 std::ostream& operator<<(std::ostream& os, const Tensor& t);
-std::string describe(const Tensor& t);  // "f32[2, 3] on cpu"
+
+// A tensor's "f32[2, 3] on cpu" (or "undefined tensor"), written out only
+// when it is formatted or made a string. Operand checks run on every call
+// of an op and pass descriptions to a message that is built only when the
+// check fails, so a passing check costs a handle copy, not a string. It
+// holds the handle, so it stays valid wherever it is kept.
+class TensorDescription {
+ public:
+  explicit TensorDescription(Tensor t) : tensor_(std::move(t)) {}
+  std::string str() const;
+  operator std::string() const { return str(); }  // NOLINT: a description is text wherever text is asked for
+
+ private:
+  Tensor tensor_;
+};
+
+TensorDescription describe(const Tensor& t);
+std::ostream& operator<<(std::ostream& os, const TensorDescription& d);
 
 }  // namespace mpt
+
+template <>
+struct fmt::formatter<mpt::TensorDescription> : fmt::formatter<std::string_view> {
+  auto format(const mpt::TensorDescription& d, fmt::format_context& ctx) const {
+    return fmt::formatter<std::string_view>::format(d.str(), ctx);
+  }
+};

@@ -451,7 +451,7 @@ TEST(CudaAutograd, ConvolutionsOverNothingMatchTheCpu) {
     for (const auto& [xs, ws] : {std::pair<Shape, Shape>{{0, 3, 8, 8}, {4, 3, 3, 3}},
                                  {{2, 0, 8, 8}, {4, 0, 3, 3}},
                                  {{2, 3, 8, 8}, {0, 3, 3, 3}}}) {
-      SCOPED_TRACE(shape_str(xs) + " * " + shape_str(ws) + " in " + dtype_name(dt));
+      SCOPED_TRACE(shape_str(xs).str() + " * " + shape_str(ws).str() + " in " + dtype_name(dt));
       const Tensor x = randn(xs, dt), w = randn(ws, dt);
       const Tensor y = prim::conv2d(x, w, p), dy = randn(y.shape(), dt);
       const Tensor on_gpu = prim::conv2d(prim::to(x, gpu), prim::to(w, gpu), p);

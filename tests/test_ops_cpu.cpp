@@ -301,7 +301,7 @@ TEST_F(OpsCpu, ConvolutionsOverNothingAreEmptyOrZeros) {
   for (const auto& [xs, ws] : {std::pair<Shape, Shape>{{0, 3, 8, 8}, {4, 3, 3, 3}},
                                {{2, 0, 8, 8}, {4, 0, 3, 3}},
                                {{2, 3, 8, 8}, {0, 3, 3, 3}}}) {
-    SCOPED_TRACE(shape_str(xs) + " * " + shape_str(ws));
+    SCOPED_TRACE(shape_str(xs).str() + " * " + shape_str(ws).str());
     const Tensor x = mpt::randn(xs), w = mpt::randn(ws);
     const Tensor y = prim::conv2d(x, w, p);
     EXPECT_EQ(y.shape(), (Shape{xs[0], ws[0], 8, 8}));

@@ -161,7 +161,7 @@ TEST(Tensor, PrintsLikePyTorch) {
   EXPECT_NE(s.find("dtype=f32, device=cpu"), std::string::npos) << s;
   const std::string big = arange(0, 100).str();
   EXPECT_NE(big.find("0, 1, 2, ..., 97, 98, 99"), std::string::npos) << big;
-  EXPECT_EQ(describe(zeros({2, 3}, DType::bf16)), "bf16[2, 3] on cpu");
+  EXPECT_EQ(describe(zeros({2, 3}, DType::bf16)).str(), "bf16[2, 3] on cpu");
 }
 
 TEST(Tensor, DeviceParsingAndAvailability) {
