@@ -1,5 +1,7 @@
 #pragma once
 // Shapes and strides, counted in elements.
+#include <algorithm>
+#include <array>
 #include <cstdint>
 #include <iosfwd>
 #include <string>
@@ -22,17 +24,26 @@ Shape contiguous_strides(const Shape& s);
 
 // A shape's "[2, 3]", written out only when it is formatted or made a
 // string: operand checks pass it to messages that are built only when the
-// check fails (see describe() in tensor.h). It holds a copy of the shape.
+// check fails (see describe() in tensor.h). It holds a copy of the sizes,
+// inline up to kMaxDims of them, so taking one allocates nothing; only a
+// longer shape (in the message that refuses it) is copied to the heap.
 class ShapeDescription {
  public:
-  explicit ShapeDescription(Shape s) : shape_(std::move(s)) {}
+  explicit ShapeDescription(const Shape& s) : rank_(s.size()) {
+    if (s.size() <= sizes_.size())
+      std::copy(s.begin(), s.end(), sizes_.begin());
+    else
+      longer_ = s;
+  }
   std::string str() const;
   operator std::string() const { return str(); }  // NOLINT: a description is text wherever text is asked for
 
  private:
-  Shape shape_;
+  std::array<int64_t, kMaxDims> sizes_{};
+  size_t rank_ = 0;
+  Shape longer_;
 };
-ShapeDescription shape_str(const Shape& s);
+inline ShapeDescription shape_str(const Shape& s) { return ShapeDescription(s); }
 std::ostream& operator<<(std::ostream& os, const ShapeDescription& d);
 // The shape two operands broadcast to, NumPy rules; throws ShapeError naming `op`.
 Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op);

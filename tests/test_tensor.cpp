@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <limits>
+#include <sstream>
 
 #include "tensor/cuda_info.h"
 #include "tensor/gpu_timeline.h"
@@ -162,6 +163,24 @@ TEST(Tensor, PrintsLikePyTorch) {
   const std::string big = arange(0, 100).str();
   EXPECT_NE(big.find("0, 1, 2, ..., 97, 98, 99"), std::string::npos) << big;
   EXPECT_EQ(describe(zeros({2, 3}, DType::bf16)).str(), "bf16[2, 3] on cpu");
+}
+
+// Descriptions are written out when formatted, not when taken, so they
+// must keep what they describe: a description outlives the tensor's last
+// other handle and the shape it was given.
+TEST(Tensor, DescriptionsKeepWhatTheyDescribe) {
+  const TensorDescription tensor = describe(zeros({2, 3}, DType::f16));
+  const ShapeDescription shape = [] {
+    const Shape s{4, 5, 6};
+    return shape_str(s);
+  }();
+  EXPECT_EQ(fmt::format("{} and {}", tensor, shape), "f16[2, 3] on cpu and [4, 5, 6]");
+  EXPECT_EQ(std::string(describe(Tensor())), "undefined tensor");
+  EXPECT_EQ(shape_str({}).str(), "[]");
+  EXPECT_EQ(shape_str(Shape(kMaxDims + 1, 7)).str(), "[7, 7, 7, 7, 7, 7, 7, 7, 7]");  // past the inline sizes
+  std::ostringstream out;
+  out << shape << " " << tensor;
+  EXPECT_EQ(out.str(), "[4, 5, 6] f16[2, 3] on cpu");
 }
 
 TEST(Tensor, DeviceParsingAndAvailability) {
