@@ -49,8 +49,8 @@ void check_and_maybe_unscale(const char* fn, const std::vector<Tensor>& grads, T
   for (size_t i = 0; i < grads.size(); ++i) {
     const Tensor& g = grads[i];
     check(g.defined(), "{}: gradient {} is undefined", fn, i);
-    check<DeviceError>(g.device() == device, "{}: gradient {} is {}, but found_inf is on {}", fn, i, describe(g),
-                       device.str());
+    if (g.device() != device)
+      throw DeviceError(fmt::format("{}: gradient {} is {}, but found_inf is on {}", fn, i, describe(g), device.str()));
     check<DTypeError>(g.dtype() == DType::f32 || g.dtype() == DType::f16 || g.dtype() == DType::bf16,
                       "{}: gradient {} is {}; expected f32, f16 or bf16", fn, i, describe(g));
     check(g.is_contiguous(), "{}: gradient {} ({}) is not contiguous", fn, i, describe(g));

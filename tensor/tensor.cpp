@@ -40,7 +40,12 @@ TensorImpl& Tensor::impl() const {
 
 int64_t Tensor::size(int64_t d) const { return shape()[normalize_existing_dim(d, dim(), "size")]; }
 
-bool Tensor::is_contiguous() const { return view().is_contiguous(); }
+// Read in place: nearly every op asks, and a TensorView would copy the
+// shape and strides first.
+bool Tensor::is_contiguous() const {
+  const TensorImpl& t = impl();
+  return dense_row_major(t.shape.data(), t.strides.data(), static_cast<int>(t.shape.size()));
+}
 
 void* Tensor::data_ptr() const {
   return static_cast<char*>(impl().storage->data()) + impl().offset * static_cast<int64_t>(element_size());
