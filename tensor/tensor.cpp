@@ -33,10 +33,7 @@ Tensor Tensor::view_of(std::shared_ptr<Storage> storage, Shape shape, Shape stri
   return Tensor(std::move(impl));
 }
 
-TensorImpl& Tensor::impl() const {
-  if (!impl_) throw ValueError("use of an undefined tensor");
-  return *impl_;
-}
+void Tensor::throw_undefined() { throw ValueError("use of an undefined tensor"); }
 
 int64_t Tensor::size(int64_t d) const { return shape()[normalize_existing_dim(d, dim(), "size")]; }
 

@@ -78,7 +78,12 @@ class Tensor {
   double item() const;
   std::string str() const;  // values and metadata, PyTorch-like
 
-  TensorImpl& impl() const;
+  // Inline: every accessor (shape, dtype, data) goes through it, many times an op.
+  TensorImpl& impl() const {
+    if (!impl_) [[unlikely]]
+      throw_undefined();
+    return *impl_;
+  }
   const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
 
   // Autograd slot (autograd/ fills it in; plain data here).
@@ -90,6 +95,8 @@ class Tensor {
   AutogradMeta& autograd_meta() const;  // created on first use
 
  private:
+  [[noreturn]] static void throw_undefined();
+
   std::shared_ptr<TensorImpl> impl_;
 };
 
