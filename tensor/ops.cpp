@@ -17,12 +17,16 @@ TensorView broadcast_view(const Tensor& t, const Shape& shape) {
   // kernel call is built first is up to the compiler.
   if (shape.size() > static_cast<size_t>(kMaxDims))
     throw ShapeError(fmt::format("tensors have at most {} dimensions, got {}", kMaxDims, shape_str(shape)));
+  // The strides are stretched in place, as broadcast_strides() would
+  // compute them, without a vector: every element-wise op passes here.
   TensorView v = t.view();
-  const Shape st = broadcast_strides(t.shape(), t.strides(), shape);
+  const Shape& from = t.shape();
+  const Shape& from_strides = t.strides();
+  const size_t lead = shape.size() - from.size();
   v.ndim = static_cast<int>(shape.size());
-  for (int i = 0; i < v.ndim; ++i) {
+  for (size_t i = 0; i < shape.size(); ++i) {
     v.shape[i] = shape[i];
-    v.strides[i] = st[i];
+    v.strides[i] = i < lead || from[i - lead] == 1 ? 0 : from_strides[i - lead];
   }
   return v;
 }
@@ -390,14 +394,12 @@ Tensor unary(UnaryOp op, const Tensor& x, double alpha, double beta) {
   return out;
 }
 
-void binary_(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b) {
-  const char* name = binary_op_name(op);
-  check_same_device(name, a, b);
-  check_same_device(name, out, a);
-  const Shape shape = broadcast_shapes(a.shape(), b.shape(), name);
-  if (shape != out.shape())
-    throw ShapeError(fmt::format("{}: output {} does not have the broadcast shape {} of {} and {}", name,
-                                 describe(out), shape_str(shape), describe(a), describe(b)));
+namespace {
+
+// binary_ once `out` is known to be on the operands' device with their
+// broadcast shape `shape` (binary() makes it so; binary_ checks it).
+void binary_into(BinaryOp op, const char* name, const Tensor& out, const Tensor& a, const Tensor& b,
+                 const Shape& shape) {
   check_floating(name, out);
   check_no_internal_overlap(name, out);
   check_no_partial_overlap(name, out, a);
@@ -413,14 +415,28 @@ void binary_(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b) {
   });
 }
 
+}  // namespace
+
+void binary_(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b) {
+  const char* name = binary_op_name(op);
+  check_same_device(name, a, b);
+  check_same_device(name, out, a);
+  const Shape shape = broadcast_shapes(a.shape(), b.shape(), name);
+  if (shape != out.shape())
+    throw ShapeError(fmt::format("{}: output {} does not have the broadcast shape {} of {} and {}", name,
+                                 describe(out), shape_str(shape), describe(a), describe(b)));
+  binary_into(op, name, out, a, b, shape);
+}
+
 Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
   const char* name = binary_op_name(op);
   check_same_device(name, a, b);
   const DType dtype = promote(a.dtype(), b.dtype());
   if (!is_floating(dtype))
     throw DTypeError(fmt::format("{}: expected floating operands, got {} and {}", name, describe(a), describe(b)));
-  Tensor out = Tensor::empty(broadcast_shapes(a.shape(), b.shape(), name), dtype, a.device());
-  binary_(op, out, a, b);
+  const Shape shape = broadcast_shapes(a.shape(), b.shape(), name);
+  Tensor out = Tensor::empty(shape, dtype, a.device());
+  binary_into(op, name, out, a, b, shape);
   return out;
 }
 
