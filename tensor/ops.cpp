@@ -17,17 +17,10 @@ TensorView broadcast_view(const Tensor& t, const Shape& shape) {
   // kernel call is built first is up to the compiler.
   if (shape.size() > static_cast<size_t>(kMaxDims))
     throw ShapeError(fmt::format("tensors have at most {} dimensions, got {}", kMaxDims, shape_str(shape)));
-  // The strides are stretched in place, as broadcast_strides() would
-  // compute them, without a vector: every element-wise op passes here.
   TensorView v = t.view();
-  const Shape& from = t.shape();
-  const Shape& from_strides = t.strides();
-  const size_t lead = shape.size() - from.size();
+  broadcast_strides_into(t.shape(), t.strides(), shape.size(), v.strides);
   v.ndim = static_cast<int>(shape.size());
-  for (size_t i = 0; i < shape.size(); ++i) {
-    v.shape[i] = shape[i];
-    v.strides[i] = i < lead || from[i - lead] == 1 ? 0 : from_strides[i - lead];
-  }
+  std::copy(shape.begin(), shape.end(), v.shape);
   return v;
 }
 

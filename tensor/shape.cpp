@@ -1,5 +1,6 @@
 #include "tensor/shape.h"
 
+#include <algorithm>
 #include <ostream>
 
 #include <fmt/format.h>
@@ -59,10 +60,15 @@ bool broadcasts_to(const Shape& from, const Shape& to) {
 }
 
 Shape broadcast_strides(const Shape& shape, const Shape& strides, const Shape& to) {
-  Shape out(to.size(), 0);
-  const size_t lead = to.size() - shape.size();
-  for (size_t i = 0; i < shape.size(); ++i) out[lead + i] = shape[i] == 1 ? 0 : strides[i];
+  Shape out(to.size());
+  broadcast_strides_into(shape, strides, to.size(), out.data());
   return out;
+}
+
+void broadcast_strides_into(const Shape& shape, const Shape& strides, size_t to_rank, int64_t* out) {
+  const size_t lead = to_rank - shape.size();
+  std::fill(out, out + lead, 0);
+  for (size_t i = 0; i < shape.size(); ++i) out[lead + i] = shape[i] == 1 ? 0 : strides[i];
 }
 
 int normalize_dim(int64_t dim, int64_t ndim, const char* op) {

@@ -53,6 +53,9 @@ bool broadcasts_to(const Shape& from, const Shape& to);
 // Strides that read a tensor of (shape, strides) as if it had shape `to`
 // (stride 0 along broadcast dimensions). `to` must be a broadcast of `shape`.
 Shape broadcast_strides(const Shape& shape, const Shape& strides, const Shape& to);
+// The same, written to out[0, to_rank) (a TensorView's strides) without a
+// vector, for the element-wise ops that pass here on every call.
+void broadcast_strides_into(const Shape& shape, const Shape& strides, size_t to_rank, int64_t* out);
 // Wraps a possibly negative dimension index; throws ShapeError naming `op`.
 int normalize_dim(int64_t dim, int64_t ndim, const char* op);
 // As normalize_dim, for ops that need the dimension to exist: a tensor
