@@ -1,7 +1,10 @@
 // batch_norm: per-channel normalisation over the batch (and spatial)
-// dimensions, as torch.nn.functional.batch_norm. Composed of raw ops in f32
-// (f64 for f64 inputs) with one backward rule; the output has the input's
-// dtype, as cuDNN's batch norm gives it under autocast.
+// dimensions, as torch.nn.functional.batch_norm. Where the device has fused
+// kernels (CUDA, f32/f16/bf16 input, f32 per-channel tensors), one forward
+// and one backward call that keep only the per-channel mean and 1/std;
+// elsewhere composed of raw ops in f32 (f64 for f64 inputs) with one
+// backward rule. The output has the input's dtype, as cuDNN's batch norm
+// gives it under autocast.
 #include <algorithm>
 #include <cmath>
 
@@ -48,11 +51,30 @@ Tensor per_channel(const Tensor& t, DType compute, const Shape& channel_shape) {
   return prim::reshape(prim::to(t, compute), channel_shape);
 }
 
+Tensor fused_batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
+                        const Tensor& bias, bool training, double momentum, double eps) {
+  const std::vector<Tensor> r = prim::batch_norm_forward(x, running_mean, running_var, weight, bias, training,
+                                                         momentum, eps);
+  Tensor out = r[0];
+  if (needs_grad({x, weight, bias}))
+    record("batch_norm", out, {x, weight, bias}, Saved{x, weight},
+           [x, weight, bias, mean = r[1], rstd = r[2], training](const Grads& g) {
+             const bool want_weight = weight.defined() && weight.requires_grad();
+             const bool want_bias = bias.defined() && bias.requires_grad();
+             const std::vector<Tensor> grads = prim::batch_norm_backward(
+                 g[0], x, weight, mean, rstd, training, x.requires_grad(), want_weight, want_bias);
+             return Grads{grads[0], grads[1], grads[2]};
+           });
+  return out;
+}
+
 }  // namespace
 
 Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
                   const Tensor& bias, bool training, double momentum, double eps) {
   check_batch_norm_args(x, running_mean, running_var, weight, bias, training, momentum, eps);
+  if (prim::fused_batch_norm_available(x, running_mean, running_var, weight, bias))
+    return fused_batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps);
   const DType ct = compute_dtype(x.dtype());
   const int64_t c = x.size(1);
   std::vector<int64_t> dims{0};  // every dimension but the channels'

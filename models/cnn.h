@@ -2,7 +2,9 @@
 // The reference CNN (workload cnn), as a Sequential so parameter names are
 // PyTorch's: Conv3x3 in->c1 pad 1, ReLU, MaxPool2; Conv3x3 c1->c2 pad 1,
 // ReLU, MaxPool2; Flatten; Linear c2*(S/4)^2 -> hidden, ReLU, Linear
-// hidden -> classes. Defaults: 1x28x28 images, 32, 64, 256, 10.
+// hidden -> classes. Defaults: 1x28x28 images, 32, 64, 256, 10. With
+// batch_norm, each convolution (then without a bias, as is usual before a
+// norm) is followed by a BatchNorm2d: Conv, BatchNorm2d, ReLU, MaxPool2.
 #include <memory>
 
 #include "models/sequential.h"
@@ -17,6 +19,7 @@ struct CNNOptions {
   int64_t channels2 = 64;
   int64_t hidden = 256;
   int64_t num_classes = 10;
+  bool batch_norm = false;
 };
 
 // Input [N, in_channels, image_size, image_size], output [N, num_classes].

@@ -5,6 +5,9 @@ prints a Markdown table of step times and ours/PyTorch ratios.
 
   scripts/bench_vs_torch.py --build build [--workloads ...] [--modes ...]
 
+Workloads: the reference's four (the default), and cnn_bn, its cnn with a
+BatchNorm2d after each convolution (single and dp modes only).
+
 Each pair runs back to back in the same call, so the ratio compares like
 with like; absolute times from other days mean little. Raw JSON lines go to
 --log (default: $OUT/bench.jsonl when $OUT is set)."""
@@ -43,12 +46,33 @@ def run_json(cmd, env=None, timeout=900):
 
 # torch_bench.py as it is, with the peak allocated memory of GPU 0 added
 # (torch_bench.py itself does not report it; ddp's workers are other
-# processes, so there it stays unknown).
+# processes, so there it stays unknown). One workload beyond the
+# reference's, cnn_bn (its cnn with a BatchNorm2d after each convolution,
+# as mpt-bench's), is built here and timed by the reference's own loop, in
+# this process only: single and dp.
 TORCH_WITH_MEMORY = """
 import json, sys, torch
+import torch.nn as nn
 sys.path.insert(0, sys.argv[1])
 import torch_bench
-sys.argv = ["torch_bench.py"] + sys.argv[2:]
+args = sys.argv[2:]
+at = args.index("--workload") + 1 if "--workload" in args else None
+if at and args[at] == "cnn_bn":
+    if "ddp" in args:
+        sys.exit("cnn_bn runs in single and dp modes only (ddp's workers would build the reference's cnn)")
+    def make(workload, device, batch=None):
+        g = torch.Generator(device="cpu").manual_seed(0)
+        b = batch or 512
+        m = nn.Sequential(nn.Conv2d(1, 32, 3, padding=1, bias=False), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
+                          nn.Conv2d(32, 64, 3, padding=1, bias=False), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
+                          nn.Flatten(), nn.Linear(64 * 7 * 7, 256), nn.ReLU(), nn.Linear(256, 10))
+        x, y = torch.randn(b, 1, 28, 28, generator=g), torch.randint(0, 10, (b,), generator=g)
+        return m.to(device), x.to(device), y.to(device)
+    report = torch_bench.report
+    torch_bench.make = make
+    torch_bench.report = lambda **kw: report(**dict(kw, workload="cnn_bn"))
+    args[at] = "cnn"  # past the reference's choices; make() above builds cnn_bn
+sys.argv = ["torch_bench.py"] + args
 torch_bench.main()
 if torch.cuda.is_initialized():
     print(json.dumps({"peak_mem_mb": round(torch.cuda.max_memory_allocated(0) / 2**20, 1)}))

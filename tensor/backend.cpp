@@ -91,6 +91,15 @@ void Backend::layer_norm_backward(const TensorView&, const TensorView&, const Te
                                   const TensorView&) {
   not_available("fused layer_norm backward");
 }
+void Backend::batch_norm_forward(const TensorView&, const TensorView&, const TensorView&, const TensorView&,
+                                 const TensorView&, const TensorView&, const TensorView&, const TensorView&, bool,
+                                 double, double) {
+  not_available("fused batch_norm");
+}
+void Backend::batch_norm_backward(const TensorView&, const TensorView&, const TensorView&, const TensorView&,
+                                  const TensorView&, const TensorView&, const TensorView&, const TensorView&, bool) {
+  not_available("fused batch_norm backward");
+}
 void Backend::cross_entropy_forward(const TensorView&, const TensorView&, const TensorView&, const TensorView&,
                                     const TensorView&, int64_t) {
   not_available("fused cross_entropy");

@@ -139,6 +139,26 @@ class Backend {
                                    const TensorView& grad_x_more, const TensorView& x, const TensorView& weight,
                                    const TensorView& mean, const TensorView& rstd);
 
+  // Fused batch norm of x [N, C, ...] (contiguous), per channel over the
+  // other dimensions. weight, bias, running_mean and running_var are f32
+  // [C] (any may have null data: absent; the running ones both or neither);
+  // mean and rstd f32 [C], written here and read by the backward pass. With
+  // `training`, the batch's statistics normalise and blend into the running
+  // ones in place (r = (1 - momentum) r + momentum * statistic, the variance
+  // unbiased); otherwise the running ones normalise. out like x.
+  virtual bool fused_batch_norm_supported(DType dtype) const { return false; }
+  virtual void batch_norm_forward(const TensorView& out, const TensorView& mean, const TensorView& rstd,
+                                  const TensorView& x, const TensorView& weight, const TensorView& bias,
+                                  const TensorView& running_mean, const TensorView& running_var, bool training,
+                                  double momentum, double eps);
+  // grad_x (null data: not wanted) and grad_out like x; grad_weight and
+  // grad_bias f32 [C], or null data when not wanted. `training` as the
+  // forward's: batch statistics depend on x, running ones do not.
+  virtual void batch_norm_backward(const TensorView& grad_x, const TensorView& grad_weight,
+                                   const TensorView& grad_bias, const TensorView& grad_out, const TensorView& x,
+                                   const TensorView& weight, const TensorView& mean, const TensorView& rstd,
+                                   bool training);
+
   // Fused cross-entropy of logits [N, C] (contiguous) against i64 targets
   // [N] (in range or ignore_index; the caller checks). loss, lse, valid: f32
   // [N]; loss and valid are 0 where the target is ignored.

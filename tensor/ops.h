@@ -135,6 +135,23 @@ std::vector<Tensor> layer_norm_backward(const Tensor& grad_out, const Tensor& x,
                                         const Tensor& mean, const Tensor& rstd, bool want_weight, bool want_bias,
                                         const Tensor& grad_x_more = Tensor());
 
+// Fused batch norm where the device's backend has it for x's dtype: x
+// [N, C, ...] of at least one element, the per-channel tensors (any may be
+// undefined) f32 [C] on x's device, contiguous.
+bool fused_batch_norm_available(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
+                                const Tensor& weight, const Tensor& bias);
+// {out, mean, rstd}: out like x, mean and rstd f32 [C] (the batch's with
+// `training`, which also blends them into the running ones in place; else
+// the running ones').
+std::vector<Tensor> batch_norm_forward(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
+                                       const Tensor& weight, const Tensor& bias, bool training, double momentum,
+                                       double eps);
+// {grad_x, grad_weight, grad_bias}: grad_x like x (undefined unless
+// want_x), the parameter gradients f32 [C] (undefined unless asked for).
+std::vector<Tensor> batch_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
+                                        const Tensor& mean, const Tensor& rstd, bool training, bool want_x,
+                                        bool want_weight, bool want_bias);
+
 // Fused cross-entropy where the device's backend has it for the logits'
 // dtype: logits [N, C], target i64 [N] (indices checked by the caller).
 bool fused_cross_entropy_available(const Tensor& logits);

@@ -262,6 +262,59 @@ std::vector<Tensor> layer_norm_backward(const Tensor& grad_out, const Tensor& x,
   return {gx, gw, gb};
 }
 
+bool fused_batch_norm_available(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
+                                const Tensor& weight, const Tensor& bias) {
+  if (!x.defined() || x.dim() < 2 || x.numel() == 0 || !x.device().is_cuda()) return false;
+  const Shape channels{x.size(1)};
+  for (const Tensor* p : {&running_mean, &running_var, &weight, &bias})
+    if (p->defined() && (p->dtype() != DType::f32 || p->device() != x.device() || p->shape() != channels ||
+                         !p->is_contiguous()))
+      return false;
+  bool supported = false;
+  on_device(x.device(), [&](Backend& b) { supported = b.fused_batch_norm_supported(x.dtype()); });
+  return supported;
+}
+
+std::vector<Tensor> batch_norm_forward(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
+                                       const Tensor& weight, const Tensor& bias, bool training, double momentum,
+                                       double eps) {
+  if (!fused_batch_norm_available(x, running_mean, running_var, weight, bias))
+    throw Error(fmt::format("batch_norm_forward: no fused kernel for {}", describe(x)));
+  const Tensor cx = contiguous(x);
+  Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
+  Tensor mean = Tensor::empty({x.size(1)}, DType::f32, x.device());
+  Tensor rstd = Tensor::empty({x.size(1)}, DType::f32, x.device());
+  on_device(x.device(), [&](Backend& b) {
+    b.batch_norm_forward(out.view(), mean.view(), rstd.view(), cx.view(), view_or_none(weight), view_or_none(bias),
+                         view_or_none(running_mean), view_or_none(running_var), training, momentum, eps);
+  });
+  if (training && running_mean.defined()) {  // written in place
+    running_mean.bump_version();
+    running_var.bump_version();
+  }
+  return {out, mean, rstd};
+}
+
+std::vector<Tensor> batch_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
+                                        const Tensor& mean, const Tensor& rstd, bool training, bool want_x,
+                                        bool want_weight, bool want_bias) {
+  if (!fused_batch_norm_available(x, Tensor(), Tensor(), weight, Tensor()))
+    throw Error(fmt::format("batch_norm_backward: no fused kernel for {}", describe(x)));
+  if (grad_out.shape() != x.shape())
+    throw ShapeError(fmt::format("batch_norm backward: gradient {} does not match input {}", describe(grad_out),
+                                 describe(x)));
+  const Tensor g = contiguous(to(grad_out, x.dtype())), cx = contiguous(x);
+  const int64_t c = x.size(1);
+  Tensor gx = want_x ? Tensor::empty(x.shape(), x.dtype(), x.device()) : Tensor();
+  Tensor gw = want_weight ? Tensor::empty({c}, DType::f32, x.device()) : Tensor();
+  Tensor gb = want_bias ? Tensor::empty({c}, DType::f32, x.device()) : Tensor();
+  on_device(x.device(), [&](Backend& b) {
+    b.batch_norm_backward(view_or_none(gx), view_or_none(gw), view_or_none(gb), g.view(), cx.view(),
+                          view_or_none(weight), mean.view(), rstd.view(), training);
+  });
+  return {gx, gw, gb};
+}
+
 bool fused_cross_entropy_available(const Tensor& logits) {
   if (!logits.defined() || logits.dim() != 2 || !logits.device().is_cuda()) return false;
   bool supported = false;

@@ -29,11 +29,13 @@ Shape contiguous_strides(const Shape& s);
 // longer shape (in the message that refuses it) is copied to the heap.
 class ShapeDescription {
  public:
-  explicit ShapeDescription(const Shape& s) : rank_(s.size()) {
-    if (s.size() <= sizes_.size())
-      std::copy(s.begin(), s.end(), sizes_.begin());
+  explicit ShapeDescription(const Shape& s) : ShapeDescription(s.data(), s.size()) {}
+  // The sizes of a view (a TensorView's shape array), without a Shape.
+  ShapeDescription(const int64_t* sizes, size_t rank) : rank_(rank) {
+    if (rank <= sizes_.size())
+      std::copy(sizes, sizes + rank, sizes_.begin());
     else
-      longer_ = s;
+      longer_.assign(sizes, sizes + rank);
   }
   std::string str() const;
   operator std::string() const { return str(); }  // NOLINT: a description is text wherever text is asked for

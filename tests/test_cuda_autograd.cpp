@@ -271,6 +271,63 @@ TEST(CudaAutograd, LayerNormWithSkipIsTheComposedExpressionAndTheCpus) {
   }
 }
 
+// The fused batch norm (an f32, f16 or bf16 input with f32 per-channel
+// tensors) against the CPU's composed one on the same values: the output,
+// every gradient and the running statistics, with batch statistics and
+// with running ones. The shapes give the kernels' every case: spatial sizes
+// read in 16-byte packs (256), in narrower ones (6, 14) and one at a time
+// (99; and 1: an [N, C] input), and channels of 262144 values cut into many
+// blocks. The inputs' mean is far from zero, where sums of squares would
+// lose the variance.
+TEST(CudaAutograd, FusedBatchNormMatchesTheCpu) {
+  MPT_SKIP_WITHOUT_CUDA();
+  const uint64_t seed = testing::fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  Generator gen(seed);
+  const Device gpu("cuda:0");
+  const std::vector<Shape> shapes{{8, 4, 16, 16}, {16, 6, 9, 11}, {64, 40}, {5, 3, 6}, {3, 5, 2, 7}, {256, 3, 32, 32}};
+  for (DType dt : {DType::f32, DType::f16, DType::bf16})
+    for (const Shape& shape : shapes)
+      for (bool training : {true, false}) {
+        SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " " << shape_str(shape)
+                                          << (training ? " batch statistics" : " running statistics"));
+        const int64_t c = shape[1];
+        const Tensor x0 = prim::to(prim::add_scalar(prim::mul_scalar(randn(shape, DType::f32, kCPU, &gen), 2.0), 30.0), dt);
+        const Tensor w0 = randn({c}, DType::f32, kCPU, &gen), b0 = randn({c}, DType::f32, kCPU, &gen);
+        const Tensor mean0 = randn({c}, DType::f32, kCPU, &gen);
+        const Tensor var0 = rand({c}, DType::f32, kCPU, &gen, 0.5, 1.5);
+        const Tensor dy = randn(shape, dt, kCPU, &gen);
+        struct Run {
+          std::vector<double> y, dx, dw, db, running_mean, running_var;
+        };
+        auto run = [&](const Device& device) {
+          Tensor x = prim::to(prim::clone(x0), device), w = prim::to(prim::clone(w0), device),
+                 b = prim::to(prim::clone(b0), device);
+          const Tensor running_mean = prim::to(prim::clone(mean0), device),
+                       running_var = prim::to(prim::clone(var0), device);
+          for (Tensor* t : {&x, &w, &b}) t->set_requires_grad(true);
+          if (device.is_cuda()) EXPECT_TRUE(prim::fused_batch_norm_available(x, running_mean, running_var, w, b));
+          const Tensor y = batch_norm(x, running_mean, running_var, w, b, training, 0.1, 1e-5);
+          EXPECT_EQ(y.dtype(), dt);
+          backward(sum(to(y * prim::to(dy, device), DType::f32)));
+          return Run{host_f64(y), host_f64(x.grad()), host_f64(w.grad()), host_f64(b.grad()),
+                     host_f64(running_mean), host_f64(running_var)};
+        };
+        const Run g = run(gpu), cpu = run(kCPU);
+        if (dt == DType::f32) {
+          EXPECT_LE(rel_error(g.y, cpu.y), 2e-5) << "output";
+        } else {
+          expect_within_a_rounding(g.y, cpu.y, dt, "output");
+        }
+        const double dx_tol = dt == DType::f32 ? 1e-4 : dt == DType::f16 ? 2e-3 : 1e-2;  // a rounding of dx's dtype
+        EXPECT_LE(rel_error(g.dx, cpu.dx), dx_tol) << "gradient of x";
+        EXPECT_LE(rel_error(g.dw, cpu.dw), 1e-4) << "gradient of the weight";
+        EXPECT_LE(rel_error(g.db, cpu.db), 1e-5) << "gradient of the bias";
+        EXPECT_LE(rel_error(g.running_mean, cpu.running_mean), 1e-6) << "running mean";
+        EXPECT_LE(rel_error(g.running_var, cpu.running_var), 1e-5) << "running variance";
+      }
+}
+
 // bf16 autocast on the GPU. A small model (linear, gelu, layer norm, linear,
 // cross-entropy) under AutocastGuard(cuda, bf16) against the same model
 // under AutocastGuard(cpu, bf16): the same casts and f32 accumulation on both

@@ -129,6 +129,13 @@ TEST(CudaModels, CnnMatchesTheCpu) {
                          randn({4, 1, 28, 28}, DType::f32, kCPU, &gen), labels(4, 10, gen), 1e-4);
 }
 
+TEST(CudaModels, CnnWithBatchNormMatchesTheCpu) {
+  MPT_SKIP_WITHOUT_CUDA();
+  Generator gen(4);
+  expect_gpu_matches_cpu([](Generator& g) { return nn::make_cnn({.batch_norm = true}, &g); },
+                         randn({8, 1, 28, 28}, DType::f32, kCPU, &gen), labels(8, 10, gen), 1e-4);
+}
+
 TEST(CudaModels, GptMatchesTheCpu) {
   MPT_SKIP_WITHOUT_CUDA();
   Generator gen(3);

@@ -56,7 +56,7 @@ TEST_F(MptBench, WithoutAGpuItSaysItSkipped) {
 
 TEST_F(MptBench, EveryWorkloadPrintsOneConsistentJsonLine) {
   MPT_SKIP_WITHOUT_CUDA();
-  for (const char* workload : {"mlp_small", "cnn", "gpt_mini", "mlp_large"}) {
+  for (const char* workload : {"mlp_small", "cnn", "cnn_bn", "gpt_mini", "mlp_large"}) {
     SCOPED_TRACE(workload);
     ASSERT_EQ(run(fmt::format("--workload {} --warmup 3 --steps 10", workload)), 0) << stderr_;
     const nlohmann::json j = nlohmann::json::parse(stdout_.substr(0, stdout_.find('\n')));

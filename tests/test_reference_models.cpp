@@ -77,6 +77,25 @@ TEST(ReferenceModels, CnnMatchesTheReferenceLayout) {
   EXPECT_THROW(nn::make_cnn({.image_size = 30}), ValueError);
 }
 
+// With batch_norm, PyTorch's Conv2d(bias=False), BatchNorm2d, ReLU,
+// MaxPool2d for each convolution: the names and buffers of such a
+// Sequential, so its state dict loads on either side.
+TEST(ReferenceModels, CnnWithBatchNormHasTheNamesOfPyTorchsSequential) {
+  Generator gen(2);
+  auto cnn = nn::make_cnn({.batch_norm = true}, &gen);
+  EXPECT_EQ(cnn->named_parameters().keys(),
+            (std::vector<std::string>{"0.weight", "1.weight", "1.bias", "4.weight", "5.weight", "5.bias", "9.weight",
+                                      "9.bias", "11.weight", "11.bias"}));
+  EXPECT_EQ(cnn->named_buffers().keys(),
+            (std::vector<std::string>{"1.running_mean", "1.running_var", "1.num_batches_tracked", "5.running_mean",
+                                      "5.running_var", "5.num_batches_tracked"}));
+  const int64_t conv1 = 32 * 1 * 3 * 3 + 2 * 32, conv2 = 64 * 32 * 3 * 3 + 2 * 64;
+  EXPECT_EQ(count_parameters(*cnn), conv1 + conv2 + linear_params(64 * 7 * 7, 256) + linear_params(256, 10));
+  const Tensor x = randn({2, 1, 28, 28}, DType::f32, kCPU, &gen);
+  EXPECT_EQ(cnn->forward(x).shape(), (Shape{2, 10}));
+  EXPECT_EQ(cnn->named_buffers().at("1.num_batches_tracked").item(), 1);
+}
+
 TEST(ReferenceModels, GptMatchesTheReferenceLayout) {
   Generator gen(3);
   nn::GPT gpt({}, &gen);

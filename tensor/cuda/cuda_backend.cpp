@@ -2,12 +2,14 @@
 // collapsed strided layouts, and hands over to the launchers (kernels.h).
 #include "tensor/cuda/cuda_backend.h"
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 
 #include <fmt/format.h>
 
 #include "tensor/cuda/attention.h"
+#include "tensor/cuda/batch_norm.h"
 #include "tensor/cuda/caching_allocator.h"
 #include "tensor/cuda/check.h"
 #include "tensor/cuda/cross_entropy.h"
@@ -38,7 +40,9 @@ Launch current_launch() {
   return l;
 }
 
-std::string shape_of(const TensorView& v) { return shape_str(Shape(v.shape, v.shape + v.ndim)); }
+// (Written out only when a failing check formats it: collapse() and the
+// other checks below run on every launch.)
+ShapeDescription shape_of(const TensorView& v) { return ShapeDescription(v.shape, static_cast<size_t>(v.ndim)); }
 
 // Describes N same-shaped views (views[0] the output) as one strided walk:
 // size-1 dimensions dropped, and neighbouring dimensions merged wherever
@@ -319,6 +323,53 @@ class CudaBackend final : public Backend {
                                   static_cast<float*>(grad_bias.data));
   }
 
+  bool fused_batch_norm_supported(DType dtype) const override { return cuda::fused_batch_norm_supported(dtype); }
+
+  void batch_norm_forward(const TensorView& out, const TensorView& mean, const TensorView& rstd,
+                          const TensorView& x, const TensorView& weight, const TensorView& bias,
+                          const TensorView& running_mean, const TensorView& running_var, bool training,
+                          double momentum, double eps) override {
+    const BatchNormArgs a = batch_norm_args(x, weight, bias, mean, rstd);
+    check_same_dtype("batch_norm", "output", x, out);
+    check<ShapeError>(out.numel() == x.numel(), "CUDA batch_norm: output {} does not match input {}", shape_of(out),
+                      shape_of(x));
+    check_contiguous("batch_norm", out);
+    check_per_channel(a, {&running_mean, &running_var});
+    check<ValueError>(!running_mean.data == !running_var.data,
+                      "CUDA batch_norm: running_mean and running_var must be given together");
+    const Launch l = current_launch();
+    auto* rm = static_cast<float*>(running_mean.data);
+    auto* rv = static_cast<float*>(running_var.data);
+    if (training) {
+      check<ShapeError>(a.n * a.s > 1, "CUDA batch_norm: training needs more than one value per channel, got {}",
+                        shape_of(x));
+      const LaunchScratch scratch(l, batch_norm_scratch_bytes(l, a));
+      launch_batch_norm_statistics(l, a, rm, rv, momentum, eps, scratch.get());
+    } else {
+      check<ValueError>(rm != nullptr, "CUDA batch_norm: without training, the running statistics normalise");
+      launch_batch_norm_running_statistics(l, a, rm, rv, eps);
+    }
+    launch_batch_norm_apply(l, a, out.data);
+  }
+
+  void batch_norm_backward(const TensorView& grad_x, const TensorView& grad_weight, const TensorView& grad_bias,
+                           const TensorView& grad_out, const TensorView& x, const TensorView& weight,
+                           const TensorView& mean, const TensorView& rstd, bool training) override {
+    const BatchNormArgs a = batch_norm_args(x, weight, TensorView{}, mean, rstd);
+    for (const TensorView* t : {&grad_x, &grad_out}) {
+      if (!t->data) continue;
+      check_same_dtype("batch_norm", "backward", x, *t);
+      check<ShapeError>(t->numel() == x.numel(), "CUDA batch_norm backward: {} does not match input {}",
+                        shape_of(*t), shape_of(x));
+      check_contiguous("batch_norm backward", *t);
+    }
+    check_per_channel(a, {&grad_weight, &grad_bias});
+    const Launch l = current_launch();
+    const LaunchScratch scratch(l, batch_norm_scratch_bytes(l, a));
+    launch_batch_norm_backward(l, a, grad_out.data, grad_x.data, static_cast<float*>(grad_weight.data),
+                               static_cast<float*>(grad_bias.data), training, scratch.get());
+  }
+
   bool fused_cross_entropy_supported(DType dtype) const override { return cuda::fused_cross_entropy_supported(dtype); }
 
   void cross_entropy_forward(const TensorView& loss, const TensorView& lse, const TensorView& valid,
@@ -407,7 +458,7 @@ class CudaBackend final : public Backend {
 
  private:
   static void check_same_shape(const char* op, const TensorView& a, const TensorView& b) {
-    check<ShapeError>(Shape(a.shape, a.shape + a.ndim) == Shape(b.shape, b.shape + b.ndim),
+    check<ShapeError>(std::equal(a.shape, a.shape + a.ndim, b.shape, b.shape + b.ndim),
                       "CUDA {}: shapes {} and {} differ", op, shape_of(a), shape_of(b));
   }
 
@@ -443,6 +494,39 @@ class CudaBackend final : public Backend {
     a.rstd = static_cast<float*>(rstd.data);
     a.eps = static_cast<float>(eps);
     return a;
+  }
+
+  // x viewed as [n, c, s]; weight, bias (either may have null data), mean
+  // and rstd f32 [c].
+  static BatchNormArgs batch_norm_args(const TensorView& x, const TensorView& weight, const TensorView& bias,
+                                       const TensorView& mean, const TensorView& rstd) {
+    check<DTypeError>(cuda::fused_batch_norm_supported(x.dtype), "CUDA batch_norm: input must be f32, f16 or bf16, got {}",
+                      dtype_name(x.dtype));
+    check<ShapeError>(x.ndim >= 2, "CUDA batch_norm: input {} must be [N, C, ...]", shape_of(x));
+    check_contiguous("batch_norm", x);
+    BatchNormArgs a;
+    a.dtype = x.dtype;
+    a.n = x.shape[0];
+    a.c = x.shape[1];
+    a.s = 1;
+    for (int d = 2; d < x.ndim; ++d) a.s *= x.shape[d];
+    check_per_channel(a, {&weight, &bias});
+    check<ShapeError>(mean.data && rstd.data, "CUDA batch_norm: mean and rstd are needed");
+    check_per_channel(a, {&mean, &rstd});
+    a.x = x.data;
+    a.weight = static_cast<const float*>(weight.data);
+    a.bias = static_cast<const float*>(bias.data);
+    a.mean = static_cast<float*>(mean.data);
+    a.rstd = static_cast<float*>(rstd.data);
+    return a;
+  }
+
+  // Each of `ts` with data is contiguous f32 [a.c].
+  static void check_per_channel(const BatchNormArgs& a, std::initializer_list<const TensorView*> ts) {
+    for (const TensorView* t : ts)
+      if (t->data && !(t->dtype == DType::f32 && t->numel() == a.c && t->is_contiguous()))
+        throw ShapeError(fmt::format("CUDA batch_norm: per-channel tensors must be contiguous f32 [{}], got {} {}", a.c,
+                                     dtype_name(t->dtype), shape_of(*t)));
   }
 
   static CrossEntropyArgs cross_entropy_args(const TensorView& logits, const TensorView& target,

@@ -100,9 +100,11 @@ Workload make(const std::string& name, const Device& device, int64_t batch, int6
     w.model = nn::make_mlp({8192, {8192, 8192, 8192}, 10}, &gen);
     w.x = randn({b, 8192}, DType::f32, kCPU, &gen);
     w.y = random_labels(b, 10, {b}, rng, device);
-  } else if (name == "cnn") {
+  } else if (name == "cnn" || name == "cnn_bn") {  // cnn_bn: a BatchNorm2d after each convolution
     const int64_t b = rows(512);
-    w.model = nn::make_cnn({}, &gen);
+    nn::CNNOptions options;
+    options.batch_norm = name == "cnn_bn";
+    w.model = nn::make_cnn(options, &gen);
     w.x = randn({b, 1, 28, 28}, DType::f32, kCPU, &gen);
     w.y = random_labels(b, 10, {b}, rng, device);
   } else if (name == "gpt_mini") {
@@ -112,7 +114,7 @@ Workload make(const std::string& name, const Device& device, int64_t batch, int6
     w.y = random_labels(b * 256, 65, {b, 256}, rng, device);
     w.sequence = true;
   } else {
-    throw ValueError("mpt-bench: unknown workload '" + name + "' (mlp_small, mlp_large, cnn, gpt_mini)");
+    throw ValueError("mpt-bench: unknown workload '" + name + "' (mlp_small, mlp_large, cnn, cnn_bn, gpt_mini)");
   }
   w.model->to(device);
   w.x = prim::to(w.x, device);
@@ -402,8 +404,10 @@ int main(int argc, char** argv) {
   CLI::App app{"mpt-bench: the reference workloads, timed as PyTorch's torch_bench.py (in ../shared/reference/, "
                "beside the checkout) times them"};
   app.option_defaults()->always_capture_default();
-  app.add_option("--workload", o.workload, "mlp_small, mlp_large, cnn or gpt_mini")
-      ->check(CLI::IsMember({"mlp_small", "mlp_large", "cnn", "gpt_mini"}));
+  app.add_option("--workload", o.workload,
+                 "mlp_small, mlp_large, cnn or gpt_mini (the reference's), or cnn_bn (cnn with a BatchNorm2d after "
+                 "each convolution)")
+      ->check(CLI::IsMember({"mlp_small", "mlp_large", "cnn", "cnn_bn", "gpt_mini"}));
   app.add_option("--mode", o.mode, "single (one GPU), dp (a replica and a thread per GPU of this process), ddp (a process per GPU)")
       ->check(CLI::IsMember({"single", "dp", "ddp"}));
   app.add_option("--precision", o.precision, "fp16 (autocast + loss scaler), bf16 (autocast) or fp32")
