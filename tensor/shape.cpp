@@ -30,10 +30,7 @@ Shape contiguous_strides(const Shape& s) {
   return st;
 }
 
-std::string ShapeDescription::str() const {
-  if (!longer_.empty()) return fmt::format("[{}]", fmt::join(longer_, ", "));
-  return fmt::format("[{}]", fmt::join(sizes_.begin(), sizes_.begin() + static_cast<std::ptrdiff_t>(rank_), ", "));
-}
+std::string ShapeDescription::str() const { return fmt::format("[{}]", fmt::join(sizes_, ", ")); }
 
 std::ostream& operator<<(std::ostream& os, const ShapeDescription& d) { return os << d.str(); }
 

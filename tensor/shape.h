@@ -1,11 +1,12 @@
 #pragma once
 // Shapes and strides, counted in elements.
 #include <algorithm>
-#include <array>
 #include <cstdint>
 #include <iosfwd>
 #include <string>
 #include <vector>
+
+#include "tensor/inline_vector.h"
 
 // Kernels' sources include this header too, and nvcc cannot compile fmt's
 // header-only build: they get the shapes, not the formatting.
@@ -15,35 +16,29 @@
 
 namespace mpt {
 
-using Shape = std::vector<int64_t>;
-
 inline constexpr int kMaxDims = 8;
+
+// Sizes or strides: up to kMaxDims of them (every shape a kernel takes)
+// without an allocation.
+using Shape = InlineVector<int64_t, kMaxDims>;
 
 int64_t numel(const Shape& s);
 Shape contiguous_strides(const Shape& s);
 
 // A shape's "[2, 3]", written out only when it is formatted or made a
 // string: operand checks pass it to messages that are built only when the
-// check fails (see describe() in tensor.h). It holds a copy of the sizes,
-// inline up to kMaxDims of them, so taking one allocates nothing; only a
-// longer shape (in the message that refuses it) is copied to the heap.
+// check fails (see describe() in tensor.h). It holds a copy of the sizes
+// (a Shape: inline up to kMaxDims of them, so taking one allocates nothing).
 class ShapeDescription {
  public:
-  explicit ShapeDescription(const Shape& s) : ShapeDescription(s.data(), s.size()) {}
-  // The sizes of a view (a TensorView's shape array), without a Shape.
-  ShapeDescription(const int64_t* sizes, size_t rank) : rank_(rank) {
-    if (rank <= sizes_.size())
-      std::copy(sizes, sizes + rank, sizes_.begin());
-    else
-      longer_.assign(sizes, sizes + rank);
-  }
+  explicit ShapeDescription(const Shape& s) : sizes_(s) {}
+  // The sizes of a view (a TensorView's shape array).
+  ShapeDescription(const int64_t* sizes, size_t rank) : sizes_(sizes, sizes + rank) {}
   std::string str() const;
   operator std::string() const { return str(); }  // NOLINT: a description is text wherever text is asked for
 
  private:
-  std::array<int64_t, kMaxDims> sizes_{};
-  size_t rank_ = 0;
-  Shape longer_;
+  Shape sizes_;
 };
 inline ShapeDescription shape_str(const Shape& s) { return ShapeDescription(s); }
 std::ostream& operator<<(std::ostream& os, const ShapeDescription& d);
