@@ -126,25 +126,24 @@ class InlineVector {
   }
   template <std::input_iterator It>
   void assign(It first, It last) {
-    if constexpr (std::forward_iterator<It>) {
-      const auto n = static_cast<size_t>(std::distance(first, last));
+    if constexpr (std::contiguous_iterator<It>) {
+      const auto n = static_cast<size_t>(last - first);
       if (n > capacity_) {
         InlineVector fresh;  // (the values may be ours: copied before ours go)
         fresh.grow_to(n);
-        std::copy(first, last, fresh.data_);
+        std::memcpy(fresh.data_, std::to_address(first), n * sizeof(T));
         fresh.size_ = n;
         *this = std::move(fresh);
         return;
       }
-      if constexpr (std::contiguous_iterator<It>) {
-        if (n > 0) std::memmove(data_, std::to_address(first), n * sizeof(T));  // (may overlap ours)
-      } else {
-        std::copy(first, last, data_);
-      }
+      if (n > 0) std::memmove(data_, std::to_address(first), n * sizeof(T));  // (may overlap ours)
       size_ = n;
     } else {
-      clear();
-      for (; first != last; ++first) push_back(*first);
+      // Values read through any other iterator may be ours in any order:
+      // gathered apart first.
+      InlineVector fresh;
+      for (; first != last; ++first) fresh.push_back(*first);
+      *this = std::move(fresh);
     }
   }
 

@@ -130,6 +130,18 @@ TEST(InlineVector, CopiesAndMovesInlineAndOnTheHeap) {
   }
 }
 
+// Its own values, read backwards (an iterator that is not contiguous), inline and on the heap.
+TEST(InlineVector, AssignsItsOwnValuesInAnyOrder) {
+  Small inline_values{1, 2, 3};
+  inline_values.assign(inline_values.rbegin(), inline_values.rend());
+  expect_same(inline_values, {3, 2, 1});
+  Small heap_values{1, 2, 3, 4, 5, 6};
+  heap_values.assign(heap_values.rbegin(), heap_values.rend());
+  expect_same(heap_values, {6, 5, 4, 3, 2, 1});
+  heap_values.assign(heap_values.rbegin() + 2, heap_values.rend());
+  expect_same(heap_values, {3, 4, 5, 6});
+}
+
 TEST(InlineVector, ComparesAndConstructsAsAVector) {
   EXPECT_EQ(Small({1, 2}), Small(std::vector<int64_t>{1, 2}));
   EXPECT_NE(Small({1, 2}), Small({1, 2, 0}));
