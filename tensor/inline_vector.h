@@ -131,7 +131,7 @@ class InlineVector {
       if (n > capacity_) {
         InlineVector fresh;  // (the values may be ours: copied before ours go)
         fresh.grow_to(n);
-        std::memcpy(fresh.data_, std::to_address(first), n * sizeof(T));
+        std::copy(first, last, fresh.data_);
         fresh.size_ = n;
         *this = std::move(fresh);
         return;
