@@ -195,11 +195,9 @@ class InlineVector {
     auto* p = static_cast<T*>(std::malloc(n * sizeof(T)));
     if (p == nullptr) throw std::bad_alloc();
     if (size_ > 0) std::memcpy(p, data_, size_ * sizeof(T));
-    const size_t size = size_;
-    release();
+    release();  // (keeps size_)
     data_ = p;
     capacity_ = n;
-    size_ = size;
   }
   // n unset values at `at`, the ones from `at` on moved up.
   void open_gap(size_t at, size_t n) {

@@ -57,9 +57,10 @@ Stretches stretches_for(const Launch& l, const BatchNormArgs& a) {
   return {k, (m + k - 1) / k};
 }
 
-// Scratch layout: per-block partials [c][stretches][3], then the backward's
-// coefficients [c][3].
+// Scratch layout: per-block partials [c][stretches][kPartial], then the
+// backward's coefficients of dx [c][kCoefficients].
 constexpr int kPartial = 3;
+constexpr int kCoefficients = 3;
 
 struct Welford {
   float count = 0.0f, mean = 0.0f, m2 = 0.0f;
@@ -244,7 +245,7 @@ __global__ void batch_norm_combine_backward_kernel(float* __restrict__ coefficie
     // dx = w r (dy - mean(dy) - xhat mean(dy xhat)) with batch statistics,
     // w r dy with running ones.
     const double scale = (weight ? weight[channel] : 1.0) * r;
-    float* k = coefficients + channel * 3;
+    float* k = coefficients + channel * kCoefficients;
     k[0] = static_cast<float>(scale);
     k[1] = batch_statistics ? static_cast<float>(-scale * r * sum_dy_xhat / static_cast<double>(m)) : 0.0f;
     k[2] = batch_statistics ? static_cast<float>(-scale * sum_dy / static_cast<double>(m)) : 0.0f;
@@ -258,8 +259,8 @@ __global__ void __launch_bounds__(kThreads)
                                   ChannelIndex index, int64_t packs) {
   for (int64_t i = global_thread(); i < packs; i += grid_threads()) {
     const int64_t channel = index.channel_of(i * V);
-    const float mu = mean[channel], a = coefficients[channel * 3], b = coefficients[channel * 3 + 1],
-                d = coefficients[channel * 3 + 2];
+    const float* k = coefficients + channel * kCoefficients;
+    const float mu = mean[channel], a = k[0], b = k[1], d = k[2];
     const Pack<T, V> g = reinterpret_cast<const Pack<T, V>*>(dy)[i];
     const Pack<T, V> in = reinterpret_cast<const Pack<T, V>*>(x)[i];
     Pack<T, V> out;
@@ -270,9 +271,8 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-float* coefficients_in(const Launch& l, const BatchNormArgs& a, void* scratch) {
-  return static_cast<float*>(scratch) + a.c * stretches_for(l, a).stretches * kPartial;
-}
+// Floats of the per-block partials, which the backward's coefficients follow.
+int64_t partial_floats(const BatchNormArgs& a, const Stretches& st) { return a.c * st.stretches * kPartial; }
 
 }  // namespace
 
@@ -281,7 +281,7 @@ bool fused_batch_norm_supported(DType dtype) {
 }
 
 size_t batch_norm_scratch_bytes(const Launch& l, const BatchNormArgs& a) {
-  return static_cast<size_t>(a.c * (stretches_for(l, a).stretches + 1) * kPartial) * sizeof(float);
+  return static_cast<size_t>(partial_floats(a, stretches_for(l, a)) + a.c * kCoefficients) * sizeof(float);
 }
 
 void launch_batch_norm_statistics(const Launch& l, const BatchNormArgs& a, float* running_mean, float* running_var,
@@ -334,7 +334,7 @@ void launch_batch_norm_backward(const Launch& l, const BatchNormArgs& a, const v
     });
     MPT_CUDA_CHECK_LAUNCH("batch_norm_backward_sums_kernel");
   }
-  float* coefficients = coefficients_in(l, a, scratch);
+  float* coefficients = static_cast<float*>(scratch) + partial_floats(a, st);
   batch_norm_combine_backward_kernel<<<grid_for(l, a.c), kThreads, 0, l.stream>>>(
       coefficients, grad_weight, grad_bias, partials, a.rstd, a.weight, a.c, st.stretches, m, batch_statistics);
   MPT_CUDA_CHECK_LAUNCH("batch_norm_combine_backward_kernel");
