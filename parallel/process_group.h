@@ -81,6 +81,13 @@ struct ProcessGroupOptions {
   std::string interface;
   // Gloo: this host's address as peers should reach it; overrides interface.
   std::string hostname;
+  // NCCL: registered_buffer() gives memory every rank's GPU maps (one host,
+  // peer access between the GPUs), and sums and averages of tensors in it
+  // run as the group's own kernel, each GPU reading the others' memory
+  // directly (PeerAllReduce): less latency than NCCL for small all-reduces,
+  // and bounded by the timeout even after a peer died. Where some pair of
+  // ranks cannot, registered_buffer() gives none.
+  bool peer_collectives = false;
 };
 
 // A group over `store` (whose ranks have already met, see rendezvous()) for

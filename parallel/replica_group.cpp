@@ -23,6 +23,7 @@ ReplicaGroup::ReplicaGroup(std::shared_ptr<nn::Module> module, const ModuleFacto
   ProcessGroupOptions group_options;
   group_options.timeout = options.timeout;
   group_options.hostname = "127.0.0.1";
+  group_options.peer_collectives = options.peer_collectives;
   // Together: each rank's group and DDP wait for the others to join.
   threads_->run([&](size_t i) {
     Replica& r = *replicas_[i];

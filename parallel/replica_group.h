@@ -42,6 +42,9 @@ struct Replica {
 struct ReplicaGroupOptions {
   DdpOptions ddp;
   Millis timeout = kDefaultTimeout;  // for every collective of the group
+  // The replicas' NCCL groups all-reduce registered buckets by their own
+  // kernel (ProcessGroupOptions::peer_collectives; with ddp.registered_buffers).
+  bool peer_collectives = false;
 };
 
 class ReplicaGroup {

@@ -247,15 +247,57 @@ TEST(NcclProcessGroup, ARegisteredBufferServesCollectives) {
   });
 }
 
-// DDP with its buckets in registered memory (NCCL's symmetric kernels)
-// averages exactly as with ordinary buffers: two ranks' halves summed in
-// either order give the same f32. Several buckets, rebuilt after the first
-// step; the registered bytes are reported.
-TEST(NcclDdp, RegisteredBucketBuffersAverageLikeOrdinaryOnes) {
+// With peer_collectives, registered_buffer is memory both GPUs map: its
+// sums and averages run as the group's own kernel (f32, f16, bf16), its
+// maximum and f64 through NCCL, all by the written rule.
+TEST(NcclProcessGroup, APeerBufferServesCollectivesByTheRule) {
   SKIP_WITHOUT_TWO_GPUS();
+  ProcessGroupOptions options;
+  options.peer_collectives = true;
+  const int n = 3001;
+  mpt::testing::with_device_ranks(
+      2, DeviceType::cuda,
+      [&](ProcessGroup& g, const Device& dev) {
+        for (DType d : {DType::f32, DType::f16, DType::bf16, DType::f64}) {
+          SCOPED_TRACE(dtype_name(d));
+          Tensor buffer = g.registered_buffer(n, d, dev);
+          ASSERT_TRUE(buffer.defined());
+          // Small integers: every value and sum is exact in each dtype.
+          auto input = [&](int rank) {
+            std::vector<double> v(n);
+            for (int i = 0; i < n; ++i) v[i] = (rank + 1) * (i % 64 - 8);
+            return v;
+          };
+          prim::copy_(buffer, from_vector(input(g.rank()), {n}, d, dev));
+          g.allreduce(buffer, dist::ReduceOp::sum)->wait();
+          std::vector<double> expected(n);
+          for (int i = 0; i < n; ++i) expected[i] = input(0)[i] + input(1)[i];
+          EXPECT_EQ(buffer.to_vector<double>(), expected);
+          Tensor part = prim::slice(buffer, 0, 1000, 2001);
+          g.allreduce(part, dist::ReduceOp::avg)->wait();
+          EXPECT_EQ(buffer.to_vector<double>(), expected);  // the average of equal values
+          prim::fill_(part, g.rank());
+          g.allreduce(part, dist::ReduceOp::max)->wait();
+          for (int i = 1000; i < 2001; ++i) expected[i] = 1;
+          EXPECT_EQ(buffer.to_vector<double>(), expected);
+        }
+      },
+      milliseconds(60000), options);
+}
+
+// DDP with its buckets in registered memory (NCCL's symmetric kernels, or
+// with peer_collectives the group's own kernel) averages exactly as with
+// ordinary buffers: two ranks' halves summed in either order give the same
+// f32. Several buckets, rebuilt after the first step; the registered bytes
+// are reported.
+namespace {
+
+void expect_registered_buckets_average_like_ordinary_ones(bool peer_collectives) {
   const uint64_t seed = mpt::testing::fresh_seed();
   SCOPED_TRACE(seed);
-  with_gpu_ranks(2, [&](ProcessGroup& g, const Device& dev) {
+  ProcessGroupOptions group_options;
+  group_options.peer_collectives = peer_collectives;
+  mpt::testing::with_device_ranks(2, DeviceType::cuda, [&](ProcessGroup& g, const Device& dev) {
     DeviceGuard on_device(dev);
     const std::shared_ptr<ProcessGroup> group(&g, [](ProcessGroup*) {});  // owned by with_gpu_ranks
     auto ordinary_model = mpt::testing::make_mlp(seed), registered_model = mpt::testing::make_mlp(seed);
@@ -280,7 +322,19 @@ TEST(NcclDdp, RegisteredBucketBuffersAverageLikeOrdinaryOnes) {
         EXPECT_EQ(a[i].grad().to_vector<float>(), b[i].grad().to_vector<float>()) << "step " << step << ", parameter " << i;
     }
     EXPECT_TRUE(in_window.buckets_rebuilt());
-  });
+  }, milliseconds(60000), group_options);
+}
+
+}  // namespace
+
+TEST(NcclDdp, RegisteredBucketBuffersAverageLikeOrdinaryOnes) {
+  SKIP_WITHOUT_TWO_GPUS();
+  expect_registered_buckets_average_like_ordinary_ones(false);
+}
+
+TEST(NcclDdp, PeerCollectiveBucketsAverageLikeOrdinaryOnes) {
+  SKIP_WITHOUT_TWO_GPUS();
+  expect_registered_buckets_average_like_ordinary_ones(true);
 }
 
 // Two ranks on one GPU: NCCL itself would only say "invalid usage". Both
@@ -388,7 +442,7 @@ namespace {
 // asynchronous error or its timeout, abort the communicator and fail, not
 // hang: with eager steps, and with steps replayed as CUDA graphs, whose
 // collectives only the replay watchdog sees.
-void expect_killed_rank_ends_the_other(const std::string& mode) {
+void expect_killed_rank_ends_the_other(const std::string& mode, bool peer_collectives = false) {
   const int timeout_s = 20;
   const std::string port = std::to_string(mpt::testing::free_port());
   std::vector<std::unique_ptr<mpt::testing::ChildProcess>> ranks;
@@ -399,7 +453,8 @@ void expect_killed_rank_ends_the_other(const std::string& mode) {
                                            {"WORLD_SIZE", "2"},
                                            {"MASTER_ADDR", "127.0.0.1"},
                                            {"MASTER_PORT", port},
-                                           {"MPT_TEST_TIMEOUT_S", std::to_string(timeout_s)}},
+                                           {"MPT_TEST_TIMEOUT_S", std::to_string(timeout_s)},
+                                           {"MPT_TEST_PEER_COLLECTIVES", peer_collectives ? "1" : "0"}},
         fmt::format("/tmp/mpt-nccl-kill-{}-{}-{}.log", mode, ::getpid(), r)));
   ASSERT_TRUE(ranks[1]->wait_for_output("rank 1: step 30", 120)) << ranks[1]->output() << ranks[0]->output();
   ranks[1]->signal(SIGKILL);
@@ -430,12 +485,28 @@ TEST(NcclDdp, AKilledRankEndsTheOtherWhenStepsAreReplayedGraphs) {
   expect_killed_rank_ends_the_other("train_graphed");
 }
 
+// The group's own all-reduce kernel between two processes (CUDA IPC): a
+// killed rank ends the survivor's replays within the timeout too, where
+// NCCL's symmetric kernels kept it waiting.
+TEST(NcclDdp, AKilledRankEndsTheOtherWhenGraphedStepsUsePeerCollectives) {
+  SKIP_WITHOUT_TWO_GPUS();
+  expect_killed_rank_ends_the_other("train_graphed", true);
+}
+
 TEST(NcclDdp, TwoGpusMatchOneProcess) {
   SKIP_WITHOUT_TWO_GPUS();
   for (const char* mode : {"plain cuda", "accum cuda", "compress cuda"}) {
     const auto r = mpt::testing::run_job(mode);
     EXPECT_EQ(r.exit_code, 0) << mode << "\n" << r.output;
     std::cout << r.output;  // the measured errors, for the report
+  }
+  // Buckets all-reduced by the group's own kernel, across processes.
+  for (const char* mode : {"plain cuda", "compress cuda"}) {
+    const auto r = mpt::testing::run_job(mode, 2, "MPT_TEST_PEER_COLLECTIVES=1");
+    EXPECT_EQ(r.exit_code, 0) << mode << " (peer collectives)\n" << r.output;
+    EXPECT_NE(r.output.find("peer collectives"), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("no peer collectives"), std::string::npos) << r.output;
+    std::cout << r.output;
   }
 }
 
@@ -713,8 +784,9 @@ TEST(DataParallelGpu, TwoGpusTrainLikeOne) {
 // its scaler, capturable AdamW) captured as a CUDA graph by its own thread:
 // the replicas train as one GPU does on the whole batch, eagerly, and stay
 // bit-identical.
-TEST(ReplicaGroupGpu, GraphedStepsOnTwoGpusTrainLikeOneGpu) {
-  SKIP_WITHOUT_TWO_GPUS();
+namespace {
+
+void expect_graphed_replicas_train_like_one_gpu(bool peer_collectives) {
   const uint64_t seed = mpt::testing::fresh_seed();
   SCOPED_TRACE(seed);
   const Device d0("cuda:0"), d1("cuda:1");
@@ -733,6 +805,8 @@ TEST(ReplicaGroupGpu, GraphedStepsOnTwoGpusTrainLikeOneGpu) {
   model->to(d0);
   ReplicaGroupOptions options;
   options.timeout = milliseconds(30000);  // a failing replica ends the test in bounded time
+  options.peer_collectives = peer_collectives;
+  options.ddp.registered_buffers = peer_collectives;
   ReplicaGroup group(model, [&] { return mpt::testing::make_mlp(seed + 1); }, {d0, d1}, options);
   std::vector<double> scales(2);
   std::vector<int64_t> replays(2);
@@ -773,6 +847,21 @@ TEST(ReplicaGroupGpu, GraphedStepsOnTwoGpusTrainLikeOneGpu) {
     EXPECT_LE(mpt::testing::rel_error(flat_parameters(*group.replica(r).module), expected), 1e-5) << "replica " << r;
   }
   EXPECT_EQ(flat_parameters(*group.replica(1).module), flat_parameters(*group.replica(0).module));
+  EXPECT_EQ(group.replica(0).ddp->registered_bytes() > 0, peer_collectives);
+}
+
+}  // namespace
+
+TEST(ReplicaGroupGpu, GraphedStepsOnTwoGpusTrainLikeOneGpu) {
+  SKIP_WITHOUT_TWO_GPUS();
+  expect_graphed_replicas_train_like_one_gpu(false);
+}
+
+// The same with the buckets all-reduced by the groups' own kernel (the
+// replicas' threads share device pointers, with peer access between the GPUs).
+TEST(ReplicaGroupGpu, GraphedStepsWithPeerCollectivesTrainLikeOneGpu) {
+  SKIP_WITHOUT_TWO_GPUS();
+  expect_graphed_replicas_train_like_one_gpu(true);
 }
 
 TEST(DataParallelGpu, AModuleLeftOnTheCpuIsAClearError) {

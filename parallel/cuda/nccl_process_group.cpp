@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "parallel/cuda/nccl_util.h"
+#include "parallel/cuda/peer_all_reduce.h"
 #include "parallel/distributed_error.h"
 #include "parallel/nccl_process_group.h"
 #include "parallel/rendezvous.h"
@@ -86,6 +87,7 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
     std::lock_guard lock(mutex_);
     if (!aborted_because_.empty() || comm_ == nullptr) return;
     aborted_because_ = why;
+    if (peer_) peer_->abort();
     std::thread([self = shared_from_this()] { MPT_NCCL_RELEASE(ncclCommAbort(self->comm_)); }).detach();
   }
   std::string aborted_because() {
@@ -94,6 +96,16 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   }
   // NCCL cannot say which peer failed; the store knows who left the job.
   std::string who_left() { return describe_departures(*store_, world_size_); }
+
+  // The group's own all-reduce kernels (ProcessGroupOptions::peer_collectives),
+  // watched and aborted with the communicator. Set once, before their first use.
+  void attach(std::shared_ptr<PeerAllReduce> peer) {
+    std::lock_guard lock(mutex_);
+    peer_ = std::move(peer);
+    peer_seen_ = peer_.get();
+  }
+  // Read without the lock: the watchdog looks while use() holds it.
+  PeerAllReduce* peer() const { return peer_seen_.load(std::memory_order_acquire); }
 
   // Memory from ncclMemAlloc registered with this communicator: freed when
   // the communicator is gone (tensors over it hold the communicator).
@@ -106,6 +118,8 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   std::shared_ptr<Store> store_;
   int world_size_;
   std::vector<void*> registered_;
+  std::shared_ptr<PeerAllReduce> peer_;
+  std::atomic<PeerAllReduce*> peer_seen_{nullptr};
   ncclComm_t comm_ = nullptr;
   std::mutex mutex_;
   std::string aborted_because_;
@@ -119,7 +133,7 @@ void aborting_on_failure(Communicator& comm, F&& f) {
     f();
   } catch (const TimeoutError& e) {
     comm.abort(e.what());
-    throw TimeoutError(fmt::format("{}; communicator aborted", e.what()));
+    throw TimeoutError(fmt::format("{}; communicator aborted; {}", e.what(), comm.who_left()));
   } catch (const DistributedError& e) {
     comm.abort(e.what());
     throw DistributedError(fmt::format("{}; communicator aborted; {}", e.what(), comm.who_left()));
@@ -132,13 +146,21 @@ using Clock = std::chrono::steady_clock;
 // collective, or a graph's replay): true once they are. A peer that died or
 // a network that broke shows up in NCCL's asynchronous error, not in the
 // event, which would never complete; so: DistributedError on that error or
-// an aborted communicator, TimeoutError past `timeout` since `since`.
+// an aborted communicator, TimeoutError past `timeout` since `since`. The
+// group's own all-reduce kernels end by themselves when they give up, so
+// their status word is read even once the event has completed.
 // `what` names them in the message.
 bool collectives_done(cudaEvent_t event, Communicator& comm, Clock::time_point since, Millis timeout,
                       const std::string& what) {
   const cudaError_t q = cudaEventQuery(event);
+  if (q != cudaSuccess && q != cudaErrorNotReady) MPT_CUDA_CHECK(q);
+  if (const PeerAllReduce* peer = comm.peer()) {
+    if (const std::string why = peer->failure(); !why.empty()) {
+      if (peer->timed_out()) throw TimeoutError(fmt::format("NCCL {}: {}", what, why));
+      throw DistributedError(fmt::format("NCCL {}: {} ({})", what, why, comm.aborted_because()));
+    }
+  }
   if (q == cudaSuccess) return true;
-  if (q != cudaErrorNotReady) MPT_CUDA_CHECK(q);
   const std::optional<ncclResult_t> state = comm.async_error();
   if (!state)
     throw DistributedError(
@@ -456,12 +478,14 @@ class NcclProcessGroup : public ProcessGroup {
   NcclProcessGroup(const std::shared_ptr<Store>& store, int rank, int size, int device,
                    const ProcessGroupOptions& options)
       : ProcessGroup(rank, size), device_(device), timeout_(options.timeout),
+        peer_collectives_(options.peer_collectives), store_(store),
         comm_(std::make_shared<Communicator>(store, size)) {
     nccl::check_version();
     check_device_available(Device(DeviceType::cuda, device));
     DeviceGuard guard(Device(DeviceType::cuda, device_));
     const int64_t index = store->add(fmt::format("mpt/nccl/groups_of_rank/{}", rank), 1);
     check_one_gpu_per_rank(*store, index, rank, size, device);
+    peer_prefix_ = fmt::format("mpt/nccl/{}/peer", index);
     const std::string key = fmt::format("mpt/nccl/{}/unique_id", index);
     ncclUniqueId id;
     if (rank == 0) {
@@ -496,6 +520,9 @@ class NcclProcessGroup : public ProcessGroup {
   WorkPtr allreduce(const Tensor& t, ReduceOp op) override {
     check_tensor("allreduce", t);
     t.bump_version();
+    if (PeerAllReduce* peer = comm_->peer(); peer != nullptr && peer->serves(t, op))
+      return launch(fmt::format("allreduce({}) of {} by the peer kernel", reduce_op_name(op), describe(t)), {t},
+                    [&](cudaStream_t s) { peer->enqueue(t, op, s); });
     return launch(fmt::format("allreduce({}) of {}", reduce_op_name(op), describe(t)), {t}, [&](cudaStream_t s) {
       MPT_NCCL_CHECK(ncclAllReduce(t.data_ptr(), t.data_ptr(), t.numel(), nccl::data_type(t.dtype()), nccl::red_op(op),
                                    comm_->get(), s));
@@ -553,13 +580,17 @@ class NcclProcessGroup : public ProcessGroup {
                   });
   }
 
-  // ncclMemAlloc'd memory in a symmetric window (NCCL_WIN_COLL_SYMMETRIC):
-  // NCCL's symmetric kernels then serve collectives on it, with less
-  // latency than its ring kernels on ordinary memory. The window lasts as
-  // long as the communicator (deregistering is collective, which a
-  // tensor's last release is not). Unlike the ring kernels, NCCL 2.28's
-  // symmetric kernels were seen to keep waiting for a dead peer after
-  // ncclCommAbort (two H200s, a graphed DDP step).
+  // With peer_collectives: memory every rank maps, whose sums and averages
+  // the group's own kernel all-reduces (PeerAllReduce); where some pair of
+  // ranks cannot map each other's memory, none (said once on stderr).
+  //
+  // Else ncclMemAlloc'd memory in a symmetric window
+  // (NCCL_WIN_COLL_SYMMETRIC): NCCL's symmetric kernels then serve
+  // collectives on it, with less latency than its ring kernels on ordinary
+  // memory. The window lasts as long as the communicator (deregistering is
+  // collective, which a tensor's last release is not). Unlike the ring
+  // kernels, NCCL 2.28's symmetric kernels were seen to keep waiting for a
+  // dead peer after ncclCommAbort (two H200s, a graphed DDP step).
   Tensor registered_buffer(int64_t numel, DType dtype, const Device& device) override {
     check<DeviceError>(device.type == DeviceType::cuda && device.index == device_,
                        "registered_buffer: asked for {} but this rank's NCCL group drives cuda:{}", device.str(),
@@ -567,6 +598,7 @@ class NcclProcessGroup : public ProcessGroup {
     check<ValueError>(numel > 0, "registered_buffer: {} elements", numel);
     std::lock_guard lock(mutex_);  // in order with every rank's other collective calls
     DeviceGuard guard(device);
+    if (peer_collectives_) return peer_buffer(numel, dtype);
     const size_t bytes = static_cast<size_t>(numel) * dtype_size(dtype);
     const std::string what =
         fmt::format("registering a symmetric window of {} bytes on rank {} of {}", bytes, rank(), size());
@@ -592,6 +624,20 @@ class NcclProcessGroup : public ProcessGroup {
   }
 
  private:
+  Tensor peer_buffer(int64_t numel, DType dtype) {
+    if (!peer_asked_) {
+      peer_asked_ = true;
+      std::string why;
+      if (auto peer = PeerAllReduce::connect(*store_, peer_prefix_, rank(), size(), device_, timeout_, why))
+        comm_->attach(std::move(peer));
+      else
+        fmt::print(stderr, "mptrain: NCCL group, rank {} of {}: no peer collectives ({}); ordinary memory instead\n",
+                   rank(), size(), why);
+    }
+    PeerAllReduce* peer = comm_->peer();
+    return peer != nullptr ? peer->buffer(numel, dtype) : Tensor();
+  }
+
   void check_tensor(const char* op, const Tensor& t) const {
     check_collective_tensor(op, t, DeviceType::cuda);
     check<DeviceError>(t.device().index == device_, "{}: {} is on {}, but this rank's NCCL group drives cuda:{}", op,
@@ -637,6 +683,10 @@ class NcclProcessGroup : public ProcessGroup {
 
   int device_;
   Millis timeout_;
+  bool peer_collectives_;
+  bool peer_asked_ = false;
+  std::string peer_prefix_;  // the store keys of PeerAllReduce::connect
+  std::shared_ptr<Store> store_;
   std::shared_ptr<Communicator> comm_;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t ready_ = nullptr;

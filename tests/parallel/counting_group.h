@@ -21,6 +21,9 @@ class CountingGroup : public dist::ProcessGroup {
     return inner_.reduce_scatter(o, i, op);
   }
   dist::WorkPtr barrier() override { return inner_.barrier(); }
+  Tensor registered_buffer(int64_t numel, DType dtype, const Device& device) override {
+    return inner_.registered_buffer(numel, dtype, device);
+  }
 
   std::atomic<int> allreduces{0};
 

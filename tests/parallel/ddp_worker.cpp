@@ -17,7 +17,9 @@
 //             link); a collective that fails ends it with status 3 and the
 //             error, which names the rank that went away
 //   train_graphed  the same with each step replayed as a CUDA graph (GPU)
-// MPT_TEST_TIMEOUT_S sets the collectives' timeout (default 30 s).
+// MPT_TEST_TIMEOUT_S sets the collectives' timeout (default 30 s);
+// MPT_TEST_PEER_COLLECTIVES=1 keeps DDP's buckets in registered memory
+// all-reduced by the group's own kernel (ProcessGroupOptions::peer_collectives).
 // A second argument "cuda" runs plain/accum/compress/train(_graphed) on GPU LOCAL_RANK
 // over NCCL. Exit status 0 means every check passed; messages say what failed.
 #include <unistd.h>
@@ -48,6 +50,11 @@ using namespace mpt::dist;
 namespace {
 
 constexpr int kRowsPerRank = 4;
+
+bool peer_collectives() {
+  const char* v = std::getenv("MPT_TEST_PEER_COLLECTIVES");
+  return v != nullptr && std::string(v) == "1";
+}
 // A scaler that grows every 2 clean steps, so the scale moves during the run.
 amp::GradScalerOptions scaler_options() {
   amp::GradScalerOptions o;
@@ -109,6 +116,7 @@ int train_and_compare(ProcessGroup& pg, int window, std::optional<DType> compres
   options.first_bucket_bytes = 256;  // several buckets even for this small model
   options.bucket_bytes = 1024;
   options.compression = compression;
+  options.registered_buffers = peer_collectives();
   auto counting = std::make_shared<testing::CountingGroup>(pg);
   DistributedDataParallel ddp(model, counting, options);
   optim::SGD opt(model->parameters(), {.lr = 0.05, .momentum = 0.9});
@@ -219,7 +227,7 @@ int train_until_stopped(ProcessGroup& pg, const std::shared_ptr<ProcessGroup>& s
                         bool graphed) {
   auto model = testing::make_mlp(7);
   model->to(device);
-  DistributedDataParallel ddp(model, shared);
+  DistributedDataParallel ddp(model, shared, {.registered_buffers = peer_collectives()});
   optim::SGD opt(model->parameters(), {.lr = 0.01});
   auto step_on = [&](const std::vector<Tensor>& in) {
     backward(mse_loss(ddp(in[0]), in[1]));
@@ -256,12 +264,14 @@ int main(int argc, char** argv) {
     ProcessGroupOptions pg_options;
     pg_options.timeout = std::chrono::seconds(30);
     if (const char* t = std::getenv("MPT_TEST_TIMEOUT_S")) pg_options.timeout = std::chrono::seconds(std::atoi(t));
+    pg_options.peer_collectives = peer_collectives();
     auto dist = init_process_group("env://", pg_options);
     // One GPU per local rank (NCCL), or the CPU (Gloo): the group routes by
     // the tensors' device.
     const Device device = on_gpu ? Device(DeviceType::cuda, dist.config.local_rank) : kCPU;
     auto pg = dist.group;
-    fmt::print("rank {} of {} ready, pid {}\n", pg->rank(), pg->size(), ::getpid());
+    fmt::print("rank {} of {} ready, pid {}{}\n", pg->rank(), pg->size(), ::getpid(),
+               pg_options.peer_collectives ? ", peer collectives" : "");
     std::fflush(stdout);
     // GPU GEMMs may sum in another order for another batch size.
     const double tolerance = on_gpu ? 1e-5 : 1e-6;

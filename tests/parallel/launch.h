@@ -41,10 +41,11 @@ inline JobResult run_shell(const std::string& cmd) {
   return r;
 }
 
-// `nproc` ranks of ddp_worker in `mode` (see tests/parallel/ddp_worker.cpp).
-inline JobResult run_job(const std::string& mode, int nproc = 2) {
-  return run_shell(fmt::format("'{}' --nproc_per_node {} --master_port {} --kill_timeout 2 '{}' {}", mpt_run_path(),
-                               nproc, free_port(), ddp_worker_path(), mode));
+// `nproc` ranks of ddp_worker in `mode` (see tests/parallel/ddp_worker.cpp);
+// `env`: assignments put before the command ("MPT_TEST_PEER_COLLECTIVES=1").
+inline JobResult run_job(const std::string& mode, int nproc = 2, const std::string& env = "") {
+  return run_shell(fmt::format("{} '{}' --nproc_per_node {} --master_port {} --kill_timeout 2 '{}' {}", env,
+                               mpt_run_path(), nproc, free_port(), ddp_worker_path(), mode));
 }
 
 }  // namespace mpt::testing

@@ -19,14 +19,15 @@ using dist::ProcessGroup;
 // Runs body(group, device) on `world` ranks, each in its own thread: Gloo
 // ranks on the CPU, or NCCL ranks with rank r driving cuda:r.
 inline void with_device_ranks(int world, DeviceType type,
-                              const std::function<void(ProcessGroup&, const Device&)>& body, Millis timeout) {
+                              const std::function<void(ProcessGroup&, const Device&)>& body, Millis timeout,
+                              dist::ProcessGroupOptions base = {}) {
   const auto stores = dist::loopback_stores(world, timeout);
   std::vector<std::exception_ptr> errors(world);
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r)
     threads.emplace_back([&, r] {
       try {
-        dist::ProcessGroupOptions options;
+        dist::ProcessGroupOptions options = base;
         options.timeout = timeout;
         if (type == DeviceType::cpu) options.hostname = "127.0.0.1";
         const Device device(type, type == DeviceType::cpu ? 0 : r);  // rank r drives cuda:r

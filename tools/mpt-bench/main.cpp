@@ -69,6 +69,7 @@ struct Options {
   bool cast_weights_ahead = true;  // autocast's weight casts in one launch before forward
   dist::DdpOptions ddp;  // dp and ddp: the gradient buckets
   bool overlap_step = false;  // dp and ddp: the last bucket's all-reduce beside the optimizer step
+  bool peer_collectives = false;  // dp and ddp: the buckets all-reduced by PeerAllReduce
 };
 
 struct Workload {
@@ -225,10 +226,12 @@ void print_result(const Options& o, const std::string& mode, int gpus, int64_t b
                    "{{\"workload\": \"{}\", \"mode\": \"{}\", \"gpus\": {}, \"precision\": \"{}\", \"batch\": {}, "
                    "\"step_ms_median\": {:.4f}, \"step_ms_min\": {:.4f}, \"step_ms_max\": {:.4f}, "
                    "\"samples_per_s\": {:.1f}, \"loss\": {}, \"peak_mem_mb\": {:.1f}, \"cuda_graph\": {}, "
-                   "\"grad_transit\": \"{}\", \"registered_buffers\": {}, \"overlap_step\": {}, {}\"impl\": \"mptrain\"}}",
+                   "\"grad_transit\": \"{}\", \"registered_buffers\": {}, \"peer_collectives\": {}, \"overlap_step\": {}, "
+                   "{}\"impl\": \"mptrain\"}}",
                    o.workload, mode, gpus, o.precision, batch, med, lo, hi, batch / med * 1e3, loss, peak_mb,
                    graphed ? "true" : "false", o.ddp.compression ? dtype_name(*o.ddp.compression) : "f32",
-                   o.ddp.registered_buffers ? "true" : "false", o.overlap_step ? "true" : "false",
+                   o.ddp.registered_buffers ? "true" : "false", o.peer_collectives ? "true" : "false",
+                   o.overlap_step ? "true" : "false",
                    rank_medians.empty()
                        ? ""
                        : fmt::format("\"rank_ms_median\": [{:.4f}], ", fmt::join(rank_medians, ", ")))
@@ -288,7 +291,8 @@ int run_dp(const Options& o) {
   // As torch_bench.py feeds nn.DataParallel: the whole batch on cuda:0;
   // the other replicas copy their shares to their GPUs for every step.
   Workload w = make(o.workload, devices[0], o.batch, n);
-  dist::ReplicaGroup group(w.model, [&] { return make(o.workload, devices[0], 1).model; }, devices, {.ddp = o.ddp});
+  dist::ReplicaGroup group(w.model, [&] { return make(o.workload, devices[0], 1).model; }, devices,
+                           {.ddp = o.ddp, .peer_collectives = o.peer_collectives});
   const int64_t rows = w.x.shape()[0] / n;
   std::vector<std::vector<double>> times(n);
   std::vector<double> losses(n);
@@ -339,7 +343,9 @@ int run_dp(const Options& o) {
 }
 
 int run_ddp(const Options& o) {
-  dist::Distributed world = dist::init_process_group("env://");
+  dist::ProcessGroupOptions group_options;
+  group_options.peer_collectives = o.peer_collectives;
+  dist::Distributed world = dist::init_process_group("env://", group_options);
   const Device device(DeviceType::cuda, world.config.local_rank);
   DeviceGuard on_device(device);
   Workload w = make(o.workload, device, o.batch);
@@ -441,6 +447,9 @@ int main(int argc, char** argv) {
   app.add_flag("--registered-buffers", o.ddp.registered_buffers,
                "dp and ddp: bucket buffers in NCCL symmetric windows (lower latency; a dead peer can then block a "
                "host that waits on the GPU)");
+  app.add_flag("--peer-collectives", o.peer_collectives,
+               "dp and ddp: bucket buffers that every GPU maps, all-reduced by mptrain's own kernel reading the "
+               "other GPUs' memory directly (one host, peer access; implies --registered-buffers)");
   app.add_flag("--overlap-step", o.overlap_step,
                "dp and ddp: overlap the last gradient bucket's all-reduce with the optimizer step of the other "
                "parameters (DistributedDataParallel::overlap_step_with)");
@@ -458,6 +467,7 @@ int main(int argc, char** argv) {
   }
   beside::set_enabled(!weight_grads_in_order);
   if (grad_transit != "f32") o.ddp.compression = dtype_from_name(grad_transit);
+  if (o.peer_collectives) o.ddp.registered_buffers = true;
   // Every collective of a timed step is replayed inside its graph, and the
   // few outside one (set-up, the final median) run only when no graph is in
   // flight, so NCCL need not order graphed against ungraphed operations of
