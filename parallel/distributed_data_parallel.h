@@ -62,7 +62,9 @@ struct DdpOptions {
   // 0.225 ms on two H200s). Off by default: NCCL's symmetric kernels do not
   // end when a communicator is aborted, so after a peer dies a host blocked
   // in a synchronization behind one (a graphed step's copy, a loss read)
-  // stays blocked instead of getting the error within the timeout.
+  // stays blocked instead of getting the error within the timeout. With
+  // the group's ProcessGroupOptions::peer_collectives, the group's own
+  // kernel all-reduces them instead, and ends within the timeout.
   bool registered_buffers = false;
   // Rank 0's buffers are broadcast at construction and before each forward
   // whose backward synchronises (not inside no_sync(), not without grad),

@@ -50,7 +50,10 @@ __device__ bool meet(const Args& a, int meeting, uint32_t call, uint64_t deadlin
       if (*static_cast<const volatile int*>(a.abort) != 0) why = kAborted;
       else if (global_ns() > deadline) why = kTimedOut;
       if (why != kRunning) {
-        atomicCAS_system(a.status, kRunning, why);
+        // A plain store: system-scope atomics on host memory need hardware
+        // support that PCIe hosts may lack, and any nonzero word will do.
+        *static_cast<volatile int*>(a.status) = why;
+        __threadfence_system();
         gave_up = 1;
         break;
       }
