@@ -80,13 +80,14 @@ __device__ __forceinline__ U load_fresh(const U* p) {
 // Chunk c of `units` split over `world` ranks: [chunk_begin(c), chunk_begin(c + 1)).
 __device__ __forceinline__ int64_t chunk_begin(int64_t units, int c, int world) { return units * c / world; }
 
-// Pass 1 over [begin, end) of units: the sum over every rank, in rank order,
-// scaled, written into this rank's memory.
+// Units [begin, end) of this rank's chunk: the sum over every rank, in rank
+// order, scaled and rounded once, written into every rank's memory. Block b
+// handles the same units on every rank, so after the ranks' blocks b meet
+// again, those units are final everywhere.
 template <typename T, int N>
-__device__ void sum_into_own(const Args& a, int64_t begin, int64_t end) {
+__device__ void sum_and_spread(const Args& a, int64_t begin, int64_t end) {
   using U = Pack<T, N>;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
-  U* own = static_cast<U*>(a.data[a.rank]);
   for (int64_t base = begin + static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; base < end;
        base += stride * kUnroll) {
     float acc[kUnroll][N];
@@ -109,57 +110,43 @@ __device__ void sum_into_own(const Args& a, int64_t begin, int64_t end) {
 #pragma unroll
         for (int k = 0; k < N; ++k) acc[u][k] += Element<T>::load(in[u].v[k]);
     }
+    U out[kUnroll];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t i = base + u * stride;
-      if (i >= end) continue;
-      U out;
+    for (int u = 0; u < kUnroll; ++u)
 #pragma unroll
-      for (int k = 0; k < N; ++k) out.v[k] = Element<T>::store(acc[u][k] * a.scale);
-      own[i] = out;
+      for (int k = 0; k < N; ++k) out[u].v[k] = Element<T>::store(acc[u][k] * a.scale);
+#pragma unroll
+    for (int r = 0; r < kMaxRanks; ++r) {
+      if (r >= a.world) break;
+      U* to = static_cast<U*>(a.data[r]);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t i = base + u * stride;
+        if (i < end) to[i] = out[u];
+      }
     }
   }
 }
 
-// Pass 2 over [begin, end) of units: rank `owner`'s summed chunk copied into this rank's memory.
-template <typename T, int N>
-__device__ void copy_from(const Args& a, int owner, int64_t begin, int64_t end) {
-  using U = Pack<T, N>;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
-  const U* from = static_cast<const U*>(a.data[owner]);
-  U* own = static_cast<U*>(a.data[a.rank]);
-  for (int64_t base = begin + static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; base < end;
-       base += stride * kUnroll) {
-    U in[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t i = base + u * stride;
-      if (i < end) in[u] = load_fresh(from + i);
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t i = base + u * stride;
-      if (i < end) own[i] = in[u];
-    }
-  }
-}
-
-// The elements past the last whole pack, one at a time by block 0: the last
-// rank sums them (pass 1), the others copy them from it (pass 2).
+// The elements past the last whole pack, one at a time, by the last rank's
+// block 0 (whose partners on the other ranks are blocks 0 too).
 template <typename T>
-__device__ void tail(const Args& a, int64_t from, bool summing) {
-  T* own = static_cast<T*>(a.data[a.rank]);
+__device__ void sum_and_spread_tail(const Args& a, int64_t from) {
   for (int64_t i = from + threadIdx.x; i < a.numel; i += kThreads) {
-    if (summing) {
-      float acc = 0.f;
-      for (int r = 0; r < a.world; ++r) acc += Element<T>::load(__ldcg(static_cast<const T*>(a.data[r]) + i));
-      own[i] = Element<T>::store(acc * a.scale);
-    } else {
-      own[i] = __ldcg(static_cast<const T*>(a.data[a.world - 1]) + i);
-    }
+    float acc = 0.f;
+    for (int r = 0; r < a.world; ++r) acc += Element<T>::load(__ldcg(static_cast<const T*>(a.data[r]) + i));
+    const T out = Element<T>::store(acc * a.scale);
+    for (int r = 0; r < a.world; ++r) static_cast<T*>(a.data[r])[i] = out;
   }
 }
 
+// Rank r owns chunk r: it reads that chunk from every rank, sums it and
+// writes the result into every rank. Nobody else reads or writes chunk r,
+// and the thread that writes a unit anywhere has read it there first, so
+// the two meetings suffice: before (every rank's input is in place: its
+// kernel started after its stream's earlier work) and after (every rank's
+// writes into this memory are done, and nobody reads it any more, so the
+// next fill may overwrite it).
 template <typename T, int N>
 __global__ void __launch_bounds__(kThreads) all_reduce_kernel(const Args a) {
   __shared__ uint32_t call;
@@ -170,21 +157,11 @@ __global__ void __launch_bounds__(kThreads) all_reduce_kernel(const Args a) {
   }
   const uint64_t deadline = global_ns() + a.timeout_ns;
   const int64_t units = a.numel / N;
-  const int64_t whole = units * N;  // elements in whole packs
-  const int last = a.world - 1;
 
   if (!meet(a, 0, call, deadline, gave_up)) return;
-  sum_into_own<T, N>(a, chunk_begin(units, a.rank, a.world), chunk_begin(units, a.rank + 1, a.world));
-  if (blockIdx.x == 0 && a.rank == last) tail<T>(a, whole, true);
-
+  sum_and_spread<T, N>(a, chunk_begin(units, a.rank, a.world), chunk_begin(units, a.rank + 1, a.world));
+  if (blockIdx.x == 0 && a.rank == a.world - 1) sum_and_spread_tail<T>(a, units * N);
   if (!meet(a, 1, call, deadline, gave_up)) return;
-  for (int k = 1; k < a.world; ++k) {
-    const int owner = (a.rank + k) % a.world;
-    copy_from<T, N>(a, owner, chunk_begin(units, owner, a.world), chunk_begin(units, owner + 1, a.world));
-  }
-  if (blockIdx.x == 0 && a.rank != last) tail<T>(a, whole, false);
-
-  if (!meet(a, 2, call, deadline, gave_up)) return;
   if (threadIdx.x == 0) a.calls[blockIdx.x] = call;
 }
 

@@ -3,16 +3,16 @@
 // lies at the same offset in every rank's peer-readable memory, each GPU
 // reading the others' memory directly (NVLink or PCIe peer access).
 //
-// Two passes, as a reduce-scatter then an all-gather: rank r sums chunk r
-// over every rank (in rank order, so every rank ends with the same bits)
-// and writes it in place; then it copies every other chunk from the rank
-// that owns it. Block b of every rank handles the same elements of each
-// chunk, so the ranks' blocks b meet (flags written into each other's
-// memory) only with each other: before the first pass (every rank's input
-// is ready), between the passes (every chunk is summed) and after the
-// second (nobody reads this rank's memory any more, so the next fill may
-// overwrite it). Three meetings of a few microseconds each, against the
-// tens NCCL spends on a small all-reduce.
+// One pass: rank r owns chunk r of the tensor; it reads that chunk from
+// every rank, sums it (in rank order, so every rank gets the same bits) and
+// writes the result into every rank's memory. Block b of every rank handles
+// the same units of each chunk, so the ranks' blocks b meet (flags written
+// into each other's memory) only with each other: before the pass (every
+// rank's input is ready) and after it (every write into this rank's memory
+// is done, and nobody reads it any more, so the next fill may overwrite
+// it). Two meetings of a few microseconds each, against the tens NCCL
+// spends on a small all-reduce. Between two GPUs each direction of the link
+// carries the tensor's bytes once, as NCCL's ring does.
 //
 // Every wait is bounded: a block that waits past the timeout, or that
 // finds the host's abort word set, records why in the host-mapped status
@@ -30,7 +30,7 @@ namespace mpt::dist::peer {
 
 constexpr int kMaxRanks = 8;
 constexpr int kMaxBlocks = 64;
-constexpr int kMeetings = 3;
+constexpr int kMeetings = 2;
 // A rank's flag words, written by its peers: [meeting][block][from rank].
 constexpr size_t kFlagWords = size_t(kMeetings) * kMaxBlocks * kMaxRanks;
 
