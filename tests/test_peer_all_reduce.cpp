@@ -47,7 +47,7 @@ void with_two_peers_on_one_gpu(Millis timeout, const Body& body) {
         const Stream stream = Stream::create(dev);
         StreamGuard on_stream(stream);
         std::string why;
-        const auto peer = PeerAllReduce::connect(*stores[r], "test/peer", r, 2, 0, timeout, why);
+        const auto peer = PeerAllReduce::connect(stores[r], "test/peer", r, 2, 0, timeout, why);
         if (!peer) throw Error("PeerAllReduce::connect: " + why);
         body(*peer, r, stream);
       } catch (...) {

@@ -628,7 +628,7 @@ class NcclProcessGroup : public ProcessGroup {
     if (!peer_asked_) {
       peer_asked_ = true;
       std::string why;
-      if (auto peer = PeerAllReduce::connect(*store_, peer_prefix_, rank(), size(), device_, timeout_, why))
+      if (auto peer = PeerAllReduce::connect(store_, peer_prefix_, rank(), size(), device_, timeout_, why))
         comm_->attach(std::move(peer));
       else
         fmt::print(stderr, "mptrain: NCCL group, rank {} of {}: no peer collectives ({}); ordinary memory instead\n",

@@ -63,77 +63,103 @@ struct PeerAllReduce::Shared {
   size_t bytes = 0;
   std::vector<char*> of_rank;  // of_rank[rank_] == mine
   std::vector<char*> opened;   // IPC mappings to close
+
+  // Closes the mappings of the others' memory and frees this rank's.
+  void release() {
+    for (char* p : opened) MPT_CUDA_RELEASE(cudaIpcCloseMemHandle(p));
+    opened.clear();
+    if (mine != nullptr) MPT_CUDA_RELEASE(cudaFree(mine));
+    mine = nullptr;
+  }
 };
 
-std::shared_ptr<PeerAllReduce> PeerAllReduce::connect(Store& store, const std::string& prefix, int rank, int world,
-                                                      int device, Millis timeout, std::string& why) {
+std::shared_ptr<PeerAllReduce> PeerAllReduce::connect(std::shared_ptr<Store> store, const std::string& prefix,
+                                                      int rank, int world, int device, Millis timeout,
+                                                      std::string& why) {
+  check<ValueError>(store != nullptr, "PeerAllReduce: null store");
   check<ValueError>(world >= 1 && rank >= 0 && rank < world, "PeerAllReduce: rank {} of a world of {}", rank, world);
   DeviceGuard guard(Device(DeviceType::cuda, device));
   char bus[32] = {};
   MPT_CUDA_CHECK(cudaDeviceGetPCIBusId(bus, sizeof bus, device));
   const std::string mine = fmt::format("{}\n{}\n{}", host_name(), ::getpid(), bus);
-  store.set(fmt::format("{}/where/{}", prefix, rank), mine);
+  store->set(fmt::format("{}/where/{}", prefix, rank), mine);
   std::vector<Whereabouts> where;
   for (int r = 0; r < world; ++r)
-    where.push_back(whereabouts_of(r == rank ? mine : store.get_string(fmt::format("{}/where/{}", prefix, r))));
+    where.push_back(whereabouts_of(r == rank ? mine : store->get_string(fmt::format("{}/where/{}", prefix, r))));
 
   std::string verdict;
   if (world > peer::kMaxRanks) verdict = fmt::format("{} ranks, more than {}", world, peer::kMaxRanks);
   for (int r = 0; r < world && verdict.empty(); ++r)
     if (r != rank) verdict = reach(device, where[rank], where[r], r);
   // Every rank reads every verdict, so every rank decides alike.
-  store.set(fmt::format("{}/verdict/{}", prefix, rank), verdict.empty() ? "ok" : "no: " + verdict);
+  store->set(fmt::format("{}/verdict/{}", prefix, rank), verdict.empty() ? "ok" : "no: " + verdict);
   why.clear();
   for (int r = 0; r < world && why.empty(); ++r) {
-    const std::string v = store.get_string(fmt::format("{}/verdict/{}", prefix, r));
+    const std::string v = store->get_string(fmt::format("{}/verdict/{}", prefix, r));
     if (v != "ok") why = fmt::format("rank {}: {}", r, v.substr(v.find(' ') + 1));
   }
   if (!why.empty()) return nullptr;
 
   std::vector<bool> same_process;
   for (const auto& w : where) same_process.push_back(w.pid == where[rank].pid);
-  std::shared_ptr<PeerAllReduce> p(new PeerAllReduce(store, prefix, rank, world, device, timeout, same_process));
+  std::shared_ptr<PeerAllReduce> p(
+      new PeerAllReduce(std::move(store), prefix, rank, world, device, timeout, same_process));
   return p;
 }
 
-PeerAllReduce::PeerAllReduce(Store& store, std::string prefix, int rank, int world, int device, Millis timeout,
-                             std::vector<bool> same_process)
-    : store_(store), prefix_(std::move(prefix)), rank_(rank), world_(world), device_(device), timeout_(timeout),
-      same_process_(std::move(same_process)) {
+PeerAllReduce::PeerAllReduce(std::shared_ptr<Store> store, std::string prefix, int rank, int world, int device,
+                             Millis timeout, std::vector<bool> same_process)
+    : store_(std::move(store)), prefix_(std::move(prefix)), rank_(rank), world_(world), device_(device),
+      timeout_(timeout), same_process_(std::move(same_process)) {
   DeviceGuard guard(Device(DeviceType::cuda, device_));
-  MPT_CUDA_CHECK(cudaHostAlloc(&host_words_, 2 * sizeof(int), cudaHostAllocMapped | cudaHostAllocPortable));
-  host_words_[0] = peer::kRunning;
-  host_words_[1] = 0;
-  MPT_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&device_words_), host_words_, 0));
-  MPT_CUDA_CHECK(cudaMalloc(&calls_, peer::kMaxBlocks * sizeof(uint32_t)));
-  MPT_CUDA_CHECK(cudaMemset(calls_, 0, peer::kMaxBlocks * sizeof(uint32_t)));
-  flags_ = share(peer::kFlagWords * sizeof(uint32_t));
+  try {
+    MPT_CUDA_CHECK(cudaHostAlloc(&host_words_, 2 * sizeof(int), cudaHostAllocMapped | cudaHostAllocPortable));
+    host_words_[0] = peer::kRunning;
+    host_words_[1] = 0;
+    MPT_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&device_words_), host_words_, 0));
+    MPT_CUDA_CHECK(cudaMalloc(&calls_, peer::kMaxBlocks * sizeof(uint32_t)));
+    MPT_CUDA_CHECK(cudaMemset(calls_, 0, peer::kMaxBlocks * sizeof(uint32_t)));
+    flags_ = share(peer::kFlagWords * sizeof(uint32_t));
+  } catch (...) {
+    release();
+    throw;
+  }
 }
 
 std::unique_ptr<PeerAllReduce::Shared> PeerAllReduce::share(size_t bytes) {
   DeviceGuard guard(Device(DeviceType::cuda, device_));
   auto s = std::make_unique<Shared>();
   s->bytes = bytes;
-  MPT_CUDA_CHECK(cudaMalloc(&s->mine, bytes));
+  try {
+    exchange(*s);
+  } catch (...) {
+    s->release();
+    throw;
+  }
+  return s;
+}
+
+void PeerAllReduce::exchange(Shared& s) {
+  MPT_CUDA_CHECK(cudaMalloc(&s.mine, s.bytes));
   // Zeroed before any peer can learn where it is: the flags start at zero,
   // and a peer writes them only after reading the address published below.
-  MPT_CUDA_CHECK(cudaMemset(s->mine, 0, bytes));
+  MPT_CUDA_CHECK(cudaMemset(s.mine, 0, s.bytes));
   MPT_CUDA_CHECK(cudaDeviceSynchronize());
   cudaIpcMemHandle_t handle{};
-  MPT_CUDA_CHECK(cudaIpcGetMemHandle(&handle, s->mine));
+  MPT_CUDA_CHECK(cudaIpcGetMemHandle(&handle, s.mine));
   // The device pointer (for ranks in this process) and the IPC handle.
   Bytes published(sizeof(char*) + sizeof handle);
-  std::memcpy(published.data(), &s->mine, sizeof(char*));
+  std::memcpy(published.data(), &s.mine, sizeof(char*));
   std::memcpy(published.data() + sizeof(char*), &handle, sizeof handle);
   const int serial = shares_++;
   auto key = [&](int r) { return fmt::format("{}/memory/{}/{}", prefix_, serial, r); };
-  store_.set(key(rank_), published);
+  store_->set(key(rank_), published);
   for (int r = 0; r < world_; ++r) {
     if (r == rank_) {
-      s->of_rank.push_back(s->mine);
+      s.of_rank.push_back(s.mine);
       continue;
     }
-    const Bytes theirs = store_.get(key(r));
+    const Bytes theirs = store_->get(key(r));
     check<DistributedError>(theirs.size() == published.size(),
                             "PeerAllReduce: rank {} published {} bytes for its memory, expected {}", r, theirs.size(),
                             published.size());
@@ -144,26 +170,27 @@ std::unique_ptr<PeerAllReduce::Shared> PeerAllReduce::share(size_t bytes) {
       cudaIpcMemHandle_t h{};
       std::memcpy(&h, theirs.data() + sizeof(char*), sizeof h);
       MPT_CUDA_CHECK(cudaIpcOpenMemHandle(reinterpret_cast<void**>(&at), h, cudaIpcMemLazyEnablePeerAccess));
-      s->opened.push_back(at);
+      s.opened.push_back(at);
     }
-    s->of_rank.push_back(at);
+    s.of_rank.push_back(at);
   }
-  return s;
 }
 
 PeerAllReduce::~PeerAllReduce() {
   // After an abort or a failed launch, kernels (here or on a peer) may
   // still touch this memory: it stays allocated.
   if (aborted_ || status() != peer::kRunning) return;
+  release();
+}
+
+void PeerAllReduce::release() {
   DeviceGuard guard(Device(DeviceType::cuda, device_));
-  auto release = [](Shared& s) {
-    for (char* p : s.opened) MPT_CUDA_RELEASE(cudaIpcCloseMemHandle(p));
-    MPT_CUDA_RELEASE(cudaFree(s.mine));
-  };
-  for (auto& b : buffers_) release(*b);
-  if (flags_) release(*flags_);
+  for (auto& b : buffers_) b->release();
+  if (flags_) flags_->release();
   if (calls_) MPT_CUDA_RELEASE(cudaFree(calls_));
   if (host_words_) MPT_CUDA_RELEASE(cudaFreeHost(host_words_));
+  calls_ = nullptr;
+  host_words_ = nullptr;
 }
 
 Tensor PeerAllReduce::buffer(int64_t numel, DType dtype) {
@@ -212,7 +239,9 @@ void PeerAllReduce::enqueue(const Tensor& t, ReduceOp op, cudaStream_t stream) {
   MPT_CUDA_CHECK(peer::launch_all_reduce(a, t.dtype(), stream));
 }
 
-int PeerAllReduce::status() const { return static_cast<const volatile int*>(host_words_)[0]; }
+int PeerAllReduce::status() const {
+  return host_words_ == nullptr ? peer::kRunning : static_cast<const volatile int*>(host_words_)[0];
+}
 
 std::string PeerAllReduce::failure() const {
   switch (status()) {

@@ -36,8 +36,8 @@ class PeerAllReduce : public std::enable_shared_from_this<PeerAllReduce> {
   // every rank, with `why` naming the first rank that cannot and the
   // reason, when some rank cannot map every other rank's memory (another
   // host, no peer access between two GPUs, more than 8 ranks).
-  static std::shared_ptr<PeerAllReduce> connect(Store& store, const std::string& prefix, int rank, int world,
-                                                int device, Millis timeout, std::string& why);
+  static std::shared_ptr<PeerAllReduce> connect(std::shared_ptr<Store> store, const std::string& prefix, int rank,
+                                                int world, int device, Millis timeout, std::string& why);
   ~PeerAllReduce();
   PeerAllReduce(const PeerAllReduce&) = delete;
   PeerAllReduce& operator=(const PeerAllReduce&) = delete;
@@ -65,12 +65,18 @@ class PeerAllReduce : public std::enable_shared_from_this<PeerAllReduce> {
 
  private:
   struct Shared;  // one allocation and every rank's address of it
-  PeerAllReduce(Store& store, std::string prefix, int rank, int world, int device, Millis timeout,
+  PeerAllReduce(std::shared_ptr<Store> store, std::string prefix, int rank, int world, int device, Millis timeout,
                 std::vector<bool> same_process);
+  // Collective: a new allocation of `bytes`, zeroed, with every rank's
+  // counterpart mapped here; exchange() does it into `s`, which share()
+  // releases when it fails.
   std::unique_ptr<Shared> share(size_t bytes);
+  void exchange(Shared& s);
+  // Frees what this rank allocated and closes what it mapped.
+  void release();
   int status() const;
 
-  Store& store_;
+  std::shared_ptr<Store> store_;
   const std::string prefix_;
   const int rank_, world_, device_;
   const Millis timeout_;
