@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -145,8 +146,11 @@ void PeerAllReduce::exchange(Shared& s) {
   // and a peer writes them only after reading the address published below.
   MPT_CUDA_CHECK(cudaMemset(s.mine, 0, s.bytes));
   MPT_CUDA_CHECK(cudaDeviceSynchronize());
+  // An IPC handle only where some rank is another process (a container
+  // may forbid IPC; ranks that are threads of one process do not need it).
   cudaIpcMemHandle_t handle{};
-  MPT_CUDA_CHECK(cudaIpcGetMemHandle(&handle, s.mine));
+  if (std::find(same_process_.begin(), same_process_.end(), false) != same_process_.end())
+    MPT_CUDA_CHECK(cudaIpcGetMemHandle(&handle, s.mine));
   // The device pointer (for ranks in this process) and the IPC handle.
   Bytes published(sizeof(char*) + sizeof handle);
   std::memcpy(published.data(), &s.mine, sizeof(char*));
