@@ -514,21 +514,27 @@ TEST(NcclDdp, TwoGpusMatchOneProcess) {
 // scaler's found_inf all-reduce, AdamW) recorded as a CUDA graph and
 // replayed trains exactly as the same steps run eagerly, and leaves both
 // ranks with the same parameters. One GPU runs it as a world of one.
-TEST(NcclDdp, AStepCapturedAsACudaGraphMatchesEagerSteps) {
-  MPT_SKIP_WITHOUT_CUDA();
+// `peer_collectives`: the graphed run's buckets in the group's peer memory,
+// all-reduced by its own kernel inside the graph.
+namespace {
+
+void expect_captured_ddp_steps_match_eager_ones(bool peer_collectives) {
   const uint64_t seed = mpt::testing::fresh_seed();
   SCOPED_TRACE(seed);
   const int steps = 8, world = std::min(2, cuda_device_count());
-  with_gpu_ranks(world, [&](ProcessGroup& g, const Device& dev) {
+  ProcessGroupOptions group_options;
+  group_options.peer_collectives = peer_collectives;
+  mpt::testing::with_device_ranks(world, DeviceType::cuda, [&](ProcessGroup& g, const Device& dev) {
     DeviceGuard on_device(dev);
-    const std::shared_ptr<ProcessGroup> group(&g, [](ProcessGroup*) {});  // owned by with_gpu_ranks
+    const std::shared_ptr<ProcessGroup> group(&g, [](ProcessGroup*) {});  // owned by with_device_ranks
     Generator data(seed + 1 + g.rank());                                   // each rank its own batches
     std::vector<Tensor> xs, ys;
     for (int s = 0; s < steps; ++s) {
       xs.push_back(prim::to(randn({8, 6}, DType::f32, kCPU, &data), dev));
       ys.push_back(prim::to(randn({8, 3}, DType::f32, kCPU, &data), dev));
     }
-    ScaledDdpRun eager(seed, dev, group), graphed(seed, dev, group);
+    ScaledDdpRun eager(seed, dev, group), graphed(seed, dev, group, {.registered_buffers = peer_collectives});
+    EXPECT_EQ(graphed.ddp->registered_bytes() > 0, peer_collectives);
     for (ScaledDdpRun* r : {&eager, &graphed}) {
       DistributedDataParallel* ddp = r->ddp.get();
       r->scaler.set_found_inf_reducer([ddp](Tensor& found_inf) { ddp->allreduce_found_inf(found_inf); });
@@ -549,7 +555,21 @@ TEST(NcclDdp, AStepCapturedAsACudaGraphMatchesEagerSteps) {
       g.allreduce(mean, dist::ReduceOp::avg)->wait();
       EXPECT_EQ(mean.to_vector<double>(), p.to_vector<double>()) << "rank " << g.rank();
     }
-  });
+  }, milliseconds(60000), group_options);
+}
+
+}  // namespace
+
+TEST(NcclDdp, AStepCapturedAsACudaGraphMatchesEagerSteps) {
+  MPT_SKIP_WITHOUT_CUDA();
+  expect_captured_ddp_steps_match_eager_ones(false);
+}
+
+// The same with the graphed run's buckets all-reduced by the group's own
+// kernel (one GPU: a world of one, whose kernel still runs its meetings).
+TEST(NcclDdp, AStepWithPeerCollectivesCapturedAsACudaGraphMatchesEagerSteps) {
+  MPT_SKIP_WITHOUT_CUDA();
+  expect_captured_ddp_steps_match_eager_ones(true);
 }
 
 // overlap_step_with on the GPU: the last bucket's flags all-reduced ahead
