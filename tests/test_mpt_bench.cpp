@@ -9,6 +9,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "tensor/device.h"
 #include "tests/test_util.h"
@@ -75,6 +76,32 @@ TEST_F(MptBench, EveryWorkloadPrintsOneConsistentJsonLine) {
     EXPECT_GT(j["peak_mem_mb"].get<double>(), 0.0);
     EXPECT_TRUE(std::isfinite(j["loss"].get<double>()));
   }
+}
+
+// --mode allreduce: one JSON line per way and size, every one replayed as
+// a CUDA graph (one GPU: a world of one, whose kernels still run), with a
+// positive time; an unknown way is refused naming it.
+TEST_F(MptBench, TheAllReduceSweepPrintsALinePerWayAndSize) {
+  MPT_SKIP_WITHOUT_CUDA();
+  ASSERT_EQ(run("--mode allreduce --sizes-kib 64 1024 --warmup 1 --steps 3 --per-replay 2"), 0) << stderr_;
+  std::vector<nlohmann::json> lines;
+  size_t at = 0;
+  for (size_t nl; (nl = stdout_.find('\n', at)) != std::string::npos; at = nl + 1)
+    lines.push_back(nlohmann::json::parse(stdout_.substr(at, nl - at)));
+  ASSERT_EQ(lines.size(), 6u) << stdout_;
+  size_t k = 0;
+  for (const char* way : {"nccl", "symmetric", "peer"})
+    for (int64_t bytes : {64 * 1024, 1024 * 1024}) {
+      const nlohmann::json& j = lines[k++];
+      EXPECT_EQ(j["mode"], "allreduce");
+      EXPECT_EQ(j["way"], way);
+      EXPECT_EQ(j["bytes"].get<int64_t>(), bytes);
+      EXPECT_EQ(j["gpus"].get<int>(), cuda_device_count());
+      EXPECT_GT(j["us_median"].get<double>(), 0.0);
+      EXPECT_TRUE(j["cuda_graph"].get<bool>()) << j.dump();
+    }
+  EXPECT_EQ(run("--mode allreduce --ways carrier-pigeon"), 1);
+  EXPECT_NE(stderr_.find("unknown all-reduce way 'carrier-pigeon'"), std::string::npos) << stderr_;
 }
 
 // The loss mpt-bench prints is the training loss after its steps: more

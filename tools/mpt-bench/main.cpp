@@ -12,6 +12,8 @@
 //   ddp     one process per GPU through mpt-run, the same per-GPU batch
 //           (weak scaling). Started without mpt-run's variables, mpt-bench
 //           starts itself through mpt-run.
+// And one of its own: allreduce, the time of one all-reduce over every GPU
+// by size and way (allreduce_sweep.h).
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -50,6 +52,7 @@
 #include "tensor/ops.h"
 #include "tensor/stream.h"
 #include "tools/cli_checks.h"
+#include "tools/mpt-bench/allreduce_sweep.h"
 
 namespace {
 
@@ -414,8 +417,10 @@ int main(int argc, char** argv) {
                  "mlp_small, mlp_large, cnn or gpt_mini (the reference's), or cnn_bn (cnn with a BatchNorm2d after "
                  "each convolution)")
       ->check(CLI::IsMember({"mlp_small", "mlp_large", "cnn", "cnn_bn", "gpt_mini"}));
-  app.add_option("--mode", o.mode, "single (one GPU), dp (a replica and a thread per GPU of this process), ddp (a process per GPU)")
-      ->check(CLI::IsMember({"single", "dp", "ddp"}));
+  app.add_option("--mode", o.mode,
+                 "single (one GPU), dp (a replica and a thread per GPU of this process), ddp (a process per GPU), "
+                 "or allreduce (no workload: one all-reduce over every GPU, by size and way)")
+      ->check(CLI::IsMember({"single", "dp", "ddp", "allreduce"}));
   app.add_option("--precision", o.precision, "fp16 (autocast + loss scaler), bf16 (autocast) or fp32")
       ->check(CLI::IsMember({"fp16", "bf16", "fp32"}));
   app.add_option("--warmup", o.warmup, "untimed steps first")->check(non_negative());
@@ -441,8 +446,8 @@ int main(int argc, char** argv) {
       ->check(non_negative());
   std::string grad_transit = "f32";
   app.add_option("--grad-transit", grad_transit,
-                 "dp and ddp: dtype gradients are all-reduced in: f32 (the reference's), or f16 / bf16 (half the "
-                 "traffic; PyTorch's fp16/bf16 compress hooks)")
+                 "dp, ddp and allreduce: dtype gradients are all-reduced in: f32 (the reference's), or f16 / bf16 "
+                 "(half the traffic; PyTorch's fp16/bf16 compress hooks)")
       ->check(CLI::IsMember({"f32", "f16", "bf16"}));
   app.add_flag("--registered-buffers", o.ddp.registered_buffers,
                "dp and ddp: bucket buffers in NCCL symmetric windows (lower latency; a dead peer can then block a "
@@ -456,6 +461,13 @@ int main(int argc, char** argv) {
   app.add_flag_callback("--weights-cast-per-op", [&o] { o.cast_weights_ahead = false; },
                         "let each op cast its weights under autocast instead of casting them all in one launch before "
                         "forward");
+  mpt::bench::AllreduceSweepOptions sweep;
+  app.add_option("--ways", sweep.ways,
+                 "allreduce: nccl (ordinary memory), symmetric (an NCCL symmetric window), peer (mptrain's own "
+                 "kernel on memory every GPU maps)");
+  app.add_option("--sizes-kib", sweep.sizes_kib, "allreduce: the sizes timed, in KiB")->check(positive());
+  app.add_option("--per-replay", sweep.per_replay, "allreduce: all-reduces recorded into one CUDA graph")
+      ->check(positive());
   bool weight_grads_in_order = false;
   app.add_flag("--weight-grads-in-order", weight_grads_in_order,
                "compute weight gradients on backward's own stream, in order, instead of beside the chain of input "
@@ -484,6 +496,12 @@ int main(int argc, char** argv) {
     // As the reference does: f32 matmuls and convolutions may use TF32.
     cuda::set_allow_tf32(true);
     cuda::set_conv_autotune(conv_autotune);
+    if (o.mode == "allreduce") {
+      sweep.dtype = o.ddp.compression.value_or(DType::f32);
+      sweep.warmup = o.warmup;
+      sweep.replays = o.steps;
+      return mpt::bench::run_allreduce_sweep(sweep);
+    }
     if (o.mode == "dp") return run_dp(o);
     if (o.mode == "ddp") return std::getenv("WORLD_SIZE") ? run_ddp(o) : relaunch_through_mpt_run(argc, argv);
     return run_single(o);
