@@ -55,6 +55,7 @@ bool peer_collectives() {
   const char* v = std::getenv("MPT_TEST_PEER_COLLECTIVES");
   return v != nullptr && std::string(v) == "1";
 }
+
 // A scaler that grows every 2 clean steps, so the scale moves during the run.
 amp::GradScalerOptions scaler_options() {
   amp::GradScalerOptions o;
