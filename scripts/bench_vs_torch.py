@@ -8,6 +8,9 @@ prints a Markdown table of step times and ours/PyTorch ratios.
 Workloads: the reference's four (the default), and cnn_bn, its cnn with a
 BatchNorm2d after each convolution (single and dp modes only).
 
+--allreduce [f32 f16] adds mpt-bench's all-reduce sweep (the time of one
+all-reduce by size and way: NCCL, NCCL's symmetric kernels, our peer kernel).
+
 Each pair runs back to back in the same call, so the ratio compares like
 with like; absolute times from other days mean little. Raw JSON lines go to
 --log (default: $OUT/bench.jsonl when $OUT is set)."""
@@ -90,7 +93,8 @@ def torch_run(ref, args, env):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--build", default="build")
-    ap.add_argument("--workloads", nargs="+", default=["mlp_small", "cnn", "gpt_mini", "mlp_large"])
+    ap.add_argument("--workloads", nargs="*", default=["mlp_small", "cnn", "gpt_mini", "mlp_large"],
+                    help="none (--workloads alone): only the ceilings and the all-reduce sweep")
     ap.add_argument("--modes", nargs="+", default=["single", "dp", "ddp"])
     ap.add_argument("--precision", default="fp16")
     ap.add_argument("--warmup", type=int, default=20)
@@ -102,6 +106,9 @@ def main():
                          "without their dashes and joined by commas (grad-transit=f16 registered-buffers "
                          "grad-transit=f16,registered-buffers); the reference has no such modes, so they are "
                          "compared with mptrain's own single-GPU run only")
+    ap.add_argument("--allreduce", nargs="*", metavar="TRANSIT",
+                    help="also run mpt-bench --mode allreduce (one all-reduce over every GPU, by size and way) in "
+                         "each of these transit dtypes (default f32; f32 f16 for both) and print its table")
     a = ap.parse_args()
 
     ref = find_reference(a.build)
@@ -140,6 +147,12 @@ def main():
                 keep(ours)
                 variants.append((w, m, variant, ours))
 
+    sweeps = []
+    for transit in ([] if a.allreduce is None else a.allreduce or ["f32"]):
+        lines = run_json([mpt_bench, "--mode", "allreduce", "--grad-transit", transit], env)
+        keep(*lines)
+        sweeps += lines
+
     if log:
         log.close()
     for r in records:
@@ -156,6 +169,7 @@ def main():
     print_scaling(rows)
     print_variant_scaling(rows, variants)
     print_gemm_rate(rows, records)
+    print_allreduce(sweeps)
 
 
 # mlp_large's GEMMs per step: weights [out, in] and the batch.
@@ -243,6 +257,28 @@ def print_variant_scaling(rows, variants):
         print(f"| {w} | {m} | `{variant}` | {r.get('step_ms_median', 'n/a')} | {cells[0]} "
               f"| {r.get('peak_mem_mb', '-')} | {base.get('step_ms_median', 'n/a')} | {cells[1]} "
               f"| {base.get('peak_mem_mb', '-')} |{err}")
+
+
+def print_allreduce(lines):
+    """mpt-bench --mode allreduce: microseconds (and bus GB/s) per all-reduce,
+    a row per dtype and size, a column per way."""
+    if not lines:
+        return
+    ways = sorted({l["way"] for l in lines if "way" in l}, key=["nccl", "symmetric", "peer"].index)
+    cells = {(l["dtype"], l["bytes"], l["way"]): l for l in lines if "way" in l}
+    gpus = next((l["gpus"] for l in lines if "gpus" in l), "?")
+    print(f"\nOne all-reduce over {gpus} GPUs (mpt-bench --mode allreduce; us, bus GB/s):")
+    print("| dtype | KiB | " + " | ".join(ways) + " |")
+    print("|---|---|" + "---|" * len(ways))
+    for dtype, size in sorted({(d, b) for d, b, _ in cells}):
+        row = []
+        for w in ways:
+            c = cells.get((dtype, size, w))
+            row.append(f"{c['us_median']:.1f} ({c['bus_gb_per_s']:.0f})" if c else "n/a")
+        print(f"| {dtype} | {size // 1024} | " + " | ".join(row) + " |")
+    for l in lines:
+        if "error" in l:
+            print(f"allreduce: {l['error']}")
 
 
 if __name__ == "__main__":
