@@ -464,7 +464,8 @@ int main(int argc, char** argv) {
   mpt::bench::AllreduceSweepOptions sweep;
   app.add_option("--ways", sweep.ways,
                  "allreduce: nccl (ordinary memory), symmetric (an NCCL symmetric window), peer (mptrain's own "
-                 "kernel on memory every GPU maps)");
+                 "kernel on memory every GPU maps)")
+      ->check(CLI::IsMember({"nccl", "symmetric", "peer"}));
   app.add_option("--sizes-kib", sweep.sizes_kib, "allreduce: the sizes timed, in KiB")->check(positive());
   app.add_option("--per-replay", sweep.per_replay, "allreduce: all-reduces recorded into one CUDA graph")
       ->check(positive());
