@@ -11,13 +11,15 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, const Device& device) {
   // (Every new tensor passes here: the messages are made only on failure.)
   if (!std::ranges::all_of(shape, [](int64_t d) { return d >= 0; }))
     throw ShapeError(fmt::format("empty: negative dimension in shape {}", shape_str(shape)));
+  const int64_t count = mpt::numel(shape);
   size_t bytes = 0;
-  if (__builtin_mul_overflow(static_cast<size_t>(mpt::numel(shape)), dtype_size(dtype), &bytes))
+  if (__builtin_mul_overflow(static_cast<size_t>(count), dtype_size(dtype), &bytes))
     throw ShapeError(fmt::format("empty: shape {} of {} needs more bytes than a size_t can count", shape_str(shape),
                                  dtype_name(dtype)));
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = Storage::allocate(bytes, device);
   impl->shape = shape;
+  impl->numel = count;
   impl->strides = contiguous_strides(shape);
   impl->dtype = dtype;
   return Tensor(std::move(impl));
@@ -26,6 +28,7 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, const Device& device) {
 Tensor Tensor::view_of(std::shared_ptr<Storage> storage, Shape shape, Shape strides, int64_t offset, DType dtype) {
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = std::move(storage);
+  impl->numel = mpt::numel(shape);
   impl->shape = std::move(shape);
   impl->strides = std::move(strides);
   impl->offset = offset;

@@ -28,6 +28,7 @@ struct AutogradMeta;  // below
 struct TensorImpl {
   std::shared_ptr<Storage> storage;
   Shape shape;
+  int64_t numel = 0;  // of shape, counted when it is set (every op asks, and counting checks for overflow)
   Shape strides;
   int64_t offset = 0;  // in elements
   DType dtype = DType::f32;
@@ -50,7 +51,7 @@ class Tensor {
   const Shape& strides() const { return impl().strides; }
   int64_t dim() const { return static_cast<int64_t>(impl().shape.size()); }
   int64_t size(int64_t d) const;
-  int64_t numel() const { return mpt::numel(impl().shape); }
+  int64_t numel() const { return impl().numel; }
   int64_t offset() const { return impl().offset; }
   DType dtype() const { return impl().dtype; }
   const Device& device() const { return impl().storage->device(); }
