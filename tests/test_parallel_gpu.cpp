@@ -299,7 +299,7 @@ void expect_registered_buckets_average_like_ordinary_ones(bool peer_collectives)
   group_options.peer_collectives = peer_collectives;
   mpt::testing::with_device_ranks(2, DeviceType::cuda, [&](ProcessGroup& g, const Device& dev) {
     DeviceGuard on_device(dev);
-    const std::shared_ptr<ProcessGroup> group(&g, [](ProcessGroup*) {});  // owned by with_gpu_ranks
+    const std::shared_ptr<ProcessGroup> group(&g, [](ProcessGroup*) {});  // owned by with_device_ranks
     auto ordinary_model = mpt::testing::make_mlp(seed), registered_model = mpt::testing::make_mlp(seed);
     ordinary_model->to(dev);
     registered_model->to(dev);
