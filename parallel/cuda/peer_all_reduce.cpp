@@ -103,9 +103,8 @@ std::shared_ptr<PeerAllReduce> PeerAllReduce::connect(std::shared_ptr<Store> sto
 
   std::vector<bool> same_process;
   for (const auto& w : where) same_process.push_back(w.pid == where[rank].pid);
-  std::shared_ptr<PeerAllReduce> p(
+  return std::shared_ptr<PeerAllReduce>(
       new PeerAllReduce(std::move(store), prefix, rank, world, device, timeout, same_process));
-  return p;
 }
 
 PeerAllReduce::PeerAllReduce(std::shared_ptr<Store> store, std::string prefix, int rank, int world, int device,
@@ -206,26 +205,26 @@ Tensor PeerAllReduce::buffer(int64_t numel, DType dtype) {
   return Tensor::view_of(std::move(storage), {numel}, {1}, 0, dtype);
 }
 
-bool PeerAllReduce::serves(const Tensor& t, ReduceOp op) const {
-  if (op != ReduceOp::sum && op != ReduceOp::avg) return false;
-  if (t.dtype() != DType::f32 && t.dtype() != DType::f16 && t.dtype() != DType::bf16) return false;
-  if (!t.device().is_cuda() || t.device().index != device_ || !t.is_contiguous() || t.numel() == 0) return false;
+const PeerAllReduce::Shared* PeerAllReduce::region_of(const Tensor& t, ReduceOp op) const {
+  if (op != ReduceOp::sum && op != ReduceOp::avg) return nullptr;
+  if (t.dtype() != DType::f32 && t.dtype() != DType::f16 && t.dtype() != DType::bf16) return nullptr;
+  if (!t.device().is_cuda() || t.device().index != device_ || !t.is_contiguous() || t.numel() == 0) return nullptr;
   const char* begin = static_cast<const char*>(t.data_ptr());
   for (const auto& b : buffers_)
-    if (begin >= b->mine && begin + t.nbytes() <= b->mine + b->bytes) return true;
-  return false;
+    if (begin >= b->mine && begin + t.nbytes() <= b->mine + b->bytes) return b.get();
+  return nullptr;
 }
 
+bool PeerAllReduce::serves(const Tensor& t, ReduceOp op) const { return region_of(t, op) != nullptr; }
+
 void PeerAllReduce::enqueue(const Tensor& t, ReduceOp op, cudaStream_t stream) {
-  check<ValueError>(serves(t, op), "PeerAllReduce: {} is not a sum or average of a tensor in its buffers", describe(t).str());
+  const Shared* region = region_of(t, op);
+  check<ValueError>(region != nullptr, "PeerAllReduce: {} is not a sum or average of a tensor in its buffers",
+                    describe(t).str());
   check<DistributedError>(!aborted_ && status() == peer::kRunning,
                           "PeerAllReduce: an earlier all-reduce gave up ({}); make a new process group",
                           aborted_ ? "aborted" : failure());
-  const char* begin = static_cast<const char*>(t.data_ptr());
-  const Shared* region = nullptr;
-  for (const auto& b : buffers_)
-    if (begin >= b->mine && begin + t.nbytes() <= b->mine + b->bytes) region = b.get();
-  const ptrdiff_t offset = begin - region->mine;
+  const ptrdiff_t offset = static_cast<const char*>(t.data_ptr()) - region->mine;
   peer::Args a;
   for (int r = 0; r < world_; ++r) {
     a.data[r] = region->of_rank[r] + offset;

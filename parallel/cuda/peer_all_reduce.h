@@ -74,6 +74,8 @@ class PeerAllReduce : public std::enable_shared_from_this<PeerAllReduce> {
   void exchange(Shared& s);
   // Frees what this rank allocated and closes what it mapped.
   void release();
+  // The buffer holding t, when allreduce(t, op) runs here (see serves()).
+  const Shared* region_of(const Tensor& t, ReduceOp op) const;
   int status() const;
 
   std::shared_ptr<Store> store_;

@@ -13,16 +13,11 @@
 #include "tensor/graph.h"
 #include "tensor/ops.h"
 #include "tensor/stream.h"
+#include "tools/mpt-bench/median.h"
 
 namespace mpt::bench {
 
 namespace {
-
-double median_of(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 // Each GPU's rank of a fresh group for `way`, with a buffer of `numel`
 // elements in the memory that way runs on.
@@ -89,7 +84,7 @@ int run_allreduce_sweep(const AllreduceSweepOptions& o) {
         graphed[i] = step.replays() > 0;
       });
       double slowest = 0;
-      for (const auto& t : times) slowest = std::max(slowest, median_of(t));
+      for (const auto& t : times) slowest = std::max(slowest, median(t));
       const double us = slowest * 1000.0 / o.per_replay;
       const double bus_gbs = n > 1 ? static_cast<double>(bytes) * 2.0 * (n - 1) / n / (us * 1e3) : 0.0;
       std::cout << fmt::format(

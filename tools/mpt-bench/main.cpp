@@ -53,10 +53,12 @@
 #include "tensor/stream.h"
 #include "tools/cli_checks.h"
 #include "tools/mpt-bench/allreduce_sweep.h"
+#include "tools/mpt-bench/median.h"
 
 namespace {
 
 using namespace mpt;
+using mpt::bench::median;
 
 struct Options {
   std::string workload = "mlp_small";
@@ -128,12 +130,6 @@ Workload make(const std::string& name, const Device& device, int64_t batch, int6
 Tensor loss_of(bool sequence, const Tensor& out, const Tensor& y) {
   if (sequence) return cross_entropy(reshape(out, {-1, out.shape().back()}), reshape(y, {-1}));
   return cross_entropy(out, y);
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 double mib(uint64_t bytes) { return static_cast<double>(bytes) / 1048576.0; }
