@@ -4,16 +4,23 @@
 // other's, so the two must run side by side). The sums and averages follow
 // the written rule bit for bit on fresh random inputs; a rank that never
 // arrives ends the kernel within the timeout, and an abort ends it at once.
-// The two-GPU paths (NCCL groups and DDP with peer_collectives, a process
-// per GPU over CUDA IPC) are in test_parallel_gpu.cpp.
+// Two processes on cuda:0 share their memory through CUDA IPC, as a process
+// per GPU does: the same rule holds, and a killed process ends its peer's
+// kernel within the timeout. The two-GPU paths (NCCL groups and DDP with
+// peer_collectives) are in test_parallel_gpu.cpp.
 #include <array>
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <iostream>
 #include <map>
+#include <memory>
 #include <thread>
 
+#include "parallel/child_process.h"
 #include "parallel/distributed_error.h"
+#include "parallel/free_port.h"
+#include "parallel/launch.h"
 #include "parallel/loopback_stores.h"
 #include "tensor/device_guard.h"
 #include "tensor/ops.h"
@@ -22,6 +29,7 @@
 
 #ifdef MPT_WITH_CUDA
 #include "parallel/cuda/peer_all_reduce.h"
+#include "tensor/cuda/check.h"
 #endif
 
 using namespace mpt;
@@ -209,6 +217,85 @@ TEST(PeerAllReduce, AnAbortEndsAWaitingKernel) {
   EXPECT_LT(took, 5.0);
   EXPECT_FALSE(timed_out);
   EXPECT_NE(why.find("was aborted"), std::string::npos) << why;
+}
+
+namespace {
+
+// Whether other processes may use cuda:0 beside this one.
+bool shared_between_processes() {
+  int mode = cudaComputeModeDefault;
+  MPT_CUDA_CHECK(cudaDeviceGetAttribute(&mode, cudaDevAttrComputeMode, 0));
+  return mode == cudaComputeModeDefault;
+}
+
+// Two ddp_worker processes in one of its peer_ipc modes, both on cuda:0.
+std::vector<std::unique_ptr<mpt::testing::ChildProcess>> start_ipc_ranks(const std::string& mode, int timeout_s,
+                                                                         bool launch_after_kill = false) {
+  const std::string port = std::to_string(mpt::testing::free_port());
+  std::vector<std::unique_ptr<mpt::testing::ChildProcess>> ranks;
+  for (int r = 0; r < 2; ++r)
+    ranks.push_back(std::make_unique<mpt::testing::ChildProcess>(
+        std::vector<std::string>{mpt::testing::ddp_worker_path(), mode},
+        std::map<std::string, std::string>{{"RANK", std::to_string(r)},
+                                           {"WORLD_SIZE", "2"},
+                                           {"MASTER_ADDR", "127.0.0.1"},
+                                           {"MASTER_PORT", port},
+                                           {"MPT_TEST_TIMEOUT_S", std::to_string(timeout_s)},
+                                           {"MPT_TEST_LAUNCH_AFTER_KILL", launch_after_kill ? "1" : "0"}},
+        fmt::format("/tmp/mpt-peer-ipc-{}-{}-{}.log", mode, ::getpid(), r)));
+  return ranks;
+}
+
+// Rank 1 is killed after both mapped each other's memory; rank 0's kernel,
+// launched before the kill or only after it (writing into the dead
+// process's memory), must give up at the timeout, and rank 0 end with
+// that reason rather than hang or fault.
+void expect_a_killed_process_ends_its_peers_kernel(bool launch_after_kill) {
+  const int timeout_s = 3;
+  auto ranks = start_ipc_ranks("peer_ipc_killed", timeout_s, launch_after_kill);
+  ASSERT_TRUE(ranks[1]->wait_for_output("rank 1: mapped", 60)) << ranks[1]->output() << ranks[0]->output();
+  if (!launch_after_kill) {
+    ASSERT_TRUE(ranks[0]->wait_for_output("rank 0: launched", 60)) << ranks[0]->output();
+    std::this_thread::sleep_for(milliseconds(300));  // the kernel is waiting by now
+  }
+  ranks[1]->signal(SIGKILL);
+  const auto killed_at = std::chrono::steady_clock::now();
+  const auto status = ranks[0]->wait(timeout_s + 30);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+  const std::string out = ranks[0]->output();
+  std::cout << out;  // the survivor's message, for the report
+  std::printf("rank 0 ended %.2f s after the kill (timeout %d s)\n", took, timeout_s);
+  ASSERT_TRUE(status.has_value()) << "rank 0 still runs " << took << " s after rank 1 was killed:\n" << out;
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 3) << out;
+  EXPECT_NE(out.find("rank 0 of 2 waited 3000 ms for another rank's GPU"), std::string::npos) << out;
+  EXPECT_LT(took, timeout_s + 15);
+}
+
+}  // namespace
+
+TEST(PeerAllReduce, TwoProcessesOnOneGpuSumAndAverageByTheRuleOverIpc) {
+  MPT_SKIP_WITHOUT_CUDA();
+  if (!shared_between_processes()) GTEST_SKIP() << "skipped: cuda:0 serves one process at a time (compute mode)";
+  auto ranks = start_ipc_ranks("peer_ipc", 60);
+  for (int r = 0; r < 2; ++r) {
+    const auto status = ranks[r]->wait(180);
+    const std::string out = ranks[r]->output();
+    ASSERT_TRUE(status.has_value()) << "rank " << r << " still runs:\n" << out;
+    EXPECT_FALSE(mpt::testing::exited_with_failure(*status)) << out;
+    EXPECT_NE(out.find(fmt::format("rank {}: peer ipc ok", r)), std::string::npos) << out;
+  }
+}
+
+TEST(PeerAllReduce, AProcessKilledWhileItsPeerWaitsEndsThePeersKernelAtTheTimeout) {
+  MPT_SKIP_WITHOUT_CUDA();
+  if (!shared_between_processes()) GTEST_SKIP() << "skipped: cuda:0 serves one process at a time (compute mode)";
+  expect_a_killed_process_ends_its_peers_kernel(false);
+}
+
+TEST(PeerAllReduce, AKernelLaunchedAfterItsPeerProcessDiedEndsAtTheTimeout) {
+  MPT_SKIP_WITHOUT_CUDA();
+  if (!shared_between_processes()) GTEST_SKIP() << "skipped: cuda:0 serves one process at a time (compute mode)";
+  expect_a_killed_process_ends_its_peers_kernel(true);
 }
 
 #else

@@ -17,6 +17,8 @@
 //             link); a collective that fails ends it with status 3 and the
 //             error, which names the rank that went away
 //   train_graphed  the same with each step replayed as a CUDA graph (GPU)
+//   peer_ipc, peer_ipc_killed  PeerAllReduce between two processes on
+//             cuda:0, over CUDA IPC (see parallel/peer_ipc_modes.h)
 // MPT_TEST_TIMEOUT_S sets the collectives' timeout (default 30 s);
 // MPT_TEST_PEER_COLLECTIVES=1 keeps DDP's buckets in registered memory
 // all-reduced by the group's own kernel (ProcessGroupOptions::peer_collectives).
@@ -43,6 +45,10 @@
 #include "parallel/tiny_models.h"
 #include "tensor/graph.h"
 #include "tensor/ops.h"
+
+#ifdef MPT_WITH_CUDA
+#include "parallel/peer_ipc_modes.h"
+#endif
 
 using namespace mpt;
 using namespace mpt::dist;
@@ -265,6 +271,9 @@ int main(int argc, char** argv) {
     ProcessGroupOptions pg_options;
     pg_options.timeout = std::chrono::seconds(30);
     if (const char* t = std::getenv("MPT_TEST_TIMEOUT_S")) pg_options.timeout = std::chrono::seconds(std::atoi(t));
+#ifdef MPT_WITH_CUDA
+    if (mode.rfind("peer_ipc", 0) == 0) return testing::peer_ipc_mode(mode, pg_options.timeout);
+#endif
     pg_options.peer_collectives = peer_collectives();
     auto dist = init_process_group("env://", pg_options);
     // One GPU per local rank (NCCL), or the CPU (Gloo): the group routes by
