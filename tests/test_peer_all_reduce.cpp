@@ -11,6 +11,7 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <functional>
 #include <iostream>
 #include <map>
@@ -228,9 +229,20 @@ bool shared_between_processes() {
   return mode == cudaComputeModeDefault;
 }
 
+// Rank r's output; its own file for each test, since a test waits for
+// lines in it (an earlier test's would be found at once).
+std::string ipc_log(const std::string& mode, bool launch_after_kill, int r) {
+  return fmt::format("/tmp/mpt-peer-ipc-{}-{}-{}-{}.log", mode, launch_after_kill ? "after" : "during", ::getpid(), r);
+}
+
+void remove_ipc_logs(const std::string& mode, bool launch_after_kill) {
+  for (int r = 0; r < 2; ++r) std::remove(ipc_log(mode, launch_after_kill, r).c_str());
+}
+
 // Two ddp_worker processes in one of its peer_ipc modes, both on cuda:0.
 std::vector<std::unique_ptr<mpt::testing::ChildProcess>> start_ipc_ranks(const std::string& mode, int timeout_s,
                                                                          bool launch_after_kill = false) {
+  remove_ipc_logs(mode, launch_after_kill);
   const std::string port = std::to_string(mpt::testing::free_port());
   std::vector<std::unique_ptr<mpt::testing::ChildProcess>> ranks;
   for (int r = 0; r < 2; ++r)
@@ -242,7 +254,7 @@ std::vector<std::unique_ptr<mpt::testing::ChildProcess>> start_ipc_ranks(const s
                                            {"MASTER_PORT", port},
                                            {"MPT_TEST_TIMEOUT_S", std::to_string(timeout_s)},
                                            {"MPT_TEST_LAUNCH_AFTER_KILL", launch_after_kill ? "1" : "0"}},
-        fmt::format("/tmp/mpt-peer-ipc-{}-{}-{}.log", mode, ::getpid(), r)));
+        ipc_log(mode, launch_after_kill, r)));
   return ranks;
 }
 
@@ -263,6 +275,7 @@ void expect_a_killed_process_ends_its_peers_kernel(bool launch_after_kill) {
   const auto status = ranks[0]->wait(timeout_s + 30);
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
   const std::string out = ranks[0]->output();
+  remove_ipc_logs("peer_ipc_killed", launch_after_kill);
   std::cout << out;  // the survivor's message, for the report
   std::printf("rank 0 ended %.2f s after the kill (timeout %d s)\n", took, timeout_s);
   ASSERT_TRUE(status.has_value()) << "rank 0 still runs " << took << " s after rank 1 was killed:\n" << out;
@@ -284,6 +297,7 @@ TEST(PeerAllReduce, TwoProcessesOnOneGpuSumAndAverageByTheRuleOverIpc) {
     EXPECT_FALSE(mpt::testing::exited_with_failure(*status)) << out;
     EXPECT_NE(out.find(fmt::format("rank {}: peer ipc ok", r)), std::string::npos) << out;
   }
+  remove_ipc_logs("peer_ipc", false);
 }
 
 TEST(PeerAllReduce, AProcessKilledWhileItsPeerWaitsEndsThePeersKernelAtTheTimeout) {
