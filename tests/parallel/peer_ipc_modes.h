@@ -14,6 +14,7 @@
 //                    the dead process's memory), says "launched", and waits
 //                    for its stream: the kernel must give up at the timeout
 //                    and the rank end with the reason (status 3)
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <map>
@@ -48,8 +49,10 @@ inline void say(const std::string& line) {
   std::fflush(stdout);
 }
 
+// `timeout` bounds the kernel's waits; meeting through the store may take
+// longer (a process's first CUDA call alone can take seconds).
 inline int peer_ipc_mode(const std::string& mode, dist::Millis timeout) {
-  const dist::Rendezvous rv = dist::rendezvous("env://", timeout);
+  const dist::Rendezvous rv = dist::rendezvous("env://", std::max<dist::Millis>(timeout, std::chrono::seconds(60)));
   const int rank = rv.config.rank, world = rv.config.world_size;
   const Device dev(DeviceType::cuda, 0);
   DeviceGuard on_device(dev);
