@@ -444,18 +444,9 @@ namespace {
 // collectives only the replay watchdog sees.
 void expect_killed_rank_ends_the_other(const std::string& mode, bool peer_collectives = false) {
   const int timeout_s = 20;
-  const std::string port = std::to_string(mpt::testing::free_port());
-  std::vector<std::unique_ptr<mpt::testing::ChildProcess>> ranks;
-  for (int r = 0; r < 2; ++r)
-    ranks.push_back(std::make_unique<mpt::testing::ChildProcess>(
-        std::vector<std::string>{mpt::testing::ddp_worker_path(), mode, "cuda"},
-        std::map<std::string, std::string>{{"RANK", std::to_string(r)},
-                                           {"WORLD_SIZE", "2"},
-                                           {"MASTER_ADDR", "127.0.0.1"},
-                                           {"MASTER_PORT", port},
-                                           {"MPT_TEST_TIMEOUT_S", std::to_string(timeout_s)},
-                                           {"MPT_TEST_PEER_COLLECTIVES", peer_collectives ? "1" : "0"}},
-        fmt::format("/tmp/mpt-nccl-kill-{}-{}-{}.log", mode, ::getpid(), r)));
+  auto ranks = mpt::testing::start_worker_ranks(
+      2, {mode, "cuda"}, timeout_s, {{"MPT_TEST_PEER_COLLECTIVES", peer_collectives ? "1" : "0"}},
+      [&](int r) { return fmt::format("/tmp/mpt-nccl-kill-{}-{}-{}.log", mode, ::getpid(), r); });
   ASSERT_TRUE(ranks[1]->wait_for_output("rank 1: step 30", 120)) << ranks[1]->output() << ranks[0]->output();
   ranks[1]->signal(SIGKILL);
   const auto killed_at = std::chrono::steady_clock::now();

@@ -20,7 +20,6 @@
 
 #include "parallel/child_process.h"
 #include "parallel/distributed_error.h"
-#include "parallel/free_port.h"
 #include "parallel/launch.h"
 #include "parallel/loopback_stores.h"
 #include "tensor/device_guard.h"
@@ -243,19 +242,9 @@ void remove_ipc_logs(const std::string& mode, bool launch_after_kill) {
 std::vector<std::unique_ptr<mpt::testing::ChildProcess>> start_ipc_ranks(const std::string& mode, int timeout_s,
                                                                          bool launch_after_kill = false) {
   remove_ipc_logs(mode, launch_after_kill);
-  const std::string port = std::to_string(mpt::testing::free_port());
-  std::vector<std::unique_ptr<mpt::testing::ChildProcess>> ranks;
-  for (int r = 0; r < 2; ++r)
-    ranks.push_back(std::make_unique<mpt::testing::ChildProcess>(
-        std::vector<std::string>{mpt::testing::ddp_worker_path(), mode},
-        std::map<std::string, std::string>{{"RANK", std::to_string(r)},
-                                           {"WORLD_SIZE", "2"},
-                                           {"MASTER_ADDR", "127.0.0.1"},
-                                           {"MASTER_PORT", port},
-                                           {"MPT_TEST_TIMEOUT_S", std::to_string(timeout_s)},
-                                           {"MPT_TEST_LAUNCH_AFTER_KILL", launch_after_kill ? "1" : "0"}},
-        ipc_log(mode, launch_after_kill, r)));
-  return ranks;
+  return mpt::testing::start_worker_ranks(2, {mode}, timeout_s,
+                                          {{"MPT_TEST_LAUNCH_AFTER_KILL", launch_after_kill ? "1" : "0"}},
+                                          [&](int r) { return ipc_log(mode, launch_after_kill, r); });
 }
 
 // Rank 1 is killed after both mapped each other's memory; rank 0's kernel,

@@ -45,18 +45,8 @@ pid_t ready_pid(const std::string& output, int rank) {
 // `world` ranks of ddp_worker's training started directly (no launcher),
 // with collectives that time out after `timeout_s`; logs named by `name`.
 std::vector<std::unique_ptr<ChildProcess>> start_ranks(int world, int timeout_s, const std::string& name) {
-  const int port = free_port();
-  std::vector<std::unique_ptr<ChildProcess>> ranks;
-  for (int r = 0; r < world; ++r)
-    ranks.push_back(std::make_unique<ChildProcess>(
-        std::vector<std::string>{ddp_worker_path(), "train"},
-        std::map<std::string, std::string>{{"RANK", std::to_string(r)},
-                                           {"WORLD_SIZE", std::to_string(world)},
-                                           {"MASTER_ADDR", "127.0.0.1"},
-                                           {"MASTER_PORT", std::to_string(port)},
-                                           {"MPT_TEST_TIMEOUT_S", std::to_string(timeout_s)}},
-        log_file(fmt::format("{}-{}", name, r))));
-  return ranks;
+  return mpt::testing::start_worker_ranks(world, {"train"}, timeout_s, {},
+                                          [&](int r) { return log_file(fmt::format("{}-{}", name, r)); });
 }
 
 }  // namespace
