@@ -5,9 +5,14 @@
 
 namespace mpt::data {
 
-FashionMNIST::FashionMNIST(Split split, const std::string& dir) {
+std::vector<std::string> FashionMNIST::files(Split split, const std::string& dir) {
   const std::string prefix = dir + (split == Split::train ? "/train" : "/t10k");
-  const std::string images_path = prefix + "-images-idx3-ubyte.gz", labels_path = prefix + "-labels-idx1-ubyte.gz";
+  return {prefix + "-images-idx3-ubyte.gz", prefix + "-labels-idx1-ubyte.gz"};
+}
+
+FashionMNIST::FashionMNIST(Split split, const std::string& dir) {
+  const std::vector<std::string> paths = files(split, dir);
+  const std::string &images_path = paths[0], &labels_path = paths[1];
   IdxArray images = read_idx(images_path);
   IdxArray labels = read_idx(labels_path);
   check<IOError>(images.shape.size() == 3 && images.shape[1] == kRows && images.shape[2] == kCols,

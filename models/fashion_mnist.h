@@ -2,6 +2,7 @@
 // Fashion-MNIST (Debian package dataset-fashion-mnist): 60000 training and
 // 10000 test images of 28x28 grey levels, ten classes.
 #include <string>
+#include <vector>
 
 #include "models/dataset.h"
 
@@ -15,6 +16,8 @@ class FashionMNIST : public Dataset {
  public:
   // Reads <dir>/{train,t10k}-{images-idx3,labels-idx1}-ubyte.gz.
   explicit FashionMNIST(Split split, const std::string& dir = kFashionMnistDir);
+  // The files of one split: its images, then its labels.
+  static std::vector<std::string> files(Split split, const std::string& dir = kFashionMnistDir);
 
   int64_t size() const override { return count_; }
   // input f32 [N, 1, 28, 28], normalised by the training set's mean and

@@ -12,6 +12,7 @@
 #include <set>
 
 #include "models/char_dataset.h"
+#include "models/data_fingerprint.h"
 #include "models/data_loader.h"
 #include "tensor/pinned.h"
 #include "models/fashion_mnist.h"
@@ -530,6 +531,29 @@ TEST(DataLoaderTest, AnEpochOfAnotherLengthIsRefused) {
     }
     EXPECT_FALSE(loader.next().has_value());
   }
+}
+
+// A data set's fingerprint is what its bytes are: equal for a copy under
+// another name, different for other bytes under the same name (one byte
+// changed, or one appended), and an unreadable file is named.
+TEST(ContentFingerprint, FollowsTheBytesNotTheNames) {
+  testing::TempDir dir("fingerprint-test");
+  const std::string a = dir.file("a.txt"), b = dir.file("b.txt");
+  std::ofstream(a) << "the quick brown fox";
+  std::ofstream(b) << "the quick brown fox";
+  const std::string first = content_fingerprint({a});
+  EXPECT_EQ(first, content_fingerprint({b}));
+  EXPECT_EQ(first.rfind("19 bytes, crc32 ", 0), 0u) << first;
+  EXPECT_EQ(content_fingerprint({a, b}).rfind("38 bytes, crc32 ", 0), 0u);
+  std::ofstream(b) << "the quick brown fix";
+  EXPECT_NE(content_fingerprint({b}), first);
+  std::ofstream(b) << "the quick brown fox.";
+  EXPECT_NE(content_fingerprint({b}), first);
+  // Whole-file CRC-32 of the well-known check string.
+  std::ofstream(b) << "123456789";
+  EXPECT_EQ(content_fingerprint({b}), "9 bytes, crc32 cbf43926");
+  expect_contains(error_of<IOError>([&] { content_fingerprint({dir.file("missing.txt")}); }),
+                  {"content_fingerprint: cannot open", "missing.txt"});
 }
 
 }  // namespace

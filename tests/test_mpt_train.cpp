@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -398,16 +399,21 @@ TEST_F(MptTrain, BadCheckpointsAreRefusedWithTheReason) {
   EXPECT_EQ(run(fmt::format("--model cnn --batch-size 16 --steps 4 --resume '{}'", ck)), 1);
   EXPECT_NE(stderr_.find("'mlp'"), std::string::npos) << stderr_;
   EXPECT_EQ(run(fmt::format("--batch-size 32 --steps 4 --resume '{}'", ck)), 1);
-  EXPECT_NE(stderr_.find("run.batch_size '16'"), std::string::npos) << stderr_;
+  EXPECT_NE(stderr_.find("--batch-size 32 differs from the run in the checkpoint, which has 16"), std::string::npos)
+      << stderr_;
   EXPECT_EQ(run(fmt::format("--optimizer sgd --batch-size 16 --steps 4 --resume '{}'", ck)), 1);
-  EXPECT_NE(stderr_.find("run.optimizer 'adamw'"), std::string::npos) << stderr_;
+  EXPECT_NE(stderr_.find("--optimizer 'sgd' differs from the run in the checkpoint, which has 'adamw'"),
+            std::string::npos)
+      << stderr_;
 
   // The precision is the run's (bf16 by default on the CPU): its
   // checkpoint has no loss-scaler state for an fp16 run, and fp32 would
   // round other numbers.
   for (const char* other : {"fp16", "fp32"}) {
     EXPECT_EQ(run(fmt::format("--precision {} --batch-size 16 --steps 4 --resume '{}'", other, ck)), 1);
-    EXPECT_NE(stderr_.find(fmt::format("run.precision 'bf16', but this run has '{}'", other)), std::string::npos)
+    EXPECT_NE(stderr_.find(fmt::format("--precision '{}' differs from the run in the checkpoint, which has 'bf16'",
+                                       other)),
+              std::string::npos)
         << stderr_;
   }
 }
@@ -424,10 +430,14 @@ TEST_F(MptTrain, MixedPrecisionRunResumesBitIdenticalWithItsScaler) {
   std::string other_interval = common;
   other_interval.replace(other_interval.find("--growth-interval 2"), 19, "--growth-interval 500");
   EXPECT_NE(run(fmt::format("{} --resume '{}'", other_interval, file("part.safetensors"))), 0);
-  EXPECT_NE(stderr_.find("growth_interval 2, but this run has --growth-interval 500"), std::string::npos) << stderr_;
+  EXPECT_NE(stderr_.find("--growth-interval 500 differs from the run in the checkpoint, which has 2"),
+            std::string::npos)
+      << stderr_;
   // So is its policy: the hysteresis policy would read the same state otherwise.
   EXPECT_EQ(run(fmt::format("{} --scaler hysteresis --resume '{}'", common, file("part.safetensors"))), 1);
-  EXPECT_NE(stderr_.find("run.scaler 'dynamic', but this run has 'hysteresis'"), std::string::npos) << stderr_;
+  EXPECT_NE(stderr_.find("--scaler 'hysteresis' differs from the run in the checkpoint, which has 'dynamic'"),
+            std::string::npos)
+      << stderr_;
   ASSERT_EQ(run(fmt::format("{} --resume '{}' --checkpoint '{}'", common, file("part.safetensors"),
                             file("part.safetensors"))),
             0)
@@ -597,6 +607,33 @@ TEST_F(MptTrain, ADdpGptRunSamplesOnEveryRankAndRankZeroShowsIt) {
   const auto samples = events(file("m.jsonl"), "sample");
   ASSERT_EQ(samples.size(), 2u);
   for (const auto& sample : samples) EXPECT_EQ(sample["text"].get<std::string>().size(), 24u);
+}
+
+// Ranks started with different settings all end within seconds, the error
+// naming each setting that differs with every rank's value (they hung in
+// their first collective until --dist-timeout, blaming the network, or
+// trained on apart).
+TEST_F(MptTrain, RanksWithDifferentSettingsEndAtOnceNamingTheSetting) {
+  const std::string script = file("per_rank.sh");
+  std::ofstream(script) << fmt::format(
+      "#!/bin/sh\n"
+      "if [ \"$RANK\" = 0 ]; then exec '{0}' \"$@\" --precision fp32; else exec '{0}' \"$@\" --precision bf16 "
+      "--batch-size 8; fi\n",
+      mpt_train());
+  fs::permissions(script, fs::perms::owner_all);
+  const std::string cmd = fmt::format(
+      "'{}' --nproc_per_node 2 --master_port {} --kill_timeout 2 '{}' --device cpu --progress none --steps 2 "
+      "--parallel ddp --dist-timeout 60 >'{}' 2>&1",
+      mpt_run(), testing::free_port(), script, file("out"));
+  const auto started = std::chrono::steady_clock::now();
+  EXPECT_NE(std::system(cmd.c_str()), 0);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  const std::string out = slurp(file("out"));
+  EXPECT_LT(seconds, 10) << out;
+  for (const char* rank : {"[rank 0]", "[rank 1]"})
+    EXPECT_NE(out.find(fmt::format("{} mpt-train: rank", rank)), std::string::npos) << out;
+  EXPECT_NE(out.find("--precision: 'fp32' on rank 0, 'bf16' on rank 1"), std::string::npos) << out;
+  EXPECT_NE(out.find("--batch-size: '128' on rank 0, '8' on rank 1"), std::string::npos) << out;
 }
 
 // Two ranks through mpt-run on Gloo: each rank introduces itself, and rank
@@ -883,6 +920,143 @@ TEST_F(MptTrain, UnusedOptionsAreWarnedAbout) {
   EXPECT_NE(stderr_.find("warning: --scaler, --init-scale ignored"), std::string::npos) << stderr_;
   ASSERT_EQ(run("--steps 4 --stop-after 1 --eval-batches 1"), 0) << stderr_;
   EXPECT_NE(stderr_.find("warning: --stop-after 1 without --checkpoint"), std::string::npos) << stderr_;
+}
+
+// A run never replaces another run's checkpoint unasked: a fresh run over
+// an existing --checkpoint is refused (the file untouched) and names both
+// ways out; --overwrite replaces it.
+TEST_F(MptTrain, AnExistingCheckpointIsNotReplacedByAnotherRun) {
+  const std::string ck = file("c.safetensors");
+  ASSERT_EQ(run(fmt::format("--batch-size 16 --steps 2 --eval-batches 1 --checkpoint '{}'", ck)), 0) << stderr_;
+  const std::string before = slurp(ck);
+  EXPECT_EQ(run(fmt::format("--model cnn --batch-size 16 --steps 1 --eval-batches 1 --checkpoint '{}'", ck)), 1);
+  EXPECT_NE(stderr_.find(fmt::format("--checkpoint '{}' already exists (it holds a run of mlp at step 2)", ck)),
+            std::string::npos)
+      << stderr_;
+  EXPECT_NE(stderr_.find(fmt::format("--resume '{}'", ck)), std::string::npos) << stderr_;
+  EXPECT_NE(stderr_.find("--overwrite"), std::string::npos) << stderr_;
+  EXPECT_EQ(slurp(ck), before);
+  ASSERT_EQ(run(fmt::format("--model cnn --batch-size 16 --steps 1 --eval-batches 1 --overwrite --checkpoint '{}'", ck)),
+            0)
+      << stderr_;
+  const auto config = nlohmann::json::parse(ckpt::read_checkpoint(ck).info.at("run.config"));
+  EXPECT_EQ(config["model"], "cnn");
+}
+
+// --auto-resume starts a run where its checkpoint is missing and continues
+// it where it exists: a job that restarts itself with one command line ends
+// as an uninterrupted run does.
+TEST_F(MptTrain, AutoResumeStartsOrContinuesTheSameRun) {
+  const std::string common = "--batch-size 16 --steps 6 --warmup-steps 2 --eval-batches 1 --seed 3";
+  ASSERT_EQ(run(fmt::format("{} --checkpoint '{}'", common, file("whole.safetensors"))), 0) << stderr_;
+  ASSERT_EQ(run(fmt::format("{} --auto-resume --stop-after 3 --checkpoint '{}'", common, file("part.safetensors"))), 0)
+      << stderr_;
+  EXPECT_EQ(stdout_.find("resumed from"), std::string::npos) << stdout_;
+  EXPECT_EQ(ckpt::read_checkpoint(file("part.safetensors")).step, 3);
+  ASSERT_EQ(run(fmt::format("{} --auto-resume --checkpoint '{}'", common, file("part.safetensors"))), 0) << stderr_;
+  EXPECT_NE(stdout_.find("resumed from"), std::string::npos) << stdout_;
+  EXPECT_EQ(tensors_of(file("part.safetensors")), tensors_of(file("whole.safetensors")));
+  EXPECT_EQ(run(fmt::format("{} --auto-resume", common)), 2);  // it needs --checkpoint
+}
+
+// The checkpoint records the run's whole configuration: --resume alone
+// continues a GPT of non-default sizes bit-identically, and an option given
+// again that would change the run is refused by name with both values.
+TEST_F(MptTrain, ResumeNeedsOnlyTheCheckpoint) {
+  const std::string common = tiny_gpt() + " --batch-size 16 --steps 6 --warmup-steps 2 --eval-batches 1 "
+                                          "--sample-tokens 0 --precision fp32 --seed 4";
+  ASSERT_EQ(run(fmt::format("{} --checkpoint '{}'", common, file("whole.safetensors"))), 0) << stderr_;
+  ASSERT_EQ(run(fmt::format("{} --stop-after 3 --checkpoint '{}'", common, file("part.safetensors"))), 0) << stderr_;
+  EXPECT_EQ(run(fmt::format("--resume '{}' --gpt-d-model 32", file("part.safetensors"))), 1);
+  EXPECT_NE(stderr_.find("--gpt-d-model 32 differs from the run in the checkpoint, which has 16"), std::string::npos)
+      << stderr_;
+  ASSERT_EQ(run(fmt::format("--resume '{}'", file("part.safetensors"))), 0) << stderr_;
+  const ckpt::Checkpoint resumed = ckpt::read_checkpoint(file("part.safetensors"));
+  EXPECT_EQ(resumed.step, 6);
+  EXPECT_EQ(tensors_of(file("part.safetensors")), tensors_of(file("whole.safetensors")));
+  // Options that may change do: a longer run.
+  ASSERT_EQ(run(fmt::format("--resume '{}' --steps 8", file("part.safetensors"))), 0) << stderr_;
+  EXPECT_EQ(ckpt::read_checkpoint(file("part.safetensors")).step, 8);
+}
+
+// A resumed run's data is compared by what it holds: the same text under
+// another path, or by a relative path from another folder, is the same
+// data; other text under the first name is not.
+TEST_F(MptTrain, TheDataIsComparedByContentNotByPath) {
+  tiny_gpt();  // writes text.txt
+  fs::create_directories(file("elsewhere"));
+  fs::copy_file(file("text.txt"), file("elsewhere/copy.txt"));
+  const std::string model = "--model gpt --gpt-layers 1 --gpt-heads 2 --gpt-d-model 16 --context 16 --batch-size 16 "
+                            "--steps 6 --eval-batches 1 --sample-tokens 0";
+  ASSERT_EQ(run(fmt::format("{} --data text.txt --stop-after 2 --checkpoint '{}'", model, file("c.safetensors")), "cpu",
+                fmt::format("cd '{}' &&", dir_.path().string())),
+            0)
+      << stderr_;
+  ASSERT_EQ(run(fmt::format("--resume '{}' --data copy.txt --stop-after 4", file("c.safetensors")), "cpu",
+                fmt::format("cd '{}' &&", file("elsewhere"))),
+            0)
+      << stderr_;
+  // The checkpoint now names copy.txt: other text under that name is refused.
+  std::ofstream(file("elsewhere/copy.txt")) << std::string(600, 'x');
+  EXPECT_EQ(run(fmt::format("--resume '{}' --data copy.txt", file("c.safetensors")), "cpu",
+                fmt::format("cd '{}' &&", file("elsewhere"))),
+            1);
+  EXPECT_NE(stderr_.find("the checkpoint's run trained on other data"), std::string::npos) << stderr_;
+}
+
+// The default warm-up is scaled down, and said to be, where it would fill
+// a short run; a warm-up asked for that fills the run is warned about.
+TEST_F(MptTrain, AWarmUpThatFillsTheRunIsShortenedOrWarnedAbout) {
+  ASSERT_EQ(run(fmt::format("--batch-size 16 --steps 40 --eval-batches 1 --metrics '{}'", file("m.jsonl"))), 0)
+      << stderr_;
+  EXPECT_NE(stdout_.find("the default warm-up of 100 steps is over a tenth of this run's 40 steps: warming up over 4"),
+            std::string::npos)
+      << stdout_;
+  EXPECT_EQ(events(file("m.jsonl"), "start").at(0)["warmup_steps"], 4);
+  ASSERT_EQ(run("--batch-size 16 --steps 40 --warmup-steps 50 --eval-batches 1"), 0) << stderr_;
+  EXPECT_NE(stdout_.find("warning: --warmup-steps 50 is not shorter than this run's 40 steps"), std::string::npos)
+      << stdout_;
+  ASSERT_EQ(run("--batch-size 8 --steps 1000 --eval-batches 1 --log-every 1000"), 0) << stderr_;
+  EXPECT_EQ(stdout_.find("warm-up"), std::string::npos) << stdout_;
+}
+
+// A loss-scaler study reads the scale and the skipped steps from every step
+// event: under fp16 with a scale far too large, the steps back off until
+// the gradients are finite and then grow every growth interval, exactly as
+// the rule says; the start event holds the scaler's settings and the run's.
+TEST_F(MptTrain, StepMetricsCarryTheScaleByTheScalersRule) {
+  const int64_t interval = 3;
+  ASSERT_EQ(run(fmt::format("--precision fp16 --init-scale 1099511627776 --growth-interval {} --batch-size 16 --steps "
+                            "40 --log-every 1 --eval-batches 1 --metrics '{}'",
+                            interval, file("m.jsonl"))),
+            0)
+      << stderr_;
+  const auto start = events(file("m.jsonl"), "start").at(0);
+  EXPECT_EQ(start["scaler"]["policy"], "dynamic");
+  EXPECT_EQ(start["scaler"]["init_scale"], 1099511627776.0);
+  EXPECT_EQ(start["scaler"]["growth_interval"], interval);
+  for (const char* key : {"schedule", "warmup_steps", "weight_decay", "world_size", "resumed"})
+    EXPECT_TRUE(start.contains(key)) << key;
+  EXPECT_EQ(start["resumed"], false);
+  const auto steps = events(file("m.jsonl"), "step");
+  ASSERT_EQ(steps.size(), 40u);
+  double scale = 1099511627776.0;
+  int64_t skipped = 0, good_in_a_row = 0;
+  for (const auto& s : steps) {
+    const int64_t now_skipped = s.at("skipped_steps_in_run").get<int64_t>();
+    ASSERT_TRUE(now_skipped == skipped || now_skipped == skipped + 1) << s.dump();
+    if (now_skipped > skipped) {
+      scale *= 0.5;
+      good_in_a_row = 0;
+    } else if (++good_in_a_row == interval) {
+      scale *= 2;
+      good_in_a_row = 0;
+    }
+    skipped = now_skipped;
+    EXPECT_EQ(s.at("scale").get<double>(), scale) << s.dump();
+  }
+  EXPECT_GT(skipped, 5);       // it backed off from 2^40
+  EXPECT_LT(skipped, 40);      // and then trained
 }
 
 TEST_F(MptTrain, GradientTransitNeedsDdp) {

@@ -6,6 +6,7 @@
 
 #include "tensor/error.h"
 #include "tools/cli_checks.h"
+#include "tools/mpt-train/run_settings.h"
 #include "tools/mpt-train/trainer.h"
 
 int main(int argc, char** argv) {
@@ -38,8 +39,6 @@ int main(int argc, char** argv) {
                  "fp16 (autocast + loss scaler), bf16 (autocast), fp32, or auto (fp16 on a GPU, bf16 on the CPU)")
       ->check(CLI::IsMember({"auto", "fp16", "bf16", "fp32"}));
   // The loss scaler runs with fp16 only; its options are checked in every run.
-  const char* const scaler_flags[] = {"--scaler", "--init-scale", "--growth-factor", "--backoff-factor",
-                                      "--growth-interval"};
   app.add_option("--scaler", c.scaler,
                  "Loss-scaler policy for fp16: dynamic (PyTorch's; also called torch), hysteresis, static")
       ->check(CLI::IsMember({"dynamic", "torch", "hysteresis", "static"}));
@@ -95,18 +94,31 @@ int main(int argc, char** argv) {
                  "Batches evaluated per epoch (0: the whole test set or held-out text)")
       ->check(non_negative());
 
-  app.add_option("--checkpoint", c.checkpoint, "Checkpoint file (safetensors), written at the end");
+  auto* checkpoint = app.add_option("--checkpoint", c.checkpoint,
+                 "Checkpoint file (safetensors), written at the end; a run that does not resume it refuses to "
+                 "replace an existing one unless given --overwrite");
   app.add_option("--checkpoint-every", c.checkpoint_every, "Also write it every N steps (0: only at the end)")
       ->check(non_negative());
-  app.add_option("--resume", c.resume, "Continue from this checkpoint");
+  auto* resume = app.add_option("--resume", c.resume,
+                                "Continue the run of this checkpoint, with the options it recorded (options given "
+                                "again must agree, except those that may change: --steps, --epochs, --progress, ...)");
+  auto* auto_resume = app.add_flag("--auto-resume", c.auto_resume,
+                                   "Continue from --checkpoint when that file exists, else start (for jobs that are "
+                                   "requeued or restart themselves)");
+  auto_resume->excludes(resume)->needs(checkpoint);
+  app.add_flag("--overwrite", c.overwrite, "Let a run that does not resume --checkpoint replace that file");
   app.add_option("--metrics", c.metrics, "Append metrics as JSON lines to this file");
   app.add_option("--progress", c.progress, "auto (a bar on a terminal, else lines), bar, lines, none")
       ->check(CLI::IsMember({"auto", "bar", "lines", "none"}));
   app.add_option("--log-every", c.log_every, "Steps between progress lines and step metrics")->check(positive());
 
   if (const auto status = mpt::tools::parse_command_line(app, argc, argv)) return *status;
-  for (const char* flag : scaler_flags)
-    if (app.count(flag) > 0) c.scaler_flags_given.emplace_back(flag);
+  // Every option of the run's table is one of the command line's
+  // (get_option throws for a name that is not).
+  mpt::train::for_each_option(c, [&](const char* name, auto&, mpt::train::OnResume, bool) {
+    if (app.get_option(fmt::format("--{}", name))->count() > 0) c.given.insert(name);
+  });
+  c.settled = c.given;
   try {
     mpt::train::check_options(c);
   } catch (const mpt::ValueError& e) {

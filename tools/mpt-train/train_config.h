@@ -1,8 +1,8 @@
 #pragma once
 // Everything a training run is told, as mpt-train's options set it.
 #include <cstdint>
+#include <set>
 #include <string>
-#include <vector>
 
 namespace mpt::train {
 
@@ -24,8 +24,6 @@ struct TrainConfig {
   std::string scaler = "dynamic";       // scaler policy, with its parameters below
   double init_scale = 65536.0, growth_factor = 2.0, backoff_factor = 0.5;
   int64_t growth_interval = 2000;
-  std::vector<std::string> scaler_flags_given;  // the options above that the command line set: a run
-                                                // without a loss scaler warns that it ignores them
 
   // Optimisation.
   int64_t batch_size = 0;               // 0: the model's default (mlp, cnn 128; gpt 64)
@@ -53,11 +51,18 @@ struct TrainConfig {
 
   // Output.
   std::string checkpoint;               // path; empty: no checkpoints
+  bool overwrite = false;               // a fresh run may replace an existing --checkpoint
+  bool auto_resume = false;             // resume from --checkpoint when it exists, else start
   int64_t checkpoint_every = 0;         // steps between checkpoints (0: only at the end)
   std::string resume;                   // checkpoint to continue from
   std::string metrics;                  // JSON-lines file
   std::string progress = "auto";        // auto (bar on a terminal, lines otherwise), bar, lines, none
   int64_t log_every = 100;              // steps between plain progress lines
+
+  // Which options (named as on the command line, without dashes) the
+  // command line gave, and which are settled: given, or taken from the
+  // checkpoint a run resumes (a default is neither).
+  std::set<std::string> given, settled;
 };
 
 }  // namespace mpt::train

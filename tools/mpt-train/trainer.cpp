@@ -14,6 +14,7 @@
 
 #include <unistd.h>
 
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "autograd/ops.h"
@@ -31,10 +32,12 @@
 #include "tensor/host_name.h"
 #include "tensor/nvtx.h"
 #include "tensor/step_timer.h"
+#include "tensor/version.h"
 #include "tools/mpt-train/diagnostics.h"
 #include "tools/mpt-train/gpu_sampler.h"
 #include "tools/mpt-train/precision_step.h"
 #include "tools/mpt-train/progress.h"
+#include "tools/mpt-train/run_settings.h"
 #include "tools/mpt-train/text_sample.h"
 #include "tools/mpt-train/training_step.h"
 #include "tools/mpt-train/training_totals.h"
@@ -125,23 +128,103 @@ void prepare_checkpoint_path(const std::string& checkpoint) {
                  checkpoint, folder, std::strerror(errno));
 }
 
-// What a resumed run must share with the one that wrote the checkpoint:
-// what the data position counts in (batches of one size, in one seeded
-// order, over one number of shards), what the optimizer state belongs to,
-// and the precision and loss-scaling policy the run's numbers come from
-// (the scaler's state means one thing to one policy). (Checkpoints from
-// before a key existed pass without it.)
-io::Metadata run_identity(const TrainConfig& c, int64_t world_size) {
-  io::Metadata identity{{"run.model", c.model},
-                        {"run.data", as_utf8(c.data)},  // UTF-8 metadata: the same replacements every run
-                        {"run.batch_size", std::to_string(c.batch_size)},
-                        {"run.accumulation", std::to_string(c.accumulation)},
-                        {"run.seed", std::to_string(c.seed)},
-                        {"run.world_size", std::to_string(world_size)},
-                        {"run.optimizer", c.optimizer},
-                        {"run.precision", c.precision}};
-  if (c.precision == "fp16") identity["run.scaler"] = c.scaler;
-  return identity;
+// What a checkpoint records about its run: the whole configuration (the
+// options as this run resolved them), how many shards its data position
+// counts in, and what the data was.
+io::Metadata run_record(const TrainConfig& c, int64_t world_size, const std::string& data_identity) {
+  return {{"run.config", saved_options(c).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)},
+          {"run.world_size", std::to_string(world_size)},
+          {"run.data_identity", data_identity}};
+}
+
+// The run configuration a checkpoint recorded; null for one written before
+// checkpoints recorded it.
+nlohmann::json recorded_config(const ckpt::Checkpoint& saved, const std::string& source) {
+  const auto it = saved.info.find("run.config");
+  if (it == saved.info.end()) return nullptr;
+  try {
+    nlohmann::json config = nlohmann::json::parse(it->second);
+    check(config.is_object(), "not an object");
+    return config;
+  } catch (const std::exception& e) {
+    throw IOError(fmt::format("mpt-train: --resume '{}': the checkpoint's run configuration is not readable: {}", source,
+                              e.what()));
+  }
+}
+
+// A checkpoint written before the whole configuration was recorded names a
+// few options of its run ("run.model", ...): those must agree.
+void check_older_record(const TrainConfig& c, const ckpt::Checkpoint& saved, const std::string& source) {
+  const io::Metadata expected{{"run.model", c.model},
+                              {"run.batch_size", std::to_string(c.batch_size)},
+                              {"run.accumulation", std::to_string(c.accumulation)},
+                              {"run.seed", std::to_string(c.seed)},
+                              {"run.optimizer", c.optimizer},
+                              {"run.precision", c.precision},
+                              {"run.scaler", c.scaler}};
+  for (const auto& [key, value] : expected) {
+    const auto it = saved.info.find(key);
+    check(it == saved.info.end() || it->second == value,
+          "mpt-train: --resume '{}' was written for {} '{}', but this run has '{}'", source, key,
+          it == saved.info.end() ? "" : it->second, value);
+  }
+}
+
+// Whether two paths name one file (both exist).
+bool same_file(const std::string& a, const std::string& b) {
+  std::error_code error;
+  return std::filesystem::equivalent(a, b, error);
+}
+
+// A run writes --checkpoint over an existing file only when it continues
+// that file's run, or when told to: another run's checkpoint (an MLP's
+// under the name of a CNN's) is not replaced by mistake.
+void refuse_to_replace(const TrainConfig& c) {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  if (c.checkpoint.empty() || c.overwrite || !fs::exists(c.checkpoint, error)) return;
+  if (!c.resume.empty() && same_file(c.resume, c.checkpoint)) return;
+  std::string what;
+  try {
+    const ckpt::Checkpoint existing = ckpt::read_checkpoint(c.checkpoint);
+    const nlohmann::json config = recorded_config(existing, c.checkpoint);
+    const std::string model = config.is_object() && config.contains("model") ? config["model"].get<std::string>()
+                                                                             : "a model";
+    what = fmt::format("it holds a run of {} at step {}", model, existing.step);
+  } catch (const std::exception&) {
+    what = "it is not a checkpoint this run can read";
+  }
+  throw IOError(fmt::format("mpt-train: --checkpoint '{}' already exists ({}), and this run would replace it. Continue "
+                            "that run with --resume '{}' (or --auto-resume), or replace it with --overwrite",
+                            c.checkpoint, what, c.checkpoint));
+}
+
+// A path the run records: absolute, so that a resumed run finds it from
+// any folder. The data sets' own names stay names.
+std::string recorded_path(const std::string& path) {
+  if (path.empty() || path == "fashion-mnist" || path == "fortunes") return path;
+  return std::filesystem::absolute(path).lexically_normal().string();
+}
+
+// The default warm-up is for long runs: a run of few steps would spend all
+// of them climbing to the peak learning rate, so it warms up over its first
+// tenth instead and says so. A warm-up that was asked for is kept, with a
+// warning where it leaves no steps at the peak.
+void settle_warmup(TrainConfig& c, int64_t total_steps, Progress& progress) {
+  if (c.schedule == "constant" || total_steps <= 0) return;
+  if (!c.settled.count("warmup-steps")) {
+    if (c.warmup_steps * 10 <= total_steps) return;
+    const int64_t shorter = total_steps / 10;
+    progress.message(fmt::format("mpt-train: the default warm-up of {} steps is over a tenth of this run's {} steps: "
+                                 "warming up over {} instead (--warmup-steps sets it)",
+                                 c.warmup_steps, total_steps, shorter));
+    c.warmup_steps = shorter;
+    return;
+  }
+  if (c.warmup_steps >= total_steps)
+    progress.message(fmt::format("mpt-train: warning: --warmup-steps {} is not shorter than this run's {} steps: the "
+                                 "learning rate climbs the whole run and never decays",
+                                 c.warmup_steps, total_steps));
 }
 
 // An epoch at a stop in its middle: what its steps so far add up to, kept
@@ -307,9 +390,25 @@ void check_options(const TrainConfig& c) {
 
 TrainResult run_training(const TrainConfig& config) {
   TrainConfig c = config;
+  // --auto-resume: an existing checkpoint is the run to continue.
+  std::error_code no_file;
+  const bool auto_resumed = c.auto_resume && std::filesystem::exists(c.checkpoint, no_file);
+  if (auto_resumed) c.resume = c.checkpoint;
+  // --resume: the checkpoint's run, with the options it recorded for every
+  // one not given again. Read whole once; restored after the model is built.
+  std::optional<ckpt::Checkpoint> saved;
+  nlohmann::json saved_config;
+  if (!c.resume.empty()) {
+    saved = ckpt::read_checkpoint(c.resume);
+    saved_config = recorded_config(*saved, c.resume);
+    if (saved_config.is_object()) take_saved_options(c, saved_config);
+  }
   if (c.batch_size == 0) c.batch_size = c.model == "gpt" ? 64 : 128;
   // Data given for the wrong model is refused by make_workload.
   if (c.data.empty()) c.data = c.model == "gpt" ? "fortunes" : "fashion-mnist";
+  c.data = recorded_path(c.data);
+  c.checkpoint = recorded_path(c.checkpoint);
+  c.metrics = recorded_path(c.metrics);
   check_options(c);
   const std::string parallel = pick_parallel_mode(c.parallel);
   check(c.grad_transit == "f32" || parallel == "ddp",
@@ -328,22 +427,27 @@ TrainResult run_training(const TrainConfig& config) {
     c.progress = "none";
     c.metrics.clear();
   }
-  if (lead && !c.checkpoint.empty()) prepare_checkpoint_path(c.checkpoint);
+  if (lead && !c.checkpoint.empty()) {
+    refuse_to_replace(c);
+    prepare_checkpoint_path(c.checkpoint);
+  }
   if (lead && c.stop_after > 0 && c.checkpoint.empty())
     fmt::print(stderr, "mpt-train: warning: --stop-after {} without --checkpoint: nothing is saved for --resume to "
                        "continue from\n", c.stop_after);
   const auto started = Clock::now();
   Progress progress(c.progress, c.log_every, c.metrics);
   const Device device = pick_device(c.device, world ? world->config.local_rank : 0);
-  if (c.precision == "auto") c.precision = device.is_cuda() ? "fp16" : "bf16";
+  const bool auto_precision = c.precision == "auto";
+  if (auto_precision) c.precision = device.is_cuda() ? "fp16" : "bf16";
+  if (saved_config.is_object()) check_fixed_options(c, saved_config, c.resume);
   const std::string graph_obstacle = cuda_graph_obstacle(c, device, parallel);
   check(c.cuda_graph != "on" || graph_obstacle.empty(), "mpt-train: --cuda-graph on cannot be: {}", graph_obstacle);
-  if (lead && c.precision != "fp16" && !c.scaler_flags_given.empty()) {
-    std::string flags;
-    for (const std::string& flag : c.scaler_flags_given) flags += (flags.empty() ? "" : ", ") + flag;
+  std::vector<std::string> scaler_flags;
+  for (const char* flag : {"scaler", "init-scale", "growth-factor", "backoff-factor", "growth-interval"})
+    if (c.given.count(flag)) scaler_flags.push_back(fmt::format("--{}", flag));
+  if (lead && c.precision != "fp16" && !scaler_flags.empty())
     fmt::print(stderr, "mpt-train: warning: {} ignored: the loss scaler runs with --precision fp16 only, and this run "
-                       "is {}{}\n", flags, c.precision, config.precision == "auto" ? " (auto on this device)" : "");
-  }
+                       "is {}{}\n", fmt::join(scaler_flags, ", "), c.precision, auto_precision ? " (auto on this device)" : "");
   Generator gen(c.seed);
   Workload w = make_workload(c, gen);
   const TextSampler text_sampler(w, c);  // (checks --sample-prompt before any training)
@@ -376,6 +480,42 @@ TrainResult run_training(const TrainConfig& config) {
   std::fflush(stdout);
   bool first_batch_reported = false;
 
+  // What the checkpoint's run trained on must be what this one reads (the
+  // same bytes, wherever they lie), in as many shards.
+  if (saved) {
+    const auto recorded = [&](const std::string& key) {
+      const auto it = saved->info.find(key);
+      return it == saved->info.end() ? std::optional<std::string>() : it->second;
+    };
+    if (!saved_config.is_object()) check_older_record(c, *saved, c.resume);
+    const auto data_identity = recorded("run.data_identity");
+    check(!data_identity || *data_identity == w.data_identity,
+          "mpt-train: --resume '{}': the checkpoint's run trained on other data ({}) than this run's --data '{}' ({})",
+          c.resume, data_identity.value_or(""), c.data, w.data_identity);
+    const auto shards = recorded("run.world_size");
+    check(!shards || *shards == std::to_string(world_size),
+          "mpt-train: --resume '{}': the checkpoint's run was a job of {} rank(s), this one has {}: its data position "
+          "counts batches of that many shards",
+          c.resume, shards.value_or(""), world_size);
+  }
+
+  // The step is captured as a CUDA graph where it can be.
+  const bool graph = c.cuda_graph != "off" && graph_obstacle.empty();
+
+  // Ranks started with different settings end here, every one of them,
+  // naming what differs (they would hang in their first collective, or
+  // train on apart).
+  if (world) {
+    dist::Settings settings = rank_settings(c);
+    settings.emplace_back("the data", w.data_identity);
+    settings.emplace_back("the device type", device.is_cuda() ? "cuda" : "cpu");
+    settings.emplace_back("the CUDA graph", graph ? "on" : "off");
+    settings.emplace_back("the world size", std::to_string(world_size));
+    settings.emplace_back("the checkpoint resumed", saved ? fmt::format("step {}", saved->step) : "none");
+    settings.emplace_back("the mptrain version", library_version());
+    dist::check_same_settings(*world->store, rank, world_size, settings);
+  }
+
   std::unique_ptr<dist::DistributedDataParallel> ddp;
   if (world) {
     dist::DdpOptions options;
@@ -398,28 +538,21 @@ TrainResult run_training(const TrainConfig& config) {
   const int64_t all_epochs_steps =
       steps_per_epoch > 0 && c.epochs > kMaxSteps / steps_per_epoch ? kMaxSteps : c.epochs * steps_per_epoch;
   const int64_t total_steps = c.max_steps > 0 ? std::min(c.max_steps, all_epochs_steps) : all_epochs_steps;
+  settle_warmup(c, total_steps, progress);
   const optim::LrSchedule schedule = make_schedule(c, total_steps);
 
   int64_t step = 0;
   data::DataPosition position;
   std::optional<EpochSoFar> resumed_epoch;  // the epoch the resumed run starts in the middle of
-  if (!c.resume.empty()) {
-    const ckpt::Checkpoint saved = ckpt::read_checkpoint(c.resume);
-    // The data position counts batches of one size in one seeded order.
-    for (const auto& [key, expected] : run_identity(c, world_size)) {
-      auto it = saved.info.find(key);
-      check(it == saved.info.end() || it->second == expected,
-            "mpt-train: --resume '{}' was written for {} '{}', but this run has '{}'", c.resume, key,
-            it == saved.info.end() ? "" : it->second, expected);
-    }
+  if (saved) {
     OrderedDict<Tensor> scaler_state, epoch_entries;
-    for (const auto& [key, t] : saved.extra)
+    for (const auto& [key, t] : saved->extra)
       (key.rfind("epoch.", 0) == 0 ? epoch_entries : scaler_state).insert(key, t);
     const std::optional<EpochSoFar> saved_epoch = read_epoch_state(epoch_entries, c.resume);
     precision.load_state_dict(scaler_state);  // all or nothing, before the model is touched
-    ckpt::restore(saved, *w.model, *optimizer, gen, c.resume);
-    step = saved.step;
-    position = saved.position;
+    ckpt::restore(*saved, *w.model, *optimizer, gen, c.resume);
+    step = saved->step;
+    position = saved->position;
     // Saved at an epoch's end (summed up before that stop): the next one.
     if (position.batch >= batches) position = {position.epoch + 1, 0};
     if (position.batch > 0) resumed_epoch = saved_epoch;
@@ -441,22 +574,36 @@ TrainResult run_training(const TrainConfig& config) {
     snapshot.extra = precision.state_dict();
     epoch_so_far.sums = totals.sums();
     for (const auto& [key, t] : epoch_state(epoch_so_far)) snapshot.extra.insert(key, t);
-    snapshot.info = run_identity(c, world_size);
+    snapshot.info = run_record(c, world_size, w.data_identity);
     ckpt::save_checkpoint(c.checkpoint, snapshot);  // into the folder prepare_checkpoint_path made
   };
 
   // A capturable optimizer keeps its step counts and learning rate on the
   // device (set after --resume has loaded its state).
-  const bool graph = c.cuda_graph != "off" && graph_obstacle.empty();
   if (graph) optimizer->set_capturable(true);
 
   progress.message(fmt::format("mpt-train: {} on {}, {}, batch {} x {}, {} lr {:g} ({}), {} steps{}", w.description,
                                device.str(), c.precision, c.batch_size, c.accumulation, c.optimizer, c.lr,
                                c.schedule, total_steps, graph ? ", CUDA graph" : ""));
-  progress.record({{"event", "start"}, {"model", c.model}, {"data", c.data}, {"device", device.str()},
-                   {"precision", c.precision}, {"batch_size", c.batch_size}, {"accumulation", c.accumulation},
-                   {"optimizer", c.optimizer}, {"lr", c.lr}, {"total_steps", total_steps}, {"seed", c.seed},
-                   {"cuda_graph", graph}});
+  // Everything a study of the run needs to know about it, in its first line.
+  nlohmann::ordered_json scaler_settings = nullptr;  // no loss scaler outside fp16
+  if (const amp::GradScaler* scaler = precision.scaler())
+    scaler_settings = {{"policy", c.scaler},
+                       {"init_scale", scaler->options().init_scale},
+                       {"growth_factor", scaler->options().growth_factor},
+                       {"backoff_factor", scaler->options().backoff_factor},
+                       {"growth_interval", scaler->options().growth_interval}};
+  progress.record({{"event", "start"}, {"model", c.model}, {"data", as_utf8(c.data)},
+                   {"data_identity", w.data_identity}, {"device", device.str()}, {"precision", c.precision},
+                   {"scaler", scaler_settings}, {"batch_size", c.batch_size}, {"accumulation", c.accumulation},
+                   {"optimizer", c.optimizer}, {"lr", c.lr}, {"weight_decay", c.weight_decay},
+                   {"momentum", c.optimizer == "sgd" ? nlohmann::ordered_json(c.momentum) : nullptr},
+                   {"schedule", c.schedule}, {"warmup_steps", c.schedule == "constant" ? 0 : c.warmup_steps},
+                   {"min_lr_ratio", c.min_lr_ratio}, {"total_steps", total_steps}, {"seed", c.seed},
+                   {"parallel", parallel}, {"world_size", world_size}, {"cuda_graph", graph},
+                   {"resumed", saved.has_value()}, {"resumed_from", saved ? nlohmann::ordered_json(as_utf8(c.resume)) : nullptr},
+                   {"resumed_at_step", saved ? nlohmann::ordered_json(saved->step) : nullptr},
+                   {"mptrain_version", library_version()}});
   progress.record({{"event", "rank"}, {"rank", rank}, {"world_size", world_size}, {"host", host_name()},
                    {"pid", ::getpid()}, {"device", devices_text}});
 
@@ -585,11 +732,19 @@ TrainResult run_training(const TrainConfig& config) {
       StepBreakdown window;
       if (logging) window = timer.take();
       const double window_seconds = seconds_since(window_started);
-      const double rate = window_samples / std::max(window_seconds, 1e-9);
+      // Under ddp every rank trains its own shard in the same time: the
+      // job's rate is the world's multiple of the rank's.
+      const double rank_rate = window_samples / std::max(window_seconds, 1e-9);
+      const double rate = rank_rate * world_size;
       nlohmann::ordered_json timing = nlohmann::ordered_json::object();
       if (logging) {
         epoch_breakdown.add(window);
         timing = timing_fields(window, 1e3 * window_seconds / std::max<int64_t>(window.steps, 1));
+        // The loss scaler's state after the step (the timer waited for the
+        // GPU already), and the steps it skipped so far in the run.
+        timing["scale"] = precision.scale();
+        timing["skipped_steps_in_run"] = step - optimizer->step_count(0);
+        if (world) timing["rank_samples_per_s"] = rank_rate;
         if (world) {
           // Ranks wait for each other in communication, so whole steps take
           // equally long; the work outside it shows who is slow. Each rank's
@@ -634,11 +789,12 @@ TrainResult run_training(const TrainConfig& config) {
                               {"train_accuracy", totals.accuracy()},
                               {"eval_loss", eval.loss},
                               {"eval_accuracy", eval.accuracy},
-                              {"samples_per_s", samples / std::max(epoch_seconds, 1e-9)},
+                              {"samples_per_s", world_size * samples / std::max(epoch_seconds, 1e-9)},
                               {"seconds", epoch_seconds},
                               {"scale", precision.scale()},
                               {"skipped_steps", (step - epoch_so_far.first_step) -
                                                     (optimizer->step_count(0) - epoch_so_far.first_update)}};
+    if (world) summary["rank_samples_per_s"] = samples / std::max(epoch_seconds, 1e-9);
     if (train_step && train_step->graph()) {
       summary["graph_captures"] = train_step->captures();
       summary["graph_replays"] = train_step->replays();
@@ -672,8 +828,9 @@ TrainResult run_training(const TrainConfig& config) {
   } else {
     progress.record({{"event", "end"}, {"steps", step}, {"eval_loss", result.eval_loss},
                      {"eval_accuracy", result.eval_accuracy}, {"seconds", result.seconds}});
-    progress.message(fmt::format("mpt-train: done: {} steps in {:.1f} s, test loss {:.4f}, test accuracy {:.2f}%",
-                                 step, result.seconds, result.eval_loss, 100 * result.eval_accuracy));
+    progress.message(fmt::format("mpt-train: done: {} steps in {:.1f} s, test loss {:.4f}, test accuracy {:.2f}%{}",
+                                 step, result.seconds, result.eval_loss, 100 * result.eval_accuracy,
+                                 c.checkpoint.empty() ? "" : fmt::format("; checkpoint written to '{}'", c.checkpoint)));
   }
   return result;
 }

@@ -5,6 +5,7 @@
 #include "autograd/ops.h"
 #include "models/char_dataset.h"
 #include "models/cnn.h"
+#include "models/data_fingerprint.h"
 #include "models/fashion_mnist.h"
 #include "models/gpt.h"
 #include "models/mlp.h"
@@ -40,6 +41,9 @@ Workload make_workload(const TrainConfig& c, Generator& gen) {
           "mpt-train: --model {} trains on --data fashion-mnist or a folder holding Fashion-MNIST's four .gz files, "
           "not '{}'",
           c.model, c.data);
+    std::vector<std::string> files = data::FashionMNIST::files(data::Split::train, dir);
+    for (std::string& f : data::FashionMNIST::files(data::Split::test, dir)) files.push_back(std::move(f));
+    w.data_identity = "Fashion-MNIST, " + data::content_fingerprint(files);
     w.train_set = std::make_shared<data::FashionMNIST>(data::Split::train, dir);
     w.eval_set = std::make_shared<data::FashionMNIST>(data::Split::test, dir);
     w.model = c.model == "mlp" ? std::static_pointer_cast<nn::Module>(nn::make_mlp({}, &gen))
@@ -53,6 +57,7 @@ Workload make_workload(const TrainConfig& c, Generator& gen) {
   check(c.data != "fashion-mnist", "mpt-train: --model gpt trains on text: --data fortunes or a text file");
   const std::string path = c.data == "fortunes" ? data::kDefaultTextCorpus : c.data;
   const data::CharDataset text(path, c.context);
+  w.data_identity = "text, " + data::content_fingerprint({path});
   // The last tenth of the text is held out for evaluation; no training
   // window reads any of its bytes.
   const int64_t held_out = std::max<int64_t>(1, text.size() / 10);

@@ -15,6 +15,7 @@ struct Workload {
   std::shared_ptr<nn::Module> model;
   std::shared_ptr<const data::Dataset> train_set, eval_set;
   std::string description;  // one line for the start of the log
+  std::string data_identity;  // what the data is (data::content_fingerprint of its files), however it was named
 
   // Mean cross-entropy of a batch (f32), and how many of its predictions
   // (images or next characters) are right.
