@@ -30,7 +30,7 @@ export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 # example_train_mlp_installed builds an application with the system compiler
 # against the installed library; it checks packaging, not memory, and runs in
 # the plain build's suite.
-ctest --test-dir "$build_dir" --output-on-failure -j "$jobs" -E '^example_train_mlp_installed$'
+ctest --test-dir "$build_dir" --output-on-failure --timeout 2400 -j "$jobs" -E '^example_train_mlp_installed$'
 
 # New inputs the fuzzers find go to a scratch folder (the first corpus
 # folder named), so the committed corpora stay as they are; an input that
