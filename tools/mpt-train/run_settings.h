@@ -16,7 +16,8 @@ namespace mpt::train {
 
 enum class OnResume {
   fixed,      // what the run is (its model, numbers, batches): given again, it must agree with the checkpoint
-  kept,       // taken from the checkpoint unless given again, when it may change (--steps, --progress, ...)
+  kept,       // taken from the checkpoint unless given again, when it may change (--steps, --lr, --progress, ...;
+              // the schedule is planned again)
   not_saved,  // this invocation's alone (--resume, --stop-after, --overwrite)
 };
 
@@ -45,12 +46,12 @@ void for_each_option(Config& c, Visit&& visit) {
   visit("batch-size", c.batch_size, R::fixed, every_rank);
   visit("accumulation", c.accumulation, R::fixed, every_rank);
   visit("optimizer", c.optimizer, R::fixed, every_rank);
-  visit("lr", c.lr, R::fixed, every_rank);
+  visit("lr", c.lr, R::kept, every_rank);
   visit("weight-decay", c.weight_decay, R::fixed, every_rank);
   visit("momentum", c.momentum, R::fixed, every_rank);
-  visit("schedule", c.schedule, R::fixed, every_rank);
-  visit("warmup-steps", c.warmup_steps, R::fixed, every_rank);
-  visit("min-lr-ratio", c.min_lr_ratio, R::fixed, every_rank);
+  visit("schedule", c.schedule, R::kept, every_rank);
+  visit("warmup-steps", c.warmup_steps, R::kept, every_rank);
+  visit("min-lr-ratio", c.min_lr_ratio, R::kept, every_rank);
   visit("epochs", c.epochs, R::kept, every_rank);
   visit("steps", c.max_steps, R::kept, every_rank);
   visit("stop-after", c.stop_after, R::not_saved, every_rank);
