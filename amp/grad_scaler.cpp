@@ -338,6 +338,7 @@ void GradScaler::update() {
   }
   if (trace_) {
     row.step = step_;
+    row.policy = options_.policy;
     row.next_scale = get_scale();
     row.growth_tracker = growth_tracker();
     row.hysteresis_left = hysteresis_left();

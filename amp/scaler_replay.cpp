@@ -116,13 +116,13 @@ std::vector<ScalerTraceRow> replay_overflows(const GradScalerOptions& options, c
   for (size_t i = 0; i < overflows.size(); ++i) {
     ScalerTraceRow r;
     r.step = static_cast<int64_t>(i);
+    r.policy = options.policy;
     r.scale = state.scale;
     update_scale(rule, overflows[i], 1, state);
     r.next_scale = state.scale;
     r.growth_tracker = state.growth_tracker;
     r.hysteresis_left = state.hysteresis_left;
-    r.found_inf = r.skipped = overflows[i];
-    r.grad_norm = -1;
+    r.found_inf = r.skipped = overflows[i];  // no gradients: grad_norm stays -1 (not measured)
     rows.push_back(std::move(r));
   }
   return rows;

@@ -26,7 +26,8 @@ std::vector<bool> read_overflow_pattern(const std::string& path);
 std::vector<bool> overflow_pattern_from_spec(const std::string& spec, int64_t steps, uint64_t seed);
 
 // The trajectory under `options` (growth counted in optimizer steps, one
-// unit per step); first_nonfinite is empty and grad_norm -1.
+// unit per step); each row names options.policy, first_nonfinite is empty
+// and grad_norm -1 (no gradients were measured).
 std::vector<ScalerTraceRow> replay_overflows(const GradScalerOptions& options, const std::vector<bool>& overflows);
 
 }  // namespace mpt::amp

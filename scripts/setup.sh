@@ -15,6 +15,7 @@ packages=(
   zlib1g-dev                                         # gzipped data files
   dataset-fashion-mnist                              # the default training data
   fortunes-min                                       # the default text corpus
+  gnuplot-nox                                        # mpt-scaler's plots (its pngcairo terminal)
   iproute2 procps                                    # multi-host and process tests
 )
 # More packages a caller needs (scripts/sanitize.sh: clang and its runtimes).

@@ -90,6 +90,66 @@ TEST(ScalerReplay, MatchesARealScalerOnTheSamePattern) {
   }
 }
 
+// A trace row names its policy and leaves out what does not apply to it:
+// hysteresis_left outside the hysteresis policy, a gradient norm that was
+// not measured (-1), a gradient name where there is none. Read back, the
+// rows are the same (the fields left out at their defaults), from JSON
+// lines and CSV alike.
+TEST(ScalerReplay, TraceRowsNameThePolicyAndLeaveOutWhatDoesNotApply) {
+  amp::GradScalerOptions o;
+  o.growth_interval = 3;
+  const auto pattern = amp::periodic_overflows(8, 4);
+  const auto torch = amp::replay_overflows(o, pattern);
+  o.policy = amp::ScalePolicy::hysteresis;
+  const auto hysteresis = amp::replay_overflows(o, pattern);
+  // Three clean steps grow the scale; step 3 overflows at 2^17.
+  EXPECT_EQ(amp::scaler_trace_row_json(torch[3]),
+            R"({"step":3,"policy":"torch","scale":131072.0,"next_scale":65536.0,"growth_tracker":0,)"
+            R"("found_inf":true,"skipped":true})");
+  EXPECT_EQ(amp::scaler_trace_row_json(hysteresis[3]),
+            R"({"step":3,"policy":"hysteresis","scale":131072.0,"next_scale":131072.0,"growth_tracker":0,)"
+            R"("hysteresis_left":1,"found_inf":true,"skipped":true})");
+  amp::ScalerTraceRow measured;  // as a real scaler records an overflow
+  measured.step = 5;
+  measured.policy = amp::ScalePolicy::fixed;
+  measured.scale = measured.next_scale = 8;
+  measured.found_inf = measured.skipped = true;
+  measured.first_nonfinite = "fc.weight";
+  measured.grad_norm = std::numeric_limits<double>::infinity();
+  EXPECT_EQ(amp::scaler_trace_row_json(measured),
+            R"({"step":5,"policy":"static","scale":8.0,"next_scale":8.0,"growth_tracker":0,"found_inf":true,)"
+            R"("skipped":true,"first_nonfinite":"fc.weight","grad_norm":"inf"})");
+
+  std::vector<amp::ScalerTraceRow> rows = torch;
+  rows.insert(rows.end(), hysteresis.begin(), hysteresis.end());
+  rows.push_back(measured);
+  for (const char* ext : {"jsonl", "csv"}) {
+    SCOPED_TRACE(ext);
+    const std::string path = ::testing::TempDir() + "scaler_lab_rows." + ext;
+    {
+      amp::ScalerTraceWriter writer(path);
+      for (const auto& r : rows) writer.write(r);
+    }
+    const auto back = amp::read_scaler_trace(path);
+    ASSERT_EQ(back.size(), rows.size());
+    for (size_t i = 0; i < rows.size(); ++i) {
+      SCOPED_TRACE(i);
+      EXPECT_EQ(back[i].step, rows[i].step);
+      EXPECT_EQ(back[i].policy, rows[i].policy);
+      EXPECT_EQ(back[i].scale, rows[i].scale);
+      EXPECT_EQ(back[i].next_scale, rows[i].next_scale);
+      EXPECT_EQ(back[i].growth_tracker, rows[i].growth_tracker);
+      EXPECT_EQ(back[i].hysteresis_left,
+                rows[i].policy == amp::ScalePolicy::hysteresis ? rows[i].hysteresis_left : 0);
+      EXPECT_EQ(back[i].found_inf, rows[i].found_inf);
+      EXPECT_EQ(back[i].skipped, rows[i].skipped);
+      EXPECT_EQ(back[i].first_nonfinite, rows[i].first_nonfinite);
+      EXPECT_EQ(back[i].grad_norm, rows[i].grad_norm);
+    }
+    std::remove(path.c_str());
+  }
+}
+
 TEST(ScalerSweep, CollectsSkipsTimeAtScaleAndLossPerInterval) {
   // A "training" whose gradients overflow every 10th step.
   auto train = [](amp::GradScaler& scaler) {

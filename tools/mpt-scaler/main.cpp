@@ -1,12 +1,17 @@
 // mpt-scaler: a lab for loss-scaler research.
 //   replay  overflow patterns through the policies, writing trajectories
 //   sweep   a real training run across growth intervals
-//   plot    scale trajectories (traces) as a PNG
+//   plot    scale trajectories (traces) drawn by gnuplot as a PNG
 //
 //   mpt-scaler replay --policy all --pattern bursts:700:3 --steps 20000 --growth-interval 200
 //                     --out run.jsonl --plot run.png       (one command line)
 //   mpt-scaler sweep --intervals 50,200,1000 --steps 2000 --device cuda --out sweep.json --plot sweep.png
 //   mpt-scaler plot run.torch.jsonl trace-from-training.csv --out both.png
+//
+// The data files are written first and stay the source of truth; --plot
+// adds a gnuplot script beside the PNG (run.png: run.gp) and runs gnuplot on
+// it. Without gnuplot the data and the script are written, the PNG is not,
+// and the command ends with status 1 after saying so.
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -18,6 +23,8 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string_view>
+
+#include <fmt/ranges.h>
 
 #include "amp/scaler_replay.h"
 #include "amp/scaler_sweep.h"
@@ -103,6 +110,48 @@ void check_writable(const std::string& flag, const std::string& path) {
   if (!existed) std::filesystem::remove(path);
 }
 
+using Outputs = std::vector<std::unique_ptr<tools::AtomicOutput>>;
+
+// A new output of the command, committed with the others at its end.
+tools::AtomicOutput& add_output(Outputs& outputs, const std::string& path) {
+  outputs.push_back(std::make_unique<tools::AtomicOutput>(path));
+  return *outputs.back();
+}
+
+void write_text(const std::string& path, const std::string& text, const std::string& what) {
+  std::ofstream out(path);
+  check<IOError>(out.good(), "cannot write {} '{}'", what, path);
+  out << text << std::flush;
+  check<IOError>(out.good(), "writing {} '{}' failed", what, path);
+}
+
+// --plot PNG: writes its gnuplot script and, with gnuplot (its path), draws
+// the PNG, both as outputs of the command. Without gnuplot only the script
+// is written; the caller says so once the data is committed.
+void draw_plot(const tools::ScalePlot& plot, const std::string& png, const std::optional<std::string>& gnuplot,
+               Outputs& outputs) {
+  const std::string script = tools::gnuplot_script_path(png);
+  const std::string& script_temp = add_output(outputs, script).temp_path();
+  write_text(script_temp, tools::gnuplot_script(plot, png), "the plot's script");
+  if (gnuplot) tools::run_gnuplot(*gnuplot, script_temp, add_output(outputs, png).temp_path());
+}
+
+// A plot's PNG is named .png: its script takes the same name with .gp.
+void check_png_name(const std::string& flag, const std::string& path) {
+  check(path.empty() || std::filesystem::path(path).extension() == ".png", "mpt-scaler: {} must name a .png file, got '{}'",
+        flag, path);
+}
+
+// The scaler's settings for a plot's title.
+std::string settings_text(const ScalerFlags& f, bool hysteresis) {
+  std::string text = fmt::format("init scale {}, growth factor {}, backoff factor {}", f.init_scale, f.growth_factor,
+                                 f.backoff_factor);
+  if (hysteresis) text += fmt::format(", hysteresis {}{}", f.hysteresis, f.consecutive ? " (consecutive)" : "");
+  if (f.min_scale > 0) text += fmt::format(", min scale {}", f.min_scale);
+  if (f.max_scale > 0) text += fmt::format(", max scale {}", f.max_scale);
+  return text;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -121,8 +170,20 @@ int main(int argc, char** argv) {
   replay->add_option("--policy", policies, "torch, hysteresis, static or all (repeatable)")
       ->check(CLI::IsMember({"torch", "hysteresis", "static", "all"}))
       ->capture_default_str();
-  replay->add_option("--pattern", pattern, "bernoulli:P | bursts:EVERY:LENGTH | periodic:PERIOD | file:PATH")
+  replay->add_option("--pattern", pattern,
+                     "bernoulli:P | bursts:EVERY:LENGTH | periodic:PERIOD | file:PATH (see below)")
       ->capture_default_str();
+  replay->footer(
+      "Overflow patterns (--pattern; steps count from 0):\n"
+      "  bernoulli:P          each step overflows with probability P (the same steps for the same --seed)\n"
+      "  bursts:EVERY:LENGTH  LENGTH overflows in a row, starting at steps EVERY-1, 2*EVERY-1, ...\n"
+      "  periodic:PERIOD      one overflow at steps PERIOD-1, 2*PERIOD-1, ...\n"
+      "  file:PATH            one step per line: 1 or true overflows, 0 or false does not; '#' starts a\n"
+      "                       comment, blank lines are skipped. A scaler trace (.jsonl, .json or .csv, as\n"
+      "                       replay --out or GradScaler's trace writer writes it) gives its found_inf\n"
+      "                       column. The file sets the number of steps (--steps is ignored).\n"
+      "--plot run.png also writes run.gp, the gnuplot script that draws it; without gnuplot (apt install\n"
+      "gnuplot-nox) the trajectories and the script are written, the PNG is not, and the status is 1.");
   // At most 10^8: a replay keeps every step's row (tens of bytes) in memory.
   replay->add_option("--steps", replay_steps, "steps to generate, at most 100000000 (ignored for file:)")
       ->check(tools::positive())
@@ -131,7 +192,7 @@ int main(int argc, char** argv) {
   replay->add_option("--seed", seed)->capture_default_str();
   replay->add_option("--out", replay_out, "trajectory file (.jsonl or .csv); several policies add .<policy>")
       ->capture_default_str();
-  replay->add_option("--plot", replay_plot, "also draw the trajectories into this PNG");
+  replay->add_option("--plot", replay_plot, "also draw the trajectories into this PNG (with gnuplot; see below)");
 
   // ---- sweep ----
   auto* sweep = app.add_subcommand("sweep", "train the same model once per growth interval and compare");
@@ -139,7 +200,7 @@ int main(int argc, char** argv) {
   sweep_flags.add_to(*sweep, /*with_growth_interval=*/false);
   std::vector<int64_t> intervals{50, 200, 1000};
   tools::SweepTrainingConfig training;
-  std::string device = "cpu", dtype = "f16", policy = "torch", unit = "steps", sweep_out, sweep_plot;
+  std::string device = "cpu", dtype = "f16", policy = "torch", unit = "steps", sweep_out = "sweep.json", sweep_plot;
   sweep->add_option("--intervals", intervals, "growth intervals to try, one run each (comma-separated)")
       ->delimiter(',')
       ->check(tools::positive())
@@ -147,6 +208,9 @@ int main(int argc, char** argv) {
   sweep->add_option("--model", training.model, "mlp or cnn (Fashion-MNIST), gpt (fortunes text)")
       ->check(CLI::IsMember({"mlp", "cnn", "gpt"}))
       ->capture_default_str();
+  sweep->add_option("--data", training.data,
+                    "for mlp and cnn fashion-mnist (their default: Debian's copy) or a folder holding Fashion-MNIST's "
+                    "four .gz files; for gpt a text file, or 'fortunes' (its default), as mpt-train --data");
   sweep->add_option("--steps", training.steps, "training steps of each run")
       ->check(tools::positive())
       ->capture_default_str();
@@ -163,16 +227,22 @@ int main(int argc, char** argv) {
   sweep->add_option("--growth-unit", unit, "steps, micro_batches or samples")
       ->check(CLI::IsMember({"steps", "micro_batches", "samples"}))
       ->capture_default_str();
-  sweep->add_option("--out", sweep_out, "results as JSON");
-  sweep->add_option("--plot", sweep_plot, "scale trajectories of every run as a PNG");
+  sweep->add_option("--out", sweep_out, "results as JSON: the configuration, each run's statistics and trajectory")
+      ->capture_default_str();
+  sweep->add_option("--plot", sweep_plot, "scale trajectories of every run as a PNG (with gnuplot; see below)");
+  sweep->footer(
+      "--plot sweep.png also writes sweep.gp, the gnuplot script that draws it; without gnuplot (apt install\n"
+      "gnuplot-nox) the JSON and the script are written, the PNG is not, and the status is 1.");
 
   // ---- plot ----
   auto* plot = app.add_subcommand("plot", "draw scale trajectories from traces (.jsonl/.csv) as a PNG");
   std::vector<std::string> traces;
   std::string plot_out = "scale.png";
   int width = 1000, height = 500;
+  std::string plot_title;
   plot->add_option("traces", traces, "trace files")->required();
-  plot->add_option("--out", plot_out)->capture_default_str();
+  plot->add_option("--out", plot_out, "the PNG; its gnuplot script is written beside it (.gp)")->capture_default_str();
+  plot->add_option("--title", plot_title, "the plot's title (default: the trace files' names)");
   plot->add_option("--width", width, "pixels")->check(CLI::Range(200, 16384))->capture_default_str();
   plot->add_option("--height", height, "pixels")->check(CLI::Range(200, 16384))->capture_default_str();
 
@@ -189,62 +259,84 @@ int main(int argc, char** argv) {
       }
       for (const std::string& name : policies) replay_flags.checked_options(amp::scale_policy_from_name(name), "replay");
       (void)amp::trace_format_for_path(replay_out);  // .jsonl or .csv
+      check_png_name("--plot", replay_plot);
       overflows = amp::overflow_pattern_from_spec(pattern, replay_steps, seed);
     } else if (*sweep) {
       sweep_options = sweep_flags.checked_options(amp::scale_policy_from_name(policy), "sweep");
       sweep_options.growth_unit = amp::growth_unit_from_name(unit);
       training.device = Device(device);
       training.autocast_dtype = dtype_from_name(dtype);
+      tools::check_sweep_data(training);
+      check_png_name("--plot", sweep_plot);
+    } else if (*plot) {
+      check_png_name("--out", plot_out);
     }
   } catch (const Error& e) {  // a value, device name or pattern file that is wrong
     std::fprintf(stderr, "%s%s\n", std::string_view(e.what()).starts_with("mpt-scaler") ? "" : "mpt-scaler: ", e.what());
     return tools::kUsageError;
   }
 
+  // Where --plot is given, gnuplot draws the PNG; without it the rest is
+  // still written, and the command ends with status 1 after saying so.
+  const bool plotting = (*replay && !replay_plot.empty()) || (*sweep && !sweep_plot.empty()) || *plot;
+  const std::optional<std::string> gnuplot = plotting ? tools::find_gnuplot() : std::nullopt;
+  std::string png;                      // the plot asked for, if any
+  std::vector<std::string> data_paths;  // what a missing gnuplot's message points to
   try {
+    // Every output is committed at the end: a failure leaves the files of
+    // an earlier run as they were, not a mix of old and new ones.
+    Outputs outputs;
     if (*replay) {
       for (const std::string& name : policies) check_writable("--out", path_for(replay_out, name, policies.size() > 1));
       check_writable("--plot", replay_plot);
-      std::vector<tools::ScaleSeries> series;
-      // Every output is committed at the end: a failure leaves the files of
-      // an earlier replay as they were, not a mix of old and new ones.
-      std::vector<std::unique_ptr<tools::AtomicOutput>> outputs;
+      if (!replay_plot.empty()) check_writable("--plot", tools::gnuplot_script_path(replay_plot));
+      tools::ScalePlot scale_plot;
       for (const std::string& name : policies) {
         const auto rows = amp::replay_overflows(replay_flags.options(amp::scale_policy_from_name(name)), overflows);
         const std::string path = path_for(replay_out, name, policies.size() > 1);
-        outputs.push_back(std::make_unique<tools::AtomicOutput>(path));
-        write_rows(outputs.back()->temp_path(), rows);
+        write_rows(add_output(outputs, path).temp_path(), rows);
+        data_paths.push_back(path);
         int64_t skipped = 0;
         for (const auto& r : rows) skipped += r.skipped;
-        std::printf("%-10s %s: %zu steps, %lld skipped, final scale %g  (colour %s)\n", name.c_str(), path.c_str(),
-                    rows.size(), static_cast<long long>(skipped), rows.empty() ? 0.0 : rows.back().next_scale,
-                    tools::series_colour(series.size()).c_str());
-        series.push_back(tools::series_from_trace(name, rows));
+        std::printf("%-10s %s: %zu steps, %lld skipped, final scale %g\n", name.c_str(), path.c_str(), rows.size(),
+                    static_cast<long long>(skipped), rows.empty() ? 0.0 : rows.back().next_scale);
+        scale_plot.series.push_back(tools::series_from_trace(name, rows));
       }
       if (!replay_plot.empty()) {
-        outputs.push_back(std::make_unique<tools::AtomicOutput>(replay_plot));
-        tools::plot_scale_trajectories(outputs.back()->temp_path(), series);
+        png = replay_plot;
+        const bool hysteresis = std::find(policies.begin(), policies.end(), "hysteresis") != policies.end();
+        scale_plot.title = fmt::format(
+            "mpt-scaler replay: pattern {}, {} steps{}\n{} {}; {}, growth interval {}", pattern, overflows.size(),
+            pattern.starts_with("bernoulli:") ? fmt::format(", seed {}", seed) : "",
+            policies.size() > 1 ? "policies" : "policy", fmt::join(policies, ", "), settings_text(replay_flags, hysteresis), replay_flags.growth_interval);
+        draw_plot(scale_plot, replay_plot, gnuplot, outputs);
       }
-      for (const auto& output : outputs) output->commit();
     } else if (*sweep) {
       // The outputs are tried before the runs, so that a path that cannot be
       // written fails now rather than after all the training.
       check_writable("--out", sweep_out);
       check_writable("--plot", sweep_plot);
+      if (!sweep_plot.empty()) check_writable("--plot", tools::gnuplot_script_path(sweep_plot));
+      if (!sweep_plot.empty() && !gnuplot)
+        std::fprintf(stderr, "mpt-scaler: gnuplot is not on PATH (apt install gnuplot-nox): the sweep writes its data "
+                             "and plot script, not the PNG\n");
       // Progress counts training steps over all runs.
       tools::ProgressBar bar("sweep", static_cast<int64_t>(intervals.size()) * training.steps);
       size_t runs_done = 0;
+      std::string workload;
       const auto runs = amp::sweep_growth_interval(
           sweep_options, intervals,
           [&](amp::GradScaler& scaler) {
-            return tools::train_for_sweep(training, scaler, [&](int64_t step) {
+            const auto result = tools::train_for_sweep(training, scaler, [&](int64_t step) {
               bar.update(static_cast<int64_t>(runs_done) * training.steps + step);
             });
+            workload = result.workload;
+            return result.final_loss;
           },
           [&](size_t done, size_t) { runs_done = done; });
       bar.finish();
-      nlohmann::json results = nlohmann::json::array();
-      std::vector<tools::ScaleSeries> series;
+      nlohmann::ordered_json results = nlohmann::ordered_json::array();
+      tools::ScalePlot scale_plot;
       std::printf("%16s %8s %8s %12s %14s\n", "growth_interval", "steps", "skipped", "final_loss", "most_time_at");
       for (const auto& run : runs) {
         auto most = std::max_element(run.steps_at_scale.begin(), run.steps_at_scale.end(),
@@ -252,43 +344,80 @@ int main(int argc, char** argv) {
         std::printf("%16lld %8lld %8lld %12.5f %14g\n", static_cast<long long>(run.growth_interval),
                     static_cast<long long>(run.steps), static_cast<long long>(run.skipped_steps), run.final_loss,
                     most == run.steps_at_scale.end() ? 0.0 : most->first);
-        nlohmann::json at_scale = nlohmann::json::object();
+        nlohmann::ordered_json at_scale = nlohmann::ordered_json::object();
         for (const auto& [scale, n] : run.steps_at_scale) at_scale[fmt::format("{}", scale)] = n;
+        nlohmann::ordered_json trajectory = nlohmann::ordered_json::array();
+        for (const auto& row : run.trace) trajectory.push_back(nlohmann::ordered_json::parse(amp::scaler_trace_row_json(row)));
         results.push_back({{"growth_interval", run.growth_interval},
                            {"steps", run.steps},
                            {"skipped_steps", run.skipped_steps},
                            {"final_loss", run.final_loss},
-                           {"steps_at_scale", at_scale}});
-        series.push_back(tools::series_from_trace(fmt::format("{}", run.growth_interval), run.trace));
+                           {"steps_at_scale", at_scale},
+                           {"trajectory", std::move(trajectory)}});
+        scale_plot.series.push_back(
+            tools::series_from_trace(fmt::format("growth_interval {}", run.growth_interval), run.trace));
       }
-      std::optional<tools::AtomicOutput> out_file, plot_file;
+      const std::string data = tools::sweep_data(training);
       if (!sweep_out.empty()) {
-        out_file.emplace(sweep_out);
-        std::ofstream out(out_file->temp_path());
-        check<IOError>(out.good(), "cannot write --out '{}'", sweep_out);
-        out << results.dump(2) << '\n' << std::flush;
-        check<IOError>(out.good(), "writing --out '{}' failed", sweep_out);
+        // Every option of the command, so that the file alone says how to run it again.
+        const nlohmann::ordered_json config = {
+            {"model", training.model},
+            {"data", data},
+            {"steps", training.steps},
+            {"batch", training.batch},
+            {"lr", training.lr},
+            {"seed", training.seed},
+            {"device", device},
+            {"dtype", dtype},
+            {"policy", policy},
+            {"growth_unit", unit},
+            {"intervals", intervals},
+            {"init_scale", sweep_flags.init_scale},
+            {"growth_factor", sweep_flags.growth_factor},
+            {"backoff_factor", sweep_flags.backoff_factor},
+            {"hysteresis", sweep_flags.hysteresis},
+            {"consecutive_hysteresis", sweep_flags.consecutive},
+            {"min_scale", sweep_flags.min_scale > 0 ? nlohmann::ordered_json(sweep_flags.min_scale) : nullptr},
+            {"max_scale", sweep_flags.max_scale > 0 ? nlohmann::ordered_json(sweep_flags.max_scale) : nullptr}};
+        const nlohmann::ordered_json document = {{"config", config}, {"workload", workload}, {"runs", results}};
+        write_text(add_output(outputs, sweep_out).temp_path(), document.dump(2) + "\n", "--out");
+        data_paths.push_back(sweep_out);
       }
       if (!sweep_plot.empty()) {
-        plot_file.emplace(sweep_plot);
-        tools::plot_scale_trajectories(plot_file->temp_path(), series);
+        png = sweep_plot;
+        scale_plot.title = fmt::format(
+            "mpt-scaler sweep: {} on {}, {} steps, batch {}, lr {}, seed {}, {} autocast on {}\npolicy {}; {}, "
+            "growth interval{} {} ({})",
+            training.model, data, training.steps, training.batch, training.lr, training.seed, dtype, device, policy,
+            settings_text(sweep_flags, policy == "hysteresis"), intervals.size() > 1 ? "s" : "",
+            fmt::join(intervals, ", "), unit);
+        draw_plot(scale_plot, sweep_plot, gnuplot, outputs);
       }
-      if (out_file) out_file->commit();
-      if (plot_file) plot_file->commit();
     } else if (*plot) {
-      std::vector<tools::ScaleSeries> series;
-      for (size_t i = 0; i < traces.size(); ++i) {
-        series.push_back(tools::series_from_trace(traces[i], amp::read_scaler_trace(traces[i])));
-        std::printf("%zu %s %s\n", i + 1, tools::series_colour(i).c_str(), traces[i].c_str());
-      }
-      tools::AtomicOutput out_file(plot_out);
-      tools::plot_scale_trajectories(out_file.temp_path(), series, width, height);
-      out_file.commit();
+      tools::ScalePlot scale_plot;
+      scale_plot.width = width;
+      scale_plot.height = height;
+      for (const std::string& trace : traces)
+        scale_plot.series.push_back(tools::series_from_trace(trace, amp::read_scaler_trace(trace)));
+      scale_plot.title = plot_title.empty() ? fmt::format("mpt-scaler plot: {}", fmt::join(traces, ", ")) : plot_title;
+      check_writable("--out", plot_out);
+      check_writable("--out", tools::gnuplot_script_path(plot_out));
+      png = plot_out;
+      data_paths = traces;
+      draw_plot(scale_plot, plot_out, gnuplot, outputs);
     }
+    for (const auto& output : outputs) output->commit();
+    if (!png.empty() && gnuplot)
+      std::printf("plot %s (its gnuplot script: %s)\n", png.c_str(), tools::gnuplot_script_path(png).c_str());
   } catch (const std::exception& e) {
     // mpt::Error, or what the standard library throws (std::filesystem, std::bad_alloc).
     const std::string message = e.what();
     std::fprintf(stderr, "%s%s\n", message.starts_with("mpt-scaler:") ? "" : "mpt-scaler: ", message.c_str());
+    return 1;
+  }
+  if (!png.empty() && !gnuplot) {
+    std::fprintf(stderr, "mpt-scaler: %s\n",
+                 tools::gnuplot_missing_message(data_paths, tools::gnuplot_script_path(png), png).c_str());
     return 1;
   }
   return 0;

@@ -1,6 +1,7 @@
 #include "tools/mpt-scaler/sweep_training.h"
 
 #include <algorithm>
+#include <filesystem>
 
 #include "amp/autocast.h"
 #include "autograd/engine.h"
@@ -8,17 +9,37 @@
 #include "models/adamw.h"
 #include "models/data_loader.h"
 #include "models/sampler.h"
+#include "tensor/error.h"
 #include "tools/mpt-train/train_config.h"
 #include "tools/mpt-train/workload.h"
 
 namespace mpt::tools {
 
-double train_for_sweep(const SweepTrainingConfig& c, amp::GradScaler& scaler,
-                       const std::function<void(int64_t)>& on_step) {
+std::string sweep_data(const SweepTrainingConfig& c) {
+  if (!c.data.empty()) return c.data;
+  return c.model == "gpt" ? "fortunes" : "fashion-mnist";
+}
+
+void check_sweep_data(const SweepTrainingConfig& c) {
+  const std::string data = sweep_data(c);
+  if (c.model == "gpt") {
+    check<ValueError>(data == "fortunes" || std::filesystem::is_regular_file(data),
+                      "mpt-scaler sweep: --model gpt trains on a text file or 'fortunes'; --data '{}' is neither",
+                      data);
+  } else {
+    check<ValueError>(data == "fashion-mnist" || std::filesystem::is_directory(data),
+                      "mpt-scaler sweep: --model {} trains on 'fashion-mnist' or a folder holding Fashion-MNIST's "
+                      "four .gz files; --data '{}' is neither",
+                      c.model, data);
+  }
+}
+
+SweepTrainingResult train_for_sweep(const SweepTrainingConfig& c, amp::GradScaler& scaler,
+                                    const std::function<void(int64_t)>& on_step) {
   // mpt-train's workloads: the same models, data and loss.
   train::TrainConfig tc;
   tc.model = c.model;
-  tc.data = c.model == "gpt" ? "fortunes" : "fashion-mnist";
+  tc.data = sweep_data(c);
   if (c.model == "gpt" && !c.device.is_cuda()) {
     tc.gpt_layers = 2;
     tc.gpt_heads = 4;
@@ -57,7 +78,7 @@ double train_for_sweep(const SweepTrainingConfig& c, amp::GradScaler& scaler,
     if (step >= c.steps - tail) tail_loss += loss.item();
     if (on_step) on_step(step + 1);
   }
-  return tail_loss / static_cast<double>(tail);
+  return {tail_loss / static_cast<double>(tail), w.description};
 }
 
 }  // namespace mpt::tools

@@ -16,6 +16,11 @@ namespace mpt::tools {
 
 struct SweepTrainingConfig {
   std::string model = "mlp";  // mlp, cnn, gpt
+  // As mpt-train's --data: for mlp and cnn "fashion-mnist" (Debian's copy)
+  // or a folder holding Fashion-MNIST's four .gz files; for gpt a text file
+  // or "fortunes" (Debian's fortunes). Empty: the model's own (fashion-mnist;
+  // fortunes for gpt).
+  std::string data;
   int64_t steps = 500;
   int64_t batch = 64;
   double lr = 1e-3;
@@ -26,9 +31,21 @@ struct SweepTrainingConfig {
   // context 64 version of it, so a sweep of several runs stays short.
 };
 
-// Trains and returns the mean loss over the last 10% of steps (f32).
-// on_step (if set) is called after each step with the steps done.
-double train_for_sweep(const SweepTrainingConfig& config, amp::GradScaler& scaler,
-                       const std::function<void(int64_t)>& on_step = {});
+// The data a run trains on: config.data, or the model's own where that is empty.
+std::string sweep_data(const SweepTrainingConfig& config);
+
+// ValueError naming --data where the model cannot train on it (a missing
+// file or folder, text for mlp), so that a sweep refuses it before any run.
+void check_sweep_data(const SweepTrainingConfig& config);
+
+struct SweepTrainingResult {
+  double final_loss = 0;  // the mean loss over the last 10% of steps (f32)
+  std::string workload;   // the model and data trained ("gpt (...) on 'notes.txt' (...)")
+};
+
+// Trains once with `scaler`. on_step (if set) is called after each step
+// with the steps done.
+SweepTrainingResult train_for_sweep(const SweepTrainingConfig& config, amp::GradScaler& scaler,
+                                    const std::function<void(int64_t)>& on_step = {});
 
 }  // namespace mpt::tools
