@@ -15,6 +15,21 @@ void check_store_limits(size_t key_bytes, size_t value_bytes, const std::string&
                           kMaxStoreValueBytes);
 }
 
+std::string store_banner(uint32_t version) {
+  std::string out(kStoreMagic);
+  return out.append(reinterpret_cast<const char*>(&version), sizeof version);
+}
+
+std::string store_protocol_name(uint32_t version) { return fmt::format("mpt-tcp-store-{}", version); }
+
+BannerState read_store_banner(std::string_view first_bytes, uint32_t* version) {
+  const size_t n = std::min(first_bytes.size(), kStoreMagic.size());
+  if (first_bytes.substr(0, n) != kStoreMagic.substr(0, n)) return BannerState::stranger;
+  if (first_bytes.size() < kStoreBannerBytes) return BannerState::more;
+  std::memcpy(version, first_bytes.data() + kStoreMagic.size(), sizeof *version);
+  return *version == kStoreProtocolVersion ? BannerState::store : BannerState::other_version;
+}
+
 std::string encode_store_message(const StoreMessage& msg, const std::string& what) {
   check_store_limits(msg.key.size(), msg.value.size(), what);
   const uint32_t klen = static_cast<uint32_t>(msg.key.size()), vlen = static_cast<uint32_t>(msg.value.size());

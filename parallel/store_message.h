@@ -1,5 +1,6 @@
 #pragma once
-// The TCP store's wire format, both directions:
+// The TCP store's wire format. The server opens every connection with a
+// banner (below); after it, both directions carry messages:
 //   [u8 command or status][u32 key length][key][u32 value length][value]
 // (lengths in host order: every rank of a job runs on the same kind of
 // machine). The parsing lives here, apart from the sockets, so that it can be
@@ -21,6 +22,27 @@ namespace mpt::dist {
 // allocate gigabytes from a 9-byte message.
 inline constexpr size_t kMaxStoreKeyBytes = 4096;
 inline constexpr size_t kMaxStoreValueBytes = size_t{64} << 20;
+
+// The server's first bytes on every connection, before it reads anything:
+// "MPTSTORE" and the protocol version (u32). A client reads them before any
+// message, so that another service at the address (an HTTP server, say) is
+// named as such instead of having its reply parsed as a message, and a
+// store of another mptrain version is told apart from both.
+inline constexpr std::string_view kStoreMagic = "MPTSTORE";
+// 2: the banner; 1 (no banner) was the protocol before it.
+inline constexpr uint32_t kStoreProtocolVersion = 2;
+inline constexpr size_t kStoreBannerBytes = kStoreMagic.size() + sizeof(uint32_t);
+std::string store_banner(uint32_t version = kStoreProtocolVersion);
+// A client's first message, the hello: this command, the protocol's name
+// ("mpt-tcp-store-<version>") as its key and the job token as its value.
+inline constexpr uint8_t kStoreHello = 5;
+std::string store_protocol_name(uint32_t version = kStoreProtocolVersion);
+
+// What the bytes a server sent first say, read one at a time: `more` until
+// they are a whole banner or stop matching one. The version is set for
+// `store` and `other_version`.
+enum class BannerState { more, store, other_version, stranger };
+BannerState read_store_banner(std::string_view first_bytes, uint32_t* version);
 
 struct StoreMessage {
   uint8_t head = 0;  // a command (client to server) or a status (server to client)

@@ -20,11 +20,18 @@
 namespace mpt::dist {
 
 // The wire format is in store_message.h. Small messages, one request in
-// flight per connection, so a plain blocking protocol is enough. Every
-// connection opens with `hello` (key: the protocol name, value: the job
-// token); the server answers kWelcome or kRefused (value: why) and then
-// closes.
-enum class TcpStore::Command : uint8_t { set = 1, try_get = 2, add = 3, check = 4, hello = 5, set_ephemeral = 6 };
+// flight per connection, so a plain blocking protocol is enough. The server
+// opens every connection with its banner; the client's first message is
+// `hello` (key: the protocol name, value: the job token), which the server
+// answers with kWelcome, or with kRefused (value: why) before it closes.
+enum class TcpStore::Command : uint8_t {
+  set = 1,
+  try_get = 2,
+  add = 3,
+  check = 4,
+  hello = kStoreHello,
+  set_ephemeral = 6
+};
 
 namespace {
 
@@ -54,7 +61,6 @@ int64_t decode_int(const Bytes& b) {
   return v;
 }
 
-constexpr const char* kProtocol = "mpt-tcp-store-1";
 constexpr uint8_t kWelcome = 1, kRefused = 3;
 
 // Equal tokens, compared in time that does not depend on where they
@@ -79,7 +85,117 @@ Bytes encode_int(int64_t v) {
   return b;
 }
 
+// What a peer sent, for a message: printable ASCII as it is, other bytes as
+// \xNN, up to the end of its first line and at most 60 characters.
+std::string printable_start(const std::string& bytes) {
+  std::string out;
+  for (const unsigned char c : bytes) {
+    if ((c == '\r' || c == '\n') && !out.empty()) break;
+    if (out.size() >= 60) return out + "...";
+    out += c >= 0x20 && c < 0x7f ? std::string(1, static_cast<char>(c)) : fmt::format("\\x{:02x}", c);
+  }
+  return out;
+}
+
+// A store of protocol version 1 sent no banner: it refused a later hello
+// at once with a bare message (kRefused, an empty key).
+bool looks_like_protocol_1(const std::string& bytes) {
+  return bytes.size() >= 5 && bytes[0] == kRefused && bytes.compare(1, 4, std::string(4, '\0')) == 0;
+}
+
+// Greets the server on a connected socket, as every client does: the hello
+// with the job token, then the server's banner and its answer. What
+// answered is returned; a socket failure after a store's banner is thrown.
+StoreProbe greet_server(int fd, const std::string& at, const std::string& job_token, Millis timeout) {
+  const std::string what = fmt::format("the store's greeting to {}", at);
+  set_io_timeout(fd, timeout);
+  // The hello goes first: another kind of server (HTTP, say) answers only
+  // once spoken to. A peer that has closed already may refuse it; its
+  // closing is read below all the same.
+  try {
+    send_message(fd, kStoreHello, store_protocol_name(), Bytes(job_token.begin(), job_token.end()), what);
+  } catch (const DistributedError&) {
+  }
+  std::string got;
+  uint32_t version = 0;
+  BannerState state;
+  try {
+    // A byte at a time: a stranger is told by its first byte that differs,
+    // whether or not it sends as many bytes as a banner has.
+    while ((state = read_store_banner(got, &version)) == BannerState::more) {
+      char c;
+      recv_all(fd, &c, 1, what);
+      got += c;
+    }
+  } catch (const TimeoutError&) {
+    return {StoreAnswer::silent,
+            fmt::format("the service at {} accepted the connection but did not answer the store's greeting within "
+                        "{} ms (an mptrain store answers at once): it is not an mptrain store, or its process is "
+                        "stopped",
+                        at, timeout.count())};
+  } catch (const DistributedError&) {  // closed or reset
+    return {StoreAnswer::not_a_store,
+            got.empty() ? fmt::format("the service at {} is not an mptrain store: it closed the connection without "
+                                      "answering the store's greeting",
+                                      at)
+                        : fmt::format("the service at {} is not an mptrain store (it answered '{}', then closed "
+                                      "the connection)",
+                                      at, printable_start(got))};
+  }
+  if (state == BannerState::stranger) {
+    // More of what it sent at once, to show it.
+    char more[64];
+    if (const ssize_t n = ::recv(fd, more, sizeof more, MSG_DONTWAIT); n > 0) got.append(more, static_cast<size_t>(n));
+    if (looks_like_protocol_1(got))
+      return {StoreAnswer::other_version,
+              fmt::format("the service at {} is an mptrain store of store protocol version 1 (it answered without "
+                          "a banner); this process speaks version {}: run the same mptrain build on every host",
+                          at, kStoreProtocolVersion)};
+    return {StoreAnswer::not_a_store, fmt::format("the service at {} is not an mptrain store (it answered '{}')", at,
+                                                  printable_start(got))};
+  }
+  if (state == BannerState::other_version)
+    return {StoreAnswer::other_version,
+            fmt::format("the service at {} is an mptrain store that speaks store protocol version {}; this process "
+                        "speaks version {}: run the same mptrain build on every host",
+                        at, version, kStoreProtocolVersion)};
+  const StoreMessage answer = recv_message(fd, what);
+  if (answer.head == kWelcome) return {StoreAnswer::store, ""};
+  return {StoreAnswer::refused, fmt::format("the store at {} refused this process: {}", at,
+                                            std::string(answer.value.begin(), answer.value.end()))};
+}
+
 }  // namespace
+
+const char* store_answer_name(StoreAnswer a) {
+  switch (a) {
+    case StoreAnswer::store: return "store";
+    case StoreAnswer::refused: return "refused";
+    case StoreAnswer::other_version: return "other_version";
+    case StoreAnswer::not_a_store: return "not_a_store";
+    case StoreAnswer::silent: return "silent";
+    case StoreAnswer::unreachable: return "unreachable";
+    case StoreAnswer::greeting_failed: return "greeting_failed";
+  }
+  return "?";
+}
+
+StoreProbe probe_store(const std::string& host, int port, Millis timeout, const std::string& job_token) {
+  int fd = -1;
+  try {
+    fd = connect_tcp(host, port, timeout);
+  } catch (const Error& e) {
+    return {StoreAnswer::unreachable, e.what()};
+  }
+  StoreProbe probe;
+  try {
+    probe = greet_server(fd, fmt::format("{}:{}", host, port), job_token, timeout);
+  } catch (const Error& e) {
+    probe = {StoreAnswer::greeting_failed, e.what()};
+  }
+  close_fd(fd);
+  return probe;
+}
 
 // The server: one thread accepting, one per connected rank. It lives as
 // long as rank 0's TcpStore.
@@ -121,12 +237,18 @@ class TcpStoreServer {
     std::thread thread;
   };
 
-  // The connection's first message must be a hello with this job's token.
+  // The connection's first message must be a hello of this protocol
+  // version with this job's token.
   bool admit(int fd) {
     const StoreMessage greeting = recv_message(fd, "TcpStore server");
+    const std::string protocol = store_protocol_name();
+    const bool hello = static_cast<TcpStore::Command>(greeting.head) == TcpStore::Command::hello;
     std::string why;
-    if (static_cast<TcpStore::Command>(greeting.head) != TcpStore::Command::hello || greeting.key != kProtocol)
-      why = fmt::format("it did not open with the store's greeting (protocol '{}')", kProtocol);
+    if (hello && greeting.key != protocol && greeting.key.rfind("mpt-tcp-store-", 0) == 0)
+      why = fmt::format("it speaks store protocol '{}', this store '{}': run the same mptrain build on every host",
+                        greeting.key, protocol);
+    else if (!hello || greeting.key != protocol)
+      why = fmt::format("it did not open with the store's greeting (protocol '{}')", protocol);
     else if (!same_token(std::string(greeting.value.begin(), greeting.value.end()), job_token_))
       why = "its job token (MPT_JOB_TOKEN) differs from this job's: it belongs to another job";
     if (why.empty()) {
@@ -202,6 +324,10 @@ class TcpStoreServer {
     const std::string what = "TcpStore server";
     std::vector<std::string> ephemeral;  // this connection's keys, dropped when it closes
     try {
+      // Before anything is read: whatever a client sends, the banner tells
+      // it that it reached an mptrain store, and of which version.
+      const std::string banner = store_banner();
+      send_all(fd, banner.data(), banner.size(), what);
       if (!admit(fd)) {
         ::shutdown(fd, SHUT_RDWR);
         return;
@@ -296,24 +422,29 @@ TcpStore::TcpStore(std::string host, int port, bool is_master, Millis timeout, T
   }
   fd_ = connect_tcp(connect_to, port_, timeout);
   try {
-    set_io_timeout(fd_, timeout);
-    greet(options.job_token);
+    greet(connect_to, options.job_token);
   } catch (...) {
     close_fd(fd_);
     throw;
   }
 }
 
-void TcpStore::greet(const std::string& job_token) {
-  const std::string what = fmt::format("TcpStore {} (greeting)", describe());
-  send_message(fd_, static_cast<uint8_t>(Command::hello), kProtocol, Bytes(job_token.begin(), job_token.end()), what);
-  const StoreMessage answer = recv_message(fd_, what);
-  const Bytes& reason = answer.value;
-  mpt::check<DistributedError>(
-      answer.head == kWelcome,
-      "TcpStore {}: the store refused this process: {}. Every process of a job needs the same MPT_JOB_TOKEN "
-      "(mpt-run passes its own to the ranks it starts; with several launchers, give each the same --job_token)",
-      describe(), std::string(reason.begin(), reason.end()));
+void TcpStore::greet(const std::string& address, const std::string& job_token) {
+  const StoreProbe answer = greet_server(fd_, fmt::format("{}:{}", address, port_), job_token, timeout());
+  switch (answer.answer) {
+    case StoreAnswer::store: return;
+    case StoreAnswer::silent: throw TimeoutError(fmt::format("TcpStore {}: {}", describe(), answer.message));
+    case StoreAnswer::refused:
+      throw DistributedError(fmt::format(
+          "TcpStore {}: {}. Every process of a job needs the same MPT_JOB_TOKEN (mpt-run passes its own to the "
+          "ranks it starts; with several launchers, give each the same --job_token)",
+          describe(), answer.message));
+    case StoreAnswer::not_a_store:
+      throw DistributedError(fmt::format(
+          "TcpStore {}: {}. MASTER_ADDR and MASTER_PORT must name rank 0's store; another program listens there",
+          describe(), answer.message));
+    default: throw DistributedError(fmt::format("TcpStore {}: {}", describe(), answer.message));
+  }
 }
 
 std::vector<std::string> TcpStore::refused_connections() const {

@@ -5,6 +5,11 @@
 // never answers gives a TimeoutError naming the address, the port and how
 // long the rank waited.
 //
+// The server opens every connection with a banner (store_message.h), so a
+// client that reached some other service at the address (a web server on
+// MASTER_PORT, say) says so at once, naming host and port, instead of
+// reading that service's reply as a store message.
+//
 // A job token keeps a stray process (another job that picked the same
 // port, a rank restarted with the wrong variables) out: every connection
 // opens with the client's token, and the server refuses one that differs,
@@ -34,11 +39,36 @@ struct TcpStoreOptions {
   std::string job_token;
 };
 
+// What answered the store's greeting at an address (probe_store()).
+enum class StoreAnswer {
+  store,            // an mptrain store, which admitted the job token
+  refused,          // an mptrain store that refused it (another job's, or another token)
+  other_version,    // an mptrain store that speaks another protocol version
+  not_a_store,      // another service: it answered something else, or closed unanswered
+  silent,           // it accepted the connection but answered nothing within the timeout
+  unreachable,      // nothing accepted a connection within the timeout
+  greeting_failed,  // a store's banner came, then its answer to the greeting did not
+};
+const char* store_answer_name(StoreAnswer a);  // "store", "refused", ...
+
+struct StoreProbe {
+  StoreAnswer answer = StoreAnswer::unreachable;
+  std::string message;  // what answered, naming host:port; "" for `store`
+};
+
+// Connects to host:port and greets it as every TcpStore client does (with
+// `job_token`), then leaves: whether an mptrain store of this job is there.
+// Says what answered instead of throwing; takes at most about twice
+// `timeout` (connecting, then the answer). A store that refuses the token
+// notes the refusal in its log and goes on serving.
+StoreProbe probe_store(const std::string& host, int port, Millis timeout, const std::string& job_token);
+
 class TcpStore : public Store {
  public:
   // is_master: also host the server on `port`. port 0 picks a free one (see
-  // port()). Throws DistributedError when the port is taken or the server
-  // refuses this client's job token.
+  // port()). Throws DistributedError when the port is taken, the server
+  // refuses this client's job token, or what answers is not an mptrain
+  // store of this version; TimeoutError when nothing answers.
   TcpStore(std::string host, int port, bool is_master, Millis timeout = kDefaultTimeout,
            TcpStoreOptions options = {});
   ~TcpStore() override;
@@ -82,7 +112,7 @@ class TcpStore : public Store {
   enum class Command : uint8_t;
   Bytes request(Command cmd, const std::string& key, const Bytes& value, bool* found = nullptr,
                 std::optional<Millis> timeout = std::nullopt);
-  void greet(const std::string& job_token);
+  void greet(const std::string& address, const std::string& job_token);
 
   std::string host_;
   int port_;

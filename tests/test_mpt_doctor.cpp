@@ -1,17 +1,24 @@
 // mpt-doctor end to end: its report on this machine (with or without a GPU),
 // the problems it finds in a job's variables (missing, malformed, a busy
-// MASTER_PORT, an unresolvable MASTER_ADDR, an unreachable rank 0), and the
-// Gloo all-reduce check's sums. Also the NVML loader's answer here.
+// MASTER_PORT, an unresolvable MASTER_ADDR, an unreachable rank 0, another
+// program where rank 0's store should be, a store that refuses the job
+// token), and the Gloo all-reduce check's sums. Also the NVML loader's
+// answer here.
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
+#include <thread>
 
+#include "parallel/tcp_store.h"
 #include "tensor/error.h"
 #include "tensor/nvml.h"
 #include "tests/test_util.h"
@@ -48,11 +55,45 @@ class Listener {
     fd_ = -1;
   }
   int port() const { return port_; }
+  int fd() const { return fd_; }
 
  private:
   int fd_ = -1;
   int port_ = 0;
 };
+
+// Another program on a port: it answers its first connection as a web
+// server answers a request it cannot read, then closes.
+class WebServer {
+ public:
+  WebServer() {
+    thread_ = std::thread([this] {
+      pollfd p{listener_.fd(), POLLIN, 0};
+      if (::poll(&p, 1, 30000) != 1) return;  // mpt-doctor never came
+      const int fd = ::accept(listener_.fd(), nullptr, nullptr);
+      if (fd < 0) return;
+      const std::string reply = "HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+      (void)::send(fd, reply.data(), reply.size(), MSG_NOSIGNAL);
+      ::shutdown(fd, SHUT_WR);
+      char sink[256];
+      while (::recv(fd, sink, sizeof sink, 0) > 0) {
+      }
+      ::close(fd);
+    });
+  }
+  ~WebServer() { thread_.join(); }
+  int port() const { return listener_.port(); }
+
+ private:
+  Listener listener_;
+  std::thread thread_;
+};
+
+// Whether this machine has an NVIDIA GPU, as mpt-doctor tells it.
+bool machine_has_gpu() {
+  const nvml::Library* nvml = nvml::Library::try_get();
+  return (nvml && nvml->device_count() > 0) || cuda_device_count() > 0;
+}
 
 class MptDoctor : public ::testing::Test {
  protected:
@@ -60,8 +101,8 @@ class MptDoctor : public ::testing::Test {
   // (the others removed from the environment); returns its exit status.
   int run(const std::string& variables, const std::string& args) {
     const std::string cmd = fmt::format(
-        "env -u MASTER_ADDR -u MASTER_PORT -u RANK -u WORLD_SIZE -u LOCAL_RANK -u LOCAL_WORLD_SIZE {} '{}' {} "
-        ">'{}' 2>'{}'",
+        "env -u MASTER_ADDR -u MASTER_PORT -u RANK -u WORLD_SIZE -u LOCAL_RANK -u LOCAL_WORLD_SIZE -u MPT_JOB_TOKEN "
+        "{} '{}' {} >'{}' 2>'{}'",
         variables, mpt_doctor(), args, (dir_.path() / "out").string(), (dir_.path() / "err").string());
     const int rc = std::system(cmd.c_str());
     stdout_ = slurp(dir_.path() / "out");
@@ -106,7 +147,7 @@ TEST_F(MptDoctor, ReportsThisMachineForPeople) {
   ASSERT_EQ(run("", ""), 0) << stdout_ << stderr_;
   testing::expect_contains(stdout_, {"Driver and libraries", "GPUs", "Distributed variables",
                                      "not started as a distributed job", "Rendezvous address and port"});
-  if (!testing::has_cuda()) testing::expect_contains(stdout_, {"no CUDA device"});
+  if (!machine_has_gpu()) testing::expect_contains(stdout_, {"on this machine: training runs on the CPU"});
   if (!nvml::Library::try_get()) testing::expect_contains(stdout_, {"NVML not available: "});
   EXPECT_TRUE(stdout_.find("No problems found.") != std::string::npos ||
               stdout_.find("0 problems") != std::string::npos)
@@ -168,15 +209,15 @@ TEST_F(MptDoctor, FindsAnUnresolvableMasterAddr) {
       << r.dump(2);
 }
 
-// Ranks other than 0 check that rank 0's store answers; rank 0 does not.
+// Ranks other than 0 greet rank 0's store as a rank does; rank 0 does not.
 TEST_F(MptDoctor, ChecksThatRankZeroIsReachableFromOtherRanks) {
-  Listener store;
-  nlohmann::json r =
-      run_json(fmt::format("MASTER_ADDR=127.0.0.1 MASTER_PORT={} RANK=1 WORLD_SIZE=2", store.port()));
+  auto store = std::make_unique<dist::TcpStore>("127.0.0.1", 0, true, std::chrono::milliseconds(5000));
+  const int port = store->port();
+  nlohmann::json r = run_json(fmt::format("MASTER_ADDR=127.0.0.1 MASTER_PORT={} RANK=1 WORLD_SIZE=2", port));
   EXPECT_EQ(rc_, 0) << stdout_;
   EXPECT_EQ(r["network"]["reachable"], true);
-  const int port = store.port();
-  store.close();
+  EXPECT_EQ(r["network"]["answer"], "store");
+  store.reset();
   r = run_json(fmt::format("MASTER_ADDR=127.0.0.1 MASTER_PORT={} RANK=1 WORLD_SIZE=2", port),
                "--connect-timeout-ms 300");
   EXPECT_EQ(rc_, 0) << stdout_;  // rank 0 may just not be up yet: a warning
@@ -200,7 +241,72 @@ TEST_F(MptDoctor, GlooAllreduceSumsAreExact) {
     EXPECT_NEAR(row["busbw_gbps"].get<double>(), row["algbw_gbps"].get<double>() * 4.0 / 3.0, 1e-9);
   }
   EXPECT_EQ(gloo["results"][1]["bytes"], 262144);
-  if (!testing::has_cuda()) EXPECT_TRUE(r["comm_nccl"]["results"].is_null());
+  if (!testing::has_cuda() && machine_has_gpu()) EXPECT_TRUE(r["comm_nccl"]["results"].is_null());
+}
+
+// Another program where rank 0's store should be is a problem, found here
+// rather than by the job: one that answers like a web server, and one that
+// accepts connections and says nothing (a socket nobody serves).
+TEST_F(MptDoctor, FindsAProgramThatIsNotRankZerosStore) {
+  WebServer web;
+  nlohmann::json r =
+      run_json(fmt::format("MASTER_ADDR=127.0.0.1 MASTER_PORT={} RANK=1 WORLD_SIZE=2", web.port()));
+  EXPECT_EQ(rc_, 1) << stdout_;
+  EXPECT_EQ(r["network"]["answer"], "not_a_store");
+  auto problems = findings(r, "problem");
+  ASSERT_EQ(problems.size(), 1u) << r.dump(2);
+  testing::expect_contains(problems[0],
+                           {fmt::format("the service at 127.0.0.1:{} is not an mptrain store", web.port()),
+                            "(it answered 'HTTP/1.1 400 Bad Request')", "MASTER_PORT nothing else uses"});
+
+  Listener silent;  // listens, never accepts: the kernel completes the connection
+  const std::string vars = fmt::format("MASTER_ADDR=127.0.0.1 MASTER_PORT={} RANK=1 WORLD_SIZE=2", silent.port());
+  EXPECT_EQ(run(vars, "--connect-timeout-ms 300"), 1) << stdout_;
+  testing::expect_contains(stdout_, {"PROBLEM ", fmt::format("127.0.0.1:{} accepted the connection", silent.port()),
+                                     "did not answer the store's greeting within 300 ms", "1 problem"});
+  EXPECT_EQ(stdout_.find("No problems found"), std::string::npos) << stdout_;
+}
+
+// A store of another job (or a rank given another token) is named as such;
+// without a token here it may be the launcher's, so only a warning. The
+// store serves on, its own members unharmed.
+TEST_F(MptDoctor, NamesAStoreThatRefusesThisJobToken) {
+  dist::TcpStore store("127.0.0.1", 0, true, std::chrono::milliseconds(5000), {.job_token = "job-A"});
+  const std::string vars = fmt::format("MASTER_ADDR=127.0.0.1 MASTER_PORT={} RANK=1 WORLD_SIZE=2", store.port());
+  nlohmann::json r = run_json("MPT_JOB_TOKEN=job-B " + vars);
+  EXPECT_EQ(rc_, 1) << stdout_;
+  EXPECT_EQ(r["network"]["answer"], "refused");
+  const auto problems = findings(r, "problem");
+  ASSERT_EQ(problems.size(), 1u) << r.dump(2);
+  testing::expect_contains(problems[0], {"refused this process", "job token", "same MPT_JOB_TOKEN"});
+
+  r = run_json(vars);
+  EXPECT_EQ(rc_, 0) << stdout_;
+  EXPECT_TRUE(any_contains(findings(r, "warning"), "MPT_JOB_TOKEN is not set here")) << r.dump(2);
+
+  r = run_json("MPT_JOB_TOKEN=job-A " + vars);
+  EXPECT_EQ(rc_, 0) << stdout_;
+  EXPECT_EQ(r["network"]["answer"], "store");
+  store.set("still", std::string("serving"));
+  EXPECT_EQ(store.get_string("still"), "serving");
+}
+
+// On a machine without an NVIDIA driver or GPU the report says so in those
+// words (not as cudaGetDeviceCount's "driver version is insufficient") and
+// leaves out what only applies to GPUs.
+TEST_F(MptDoctor, SaysPlainlyThatThisMachineHasNoGpu) {
+  if (machine_has_gpu()) GTEST_SKIP() << "skipped: this machine has a GPU";
+  ASSERT_EQ(run("", "--comm --gloo-ranks 2 --sizes 4096 --iterations 1"), 0) << stdout_ << stderr_;
+  testing::expect_contains(stdout_, {nvml::Library::try_get()
+                                         ? "no NVIDIA GPU on this machine (driver "
+                                         : "no NVIDIA driver or GPU on this machine: training runs on the CPU"});
+  for (const char* absent : {"cudaErrorInsufficientDriver", "driver version is insufficient", "CUDA_VISIBLE_DEVICES",
+                             "NCCL_", "local GPU", "(NCCL)"})
+    EXPECT_EQ(stdout_.find(absent), std::string::npos) << "'" << absent << "' in:\n" << stdout_;
+  const nlohmann::json r = run_json("", "--comm --gloo-ranks 2 --sizes 4096 --iterations 1");
+  EXPECT_EQ(r["gpus"]["machine_has_gpu"], false);
+  EXPECT_FALSE(r.contains("comm_nccl"));
+  EXPECT_FALSE(r["environment"].contains("NCCL"));
 }
 
 TEST(Nvml, LoadsAtRunTimeOrSaysWhyNot) {

@@ -18,6 +18,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <limits>
 #include <map>
 #include <thread>
@@ -253,6 +254,8 @@ TEST(TcpStore, AReplyThatCameTooLateIsNeverTakenForAnotherRequests) {
       const std::string bytes = encode_store_message(m, "test server");
       (void)::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
     };
+    const std::string banner = store_banner();
+    (void)::send(fd, banner.data(), banner.size(), MSG_NOSIGNAL);
     read_store_message(read_exact, "test server");  // the greeting
     send({1, "", {}});                             // welcome
     read_store_message(read_exact, "test server");  // the first add: answered too late
@@ -596,10 +599,11 @@ TEST(TcpStore, SomethingThatIsNotAStoreClientIsRefused) {
   const char set_x[] = {1, 1, 0, 0, 0, 'x', 1, 0, 0, 0, 'v'};
   ASSERT_EQ(::send(fd, set_x, sizeof set_x, 0), static_cast<ssize_t>(sizeof set_x));
   char reply[256];
-  const ssize_t n = ::recv(fd, reply, sizeof reply, MSG_WAITALL);  // the refusal, then the close
+  const ssize_t n = ::recv(fd, reply, sizeof reply, MSG_WAITALL);  // the banner, the refusal, then the close
   ::close(fd);
-  ASSERT_GT(n, 0);
-  EXPECT_EQ(reply[0], 3);  // refused
+  ASSERT_GT(n, static_cast<ssize_t>(kStoreBannerBytes));
+  EXPECT_EQ(std::string(reply, kStoreBannerBytes), store_banner());
+  EXPECT_EQ(reply[kStoreBannerBytes], 3);  // refused
   EXPECT_FALSE(master.check({"x"}));  // nothing was stored
   ASSERT_EQ(master.refused_connections().size(), 1u);
   EXPECT_NE(master.refused_connections()[0].find("did not open with the store's greeting"), std::string::npos);
@@ -686,6 +690,155 @@ TEST(Rendezvous, ARankOfAnotherJobCannotJoin) {
   EXPECT_NE(stray.find("refused this process"), std::string::npos) << stray;
   // Rank 0 never saw a rank 1: the stray did not join.
   EXPECT_NE(lead_error.find("missing: [1]"), std::string::npos) << lead_error;
+}
+
+// ---- a peer that is not an mptrain store ------------------------------------------------
+
+// A service on a loopback port that is not a store: `answer` handles its
+// one connection, on its own thread, and closes it.
+class StrangeService {
+ public:
+  explicit StrangeService(std::function<void(int fd)> answer) {
+    listener_ = listen_loopback(4, &port_);
+    thread_ = std::thread([this, answer = std::move(answer)] {
+      const int fd = ::accept(listener_, nullptr, nullptr);
+      if (fd >= 0) answer(fd);
+    });
+  }
+  ~StrangeService() {
+    thread_.join();
+    ::close(listener_);
+  }
+  int port() const { return port_; }
+
+ private:
+  int listener_ = -1, port_ = 0;
+  std::thread thread_;
+};
+
+// Writes `reply` (whatever the client sent), then waits for the client to
+// close before closing: the client reads the reply whole.
+auto answers(std::string reply) {
+  return [reply](int fd) {
+    (void)::send(fd, reply.data(), reply.size(), MSG_NOSIGNAL);
+    ::shutdown(fd, SHUT_WR);
+    char sink[256];
+    while (::recv(fd, sink, sizeof sink, 0) > 0) {
+    }
+    ::close(fd);
+  };
+}
+
+// What a TcpStore client throws at the service, and how long it took.
+template <typename E>
+std::string client_error(int port, double* seconds, milliseconds timeout = milliseconds(5000)) {
+  const auto start = Clock::now();
+  const std::string msg = error_of<E>([&] { TcpStore client("127.0.0.1", port, false, timeout); });
+  *seconds = seconds_since(start);
+  return msg;
+}
+
+// An HTTP server on MASTER_PORT once made a rank report "a key of 793793620
+// bytes is over the store's limit" (its reply read as a store message).
+TEST(TcpStore, AServiceThatIsNotAStoreIsNamedAsSuchAtOnce) {
+  StrangeService http(answers("HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"));
+  double took = 0;
+  const std::string msg = client_error<DistributedError>(http.port(), &took);
+  mpt::testing::expect_contains(msg, {fmt::format("the service at 127.0.0.1:{} is not an mptrain store", http.port()),
+                                      "(it answered 'HTTP/1.1 400 Bad Request')", "MASTER_PORT"});
+  EXPECT_EQ(msg.find("over the store's limit"), std::string::npos) << msg;
+  EXPECT_LT(took, 1.5);  // not the 5 s timeout
+
+  // A shorter answer than a banner, with the connection left open, is told
+  // by its first byte.
+  StrangeService brief([](int fd) {
+    (void)::send(fd, "NO\n", 3, MSG_NOSIGNAL);
+    char sink[256];
+    while (::recv(fd, sink, sizeof sink, 0) > 0) {
+    }
+    ::close(fd);
+  });
+  mpt::testing::expect_contains(client_error<DistributedError>(brief.port(), &took),
+                                {"is not an mptrain store (it answered 'NO')"});
+  EXPECT_LT(took, 1.5);
+}
+
+TEST(TcpStore, AServiceThatClosesAtOnceIsNotAStore) {
+  StrangeService closer([](int fd) { ::close(fd); });
+  double took = 0;
+  const std::string msg = client_error<DistributedError>(closer.port(), &took);
+  mpt::testing::expect_contains(msg, {fmt::format("the service at 127.0.0.1:{} is not an mptrain store", closer.port()),
+                                      "closed the connection without answering the store's greeting"});
+  EXPECT_LT(took, 1.5);
+}
+
+// A service that accepts and says nothing is waited for up to the timeout,
+// which then names what it waited for.
+TEST(TcpStore, AServiceThatNeverAnswersTimesOutSayingSo) {
+  StrangeService mute([](int fd) {
+    char sink[256];
+    while (::recv(fd, sink, sizeof sink, 0) > 0) {
+    }
+    ::close(fd);
+  });
+  double took = 0;
+  const std::string msg = client_error<TimeoutError>(mute.port(), &took, milliseconds(400));
+  mpt::testing::expect_contains(msg, {fmt::format("127.0.0.1:{}", mute.port()),
+                                      "did not answer the store's greeting within 400 ms"});
+  EXPECT_GE(took, 0.35);
+  EXPECT_LT(took, 3.0);
+}
+
+// A store of another protocol version is named as one, with both versions.
+TEST(TcpStore, AStoreOfAnotherVersionIsToldApart) {
+  StrangeService future(answers(store_banner(kStoreProtocolVersion + 7)));
+  double took = 0;
+  mpt::testing::expect_contains(
+      client_error<DistributedError>(future.port(), &took),
+      {fmt::format("is an mptrain store that speaks store protocol version {}; this process speaks version {}",
+                   kStoreProtocolVersion + 7, kStoreProtocolVersion),
+       "same mptrain build"});
+  // Version 1 had no banner: it refused the newer hello with a bare message.
+  StrangeService old(answers(encode_store_message({3, "", Bytes{'n', 'o'}}, "test")));
+  mpt::testing::expect_contains(client_error<DistributedError>(old.port(), &took),
+                                {"is an mptrain store of store protocol version 1"});
+  EXPECT_LT(took, 1.5);
+  // And the server names a client of another version in its log.
+  TcpStore master("127.0.0.1", 0, true, milliseconds(2000));
+  const int fd = connect_to_local_port(master.port());
+  ASSERT_GE(fd, 0);
+  const std::string hello = encode_store_message({kStoreHello, store_protocol_name(1), {}}, "test");
+  ASSERT_EQ(::send(fd, hello.data(), hello.size(), 0), static_cast<ssize_t>(hello.size()));
+  char reply[512];
+  (void)::recv(fd, reply, sizeof reply, MSG_WAITALL);
+  ::close(fd);
+  ASSERT_EQ(master.refused_connections().size(), 1u);
+  mpt::testing::expect_contains(master.refused_connections()[0],
+                                {"it speaks store protocol 'mpt-tcp-store-1', this store 'mpt-tcp-store-2'"});
+}
+
+// probe_store() (mpt-doctor's check of rank 0's store) tells each case
+// apart without throwing, and a probe with another job's token leaves the
+// store serving.
+TEST(TcpStore, AProbeSaysWhatAnswered) {
+  TcpStore master("127.0.0.1", 0, true, milliseconds(2000), {.job_token = "job-A"});
+  StoreProbe p = probe_store("127.0.0.1", master.port(), milliseconds(2000), "job-A");
+  EXPECT_EQ(p.answer, StoreAnswer::store) << p.message;
+  p = probe_store("127.0.0.1", master.port(), milliseconds(2000), "job-B");
+  EXPECT_EQ(p.answer, StoreAnswer::refused) << p.message;
+  mpt::testing::expect_contains(
+      p.message, {fmt::format("the store at 127.0.0.1:{} refused this process", master.port()), "job token"});
+  master.set("still", std::string("serving"));
+  EXPECT_EQ(master.get_string("still"), "serving");
+
+  StrangeService http(answers("HTTP/1.1 400 Bad Request\r\n\r\n"));
+  p = probe_store("127.0.0.1", http.port(), milliseconds(2000), "");
+  EXPECT_EQ(p.answer, StoreAnswer::not_a_store) << p.message;
+  mpt::testing::expect_contains(p.message, {"not an mptrain store", "HTTP/1.1 400 Bad Request"});
+
+  p = probe_store("127.0.0.1", mpt::testing::free_port(), milliseconds(300), "");
+  EXPECT_EQ(p.answer, StoreAnswer::unreachable) << p.message;
+  EXPECT_STREQ(store_answer_name(StoreAnswer::not_a_store), "not_a_store");
 }
 
 // ---- who left ------------------------------------------------------------------------------

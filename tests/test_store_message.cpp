@@ -85,6 +85,28 @@ TEST(TcpStore, AddOnAValueThatIsNotACounterIsRefused) {
   EXPECT_EQ(master.add("n", -1), INT64_MAX - 1);  // the connection is still in step
 }
 
+TEST(StoreMessage, TheBannerTellsAStoreFromAStrangerByItsFirstByteThatDiffers) {
+  const std::string banner = store_banner();
+  ASSERT_EQ(banner.size(), kStoreBannerBytes);
+  uint32_t version = 0;
+  for (size_t n = 0; n < banner.size(); ++n)
+    EXPECT_EQ(read_store_banner(std::string_view(banner).substr(0, n), &version), BannerState::more) << n;
+  EXPECT_EQ(read_store_banner(banner, &version), BannerState::store);
+  EXPECT_EQ(version, kStoreProtocolVersion);
+  EXPECT_EQ(read_store_banner(store_banner(7), &version), BannerState::other_version);
+  EXPECT_EQ(version, 7u);
+  EXPECT_EQ(read_store_banner("H", &version), BannerState::stranger);
+  EXPECT_EQ(read_store_banner("MPTSTORX", &version), BannerState::stranger);
+  EXPECT_EQ(store_protocol_name(), "mpt-tcp-store-2");
+}
+
+// The banner every connection to a store starts with, read off `fd`.
+static void expect_banner(int fd) {
+  std::string banner(kStoreBannerBytes, '\0');
+  recv_all(fd, banner.data(), banner.size(), "raw client");
+  EXPECT_EQ(banner, store_banner());
+}
+
 TEST(TcpStore, ServerRefusesMalformedMessagesAndKeepsServingOthers) {
   TcpStore master("127.0.0.1", 0, true, milliseconds(5000));
   master.set("kept", Bytes{'v', 'a', 'l', 'u', 'e'});
@@ -92,6 +114,7 @@ TEST(TcpStore, ServerRefusesMalformedMessagesAndKeepsServingOthers) {
     const int fd = connect_tcp("127.0.0.1", master.port(), milliseconds(5000));
     set_io_timeout(fd, milliseconds(5000));
     send_all(fd, bytes.data(), bytes.size(), "raw client");
+    expect_banner(fd);
     const StoreMessage reply =
         read_store_message([&](void* dst, size_t n) { recv_all(fd, dst, n, "raw client"); }, "raw client");
     // After a malformed message the server ends the connection.
@@ -109,11 +132,12 @@ TEST(TcpStore, ServerRefusesMalformedMessagesAndKeepsServingOthers) {
   expect_contains(std::string(r.value.begin(), r.value.end()), {"a value of 4294967280 bytes is over"});
   // An unknown command is understood as such and does not end the
   // connection (once the connection is admitted: hello with the protocol
-  // name and this job's token, empty here).
+  // name and this job's token, empty here; the banner comes first).
   const int fd = connect_tcp("127.0.0.1", master.port(), milliseconds(5000));
   set_io_timeout(fd, milliseconds(5000));
-  const std::string hello = encode_store_message({5, "mpt-tcp-store-1", {}}, "raw client");
+  const std::string hello = encode_store_message({kStoreHello, store_protocol_name(), {}}, "raw client");
   send_all(fd, hello.data(), hello.size(), "raw client");
+  expect_banner(fd);
   const StoreMessage welcome =
       read_store_message([&](void* dst, size_t n) { recv_all(fd, dst, n, "raw client"); }, "raw client");
   ASSERT_EQ(welcome.head, 1);

@@ -13,8 +13,15 @@ namespace mpt::doctor {
 // the peer-access matrix with the link type between each pair.
 void check_system(Report& report);
 
+// Whether this machine has an NVIDIA GPU: NVML (which comes with the
+// driver) or the CUDA runtime sees one. Where neither does, the report
+// leaves out what only applies to GPUs (CUDA_VISIBLE_DEVICES, NCCL's
+// variables, the NCCL all-reduce).
+bool machine_has_gpu();
+
 // The distributed variables (set, missing or malformed), whether
-// MASTER_PORT is free here and whether MASTER_ADDR resolves and answers.
+// MASTER_PORT is free here, whether MASTER_ADDR resolves, and whether rank
+// 0's store answers there (greeted as a rank greets it).
 void check_environment(Report& report, dist::Millis connect_timeout);
 
 struct CommOptions {

@@ -197,7 +197,7 @@ void nccl_check(Report& report, const CommOptions& o) {
 
 void check_comm(Report& report, const CommOptions& options) {
   gloo_check(report, options);
-  nccl_check(report, options);
+  if (machine_has_gpu()) nccl_check(report, options);
 }
 
 }  // namespace mpt::doctor

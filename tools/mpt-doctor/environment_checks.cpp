@@ -19,6 +19,7 @@
 #include "parallel/distributed_error.h"
 #include "parallel/rendezvous.h"
 #include "parallel/socket_util.h"
+#include "parallel/tcp_store.h"
 #include "tensor/device.h"
 #include "tensor/error.h"
 #include "tensor/nvml.h"
@@ -326,17 +327,49 @@ void check_rendezvous(Report& report, dist::Millis connect_timeout) {
                        r.address, port));
     return;
   }
-  // Another rank: rank 0's store should accept connections by now.
-  try {
-    dist::close_fd(dist::connect_tcp(r.address, port, connect_timeout));
-    s.data["reachable"] = true;
-    s.ok(fmt::format("{}:{} accepts TCP connections (rank 0's store; checked by connecting)", r.address, port));
-  } catch (const Error& e) {
-    s.data["reachable"] = false;
-    s.warning(fmt::format("nothing accepted a TCP connection at {}:{} within {} ms: rank 0 is not up yet, or a "
-                          "firewall blocks the port",
-                          r.address, port, connect_timeout.count()),
-              fmt::format("start rank 0 first (the other ranks wait for it), or open TCP port {} on {}", port, *addr));
+  // Another rank: rank 0's store should answer by now. It is greeted as a
+  // rank greets it, job token and all, so that another program on the port
+  // is found here rather than by the job.
+  const auto token = env("MPT_JOB_TOKEN");
+  const dist::StoreProbe probe = dist::probe_store(r.address, port, connect_timeout, token.value_or(""));
+  s.data["reachable"] = probe.answer != dist::StoreAnswer::unreachable;
+  s.data["answer"] = dist::store_answer_name(probe.answer);
+  const std::string other_program =
+      fmt::format("MASTER_ADDR and MASTER_PORT must name rank 0's store, and another program listens there "
+                  "(`ss -ltnp 'sport = :{}'` on {} names it): give the job a MASTER_PORT nothing else uses",
+                  port, *addr);
+  switch (probe.answer) {
+    case dist::StoreAnswer::store:
+      s.ok(fmt::format("{}:{} answers as rank 0's mptrain store and admits this job token (checked by greeting it "
+                       "as a rank does)",
+                       r.address, port));
+      break;
+    case dist::StoreAnswer::unreachable:
+      s.warning(fmt::format("nothing accepted a TCP connection at {}:{} within {} ms: rank 0 is not up yet, or a "
+                            "firewall blocks the port",
+                            r.address, port, connect_timeout.count()),
+                fmt::format("start rank 0 first (the other ranks wait for it), or open TCP port {} on {}", port,
+                            *addr));
+      break;
+    case dist::StoreAnswer::refused:
+      // Without a token here, the job may well have one that its launcher
+      // gives its ranks: a rank would be admitted where this check was not.
+      if (token)
+        s.problem(probe.message, "give every process of the job the same MPT_JOB_TOKEN (mpt-run passes its own to "
+                                 "its ranks; with several launchers, give each the same --job_token)");
+      else
+        s.warning(probe.message + " (MPT_JOB_TOKEN is not set here)",
+                  "export the job's MPT_JOB_TOKEN and rerun mpt-doctor, as the job's launcher gives it to its ranks");
+      break;
+    case dist::StoreAnswer::other_version:
+      s.problem(probe.message, "build mptrain from the same source on every host of the job");
+      break;
+    case dist::StoreAnswer::not_a_store:
+    case dist::StoreAnswer::silent: s.problem(probe.message, other_program); break;
+    case dist::StoreAnswer::greeting_failed:
+      s.problem(fmt::format("rank 0's store at {}:{} broke off the greeting: {}", r.address, port, probe.message),
+                "look at rank 0's output for the store's own error, and rerun");
+      break;
   }
 }
 
@@ -345,8 +378,12 @@ void check_rendezvous(Report& report, dist::Millis connect_timeout) {
 void check_environment(Report& report, dist::Millis connect_timeout) {
   Section& s = report.add("environment", "Distributed variables");
   check_variables(s);
-  check_visible_devices(s);
-  check_nccl_variables(s);
+  // Without a GPU, CUDA_VISIBLE_DEVICES and NCCL's variables have nothing
+  // to act on.
+  if (machine_has_gpu()) {
+    check_visible_devices(s);
+    check_nccl_variables(s);
+  }
   check_rendezvous(report, connect_timeout);
 }
 

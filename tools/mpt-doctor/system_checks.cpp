@@ -29,7 +29,12 @@ void check_libraries(Report& report, const cuda::Versions& v, const nvml::Librar
   } else {
     s.data["driver"] = nullptr;
     s.data["nvml_error"] = nvml_error;
-    s.note(fmt::format("NVML not available: {}", nvml_error));
+    // NVML comes with the driver; so does the CUDA driver API that a CUDA
+    // build asks for its version. Neither: there is no driver.
+    if (v.driver == 0)
+      s.note(fmt::format("no NVIDIA driver on this machine (NVML not available: {})", nvml_error));
+    else
+      s.note(fmt::format("NVML not available: {}", nvml_error));
   }
   if (!v.built) {
     s.note("no CUDA runtime, cuBLAS, cuDNN or NCCL in this build: training runs on the CPU (Gloo for ranks)");
@@ -75,6 +80,7 @@ void check_libraries(Report& report, const cuda::Versions& v, const nvml::Librar
 
 void check_gpus(Report& report, const cuda::Versions& v, const nvml::Library* nvml) {
   Section& s = report.add("gpus", "GPUs");
+  s.data["machine_has_gpu"] = machine_has_gpu();
   s.data["devices"] = nlohmann::ordered_json::array();
   const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
   const int count = cuda_device_count();
@@ -92,8 +98,11 @@ void check_gpus(Report& report, const cuda::Versions& v, const nvml::Library* nv
       s.warning(fmt::format("no CUDA device ({}), but NVML sees {} GPU{}", why, nvml->device_count(),
                             nvml->device_count() == 1 ? "" : "s"),
                 "build mptrain with the CUDA toolkit to train on them");
+    else if (!nvml)  // NVML comes with every driver
+      s.note("no NVIDIA driver or GPU on this machine: training runs on the CPU");
     else
-      s.note(fmt::format("no CUDA device ({}); training runs on the CPU", why));
+      s.note(fmt::format("no NVIDIA GPU on this machine (driver {} installed): training runs on the CPU",
+                         nvml->driver_version()));
     return;
   }
   // NVML first: reading the properties below makes a CUDA context on each
@@ -160,6 +169,11 @@ void check_gpus(Report& report, const cuda::Versions& v, const nvml::Library* nv
 }
 
 }  // namespace
+
+bool machine_has_gpu() {
+  const nvml::Library* nvml = nvml::Library::try_get();
+  return (nvml && nvml->device_count() > 0) || cuda_device_count() > 0;
+}
 
 void check_system(Report& report) {
   std::string nvml_error;
