@@ -38,16 +38,6 @@ constexpr std::array<std::pair<std::string_view, CastPolicy>, 15> kPolicies{{
 
 }  // namespace
 
-const char* cast_policy_name(CastPolicy policy) {
-  switch (policy) {
-    case CastPolicy::lower_precision: return "lower_precision";
-    case CastPolicy::fp32: return "fp32";
-    case CastPolicy::promote: return "promote";
-    case CastPolicy::none: return "none";
-  }
-  return "?";
-}
-
 CastPolicy autocast_policy(std::string_view op) {
   for (const auto& [name, policy] : kPolicies)
     if (name == op) return policy;

@@ -20,8 +20,6 @@ enum class CastPolicy {
   none,             // run in whatever dtypes the inputs have
 };
 
-const char* cast_policy_name(CastPolicy policy);
-
 // The policy of an autograd op by its name ("linear", "softmax", ...);
 // `none` for ops autocast leaves alone (relu, reshape, ...).
 CastPolicy autocast_policy(std::string_view op);

@@ -45,15 +45,6 @@ ScalePolicy scale_policy_from_name(const std::string& name) {
   throw ValueError(fmt::format("GradScaler: unknown policy '{}' (expected torch, hysteresis or static)", name));
 }
 
-const char* growth_unit_name(GrowthUnit unit) {
-  switch (unit) {
-    case GrowthUnit::optimizer_steps: return "steps";
-    case GrowthUnit::micro_batches: return "micro_batches";
-    case GrowthUnit::samples: return "samples";
-  }
-  return "?";
-}
-
 GrowthUnit growth_unit_from_name(const std::string& name) {
   if (name == "steps") return GrowthUnit::optimizer_steps;
   if (name == "micro_batches") return GrowthUnit::micro_batches;

@@ -69,7 +69,6 @@ struct GradScalerOptions {
 
 const char* scale_policy_name(ScalePolicy policy);
 ScalePolicy scale_policy_from_name(const std::string& name);  // "torch", "hysteresis", "static"
-const char* growth_unit_name(GrowthUnit unit);
 GrowthUnit growth_unit_from_name(const std::string& name);    // "steps", "micro_batches", "samples"
 // How scale_rule_from's errors name what they refuse: the owner of the
 // options and each option's field, so that a command line can name its own

@@ -12,16 +12,15 @@ std::vector<SweepRun> sweep_growth_interval(const GradScalerOptions& base, const
   for (int64_t interval : intervals) {
     GradScalerOptions options = base;
     options.growth_interval = interval;
-    GradScaler scaler(options);  // checks the interval
+    scale_rule_from(options);  // checks the interval
     SweepRun run;
     run.growth_interval = interval;
-    scaler.set_trace_sink([&run](const ScalerTraceRow& row) {
+    run.final_loss = train(options, [&run](const ScalerTraceRow& row) {
       ++run.steps;
       run.skipped_steps += row.skipped ? 1 : 0;
       ++run.steps_at_scale[row.scale];
       run.trace.push_back(row);
     });
-    run.final_loss = train(scaler);
     runs.push_back(std::move(run));
     if (progress) progress(runs.size(), intervals.size());
   }

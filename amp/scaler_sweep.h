@@ -19,10 +19,10 @@ struct SweepRun {
   std::vector<ScalerTraceRow> trace;
 };
 
-// Runs one whole training: build a fresh model and optimizer, train with
-// `scaler` (scale / step / update each step) and return the final loss. It
-// must not replace the scaler's trace sink.
-using TrainingRun = std::function<double(GradScaler& scaler)>;
+// Runs one whole training: build a fresh model and optimizer, train with a
+// loss scaler of `options` whose trace goes to `trace` (each update's row),
+// and return the final loss.
+using TrainingRun = std::function<double(const GradScalerOptions& options, const ScalerTraceSink& trace)>;
 // Called after each run with (runs done, runs in all).
 using SweepProgress = std::function<void(size_t done, size_t total)>;
 

@@ -83,12 +83,6 @@ bool csv_flag(const std::string& field, const char* name) {
 
 }  // namespace
 
-TraceFormat trace_format_from_name(const std::string& name) {
-  if (name == "jsonl" || name == "json") return TraceFormat::jsonl;
-  if (name == "csv") return TraceFormat::csv;
-  throw ValueError(fmt::format("scaler trace: unknown format '{}' (expected jsonl or csv)", name));
-}
-
 TraceFormat trace_format_for_path(const std::string& path) {
   if (ends_with(path, ".jsonl") || ends_with(path, ".json")) return TraceFormat::jsonl;
   if (ends_with(path, ".csv")) return TraceFormat::csv;

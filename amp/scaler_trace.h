@@ -39,8 +39,6 @@ std::string scaler_trace_row_json(const ScalerTraceRow& row);
 using ScalerTraceSink = std::function<void(const ScalerTraceRow&)>;
 
 enum class TraceFormat { jsonl, csv };
-// "jsonl" / "json" / "csv"; ValueError otherwise.
-TraceFormat trace_format_from_name(const std::string& name);
 // jsonl for paths ending in .jsonl or .json, csv for .csv; ValueError otherwise.
 TraceFormat trace_format_for_path(const std::string& path);
 

@@ -5,7 +5,6 @@ namespace {
 thread_local AutocastHandler* t_handler = nullptr;
 }
 
-AutocastHandler* autocast_handler() { return t_handler; }
 void set_autocast_handler(AutocastHandler* handler) { t_handler = handler; }
 
 DType autocast_input_dtype(const char* op, const Tensor& x) {

@@ -32,8 +32,8 @@ class AutocastHandler {
   virtual DType input_dtype(const char* op, const Tensor& x) = 0;
 };
 
-// This thread's handler (null: autocast is off). amp/ installs and removes it.
-AutocastHandler* autocast_handler();
+// Installs this thread's handler (null: autocast is off). amp/ installs and
+// removes it.
 void set_autocast_handler(AutocastHandler* handler);
 
 // The dtype autocast would give `x` as an input of `op` on this thread (x's

@@ -106,9 +106,8 @@ Tensor linear_forward(const char* op, const Tensor& x, const Tensor& weight, con
 
 // Weight gradients of at least this many multiply-adds run beside the
 // chain of input gradients. Below it the fork and join cost more than the
-// overlap gives: with mlp_small's (0.27G) and cnn's (0.41G) beside, their
-// graphed steps took 5% and 1% longer; gpt_mini's (2.4G and up) and
-// mlp_large's gained 2.5% and 1%.
+// overlap gives (the reference workloads' steps, measured both ways, in
+// docs/PERFORMANCE.md).
 constexpr double kBesideMinMultiplyAdds = 1e9;
 
 // linear()'s backward from the gradient of its output (before any ReLU).

@@ -11,14 +11,13 @@
 // `valgrind --tool=callgrind`.
 #include <benchmark/benchmark.h>
 
-#include "amp/autocast.h"
-#include "amp/grad_scaler.h"
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
 #include "autograd/ops.h"
 #include "models/adamw.h"
 #include "models/mlp.h"
 #include "tensor/ops.h"
+#include "train/trainer.h"
 
 namespace mpt {
 namespace {
@@ -57,32 +56,20 @@ void linear_forward_and_backward(benchmark::State& state) {
 }
 BENCHMARK(linear_forward_and_backward);
 
-// A whole training step of a three-layer MLP (16-64-64-4, a batch of 8):
-// forward, cross-entropy, backward, AdamW. With f16 autocast, the loss
-// scaler scales, unscales, checks for inf and updates as well.
+// A whole training step of a three-layer MLP (16-64-64-4, a batch of 8),
+// as train::Trainer runs it: forward, cross-entropy, backward, AdamW, and
+// the step's loss and right predictions counted. With f16 autocast, the
+// loss scaler scales, unscales, checks for inf and updates as well.
 void mlp_training_step(benchmark::State& state, bool f16_autocast) {
   Generator gen(1);
   auto mlp = nn::make_mlp({.in_features = 16, .hidden = {64, 64}, .num_classes = 4}, &gen);
-  optim::AdamW opt(mlp->parameters());
-  amp::GradScaler scaler;
-  const Tensor x = randn({8, 16}, DType::f32, kCPU, &gen);
-  const Tensor y = from_vector<int64_t>({0, 1, 2, 3, 0, 1, 2, 3}, {8}, DType::i64);
-  for (auto _ : state) {
-    opt.zero_grad();
-    if (f16_autocast) {
-      Tensor loss;
-      {
-        amp::AutocastGuard autocast(DeviceType::cpu, DType::f16);
-        loss = cross_entropy(mlp->forward(x), y);
-      }
-      backward(scaler.scale(loss));
-      scaler.step(opt);
-      scaler.update();
-    } else {
-      backward(cross_entropy(mlp->forward(x), y));
-      opt.step();
-    }
-  }
+  train::TrainerOptions options;
+  options.step.precision = f16_autocast ? train::Precision::fp16 : train::Precision::fp32;
+  options.time_steps = false;
+  train::Trainer trainer(mlp, std::make_unique<optim::AdamW>(mlp->parameters()), train::classification(), options);
+  const data::Batch batch{randn({8, 16}, DType::f32, kCPU, &gen),
+                          from_vector<int64_t>({0, 1, 2, 3, 0, 1, 2, 3}, {8}, DType::i64)};
+  for (auto _ : state) trainer.step({batch});
 }
 BENCHMARK_CAPTURE(mlp_training_step, f32, false);
 BENCHMARK_CAPTURE(mlp_training_step, f16_autocast_and_scaler, true);

@@ -18,4 +18,11 @@ inline constexpr double kInfNorm = std::numeric_limits<double>::infinity();
 // total back is the one host sync (the price of returning a double).
 double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, double norm_type = 2.0);
 
+// The same clipping without reading anything back: the total norm and the
+// coefficient stay on the device and every gradient is multiplied by it,
+// so a step recorded as a CUDA graph clips at each replay. Returns the
+// total norm as a 0-d tensor on the first gradient's device (undefined
+// when no parameter has a gradient).
+Tensor clip_grad_norm_on_device_(const std::vector<Tensor>& params, double max_norm, double norm_type = 2.0);
+
 }  // namespace mpt::nn

@@ -9,7 +9,7 @@
 #include "tensor/device_guard.h"
 #include "tensor/random.h"
 #ifdef MPT_WITH_CUDA
-#include "tensor/cuda/gemm.h"
+#include "tensor/backend_settings.h"
 #endif
 
 namespace mpt::dist {
@@ -32,7 +32,7 @@ void DeviceThreads::run(const std::function<void(size_t index)>& fn) {
   std::vector<Generator> generators;
   for (size_t i = 0; i < devices_.size(); ++i) generators.push_back(default_generator().fork());
 #ifdef MPT_WITH_CUDA
-  const bool tf32 = cuda::allow_tf32();
+  const bool tf32 = allow_tf32();
 #endif
   // The error raised first is the cause; the others (a peer timing out in a
   // collective the failed thread never joined, say) are its consequences.
@@ -52,7 +52,7 @@ void DeviceThreads::run(const std::function<void(size_t index)>& fn) {
         set_grad_enabled(grad_mode);  // the thread is ours: no need to restore it
         default_generator() = generators[i];
 #ifdef MPT_WITH_CUDA
-        cuda::set_allow_tf32(tf32);
+        set_allow_tf32(tf32);
 #endif
         // Only an enabled region: a guard opens an autocast region whose
         // weight casts live until it ends, and fn may run many steps.

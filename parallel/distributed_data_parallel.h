@@ -44,10 +44,7 @@ struct DdpOptions {
   // Cap of the bucket that starts first; 0: bucket_bytes. PyTorch makes it
   // 1 MiB so that communication starts early; in a step replayed as a CUDA
   // graph that all-reduce starts while the ranks are still out of step, and
-  // its kernel waits for the late rank on SMs that backward needs: on two
-  // H200s gpt_mini's ddp step took 7.09 ms with one cap for all buckets
-  // against 7.18-7.24 ms with a 1 MiB first bucket (mlp_small, cnn and
-  // mlp_large the same within noise).
+  // its kernel waits for the late rank on SMs that backward needs.
   size_t first_bucket_bytes = 0;
   size_t bucket_bytes = size_t(25) << 20;  // 25 MiB
   // Find, at each forward, the parameters the output does not depend on and
@@ -58,8 +55,7 @@ struct DdpOptions {
   std::optional<DType> compression;
   // Bucket buffers in memory the group registers for its collectives
   // (ProcessGroup::registered_buffer; NCCL: a symmetric window, whose
-  // all-reduces have less latency: mlp_small's graphed ddp step 0.263 ->
-  // 0.225 ms on two H200s). Off by default: NCCL's symmetric kernels do not
+  // all-reduces have less latency). Off by default: NCCL's symmetric kernels do not
   // end when a communicator is aborted, so after a peer dies a host blocked
   // in a synchronization behind one (a graphed step's copy, a loss read)
   // stays blocked instead of getting the error within the timeout. With

@@ -25,7 +25,7 @@
 #include "parallel/socket_util.h"
 #include "parallel/tcp_store.h"
 #include "parallel/work_queue.h"
-#include "tensor/cpu/cpu_kernels.h"
+#include "tensor/dtype_dispatch.h"
 #include "tensor/host_name.h"
 #include "tensor/ops.h"
 
@@ -160,7 +160,7 @@ class GlooProcessGroup : public ProcessGroup {
         // on it).
         if (op == ReduceOp::avg) prim::unary_(UnaryOp::affine, tensor, tensor, 1.0 / size(), 0.0);
         if (size() > 1) {
-          cpu::dispatch_all(tensor.dtype(), [&](auto zero) {
+          dispatch_all(tensor.dtype(), [&](auto zero) {
             using T = decltype(zero);
             gloo::AllreduceOptions opts(context_);
             opts.setOutput(static_cast<T*>(tensor.data_ptr()), static_cast<size_t>(tensor.numel()));

@@ -27,10 +27,10 @@ cmake --build "$build_dir" -j "$jobs"
 
 export ASAN_OPTIONS=detect_leaks=1:check_initialization_order=1:strict_init_order=1:detect_stack_use_after_return=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-# example_train_mlp_installed builds an application with the system compiler
+# examples_installed builds the examples with the system compiler
 # against the installed library; it checks packaging, not memory, and runs in
 # the plain build's suite.
-ctest --test-dir "$build_dir" --output-on-failure --timeout 2400 -j "$jobs" -E '^example_train_mlp_installed$'
+ctest --test-dir "$build_dir" --output-on-failure --timeout 2400 -j "$jobs" -E '^examples_installed$'
 
 # New inputs the fuzzers find go to a scratch folder (the first corpus
 # folder named), so the committed corpora stay as they are; an input that

@@ -63,24 +63,22 @@ void Backend::max_pool2d_backward(const TensorView&, const TensorView&, const Te
   not_available("max_pool2d backward");
 }
 
+#define MPT_OP_NAME(enumerator, name) name,
 const char* unary_op_name(UnaryOp op) {
-  static constexpr const char* kNames[] = {"neg",  "exp", "log", "sqrt",   "rsqrt",      "tanh",
-                                           "sigmoid", "relu", "gelu_tanh", "gelu_erf", "abs",
-                                           "sin",  "cos", "square", "reciprocal", "affine", "pow", "step"};
+  static constexpr const char* kNames[] = {MPT_UNARY_OPS(MPT_OP_NAME)};
   return kNames[static_cast<int>(op)];
 }
 
 const char* binary_op_name(BinaryOp op) {
-  static constexpr const char* kNames[] = {
-      "add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge",
-      "relu_backward", "gelu_tanh_backward", "gelu_erf_backward", "tanh_backward", "sigmoid_backward"};
+  static constexpr const char* kNames[] = {MPT_BINARY_OPS(MPT_OP_NAME)};
   return kNames[static_cast<int>(op)];
 }
 
 const char* reduce_op_name(ReduceOp op) {
-  static constexpr const char* kNames[] = {"sum", "mean", "amax", "amin", "argmax"};
+  static constexpr const char* kNames[] = {MPT_REDUCE_OPS(MPT_OP_NAME)};
   return kNames[static_cast<int>(op)];
 }
+#undef MPT_OP_NAME
 
 void Backend::layer_norm_forward(const TensorView&, const TensorView&, const TensorView&, const TensorView&,
                                  const TensorView&, const TensorView&, double) {

@@ -10,24 +10,35 @@
 
 namespace mpt {
 
-enum class UnaryOp : uint8_t {
-  neg, exp, log, sqrt, rsqrt, tanh, sigmoid, relu, gelu_tanh, gelu_erf, abs, sin, cos, square, reciprocal,
-  affine,      // x * alpha + beta
-  pow_scalar,  // x ^ alpha
-  step,        // 1 where x > 0, else 0
-};
+// Each op family is one list, X(enumerator, name): the enum and its names
+// both come from it, so they cannot fall out of step. The backends and the
+// ops switch over the enums (the compiler checks that every case is there).
+#define MPT_UNARY_OPS(X)                                                                                   \
+  X(neg, "neg") X(exp, "exp") X(log, "log") X(sqrt, "sqrt") X(rsqrt, "rsqrt") X(tanh, "tanh")             \
+  X(sigmoid, "sigmoid") X(relu, "relu") X(gelu_tanh, "gelu_tanh") X(gelu_erf, "gelu_erf") X(abs, "abs")   \
+  X(sin, "sin") X(cos, "cos") X(square, "square") X(reciprocal, "reciprocal")                             \
+  X(affine, "affine")   /* x * alpha + beta */                                                            \
+  X(pow_scalar, "pow")  /* x ^ alpha */                                                                   \
+  X(step, "step")       /* 1 where x > 0, else 0 */
 
-enum class BinaryOp : uint8_t {
-  add, sub, mul, div, pow, maximum, minimum,
-  eq, ne, lt, le, gt, ge,   // 1 or 0 in the operands' dtype
-  relu_backward,            // a * (b > 0)              (a = grad, b = input)
-  gelu_tanh_backward,       // a * d/dx gelu_tanh(b)
-  gelu_erf_backward,        // a * d/dx gelu_erf(b)
-  tanh_backward,            // a * (1 - b^2)            (b = output)
-  sigmoid_backward,         // a * b * (1 - b)          (b = output)
-};
+#define MPT_BINARY_OPS(X)                                                                                  \
+  X(add, "add") X(sub, "sub") X(mul, "mul") X(div, "div") X(pow, "pow") X(maximum, "maximum")             \
+  X(minimum, "minimum")                                                                                   \
+  /* 1 or 0 in the operands' dtype */                                                                     \
+  X(eq, "eq") X(ne, "ne") X(lt, "lt") X(le, "le") X(gt, "gt") X(ge, "ge")                                 \
+  X(relu_backward, "relu_backward")           /* a * (b > 0)        (a = grad, b = input) */              \
+  X(gelu_tanh_backward, "gelu_tanh_backward") /* a * d/dx gelu_tanh(b) */                                 \
+  X(gelu_erf_backward, "gelu_erf_backward")   /* a * d/dx gelu_erf(b) */                                  \
+  X(tanh_backward, "tanh_backward")           /* a * (1 - b^2)      (b = output) */                       \
+  X(sigmoid_backward, "sigmoid_backward")     /* a * b * (1 - b)    (b = output) */
 
-enum class ReduceOp : uint8_t { sum, mean, max, min, argmax };
+#define MPT_REDUCE_OPS(X) X(sum, "sum") X(mean, "mean") X(max, "amax") X(min, "amin") X(argmax, "argmax")
+
+#define MPT_OP_ENUMERATOR(enumerator, name) enumerator,
+enum class UnaryOp : uint8_t { MPT_UNARY_OPS(MPT_OP_ENUMERATOR) };
+enum class BinaryOp : uint8_t { MPT_BINARY_OPS(MPT_OP_ENUMERATOR) };
+enum class ReduceOp : uint8_t { MPT_REDUCE_OPS(MPT_OP_ENUMERATOR) };
+#undef MPT_OP_ENUMERATOR
 
 const char* unary_op_name(UnaryOp op);
 const char* binary_op_name(BinaryOp op);

@@ -81,7 +81,8 @@ void CapturedStep::load_inputs(const std::vector<Tensor>& batch) {
     // New shapes: fresh fixed inputs, and the graph of the old ones is useless.
     reset();
     inputs_.clear();
-    for (const Tensor& t : batch) inputs_.push_back(prim::clone(prim::to(t, device_)));
+    for (const Tensor& t : batch)
+      inputs_.push_back(in_place_ && t.device() == device_ && t.is_contiguous() ? t : prim::clone(prim::to(t, device_)));
     return;
   }
   for (size_t i = 0; i < batch.size(); ++i)

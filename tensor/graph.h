@@ -73,6 +73,12 @@ class CapturedStep {
   static void inputs_consumed();
   // Drops the graph: the next runs are eager, then it is captured again.
   void reset();
+  // For batches that live on the step's device and stay as they are from
+  // step to step (a benchmark's fixed batch): a contiguous batch tensor on
+  // the device becomes the fixed input itself when the inputs take their
+  // shapes, so the graph reads it in place and passing it again copies
+  // nothing. A different batch of those shapes is then copied into it.
+  void read_inputs_in_place(bool on) { in_place_ = on; }
 
   bool captured() const { return graph_ != nullptr; }
   int64_t replays() const { return replays_; }
@@ -91,6 +97,7 @@ class CapturedStep {
   StepFn step_;
   int eager_steps_;
   std::vector<Tensor> inputs_;
+  bool in_place_ = false;  // read_inputs_in_place
   int eager_runs_ = 0;  // since the inputs took their shapes
   std::unique_ptr<cuda::Graph> graph_;
   int64_t replays_ = 0;

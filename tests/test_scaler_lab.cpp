@@ -152,7 +152,9 @@ TEST(ScalerReplay, TraceRowsNameThePolicyAndLeaveOutWhatDoesNotApply) {
 
 TEST(ScalerSweep, CollectsSkipsTimeAtScaleAndLossPerInterval) {
   // A "training" whose gradients overflow every 10th step.
-  auto train = [](amp::GradScaler& scaler) {
+  auto train = [](const amp::GradScalerOptions& options, const amp::ScalerTraceSink& trace) {
+    amp::GradScaler scaler(options);
+    scaler.set_trace_sink(trace);
     OneParam opt;
     for (int step = 0; step < 100; ++step) {
       opt.param.set_grad(Tensor());

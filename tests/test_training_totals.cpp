@@ -1,4 +1,4 @@
-// mpt-train's running totals: the loss summed over predictions, the right
+// The training step's running totals: the loss summed over predictions, the right
 // predictions and the step's loss, counted by device ops. Checked against
 // the same sums made on the host, on the CPU, on a GPU, and inside a CUDA
 // graph replayed on new batches (where only device ops count anything).
@@ -9,7 +9,7 @@
 #include "tensor/graph.h"
 #include "tensor/ops.h"
 #include "tests/test_util.h"
-#include "tools/mpt-train/training_totals.h"
+#include "train/training_totals.h"
 
 namespace mpt {
 namespace {
@@ -80,8 +80,9 @@ void check_two_steps(const Device& device, DType dtype, const Shape& rows, int64
     for (int micro = 0; micro < 2; ++micro) {
       const MicroBatch m = random_micro_batch(rows, classes, rng);
       totals.count(m.target.numel());
-      totals.add(scalar_tensor(m.loss, DType::f32, device), prim::to(prim::to(m.output, dtype), device),
-                 prim::to(m.target, device), 0.5);
+      const Tensor target = prim::to(m.target, device);
+      totals.add(scalar_tensor(m.loss, DType::f32, device), target.numel(), 0.5);
+      totals.add_correct(prim::to(prim::to(m.output, dtype), device), target);
       // The loss is rounded to f32 as a real loss is.
       e.add({static_cast<double>(static_cast<float>(m.loss)), m.output, m.target, m.right}, 0.5);
     }
@@ -101,7 +102,8 @@ TEST(TrainingTotals, HostValuesJoinTheDeviceSums) {
   totals.start_step();
   const MicroBatch m = random_micro_batch({20}, 10, rng);
   totals.count(20);
-  totals.add(scalar_tensor(0.75, DType::f32), m.output, m.target, 0.5);
+  totals.add(scalar_tensor(0.75, DType::f32), m.target.numel(), 0.5);
+  totals.add_correct(m.output, m.target);
   totals.add(1.25, 7, 30, 0.5);  // counts its 30 predictions itself
   EXPECT_EQ(totals.predictions(), 50);
   EXPECT_NEAR(totals.mean_loss(), (0.75 * 20 + 1.25 * 30) / 50, 1e-12);
@@ -115,12 +117,12 @@ TEST(TrainingTotals, HostValuesJoinTheDeviceSums) {
 
 TEST(TrainingTotals, RefusesOutputsThatDoNotMatchTheTargets) {
   TrainingTotals totals(kCPU);
-  const Tensor logits = zeros({4, 10}), target = zeros({4}, DType::i64);
-  testing::expect_contains(testing::error_of<ShapeError>([&] { totals.add(zeros({2}), logits, target, 1.0); }),
+  const Tensor logits = zeros({4, 10});
+  testing::expect_contains(testing::error_of<ShapeError>([&] { totals.add(zeros({2}), 4, 1.0); }),
                            {"TrainingTotals::add", "f32[2]"});
   testing::expect_contains(
-      testing::error_of<ShapeError>([&] { totals.add(zeros({}), logits, zeros({4, 1}, DType::i64), 1.0); }),
-      {"TrainingTotals::add", "f32[4, 10]", "i64[4, 1]"});
+      testing::error_of<ShapeError>([&] { totals.add_correct(logits, zeros({4, 1}, DType::i64)); }),
+      {"TrainingTotals::add_correct", "f32[4, 10]", "i64[4, 1]"});
 }
 
 TEST(TrainingTotals, CountOnAGpuInHalfPrecision) {
@@ -141,7 +143,8 @@ TEST(TrainingTotals, CountInsideACapturedStep) {
       gpu,
       [&](const std::vector<Tensor>& in) {
         totals.start_step();
-        totals.add(in[0], in[1], in[2], 1.0);
+        totals.add(in[0], in[2].numel(), 1.0);
+        totals.add_correct(in[1], in[2]);
       },
       /*eager_steps=*/1);
   std::mt19937 rng(11);

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "tensor/backend.h"
+#include "tensor/dtype_dispatch.h"
 #include "tensor/error.h"
 #include "tensor/half.h"
 #include "tensor/tensor_view.h"
@@ -50,18 +51,7 @@ inline void dispatch_float(DType t, const char* op, F&& f) {
   }
 }
 
-template <typename F>
-inline void dispatch_all(DType t, F&& f) {
-  switch (t) {
-    case DType::f32: return f(float{});
-    case DType::f64: return f(double{});
-    case DType::f16: return f(Half{});
-    case DType::bf16: return f(BFloat16{});
-    case DType::i32: return f(int32_t{});
-    case DType::i64: return f(int64_t{});
-    case DType::u8: return f(uint8_t{});
-  }
-}
+using mpt::dispatch_all;
 
 // Visits every innermost row of `shape`, handing the row's starting
 // element offset in each of N operands, the row length and the operands'

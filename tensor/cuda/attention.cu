@@ -589,8 +589,8 @@ struct QueryGradLayout {
 // input type: no atomics, no f32 buffer to clear and cast, and the same
 // bits on every run. This recomputes S and dP, which the key kernel also
 // forms: two products more per tile pair, against dS^T through shared
-// memory, f32 atomics, and a clear and a cast of the f32 buffer (gpt_mini's
-// step came out 0.03 ms faster, with the block counts below).
+// memory, f32 atomics, and a clear and a cast of the f32 buffer, which
+// cost more.
 template <typename T, int D>
 __global__ void __launch_bounds__(kBlockThreads, kQueryGradBlocksPerSm<D>)
     attention_query_grad_kernel(AttentionArgs a, AttentionGrads gr, float scale) {

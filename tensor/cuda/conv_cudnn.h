@@ -9,9 +9,8 @@ namespace mpt::cuda {
 
 // Whether each new convolution geometry times cuDNN's algorithms once and
 // keeps the fastest deterministic one (PyTorch's cudnn.benchmark), or takes
-// cuDNN's heuristic pick (the default: on two H200s the timed picks ran
-// cnn's step no faster, 1.145 ms either way, and timing them with a 32 MiB
-// workspace raised its peak memory by 2.6 MB). Process-wide.
+// cuDNN's heuristic pick (the default: the timed picks were no faster for
+// the reference CNN, and timing them needs a workspace). Process-wide.
 void set_conv_autotune(bool on);
 bool conv_autotune();
 

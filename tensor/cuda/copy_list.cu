@@ -3,9 +3,8 @@
 // travel in the kernel's parameters and each block takes one chunk of one
 // tensor. It fills DDP's buckets (every gradient of a bucket divided by the
 // world size, and cast when it travels compressed) and casts autocast's
-// weights ahead of forward. One launch per tensor cost more than the copying
-// itself for models with many small parameters (gpt_mini: 77 gradients,
-// about 2 us each inside a replayed graph).
+// weights ahead of forward. One launch per tensor costs more than the
+// copying itself for models with many small parameters.
 #include "tensor/cuda/copy_list.h"
 #include "tensor/cuda/kernel_utils.cuh"
 #include "tensor/cuda/multi_tensor.cuh"

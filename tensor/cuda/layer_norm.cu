@@ -241,8 +241,7 @@ unsigned blocks_for(const Launch& l, int64_t rows, int per_sm) {
 // once (its row sums stay in registers, so few do: 3 an SM for rows of
 // 384, by its launch bounds), each looping over rows. Every block adds a
 // row of partial sums, and a second, partial wave costs more than it hides
-// (gpt_mini single on an H200, when 2 blocks an SM fitted: 0.03 ms faster
-// than 4 an SM; 3 an SM 0.06 ms and 16 an SM 0.2 ms slower than 4).
+// (measured: docs/PERFORMANCE.md, "Decisions and their measurements").
 template <typename T, typename TY, int kCols, int V>
 unsigned backward_blocks(const Launch& l, int64_t rows) {
   static const int resident = [] {
@@ -265,8 +264,7 @@ bool fused_layer_norm_supported(DType dtype, DType y_dtype, int64_t d) {
 void launch_layer_norm_forward(const Launch& l, const LayerNormArgs& a, void* y) {
   if (a.rows == 0) return;
   // A block for every 8 rows (up to 16 an SM): its few registers let 6
-  // blocks an SM run at once, and rows in flight hide the loads' latency
-  // (gpt_mini single 5.49 -> 5.47 ms on an H200 against 4 blocks an SM).
+  // blocks an SM run at once, and rows in flight hide the loads' latency.
   const bool four = chunks_of_four(a, {y});
   dispatch(a.dtype, a.y_dtype, a.d, four, "layer_norm", [&]<typename T, typename TY, int kCols, int V>() {
     layer_norm_forward_kernel<T, TY, kCols, V><<<blocks_for(l, a.rows, 16), kWarpsPerBlock * 32, 0, l.stream>>>(

@@ -14,9 +14,9 @@ namespace mpt::cuda {
 
 // Elements per block (a "chunk") for a list of `total` elements on a GPU of
 // `sm_count` SMs: about two blocks per SM, so a small model's list still
-// reaches every SM (a fixed 64Ki-element chunk gave cnn's 0.8M parameters
-// 14 blocks on 132 SMs, and its AdamW took 51 us against the 8 us its bytes
-// need), and a launch's block table (a few hundred entries) holds them.
+// reaches every SM (a fixed chunk leaves most SMs idle for a model of a few
+// hundred thousand parameters), and a launch's block table (a few hundred
+// entries) holds them.
 // A multiple of kMinChunk elements, so chunks start on 16-byte packs.
 constexpr int64_t kMinChunk = 4096, kMaxChunk = 65536;
 inline int64_t chunk_for(int64_t total, int sm_count) {

@@ -31,8 +31,6 @@
 #include <string>
 #include <vector>
 
-#include "amp/autocast.h"
-#include "amp/grad_scaler.h"
 #include "autograd/beside.h"
 #include "autograd/engine.h"
 #include "autograd/ops.h"
@@ -43,8 +41,7 @@
 #include "parallel/device_routed_group.h"
 #include "parallel/distributed_data_parallel.h"
 #include "parallel/replica_group.h"
-#include "tensor/cuda/conv_cudnn.h"
-#include "tensor/cuda/gemm.h"
+#include "tensor/backend_settings.h"
 #include "tensor/device_guard.h"
 #include "tensor/gpu_timeline.h"
 #include "tensor/graph.h"
@@ -54,6 +51,7 @@
 #include "tools/cli_checks.h"
 #include "tools/mpt-bench/allreduce_sweep.h"
 #include "tools/mpt-bench/median.h"
+#include "train/trainer.h"
 
 namespace {
 
@@ -127,90 +125,63 @@ Workload make(const std::string& name, const Device& device, int64_t batch, int6
   return w;
 }
 
-Tensor loss_of(bool sequence, const Tensor& out, const Tensor& y) {
-  if (sequence) return cross_entropy(reshape(out, {-1, out.shape().back()}), reshape(y, {-1}));
-  return cross_entropy(out, y);
-}
-
 double mib(uint64_t bytes) { return static_cast<double>(bytes) / 1048576.0; }
 
-// What every mode shares: the optimizer, the scaler, autocast and the timing.
-struct Trainer {
-  const Options& o;
-  Device device;
-  optim::AdamW optimizer;
-  amp::GradScaler scaler;
-  bool autocast;
-  DType amp_dtype;
-
-  Trainer(const Options& options, const Device& d, const std::vector<Tensor>& params)
-      : o(options),
-        device(d),
-        optimizer(params, optim::AdamWOptions{1e-4, 0.9, 0.999, 1e-8, 1e-2}),
-        scaler(scaler_options(options)),
-        autocast(options.precision != "fp32"),
-        amp_dtype(options.precision == "bf16" ? DType::bf16 : DType::f16) {}
-
-  static amp::GradScalerOptions scaler_options(const Options& o) {
-    amp::GradScalerOptions so;
-    so.enabled = o.precision == "fp16";
-    return so;
+// The step every mode times: the library's Trainer with the reference's
+// optimizer (AdamW lr 1e-4), autocast and the loss scaler, on `device`,
+// replayed as a CUDA graph unless --no-graph. The benchmark times whole
+// steps itself (no step-time breakdown), and like torch_bench.py it does
+// not all-reduce the overflow flag (DDP leaves every rank the same
+// averaged gradients, so every rank finds the same overflows).
+std::unique_ptr<train::Trainer> make_trainer(const Options& o, std::shared_ptr<nn::Module> model, const Device& device,
+                                             dist::DistributedDataParallel* ddp = nullptr) {
+  train::TrainerOptions t;
+  t.step.precision = train::precision_from_name(o.precision);
+  t.step.cuda_graph = o.graph ? train::GraphMode::on : train::GraphMode::off;
+  t.step.cast_weights_ahead = o.cast_weights_ahead;
+  t.device = device;
+  t.time_steps = false;
+  if (ddp) {
+    t.parallel = train::Parallel::ddp;
+    t.ddp_wrapper = ddp;
+    t.agree_on_overflow = false;
+    t.overlap_step = o.overlap_step;
   }
+  auto optimizer = std::make_unique<optim::AdamW>(model->parameters(), optim::AdamWOptions{1e-4, 0.9, 0.999, 1e-8, 1e-2});
+  auto trainer = std::make_unique<train::Trainer>(model, std::move(optimizer), train::classification(), t);
+  // The reference's batch is the same every step: read where it lies.
+  trainer->train_step().read_inputs_in_place();
+  return trainer;
+}
 
-  // forward_backward(inputs) runs under autocast and leaves scaled
-  // gradients; then the optimizer steps through the scaler. Times warm-up +
-  // timed steps with CUDA events around each step and returns the timed
-  // ones (ms). With `graph`, the whole step (zero_grad, forward, backward,
-  // unscale, AdamW, scale update) is recorded once as a CUDA graph after its
-  // eager warm-up and replayed (AdamW keeps its step counts on the device
-  // for that); `graphed` says whether it was. `batch` is copied into the
-  // graph's fixed inputs for each replay, while the step before it runs
-  // its optimizer (eager steps get it as it is).
-  std::vector<double> time_steps(const std::function<void(const std::vector<Tensor>&)>& forward_backward,
-                                 const std::vector<Tensor>& batch, bool graph, bool& graphed) {
-    std::unique_ptr<GpuTimeline> timeline;
-    if (o.timeline) timeline = std::make_unique<GpuTimeline>(device);
-    GpuTimeline::Activation timing_points(timeline.get());
-    const std::function<void(const std::vector<Tensor>&)> step = [&](const std::vector<Tensor>& inputs) {
-      if (timeline) timeline->begin_step();
-      gpu_stamp(device, "step start");
-      optimizer.zero_grad();
-      forward_backward(inputs);
-      // The optimizer reads no inputs: the next step's copy may start.
-      CapturedStep::inputs_consumed();
-      gpu_stamp(device, "backward done");
-      scaler.step(optimizer);
-      gpu_stamp(device, "optimizer done");
-      scaler.update();
-      gpu_stamp(device, "step end");
-    };
-    std::unique_ptr<CapturedStep> captured;
-    if (graph) {
-      optimizer.set_capturable(true);
-      captured = std::make_unique<CapturedStep>(device, step);
-    }
-    std::vector<double> times;
-    Event start(device, true), end(device, true);
-    for (int i = 0; i < o.warmup + o.steps; ++i) {
-      start.record();
-      // The reference's batch is the same every step; the copy is made for
-      // each step all the same (as nn.DataParallel scatters each step's),
-      // beside the step before it.
-      if (captured) captured->run(batch, batch);
-      else step(batch);
-      end.record();
-      end.synchronize();
-      if (i >= o.warmup) times.push_back(start.elapsed_ms(end));
-    }
-    graphed = captured && captured->replays() > 0;
-    if (timeline)
-      for (const auto& [label, us] : timeline->read())
-        std::cerr << fmt::format("timeline {}: {:9.1f} us  {}\n", device.str(), us, label);
-    if (captured && !graphed)
-      std::cerr << "mpt-bench: the step could not be captured: " << captured->fallback_reason() << "\n";
-    return times;
+// Times warm-up + timed steps with CUDA events around each step and returns
+// the timed ones (ms). Every step trains on `batch`; one that lives on
+// another device is copied for each step (as nn.DataParallel scatters each
+// step's), beside the step before it when the step is a graph.
+std::vector<double> time_steps(const Options& o, train::Trainer& t, const data::Batch& batch) {
+  const Device& device = t.device();
+  std::unique_ptr<GpuTimeline> timeline;
+  if (o.timeline) timeline = std::make_unique<GpuTimeline>(device);
+  GpuTimeline::Activation timing_points(timeline.get());
+  std::vector<double> times;
+  Event start(device, true), end(device, true);
+  for (int i = 0; i < o.warmup + o.steps; ++i) {
+    if (timeline) timeline->begin_step();
+    start.record();
+    t.step({batch}, {batch});
+    end.record();
+    end.synchronize();
+    if (i >= o.warmup) times.push_back(start.elapsed_ms(end));
   }
-};
+  if (timeline)
+    for (const auto& [label, us] : timeline->read())
+      std::cerr << fmt::format("timeline {}: {:9.1f} us  {}\n", device.str(), us, label);
+  if (o.graph && t.graph_replays() == 0)
+    std::cerr << "mpt-bench: the step could not be captured: " << t.graph_fallback_reason() << "\n";
+  return times;
+}
+
+bool graphed(const train::Trainer& t) { return t.graph() && t.graph_replays() > 0; }
 
 // `rank_medians`: each rank's (dp: each replica's) own median, when there
 // are several; `med` is the slowest of them.
@@ -241,45 +212,28 @@ int run_single(const Options& o) {
   const Device device(DeviceType::cuda, o.device);
   DeviceGuard on_device(device);
   Workload w = make(o.workload, device, o.batch);
-  Trainer t(o, device, w.model->parameters());
-  Tensor loss;
-  // --memory-trace: memory held after each phase and the peak within it.
-  auto trace = [&](const char* phase) {
-    if (!o.memory_trace) return;
-    const MemoryStats m = memory_stats(device);
-    std::cerr << fmt::format("{}: allocated {:.1f} MiB, peak in the phase {:.1f} MiB\n", phase,
-                             mib(m.allocated_bytes), mib(m.peak_allocated_bytes));
-    reset_peak_memory_stats(device);
-  };
-  auto forward_backward = [&](const std::vector<Tensor>&) {
-    trace("before forward");
-    {
-      amp::AutocastGuard guard(DeviceType::cuda, t.amp_dtype, t.autocast);
-      if (o.cast_weights_ahead) amp::cast_weights_ahead(w.model->parameters());
-      loss = loss_of(w.sequence, w.model->forward(w.x), w.y);
-    }
-    gpu_stamp(device, "forward done");
-    trace("forward");
-    if (o.memory_trace) {
-      // Memory after each backward node, once.
-      set_backward_observer([&](const std::string& name) {
+  std::unique_ptr<train::Trainer> t = make_trainer(o, w.model, device);
+  if (o.memory_trace) {
+    // Memory held after each phase and the peak within it, and after each
+    // backward node once backward begins.
+    t->train_step().on_phase([&](StepPhase phase) {
+      const MemoryStats m = memory_stats(device);
+      std::cerr << fmt::format("{}: allocated {:.1f} MiB, peak in the phase {:.1f} MiB\n", step_phase_name(phase),
+                               mib(m.allocated_bytes), mib(m.peak_allocated_bytes));
+      reset_peak_memory_stats(device);
+      set_backward_observer(phase != StepPhase::forward ? BackwardObserver() : [&](const std::string& name) {
         std::cerr << fmt::format("  after {}: {:.1f} MiB\n", name, mib(memory_stats(device).allocated_bytes));
       });
-    }
-    backward(t.scaler.scale(loss));
-    set_backward_observer(nullptr);
-    trace("backward");
-  };
-
+    });
+  }
   reset_peak_memory_stats(device);
-  bool graphed = false;
-  const std::vector<double> times = t.time_steps(forward_backward, {}, o.graph, graphed);
+  const std::vector<double> times = time_steps(o, *t, {w.x, w.y});
   const MemoryStats mem = memory_stats(device);
   if (o.memory_trace)
     std::cerr << fmt::format("end: allocated {:.1f} MiB, peak allocated {:.1f} MiB, reserved {:.1f} MiB\n",
                              mib(mem.allocated_bytes), mib(mem.peak_allocated_bytes), mib(mem.reserved_bytes));
-  print_result(o, "single", 1, w.x.shape()[0], median(times), times, loss.item(), mib(mem.peak_allocated_bytes),
-               graphed);
+  print_result(o, "single", 1, w.x.shape()[0], median(times), times, t->totals().step_loss(),
+               mib(mem.peak_allocated_bytes), graphed(*t));
   return 0;
 }
 
@@ -295,35 +249,15 @@ int run_dp(const Options& o) {
   const int64_t rows = w.x.shape()[0] / n;
   std::vector<std::vector<double>> times(n);
   std::vector<double> losses(n);
-  std::vector<char> graphed(n);
+  std::vector<char> replica_graphed(n);
   for (const Device& d : devices) reset_peak_memory_stats(d);
   group.run([&](dist::Replica& r) {
-    Trainer t(o, r.device, r.module->parameters());
-    if (o.overlap_step) r.ddp->overlap_step_with(t.scaler);
+    std::unique_ptr<train::Trainer> t = make_trainer(o, r.module, r.device, r.ddp.get());
     const auto begin = static_cast<int64_t>(r.rank) * rows;
-    const Tensor x_share = prim::slice(w.x, 0, begin, begin + rows), y_share = prim::slice(w.y, 0, begin, begin + rows);
-    // Replica 0 reads its rows where they are; the others' steps copy theirs
-    // (into the graph's fixed inputs when captured, while the step before
-    // runs its optimizer).
-    const bool local = r.device == devices[0];
-    const std::vector<Tensor> share = local ? std::vector<Tensor>{} : std::vector<Tensor>{x_share, y_share};
-    Tensor loss;
-    bool replica_graphed = false;
-    // No found_inf all-reduce, as in ddp mode.
-    times[r.rank] = t.time_steps(
-        [&](const std::vector<Tensor>& in) {
-          const Tensor x = local ? x_share : prim::to(in[0], r.device), y = local ? y_share : prim::to(in[1], r.device);
-          {
-            amp::AutocastGuard guard(DeviceType::cuda, t.amp_dtype, t.autocast);
-            if (o.cast_weights_ahead) amp::cast_weights_ahead(r.ddp->module().parameters());
-            loss = loss_of(w.sequence, r.ddp->forward(x), y);
-          }
-          gpu_stamp(r.device, "forward done");
-          backward(t.scaler.scale(loss));
-        },
-        share, o.graph, replica_graphed);
-    losses[r.rank] = loss.item();
-    graphed[r.rank] = replica_graphed;
+    const data::Batch share{prim::slice(w.x, 0, begin, begin + rows), prim::slice(w.y, 0, begin, begin + rows)};
+    times[r.rank] = time_steps(o, *t, share);
+    losses[r.rank] = t->totals().step_loss();
+    replica_graphed[r.rank] = graphed(*t);
   });
   // The step is as slow as its slowest replica; the loss is the batch mean.
   size_t slowest = 0;
@@ -331,7 +265,7 @@ int run_dp(const Options& o) {
     if (median(times[i]) > median(times[slowest])) slowest = i;
   double loss = 0;
   for (double l : losses) loss += l / n;
-  const bool all_graphed = std::all_of(graphed.begin(), graphed.end(), [](char g) { return g != 0; });
+  const bool all_graphed = std::all_of(replica_graphed.begin(), replica_graphed.end(), [](char g) { return g != 0; });
   // Registered bucket memory is not the caching allocator's: counted here.
   std::vector<double> replica_medians;
   for (const auto& t : times) replica_medians.push_back(median(t));
@@ -349,25 +283,10 @@ int run_ddp(const Options& o) {
   DeviceGuard on_device(device);
   Workload w = make(o.workload, device, o.batch);
   dist::DistributedDataParallel ddp(w.model, world.group, o.ddp);
-  Trainer t(o, device, w.model->parameters());
-  if (o.overlap_step) ddp.overlap_step_with(t.scaler);
-  // No found_inf all-reduce, as in torch_bench.py: DDP leaves every rank
-  // the same averaged gradients, so every rank finds the same overflows.
+  std::unique_ptr<train::Trainer> t = make_trainer(o, w.model, device, &ddp);
   reset_peak_memory_stats(device);
-  Tensor loss;
-  bool graphed = false;
   // Captured, the step's all-reduces are recorded into the graph with it.
-  const std::vector<double> times = t.time_steps(
-      [&](const std::vector<Tensor>&) {
-        {
-          amp::AutocastGuard guard(DeviceType::cuda, t.amp_dtype, t.autocast);
-          if (o.cast_weights_ahead) amp::cast_weights_ahead(ddp.module().parameters());
-          loss = loss_of(w.sequence, ddp.forward(w.x), w.y);
-        }
-        gpu_stamp(device, "forward done");
-        backward(t.scaler.scale(loss));
-      },
-      {}, o.graph, graphed);
+  const std::vector<double> times = time_steps(o, *t, {w.x, w.y});
   // The job is as slow as its slowest rank.
   Tensor medians = zeros({world.config.world_size}, DType::f64, kCPU);
   prim::fill_(prim::slice(medians, 0, world.config.rank, world.config.rank + 1), median(times));
@@ -375,8 +294,8 @@ int run_ddp(const Options& o) {
   const std::vector<double> rank_medians = medians.to_vector<double>();
   if (world.config.rank == 0)
     print_result(o, "ddp", world.config.world_size, w.x.shape()[0] * world.config.world_size,
-                 *std::max_element(rank_medians.begin(), rank_medians.end()), times, loss.item(),
-                 mib(memory_stats(device).peak_allocated_bytes + ddp.registered_bytes()), graphed, rank_medians);
+                 *std::max_element(rank_medians.begin(), rank_medians.end()), times, t->totals().step_loss(),
+                 mib(memory_stats(device).peak_allocated_bytes + ddp.registered_bytes()), graphed(*t), rank_medians);
   return 0;
 }
 
@@ -480,8 +399,8 @@ int main(int argc, char** argv) {
   // Every collective of a timed step is replayed inside its graph, and the
   // few outside one (set-up, the final median) run only when no graph is in
   // flight, so NCCL need not order graphed against ungraphed operations of
-  // a communicator; that ordering added 0.1 ms to gpt_mini's ddp step. A
-  // value in the environment wins. (Set before mpt-run starts the ranks.)
+  // a communicator, an ordering that costs time in every step. A value in
+  // the environment wins. (Set before mpt-run starts the ranks.)
   setenv("NCCL_GRAPH_MIXING_SUPPORT", "0", /*overwrite=*/0);
   o.ddp.bucket_bytes = static_cast<size_t>(bucket_mb * 1048576.0);
   o.ddp.first_bucket_bytes = static_cast<size_t>(first_bucket_mb * 1048576.0);
@@ -491,8 +410,8 @@ int main(int argc, char** argv) {
       return 77;  // the "skipped" status of automake and ctest, apart from a usage error's 2
     }
     // As the reference does: f32 matmuls and convolutions may use TF32.
-    cuda::set_allow_tf32(true);
-    cuda::set_conv_autotune(conv_autotune);
+    set_allow_tf32(true);
+    set_conv_autotune(conv_autotune);
     if (o.mode == "allreduce") {
       sweep.dtype = o.ddp.compression.value_or(DType::f32);
       sweep.warmup = o.warmup;

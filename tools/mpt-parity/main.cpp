@@ -20,20 +20,18 @@
 #include <string>
 #include <vector>
 
-#include "amp/autocast.h"
-#include "amp/grad_scaler.h"
-#include "autograd/engine.h"
 #include "autograd/ops.h"
 #include "models/adamw.h"
 #include "models/cnn.h"
 #include "models/gpt.h"
 #include "models/mlp.h"
 #include "models/safetensors.h"
-#include "tensor/cuda/gemm.h"
+#include "tensor/backend_settings.h"
 #include "tensor/device_guard.h"
-#include "tensor/graph.h"
 #include "tensor/ops.h"
 #include "tools/cli_checks.h"
+#include "tools/scaler_flags.h"
+#include "train/trainer.h"
 
 using namespace mpt;
 
@@ -45,7 +43,7 @@ struct Options {
   std::string precision = "fp16";
   std::string device = "cuda:0";
   optim::AdamWOptions adamw{.lr = 1e-3};
-  amp::GradScalerOptions scaler;
+  tools::ScalerFlags scaler;
   int64_t heads = 6;
   bool graph = false;
 };
@@ -80,11 +78,6 @@ std::shared_ptr<nn::Module> model_for(const Options& o, const OrderedDict<Tensor
   return nn::make_cnn();
 }
 
-Tensor loss_of(const Tensor& out, const Tensor& y) {
-  if (out.dim() == 3) return cross_entropy(reshape(out, {-1, out.shape().back()}), reshape(y, {-1}));
-  return cross_entropy(out, y);
-}
-
 // Step `s`'s slice of a [steps, ...] tensor.
 Tensor at_step(const Tensor& t, int64_t s) { return squeeze(slice(t, 0, s, s + 1), 0); }
 
@@ -93,7 +86,7 @@ int run(const Options& o) {
   DeviceGuard on_device(device);
   // f32 means f32 on both sides (PyTorch is told so too: its cuDNN
   // convolutions would use TF32 by default).
-  if (device.is_cuda()) cuda::set_allow_tf32(false);
+  if (device.is_cuda()) set_allow_tf32(false);
 
   const io::TensorFile init = io::load_safetensors(o.init_path);
   const io::TensorFile data = io::load_safetensors(o.data_path);
@@ -106,43 +99,23 @@ int run(const Options& o) {
   std::shared_ptr<nn::Module> model = model_for(o, init.tensors);
   model->load_state_dict(init.tensors, /*strict=*/true);
   model->to(device);
-  optim::AdamW optimizer(model->parameters(), o.adamw);
-  amp::GradScalerOptions scaler_options = o.scaler;
-  scaler_options.enabled = o.precision == "fp16";
-  amp::GradScaler scaler(scaler_options);
-  const bool autocast = o.precision != "fp32";
-  const DType amp_dtype = o.precision == "bf16" ? DType::bf16 : DType::f16;
-
-  // The loss is copied out of the step, which may be a replayed graph whose
-  // own tensors every replay overwrites.
-  const Tensor loss_out = zeros({}, DType::f32, device);
-  const CapturedStep::StepFn step = [&](const std::vector<Tensor>& batch) {
-    optimizer.zero_grad();
-    Tensor loss;
-    {
-      amp::AutocastGuard guard(device.type, amp_dtype, autocast);
-      loss = loss_of(model->forward(batch[0]), batch[1]);
-    }
-    prim::copy_(loss_out, loss);
-    backward(scaler.scale(loss));
-    scaler.step(optimizer);
-    scaler.update();
-  };
-  std::unique_ptr<CapturedStep> captured;
-  if (o.graph) {
-    optimizer.set_capturable(true);
-    captured = std::make_unique<CapturedStep>(device, step);
-  }
+  train::TrainerOptions options;
+  options.step.precision = train::precision_from_name(o.precision);
+  options.step.scaler = o.scaler.checked(amp::ScalePolicy::torch, "mpt-parity");
+  options.step.cuda_graph = o.graph ? train::GraphMode::automatic : train::GraphMode::off;
+  options.device = device;
+  train::Trainer trainer(model, std::make_unique<optim::AdamW>(model->parameters(), o.adamw),
+                         train::classification(), options);
   const int64_t steps = xs.shape()[0];
   for (int64_t s = 0; s < steps; ++s) {
-    const std::vector<Tensor> batch{at_step(xs, s), at_step(ys, s)};
-    if (captured) captured->run(batch);
-    else step(batch);
-    std::cout << fmt::format("{{\"step\": {}, \"loss\": {:.9g}, \"scale\": {:.9g}}}\n", s, loss_out.item(),
-                             scaler.get_scale());
+    trainer.step({data::Batch{at_step(xs, s), at_step(ys, s)}});
+    std::cout << fmt::format("{{\"step\": {}, \"loss\": {:.9g}, \"scale\": {:.9g}}}\n", s,
+                             trainer.totals().step_loss(), trainer.precision().scale());
   }
-  if (captured && captured->replays() == 0)
-    std::cerr << "mpt-parity: the step could not be captured: " << captured->fallback_reason() << "\n";
+  if (o.graph && !trainer.graph())
+    std::cerr << "mpt-parity: the step could not be captured: " << trainer.graph_obstacle() << "\n";
+  else if (o.graph && trainer.graph_replays() == 0)
+    std::cerr << "mpt-parity: the step could not be captured: " << trainer.graph_fallback_reason() << "\n";
   io::save_safetensors(o.out_path, model->state_dict());
   return 0;
 }
@@ -168,9 +141,7 @@ int main(int argc, char** argv) {
   app.add_option("--device", o.device, "cuda:N or cpu");
   app.add_option("--lr", o.adamw.lr, "AdamW's learning rate")->check(positive());
   app.add_option("--weight-decay", o.adamw.weight_decay, "AdamW's decoupled weight decay")->check(non_negative());
-  app.add_option("--init-scale", o.scaler.init_scale, "the loss scaler's first scale (fp16)")->check(positive());
-  app.add_option("--growth-interval", o.scaler.growth_interval, "clean steps before the scale grows (fp16)")
-      ->check(positive());
+  o.scaler.add_to(app);
   app.add_option("--heads", o.heads, "gpt: attention heads")->check(positive());
   app.add_flag("--graph", o.graph, "replay each step as a CUDA graph after its eager first steps");
   if (const auto status = mpt::tools::parse_command_line(app, argc, argv)) return *status;

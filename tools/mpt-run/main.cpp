@@ -22,7 +22,7 @@
 
 #include "parallel/tcp_store.h"
 #include "supervisor.h"
-#include "tensor/cpu/cpu_threads.h"
+#include "tensor/backend_settings.h"
 #include "tools/cli_checks.h"
 
 int main(int argc, char** argv) {
@@ -93,7 +93,7 @@ int main(int argc, char** argv) {
 
   std::string cpu_threads;
   if (const char* set = std::getenv("MPT_CPU_THREADS"); set == nullptr || *set == '\0') {
-    cpu_threads = std::to_string(std::max(1, mpt::cpu::usable_cpus() / nproc));
+    cpu_threads = std::to_string(std::max(1, mpt::usable_cpus() / nproc));
   }
   std::vector<mpt::run::RankSpec> ranks;
   for (int local = 0; local < nproc; ++local) {

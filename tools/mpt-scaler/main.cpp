@@ -31,6 +31,7 @@
 #include "tensor/error.h"
 #include "tools/atomic_output.h"
 #include "tools/cli_checks.h"
+#include "tools/scaler_flags.h"
 #include "tools/mpt-scaler/plot.h"
 #include "tools/mpt-scaler/progress.h"
 #include "tools/mpt-scaler/sweep_training.h"
@@ -47,48 +48,6 @@ std::string path_for(const std::string& path, const std::string& tag, bool sever
   const std::filesystem::path p(path);
   return (p.parent_path() / (p.stem().string() + "." + tag + p.extension().string())).string();
 }
-
-struct ScalerFlags {
-  double init_scale = 65536, growth_factor = 2, backoff_factor = 0.5;
-  int64_t growth_interval = 2000;
-  int32_t hysteresis = 2;
-  bool consecutive = false;
-  double min_scale = 0, max_scale = 0;  // 0: none
-
-  // with_growth_interval: false where the command sets the interval itself
-  // (sweep: --intervals).
-  void add_to(CLI::App& app, bool with_growth_interval = true) {
-    app.add_option("--init-scale", init_scale, "initial loss scale")->capture_default_str();
-    app.add_option("--growth-factor", growth_factor)->capture_default_str();
-    app.add_option("--backoff-factor", backoff_factor)->capture_default_str();
-    if (with_growth_interval)
-      app.add_option("--growth-interval", growth_interval, "clean steps before growing")->capture_default_str();
-    app.add_option("--hysteresis", hysteresis, "hysteresis policy: overflows tolerated")->capture_default_str();
-    app.add_flag("--consecutive-hysteresis", consecutive, "hysteresis policy: a clean step restores the allowance");
-    app.add_option("--min-scale", min_scale, "floor (0: none)")->check(tools::non_negative());
-    app.add_option("--max-scale", max_scale, "cap (0: none)")->check(tools::non_negative());
-  }
-  // The options for `policy`, refused (ValueError naming the flag) where
-  // GradScaler would refuse them.
-  amp::GradScalerOptions checked_options(amp::ScalePolicy policy, const std::string& command) const {
-    amp::GradScalerOptions o = options(policy);
-    amp::scale_rule_from(o, {"mpt-scaler " + command, tools::flag_for_field});
-    return o;
-  }
-  amp::GradScalerOptions options(amp::ScalePolicy policy) const {
-    amp::GradScalerOptions o;
-    o.init_scale = init_scale;
-    o.growth_factor = growth_factor;
-    o.backoff_factor = backoff_factor;
-    o.growth_interval = growth_interval;
-    o.policy = policy;
-    o.hysteresis = hysteresis;
-    o.consecutive_hysteresis = consecutive;
-    if (min_scale > 0) o.min_scale = min_scale;
-    if (max_scale > 0) o.max_scale = max_scale;
-    return o;
-  }
-};
 
 void write_rows(const std::string& path, const std::vector<amp::ScalerTraceRow>& rows) {
   amp::ScalerTraceWriter writer(path);
@@ -143,10 +102,12 @@ void check_png_name(const std::string& flag, const std::string& path) {
 }
 
 // The scaler's settings for a plot's title.
-std::string settings_text(const ScalerFlags& f, bool hysteresis) {
-  std::string text = fmt::format("init scale {}, growth factor {}, backoff factor {}", f.init_scale, f.growth_factor,
-                                 f.backoff_factor);
-  if (hysteresis) text += fmt::format(", hysteresis {}{}", f.hysteresis, f.consecutive ? " (consecutive)" : "");
+std::string settings_text(const tools::ScalerFlags& f, bool hysteresis) {
+  const amp::GradScalerOptions& o = f.options;
+  std::string text = fmt::format("init scale {}, growth factor {}, backoff factor {}", o.init_scale, o.growth_factor,
+                                 o.backoff_factor);
+  if (hysteresis)
+    text += fmt::format(", hysteresis {}{}", o.hysteresis, o.consecutive_hysteresis ? " (consecutive)" : "");
   if (f.min_scale > 0) text += fmt::format(", min scale {}", f.min_scale);
   if (f.max_scale > 0) text += fmt::format(", max scale {}", f.max_scale);
   return text;
@@ -161,8 +122,8 @@ int main(int argc, char** argv) {
 
   // ---- replay ----
   auto* replay = app.add_subcommand("replay", "replay an overflow pattern through one or more policies");
-  ScalerFlags replay_flags;
-  replay_flags.add_to(*replay);
+  tools::ScalerFlags replay_flags;
+  replay_flags.add_to(*replay, {.growth_interval = true, .hysteresis = true, .bounds = true});
   std::vector<std::string> policies{"torch"};
   std::string pattern = "bernoulli:0.001", replay_out = "scale.jsonl", replay_plot;
   int64_t replay_steps = 10000;
@@ -196,8 +157,8 @@ int main(int argc, char** argv) {
 
   // ---- sweep ----
   auto* sweep = app.add_subcommand("sweep", "train the same model once per growth interval and compare");
-  ScalerFlags sweep_flags;
-  sweep_flags.add_to(*sweep, /*with_growth_interval=*/false);
+  tools::ScalerFlags sweep_flags;
+  sweep_flags.add_to(*sweep, {.growth_interval = false, .hysteresis = true, .bounds = true});
   std::vector<int64_t> intervals{50, 200, 1000};
   tools::SweepTrainingConfig training;
   std::string device = "cpu", dtype = "f16", policy = "torch", unit = "steps", sweep_out = "sweep.json", sweep_plot;
@@ -257,12 +218,12 @@ int main(int argc, char** argv) {
         check(policies.size() == 1, "mpt-scaler replay: --policy all stands alone, got {} policies", policies.size());
         policies = {"torch", "hysteresis", "static"};
       }
-      for (const std::string& name : policies) replay_flags.checked_options(amp::scale_policy_from_name(name), "replay");
+      for (const std::string& name : policies) replay_flags.checked(amp::scale_policy_from_name(name), "mpt-scaler replay");
       (void)amp::trace_format_for_path(replay_out);  // .jsonl or .csv
       check_png_name("--plot", replay_plot);
       overflows = amp::overflow_pattern_from_spec(pattern, replay_steps, seed);
     } else if (*sweep) {
-      sweep_options = sweep_flags.checked_options(amp::scale_policy_from_name(policy), "sweep");
+      sweep_options = sweep_flags.checked(amp::scale_policy_from_name(policy), "mpt-scaler sweep");
       sweep_options.growth_unit = amp::growth_unit_from_name(unit);
       training.device = Device(device);
       training.autocast_dtype = dtype_from_name(dtype);
@@ -292,7 +253,7 @@ int main(int argc, char** argv) {
       if (!replay_plot.empty()) check_writable("--plot", tools::gnuplot_script_path(replay_plot));
       tools::ScalePlot scale_plot;
       for (const std::string& name : policies) {
-        const auto rows = amp::replay_overflows(replay_flags.options(amp::scale_policy_from_name(name)), overflows);
+        const auto rows = amp::replay_overflows(replay_flags.checked(amp::scale_policy_from_name(name), "mpt-scaler replay"), overflows);
         const std::string path = path_for(replay_out, name, policies.size() > 1);
         write_rows(add_output(outputs, path).temp_path(), rows);
         data_paths.push_back(path);
@@ -308,7 +269,7 @@ int main(int argc, char** argv) {
         scale_plot.title = fmt::format(
             "mpt-scaler replay: pattern {}, {} steps{}\n{} {}; {}, growth interval {}", pattern, overflows.size(),
             pattern.starts_with("bernoulli:") ? fmt::format(", seed {}", seed) : "",
-            policies.size() > 1 ? "policies" : "policy", fmt::join(policies, ", "), settings_text(replay_flags, hysteresis), replay_flags.growth_interval);
+            policies.size() > 1 ? "policies" : "policy", fmt::join(policies, ", "), settings_text(replay_flags, hysteresis), replay_flags.options.growth_interval);
         draw_plot(scale_plot, replay_plot, gnuplot, outputs);
       }
     } else if (*sweep) {
@@ -326,8 +287,8 @@ int main(int argc, char** argv) {
       std::string workload;
       const auto runs = amp::sweep_growth_interval(
           sweep_options, intervals,
-          [&](amp::GradScaler& scaler) {
-            const auto result = tools::train_for_sweep(training, scaler, [&](int64_t step) {
+          [&](const amp::GradScalerOptions& scaler, const amp::ScalerTraceSink& trace) {
+            const auto result = tools::train_for_sweep(training, scaler, trace, [&](int64_t step) {
               bar.update(static_cast<int64_t>(runs_done) * training.steps + step);
             });
             workload = result.workload;
@@ -372,11 +333,11 @@ int main(int argc, char** argv) {
             {"policy", policy},
             {"growth_unit", unit},
             {"intervals", intervals},
-            {"init_scale", sweep_flags.init_scale},
-            {"growth_factor", sweep_flags.growth_factor},
-            {"backoff_factor", sweep_flags.backoff_factor},
-            {"hysteresis", sweep_flags.hysteresis},
-            {"consecutive_hysteresis", sweep_flags.consecutive},
+            {"init_scale", sweep_flags.options.init_scale},
+            {"growth_factor", sweep_flags.options.growth_factor},
+            {"backoff_factor", sweep_flags.options.backoff_factor},
+            {"hysteresis", sweep_flags.options.hysteresis},
+            {"consecutive_hysteresis", sweep_flags.options.consecutive_hysteresis},
             {"min_scale", sweep_flags.min_scale > 0 ? nlohmann::ordered_json(sweep_flags.min_scale) : nullptr},
             {"max_scale", sweep_flags.max_scale > 0 ? nlohmann::ordered_json(sweep_flags.max_scale) : nullptr}};
         const nlohmann::ordered_json document = {{"config", config}, {"workload", workload}, {"runs", results}};

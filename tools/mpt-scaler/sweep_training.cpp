@@ -3,15 +3,12 @@
 #include <algorithm>
 #include <filesystem>
 
-#include "amp/autocast.h"
-#include "autograd/engine.h"
-#include "autograd/ops.h"
 #include "models/adamw.h"
 #include "models/data_loader.h"
 #include "models/sampler.h"
 #include "tensor/error.h"
-#include "tools/mpt-train/train_config.h"
-#include "tools/mpt-train/workload.h"
+#include "train/trainer.h"
+#include "train/workload.h"
 
 namespace mpt::tools {
 
@@ -34,50 +31,50 @@ void check_sweep_data(const SweepTrainingConfig& c) {
   }
 }
 
-SweepTrainingResult train_for_sweep(const SweepTrainingConfig& c, amp::GradScaler& scaler,
-                                    const std::function<void(int64_t)>& on_step) {
+SweepTrainingResult train_for_sweep(const SweepTrainingConfig& c, const amp::GradScalerOptions& scaler,
+                                    const amp::ScalerTraceSink& trace, const std::function<void(int64_t)>& on_step) {
   // mpt-train's workloads: the same models, data and loss.
-  train::TrainConfig tc;
-  tc.model = c.model;
-  tc.data = sweep_data(c);
+  train::WorkloadOptions workload{.model = c.model, .data = sweep_data(c)};
   if (c.model == "gpt" && !c.device.is_cuda()) {
-    tc.gpt_layers = 2;
-    tc.gpt_heads = 4;
-    tc.gpt_d_model = 128;
-    tc.context = 64;
+    workload.gpt_layers = 2;
+    workload.gpt_heads = 4;
+    workload.gpt_d_model = 128;
+    workload.context = 64;
   }
   Generator init(c.seed);
-  train::Workload w = train::make_workload(tc, init);
+  train::Workload w = train::make_workload(workload, init);
   w.model->to(c.device);
   w.model->named_parameters();  // names for the scaler's messages
-  optim::AdamW opt(w.model->parameters(), {.lr = c.lr, .weight_decay = 0.0});
+
+  // The scaler under study runs whatever the autocast dtype (bf16 too),
+  // and the step stays eager: the trace reads every update on the host.
+  train::TrainerOptions options;
+  options.step.precision = c.autocast_dtype == DType::bf16 ? train::Precision::bf16 : train::Precision::fp16;
+  options.step.scaler = scaler;
+  options.step.loss_scaling = train::LossScaling::always;
+  options.step.cuda_graph = train::GraphMode::off;
+  options.device = c.device;
+  options.rng = &init;
+  train::Trainer trainer(w.model, std::make_unique<optim::AdamW>(w.model->parameters(), optim::AdamWOptions{.lr = c.lr, .weight_decay = 0.0}),
+                         w.objective, options);
+  trainer.precision().scaler()->set_trace_sink(trace);
   data::DataLoader loader(w.train_set, std::make_shared<data::SequentialOrRandomSampler>(w.train_set->size(), true, c.seed),
                           {.batch_size = c.batch, .num_workers = 1, .prefetch = 4,
                            .pin_memory = c.device.is_cuda()});
 
+  // The final loss: the mean over the last tenth of the steps.
   const int64_t tail = std::max<int64_t>(1, c.steps / 10);
   double tail_loss = 0;
-  int64_t epoch = 0;
-  loader.start_epoch(epoch);
-  for (int64_t step = 0; step < c.steps; ++step) {
-    std::optional<data::Batch> b = loader.next();
-    if (!b) {
-      loader.start_epoch(++epoch);
-      b = loader.next();
-    }
-    const Tensor x = prim::to(b->input, c.device), y = prim::to(b->target, c.device);
-    opt.zero_grad();
-    Tensor loss;
-    {
-      amp::AutocastGuard autocast(c.device.type, c.autocast_dtype);
-      loss = w.loss(w.forward(x), y);
-    }
-    backward(scaler.scale(loss, b->size()));
-    scaler.step(opt);
-    scaler.update();
-    if (step >= c.steps - tail) tail_loss += loss.item();
-    if (on_step) on_step(step + 1);
-  }
+  train::FitOptions fit;
+  fit.epochs = std::max<int64_t>(1, c.steps);  // as many as the steps take
+  fit.max_steps = c.steps;
+  fit.log_every = std::max<int64_t>(1, c.steps);
+  train::FitCallbacks callbacks;
+  callbacks.on_step = [&](int64_t step) {
+    if (step > c.steps - tail) tail_loss += trainer.totals().step_loss();
+    if (on_step) on_step(step);
+  };
+  trainer.fit(loader, fit, callbacks);
   return {tail_loss / static_cast<double>(tail), w.description};
 }
 

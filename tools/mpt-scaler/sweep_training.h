@@ -43,9 +43,11 @@ struct SweepTrainingResult {
   std::string workload;   // the model and data trained ("gpt (...) on 'notes.txt' (...)")
 };
 
-// Trains once with `scaler`. on_step (if set) is called after each step
-// with the steps done.
-SweepTrainingResult train_for_sweep(const SweepTrainingConfig& config, amp::GradScaler& scaler,
+// Trains once (with train::Trainer) under a loss scaler of `scaler`'s
+// options, its trace going to `trace`. on_step (if set) is called after
+// each step with the steps done.
+SweepTrainingResult train_for_sweep(const SweepTrainingConfig& config, const amp::GradScalerOptions& scaler,
+                                    const amp::ScalerTraceSink& trace,
                                     const std::function<void(int64_t)>& on_step = {});
 
 }  // namespace mpt::tools

@@ -4,7 +4,7 @@
 
 #include <fmt/format.h>
 
-namespace mpt::train {
+namespace mpt::tools {
 
 IdleDetector::IdleDetector(std::vector<std::string> names, int samples, unsigned idle_percent,
                            unsigned busy_percent)
@@ -57,4 +57,4 @@ std::optional<std::string> imbalance_warning(const std::vector<double>& work_ms_
       slowest - work_ms_per_rank.begin(), *slowest, median);
 }
 
-}  // namespace mpt::train
+}  // namespace mpt::tools

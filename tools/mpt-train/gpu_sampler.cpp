@@ -7,7 +7,7 @@
 #include "tensor/nvml.h"
 #include "tools/mpt-train/diagnostics.h"
 
-namespace mpt::train {
+namespace mpt::tools {
 
 GpuSampler::GpuSampler(const std::vector<int>& cuda_devices, std::chrono::milliseconds period, Record record,
                        Warn warn)
@@ -75,4 +75,4 @@ void GpuSampler::loop(std::vector<int> cuda, std::vector<int> nvml_index) {
   }
 }
 
-}  // namespace mpt::train
+}  // namespace mpt::tools

@@ -12,7 +12,7 @@
 int main(int argc, char** argv) {
   using mpt::tools::non_negative;
   using mpt::tools::positive;
-  mpt::train::TrainConfig c;
+  mpt::tools::TrainConfig c;
   CLI::App app{"mpt-train: train a reference model (MLP, CNN, GPT-mini) with mptrain"};
   app.option_defaults()->always_capture_default();
 
@@ -42,12 +42,11 @@ int main(int argc, char** argv) {
   app.add_option("--scaler", c.scaler,
                  "Loss-scaler policy for fp16: dynamic (PyTorch's; also called torch), hysteresis, static")
       ->check(CLI::IsMember({"dynamic", "torch", "hysteresis", "static"}));
-  app.add_option("--init-scale", c.init_scale, "Loss scaler: initial scale")->check(positive());
-  // The factors' ranges are checked with the scaler's own rule, after parsing.
-  app.add_option("--growth-factor", c.growth_factor, "Loss scaler: growth factor (above 1)");
-  app.add_option("--backoff-factor", c.backoff_factor, "Loss scaler: backoff factor (between 0 and 1)");
-  app.add_option("--growth-interval", c.growth_interval, "Loss scaler: steps without overflow before growing")
-      ->check(positive());
+  c.scaler_flags.add_to(app);
+  app.add_option("--clip-grad-norm", c.clip_grad_norm,
+                 "Clip the gradients' global 2-norm to this before each optimizer step (after unscaling; 0: no "
+                 "clipping)")
+      ->check(non_negative());
 
   app.add_option("--batch-size", c.batch_size, "Samples per micro-batch (0: the model's default, 128 or 64 for gpt)")
       ->check(non_negative());
@@ -115,18 +114,18 @@ int main(int argc, char** argv) {
   if (const auto status = mpt::tools::parse_command_line(app, argc, argv)) return *status;
   // Every option of the run's table is one of the command line's
   // (get_option throws for a name that is not).
-  mpt::train::for_each_option(c, [&](const char* name, auto&, mpt::train::OnResume, bool) {
+  mpt::tools::for_each_option(c, [&](const char* name, auto&, mpt::tools::OnResume, bool) {
     if (app.get_option(fmt::format("--{}", name))->count() > 0) c.given.insert(name);
   });
   c.settled = c.given;
   try {
-    mpt::train::check_options(c);
+    mpt::tools::check_options(c);
   } catch (const mpt::ValueError& e) {
     fmt::print(stderr, "{}\n", e.what());
     return mpt::tools::kUsageError;
   }
   try {
-    if (mpt::train::run_training(c).interrupted) return 130;  // as a shell reports death by SIGINT
+    if (mpt::tools::run_training(c).interrupted) return 130;  // as a shell reports death by SIGINT
   } catch (const std::exception& e) {
     // mpt::Error, or what the standard library throws (std::filesystem, std::bad_alloc).
     const std::string message = e.what();

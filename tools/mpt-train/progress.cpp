@@ -4,15 +4,14 @@
 
 #include "tensor/error.h"
 
-namespace mpt::train {
+namespace mpt::tools {
 
 std::string as_utf8(const std::string& s) {
   using nlohmann::json;
   return json::parse(json(s).dump(-1, ' ', false, json::error_handler_t::replace)).get<std::string>();
 }
 
-Progress::Progress(const std::string& style, int64_t log_every, const std::string& metrics_path)
-    : log_every_(std::max<int64_t>(1, log_every)) {
+Progress::Progress(const std::string& style, int64_t epochs, const std::string& metrics_path) : epochs_(epochs) {
   if (style == "auto")
     style_ = ::isatty(STDOUT_FILENO) ? Style::bar : Style::lines;
   else if (style == "bar")
@@ -29,51 +28,47 @@ Progress::Progress(const std::string& style, int64_t log_every, const std::strin
   }
 }
 
-void Progress::start_epoch(int64_t epoch, int64_t epochs, int64_t steps_in_epoch) {
-  epoch_ = epoch;
-  epochs_ = epochs;
-  steps_in_epoch_ = steps_in_epoch;
-}
-
-void Progress::step(int64_t global_step, int64_t step_in_epoch, const std::function<double()>& read_loss, double lr,
-                    double samples_per_s, const nlohmann::ordered_json& timing) {
+void Progress::tick(int64_t epoch, int64_t step_in_epoch, int64_t steps_in_epoch,
+                    const std::function<double()>& read_loss) {
   std::lock_guard lock(mutex_);
-  const bool periodic = global_step % log_every_ == 0;
+  epoch_ = epoch;
+  step_in_epoch_ = step_in_epoch;
+  steps_in_epoch_ = steps_in_epoch;
   // Redraw the bar at most ten times a second: a terminal is slower than a small model.
   const auto now = std::chrono::steady_clock::now();
-  const bool redraw = style_ == Style::bar && (step_in_epoch == steps_in_epoch_ ||
-                                               now - last_draw_ >= std::chrono::milliseconds(100));
-  if (!periodic && !redraw) return;
-  const double loss = read_loss();
-  if (periodic) {
-    nlohmann::ordered_json entry = {{"event", "step"}, {"step", global_step}, {"epoch", epoch_ + 1}, {"loss", loss},
-                                    {"lr", lr}, {"samples_per_s", samples_per_s}};
-    for (const auto& [k, v] : timing.items()) entry[k] = v;
-    write(entry);
-  }
-  if (style_ == Style::lines && periodic) {
-    std::string times;
-    if (timing.contains("step_ms"))
-      times = fmt::format(" | ms/step {:.2f}: data {:.2f} fwd {:.2f} bwd {:.2f} comm {:.2f} opt {:.2f}",
-                          timing["step_ms"].get<double>(), timing["data_wait_ms"].get<double>(),
-                          timing["forward_ms"].get<double>(), timing["backward_ms"].get<double>(),
-                          timing["comm_ms"].get<double>(), timing["optimizer_ms"].get<double>());
-    // A replayed CUDA graph is the whole step at once.
-    if (timing.value("graph_ms", 0.0) > 0) times += fmt::format(" graph {:.2f}", timing["graph_ms"].get<double>());
-    fmt::print("epoch {}/{} step {} ({}/{}): loss {:.4f} lr {:.3g} {:.0f} samples/s{}\n", epoch_ + 1, epochs_,
-               global_step, step_in_epoch, steps_in_epoch_, loss, lr, samples_per_s, times);
-    std::fflush(stdout);
-  }
-  if (redraw) {
-    last_draw_ = now;
-    constexpr int kWidth = 30;
-    const int filled = steps_in_epoch_ > 0 ? static_cast<int>(kWidth * step_in_epoch / steps_in_epoch_) : kWidth;
-    fmt::print("\repoch {}/{} [{}{}] {}/{} loss {:.4f} {:.0f} samples/s ", epoch_ + 1, epochs_,
-               std::string(filled, '#'), std::string(kWidth - filled, '.'), step_in_epoch, steps_in_epoch_, loss,
-               samples_per_s);
-    std::fflush(stdout);
-    bar_open_ = true;
-  }
+  if (style_ != Style::bar ||
+      (step_in_epoch != steps_in_epoch && now - last_draw_ < std::chrono::milliseconds(100)))
+    return;
+  last_draw_ = now;
+  constexpr int kWidth = 30;
+  const int filled = steps_in_epoch > 0 ? static_cast<int>(kWidth * step_in_epoch / steps_in_epoch) : kWidth;
+  fmt::print("\repoch {}/{} [{}{}] {}/{} loss {:.4f} {:.0f} samples/s ", epoch + 1, epochs_,
+             std::string(filled, '#'), std::string(kWidth - filled, '.'), step_in_epoch, steps_in_epoch, read_loss(),
+             samples_per_s_);
+  std::fflush(stdout);
+  bar_open_ = true;
+}
+
+void Progress::log(int64_t global_step, double loss, double lr, double samples_per_s,
+                   const nlohmann::ordered_json& fields) {
+  std::lock_guard lock(mutex_);
+  samples_per_s_ = samples_per_s;
+  nlohmann::ordered_json entry = {{"event", "step"}, {"step", global_step}, {"epoch", epoch_ + 1}, {"loss", loss},
+                                  {"lr", lr}, {"samples_per_s", samples_per_s}};
+  for (const auto& [k, v] : fields.items()) entry[k] = v;
+  write(entry);
+  if (style_ != Style::lines) return;
+  std::string times;
+  if (fields.contains("step_ms"))
+    times = fmt::format(" | ms/step {:.2f}: data {:.2f} fwd {:.2f} bwd {:.2f} comm {:.2f} opt {:.2f}",
+                        fields["step_ms"].get<double>(), fields["data_wait_ms"].get<double>(),
+                        fields["forward_ms"].get<double>(), fields["backward_ms"].get<double>(),
+                        fields["comm_ms"].get<double>(), fields["optimizer_ms"].get<double>());
+  // A replayed CUDA graph is the whole step at once.
+  if (fields.value("graph_ms", 0.0) > 0) times += fmt::format(" graph {:.2f}", fields["graph_ms"].get<double>());
+  fmt::print("epoch {}/{} step {} ({}/{}): loss {:.4f} lr {:.3g} {:.0f} samples/s{}\n", epoch_ + 1, epochs_,
+             global_step, step_in_epoch_, steps_in_epoch_, loss, lr, samples_per_s, times);
+  std::fflush(stdout);
 }
 
 void Progress::finish_bar() {
@@ -81,12 +76,12 @@ void Progress::finish_bar() {
   bar_open_ = false;
 }
 
-void Progress::end_epoch(const nlohmann::ordered_json& summary) {
+void Progress::end_epoch(int64_t epoch, int64_t epochs, const nlohmann::ordered_json& summary) {
   std::lock_guard lock(mutex_);
   finish_bar();
   write(summary);
   if (style_ == Style::none) return;
-  std::string line = fmt::format("epoch {}/{} done:", epoch_ + 1, epochs_);
+  std::string line = fmt::format("epoch {}/{} done:", epoch + 1, epochs);
   for (const auto& [k, v] : summary.items())
     if (k != "event" && k != "epoch") line += fmt::format(" {} {}", k, v.is_number_float() ? fmt::format("{:.4g}", v.get<double>()) : v.dump());
   fmt::print("{}\n", line);
@@ -111,4 +106,4 @@ void Progress::write(const nlohmann::ordered_json& entry) {
   metrics_.flush();
 }
 
-}  // namespace mpt::train
+}  // namespace mpt::tools

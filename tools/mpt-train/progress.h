@@ -12,7 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
-namespace mpt::train {
+namespace mpt::tools {
 
 // `s` as UTF-8, other bytes replaced by U+FFFD, the same way every time:
 // JSON strings (metrics, checkpoint metadata) must be UTF-8, and a data path
@@ -24,15 +24,16 @@ class Progress {
  public:
   enum class Style { bar, lines, none };
   // style "auto": a bar when stdout is a terminal, else lines.
-  Progress(const std::string& style, int64_t log_every, const std::string& metrics_path);
+  Progress(const std::string& style, int64_t epochs, const std::string& metrics_path);
 
-  void start_epoch(int64_t epoch, int64_t epochs, int64_t steps_in_epoch);
-  // After each optimizer step; `timing` (the step-time breakdown, at
-  // logging steps) joins the step's metrics and line. `loss` reads the
-  // step's loss: called only when it is shown (it waits for the GPU).
-  void step(int64_t global_step, int64_t step_in_epoch, const std::function<double()>& loss, double lr,
-            double samples_per_s, const nlohmann::ordered_json& timing = nlohmann::ordered_json::object());
-  void end_epoch(const nlohmann::ordered_json& summary);  // also printed as one line
+  // After each optimizer step: where it is (epoch counted from 0), for the
+  // bar. `loss` reads the step's loss: called only when the bar is drawn
+  // (it waits for the GPU).
+  void tick(int64_t epoch, int64_t step_in_epoch, int64_t steps_in_epoch, const std::function<double()>& loss);
+  // At a logging step: a step event in the metrics (with `fields`: the
+  // step-time breakdown, the scale, ...), and a line in the lines style.
+  void log(int64_t global_step, double loss, double lr, double samples_per_s, const nlohmann::ordered_json& fields);
+  void end_epoch(int64_t epoch, int64_t epochs, const nlohmann::ordered_json& summary);  // also printed as one line
   void message(const std::string& text);
   // One JSON object per line in the metrics file (when there is one).
   void record(const nlohmann::ordered_json& entry);
@@ -42,11 +43,13 @@ class Progress {
   void write(const nlohmann::ordered_json& entry);
   std::mutex mutex_;
   Style style_;
-  int64_t log_every_;
-  int64_t epoch_ = 0, epochs_ = 0, steps_in_epoch_ = 0;
+  int64_t epochs_;
+  // The latest tick's place, and the latest logged rate (the bar's).
+  int64_t epoch_ = 0, step_in_epoch_ = 0, steps_in_epoch_ = 0;
+  double samples_per_s_ = 0;
   bool bar_open_ = false;
   std::chrono::steady_clock::time_point last_draw_{};
   std::ofstream metrics_;
 };
 
-}  // namespace mpt::train
+}  // namespace mpt::tools

@@ -5,7 +5,7 @@
 
 #include "tensor/error.h"
 
-namespace mpt::train {
+namespace mpt::tools {
 namespace {
 
 // A value as a message shows it: text quoted, numbers as written.
@@ -70,4 +70,4 @@ std::string options_that_may_change() {
   return fmt::format("{}", fmt::join(names, ", "));
 }
 
-}  // namespace mpt::train
+}  // namespace mpt::tools

@@ -12,7 +12,7 @@
 #include "parallel/settings_check.h"
 #include "tools/mpt-train/train_config.h"
 
-namespace mpt::train {
+namespace mpt::tools {
 
 enum class OnResume {
   fixed,      // what the run is (its model, numbers, batches): given again, it must agree with the checkpoint
@@ -39,10 +39,11 @@ void for_each_option(Config& c, Visit&& visit) {
   visit("sample-top-k", c.sample_top_k, R::kept, any);
   visit("precision", c.precision, R::fixed, every_rank);
   visit("scaler", c.scaler, R::fixed, every_rank);
-  visit("init-scale", c.init_scale, R::fixed, every_rank);
-  visit("growth-factor", c.growth_factor, R::fixed, every_rank);
-  visit("backoff-factor", c.backoff_factor, R::fixed, every_rank);
-  visit("growth-interval", c.growth_interval, R::fixed, every_rank);
+  visit("init-scale", c.scaler_flags.options.init_scale, R::fixed, every_rank);
+  visit("growth-factor", c.scaler_flags.options.growth_factor, R::fixed, every_rank);
+  visit("backoff-factor", c.scaler_flags.options.backoff_factor, R::fixed, every_rank);
+  visit("growth-interval", c.scaler_flags.options.growth_interval, R::fixed, every_rank);
+  visit("clip-grad-norm", c.clip_grad_norm, R::fixed, every_rank);
   visit("batch-size", c.batch_size, R::fixed, every_rank);
   visit("accumulation", c.accumulation, R::fixed, every_rank);
   visit("optimizer", c.optimizer, R::fixed, every_rank);
@@ -92,4 +93,4 @@ dist::Settings rank_settings(const TrainConfig& c);
 // "--steps, --epochs, ...": the options a resumed run may change.
 std::string options_that_may_change();
 
-}  // namespace mpt::train
+}  // namespace mpt::tools

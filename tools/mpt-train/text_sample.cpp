@@ -1,8 +1,8 @@
 #include "tools/mpt-train/text_sample.h"
 
-namespace mpt::train {
+namespace mpt::tools {
 
-TextSampler::TextSampler(const Workload& w, const TrainConfig& c)
+TextSampler::TextSampler(const train::Workload& w, const TrainConfig& c)
     : text_(w.text), tokens_(c.sample_tokens), options_{c.sample_temperature, c.sample_top_k} {
   auto* gpt = dynamic_cast<nn::GPT*>(w.model.get());
   if (!gpt || !text_ || tokens_ == 0) return;  // (the options were checked with mpt-train's others)
@@ -37,4 +37,4 @@ void TextSampler::sample(int64_t step, Progress& progress) const {
                    {"top_k", options_.top_k}, {"prompt", as_utf8(prompt)}, {"text", as_utf8(text)}});
 }
 
-}  // namespace mpt::train
+}  // namespace mpt::tools

@@ -7,16 +7,16 @@
 #include "models/generate.h"
 #include "tools/mpt-train/progress.h"
 #include "tools/mpt-train/train_config.h"
-#include "tools/mpt-train/workload.h"
+#include "train/workload.h"
 
-namespace mpt::train {
+namespace mpt::tools {
 
 class TextSampler {
  public:
   // Off (enabled() false) unless the workload is a GPT on text and
   // --sample-tokens is above 0. The prompt is checked here, before any
   // training (ValueError naming --sample-prompt and the byte).
-  TextSampler(const Workload& w, const TrainConfig& c);
+  TextSampler(const train::Workload& w, const TrainConfig& c);
   bool enabled() const { return model_ != nullptr; }
 
   // The model after `step` optimizer steps goes on from the prompt. The
@@ -34,4 +34,4 @@ class TextSampler {
   uint64_t seed_ = 0;
 };
 
-}  // namespace mpt::train
+}  // namespace mpt::tools

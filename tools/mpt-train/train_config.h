@@ -4,7 +4,9 @@
 #include <set>
 #include <string>
 
-namespace mpt::train {
+#include "tools/scaler_flags.h"
+
+namespace mpt::tools {
 
 struct TrainConfig {
   // What to train on what.
@@ -21,9 +23,9 @@ struct TrainConfig {
   // Numerics.
   std::string precision = "auto";       // fp16 (autocast + loss scaler), bf16 (autocast), fp32;
                                         // auto: fp16 on a GPU, bf16 on the CPU (no f16 arithmetic there)
-  std::string scaler = "dynamic";       // scaler policy, with its parameters below
-  double init_scale = 65536.0, growth_factor = 2.0, backoff_factor = 0.5;
-  int64_t growth_interval = 2000;
+  std::string scaler = "dynamic";       // scaler policy (torch's is called dynamic here), with its settings:
+  ScalerFlags scaler_flags;             // init scale, growth and backoff factors, growth interval
+  double clip_grad_norm = 0;            // clip the gradients' global norm to this (0: no clipping)
 
   // Optimisation.
   int64_t batch_size = 0;               // 0: the model's default (mlp, cnn 128; gpt 64)
@@ -65,4 +67,4 @@ struct TrainConfig {
   std::set<std::string> given, settled;
 };
 
-}  // namespace mpt::train
+}  // namespace mpt::tools

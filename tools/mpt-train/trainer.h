@@ -1,14 +1,15 @@
 #pragma once
-// The training run behind mpt-train: builds the workload, then loops over
-// epochs of optimizer steps (each of `accumulation` micro-batches, as a CUDA
-// graph where it can be) with the learning-rate schedule, evaluation after
-// every epoch, progress and metrics, and checkpoints that a later run
-// resumes bit-identically.
+// The training run behind mpt-train: its options become a reference
+// workload and a train::Trainer (the library's step and loop), with what a
+// command line adds around them: the run recorded in its checkpoints and
+// resumed from them, the ranks' settings compared, evaluation and text
+// samples after every epoch, progress lines, metrics, a GPU sampler and a
+// clean stop on SIGINT or SIGTERM.
 #include <cstdint>
 
 #include "tools/mpt-train/train_config.h"
 
-namespace mpt::train {
+namespace mpt::tools {
 
 struct TrainResult {
   int64_t steps = 0;
@@ -25,4 +26,4 @@ void check_options(const TrainConfig& config);
 // Throws mpt::Error for anything the configuration or the data get wrong.
 TrainResult run_training(const TrainConfig& config);
 
-}  // namespace mpt::train
+}  // namespace mpt::tools

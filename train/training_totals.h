@@ -21,10 +21,12 @@ class TrainingTotals {
 
   // Inside a step, so that a captured step does them at each replay:
   // start_step() before its first micro-batch, then add() for each, with
-  // its mean loss, its outputs (classes in the last dimension), its targets
-  // (class indices) and its share of the step's loss.
+  // its mean loss, the predictions it holds and its share of the step's
+  // loss, and for a classifier add_correct() with its outputs (classes in
+  // the last dimension) and targets (class indices).
   void start_step();
-  void add(const Tensor& loss, const Tensor& output, const Tensor& target, double weight);
+  void add(const Tensor& loss, int64_t predictions, double weight);
+  void add_correct(const Tensor& output, const Tensor& target);
   // Outside the step: the predictions a micro-batch holds (known from its
   // shape, so counted on the host; a replayed step runs no host code).
   void count(int64_t predictions) { predictions_ += predictions; }

@@ -1,4 +1,4 @@
-#include "tools/mpt-train/training_totals.h"
+#include "train/training_totals.h"
 
 #include "tensor/ops.h"
 
@@ -28,14 +28,18 @@ void TrainingTotals::start_step() {
   host_step_loss_ = 0;
 }
 
-void TrainingTotals::add(const Tensor& loss, const Tensor& output, const Tensor& target, double weight) {
-  check<ShapeError>(loss.numel() == 1 && output.dim() == target.dim() + 1,
-                    "TrainingTotals::add: needs a one-element loss and outputs with one more dimension than the "
-                    "targets, got loss {}, output {}, target {}",
-                    describe(loss), describe(output), describe(target));
+void TrainingTotals::add(const Tensor& loss, int64_t predictions, double weight) {
+  check<ShapeError>(loss.numel() == 1, "TrainingTotals::add: needs a one-element loss, got {}", describe(loss));
   const Tensor l = prim::to(prim::reshape(loss, {}), DType::f64);
-  accumulate(loss_sum_, prim::mul_scalar(l, static_cast<double>(target.numel())));
+  accumulate(loss_sum_, prim::mul_scalar(l, static_cast<double>(predictions)));
   accumulate(step_loss_, prim::mul_scalar(l, weight));
+}
+
+void TrainingTotals::add_correct(const Tensor& output, const Tensor& target) {
+  check<ShapeError>(output.dim() == target.dim() + 1,
+                    "TrainingTotals::add_correct: needs outputs with one more dimension than the targets, got output "
+                    "{}, target {}",
+                    describe(output), describe(target));
   // Class indices are exact in f64, where the device's comparisons work.
   const Tensor predicted = prim::to(prim::argmax(output, output.dim() - 1), DType::f64);
   const Tensor right = prim::binary(BinaryOp::eq, predicted, prim::to(target, DType::f64));

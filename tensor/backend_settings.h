@@ -1,0 +1,25 @@
+#pragma once
+// The backends' process-wide settings, for programs, tools and the layers
+// above tensor/ (the backends' own headers, tensor/cpu/ and tensor/cuda/,
+// are theirs alone).
+namespace mpt {
+
+// GPU: whether f32 matmuls and convolutions issued by the calling thread
+// may run in TF32 (off by default: f32 means f32; DataParallel's device
+// threads take their caller's; no effect without CUDA).
+void set_allow_tf32(bool allow);
+bool allow_tf32();
+
+// GPU: cuDNN's convolution algorithms timed once per geometry instead of
+// taken from its heuristic (off by default; no effect without CUDA).
+void set_conv_autotune(bool on);
+bool conv_autotune();
+
+// CPU: the threads the backend splits work over (MPT_CPU_THREADS, else the
+// CPUs the process may run on; ValueError naming the variable for a value
+// that is not a whole number from 1 to 1024), and those CPUs (at least 1:
+// a container or `taskset` narrows them).
+int cpu_threads();
+int usable_cpus();
+
+}  // namespace mpt

@@ -1,0 +1,68 @@
+#pragma once
+// The one place where mixed precision plugs into a step. In fp32 a step is
+// plain backward() and optimizer.step(). In fp16 and bf16, forward() runs
+// under autocast for the model's device type with the weights cast ahead in
+// one launch (f32 master weights stay the optimizer's), and in fp16
+// backward() scales the loss and step() is the GradScaler's unscale,
+// inf-check, step and update: a step whose gradients hold inf/NaN is
+// skipped. The scaler's state travels in checkpoints (state_dict()).
+#include <optional>
+
+#include "amp/autocast.h"
+#include "amp/grad_scaler.h"
+#include "models/optimizer.h"
+#include "models/ordered_dict.h"
+#include "train/options.h"
+
+namespace mpt::train {
+
+class MixedPrecision {
+ public:
+  // The precision, the scaler's options, whether it runs, and whether the
+  // weights are cast ahead come from `options`.
+  MixedPrecision(const StepOptions& options, optim::Optimizer& optimizer, DeviceType device_type);
+
+  Precision precision() const { return precision_; }
+
+  // Runs f (a forward pass) under autocast; returns what f returns.
+  template <typename F>
+  auto forward(F&& f) {
+    amp::AutocastGuard guard(device_type_, autocast_dtype_, autocast_);
+    if (autocast_ && cast_weights_ahead_) amp::cast_weights_ahead(optimizer_.scalable_parameters());
+    return f();
+  }
+  // backward() of the loss, scaled in fp16 (`samples` counts towards the
+  // scaler's growth when it grows by samples).
+  void backward(const Tensor& loss, int64_t samples = 0);
+  // Divides the gradients by the scale now (fp16), so that they can be
+  // clipped before step(); nothing otherwise.
+  void unscale();
+  // The optimizer's step (skipped on overflow in fp16, the decision made on
+  // the device with a capturable optimizer), then the scaler's update.
+  void step();
+
+  amp::GradScaler* scaler() { return scaler_ ? &*scaler_ : nullptr; }
+  const amp::GradScaler* scaler() const { return scaler_ ? &*scaler_ : nullptr; }
+  // The loss scale (1 without a scaler); reads the device.
+  double scale() const { return scaler_ ? scaler_->get_scale() : 1.0; }
+
+  // The scaler's state as 0-d f64 tensors named "scaler.<key>" (GradScaler's
+  // keys); empty without a scaler.
+  OrderedDict<Tensor> state_dict() const;
+  // Checks everything before changing anything: ValueError for state of a
+  // scaler in a run without one (or none in an fp16 run), an unknown entry,
+  // or a rule (growth factor, backoff factor, growth interval) other than
+  // this scaler's.
+  void load_state_dict(const OrderedDict<Tensor>& state);
+
+ private:
+  optim::Optimizer& optimizer_;
+  Precision precision_;
+  DeviceType device_type_;
+  bool autocast_;
+  bool cast_weights_ahead_;
+  DType autocast_dtype_;
+  std::optional<amp::GradScaler> scaler_;
+};
+
+}  // namespace mpt::train
