@@ -28,7 +28,7 @@ std::vector<Tensor> step_inputs(const std::vector<data::Batch>& batches) {
 }  // namespace
 
 TrainStep::TrainStep(nn::Module& model, const Objective& objective, optim::Optimizer& optimizer,
-                     MixedPrecision& precision, TrainingTotals& totals, Placement placement, double max_grad_norm,
+                     MixedPrecision& precision, TrainingTotals* totals, Placement placement, double max_grad_norm,
                      bool graph)
     : model_(model),
       objective_(objective),
@@ -51,7 +51,8 @@ TrainStep::~TrainStep() = default;
 
 void TrainStep::run(const std::vector<data::Batch>& batches, const std::vector<data::Batch>& next) {
   check(!batches.empty(), "TrainStep::run: a step needs at least one micro-batch");
-  for (const data::Batch& b : batches) totals_.count(Objective::predictions(b.target));
+  if (totals_)
+    for (const data::Batch& b : batches) totals_->count(Objective::predictions(b.target));
   if (placement_.dp) {
     lap(StepPhase::data_wait);
     data_parallel_step(batches);
@@ -85,7 +86,7 @@ void TrainStep::step(const std::vector<Tensor>& inputs) {
   const double weight = 1.0 / static_cast<double>(group);
   gpu_stamp(device, "step start");
   optimizer_.zero_grad();
-  totals_.start_step();
+  if (totals_) totals_->start_step();
   for (int64_t micro = 0; micro < group; ++micro) {
     const Tensor& input = inputs[2 * micro];
     const Tensor& target = inputs[2 * micro + 1];
@@ -110,8 +111,11 @@ void TrainStep::step(const std::vector<Tensor>& inputs) {
       precision_.backward(group > 1 ? loss * weight : loss, input.dim() > 0 ? input.size(0) : 1);
     }
     phase_done(StepPhase::backward);
-    totals_.add(loss, Objective::predictions(target), weight);
-    if (objective_.classification) totals_.add_correct(out, target);
+    if (totals_) {
+      totals_->add(loss, Objective::predictions(target), weight);
+      if (objective_.classification) totals_->add_correct(out, target);
+    }
+    last_loss_ = loss;
     lap(StepPhase::other);
   }
   // The optimizer reads no inputs: the next step's batches may be copied in.
@@ -133,7 +137,7 @@ void TrainStep::clip_and_step() {
 
 void TrainStep::data_parallel_step(const std::vector<data::Batch>& batches) {
   optimizer_.zero_grad();
-  totals_.start_step();
+  if (totals_) totals_->start_step();
   const auto group = static_cast<int64_t>(batches.size());
   const double weight = 1.0 / static_cast<double>(group);
   for (const data::Batch& b : batches) {
@@ -149,7 +153,8 @@ void TrainStep::data_parallel_step(const std::vector<data::Batch>& batches) {
     const double value = precision_.forward([&] {
       return placement_.dp->forward_backward(x, b.target, loss_fn, precision_.scaler());
     }) / weight;
-    totals_.add(value, right, Objective::predictions(b.target), weight);
+    if (totals_) totals_->add(value, right, Objective::predictions(b.target), weight);
+    last_loss_ = scalar_tensor(value, DType::f32);
   }
   lap(StepPhase::other);
   clip_and_step();

@@ -48,9 +48,11 @@ class TrainStep {
  public:
   // `graph`: record the step as a CUDA graph (a GPU, no DataParallel, and a
   // capturable optimizer; the caller checks). `model` is the module trained
-  // (under DDP and DataParallel, the wrapped one).
+  // (under DDP and DataParallel, the wrapped one). `totals`: where the
+  // step counts its loss and predictions; null counts nothing (the last
+  // micro-batch's loss is kept, last_loss()).
   TrainStep(nn::Module& model, const Objective& objective, optim::Optimizer& optimizer, MixedPrecision& precision,
-            TrainingTotals& totals, Placement placement, double max_grad_norm, bool graph);
+            TrainingTotals* totals, Placement placement, double max_grad_norm, bool graph);
   ~TrainStep();
 
   // One step over `batches` (its micro-batches, on any device). A graphed
@@ -77,6 +79,10 @@ class TrainStep {
     if (captured_) captured_->reset();
   }
 
+  // The last micro-batch's loss of the latest step (a replayed graph
+  // rewrites the same tensor); waits for the device.
+  double last_loss() const { return last_loss_.defined() ? last_loss_.item() : 0.0; }
+
   bool graph() const { return captured_ != nullptr; }
   int64_t replays() const { return captured_ ? captured_->replays() : 0; }
   int64_t captures() const { return captured_ ? captured_->captures() : 0; }
@@ -95,7 +101,8 @@ class TrainStep {
   const Objective& objective_;
   optim::Optimizer& optimizer_;
   MixedPrecision& precision_;
-  TrainingTotals& totals_;
+  TrainingTotals* totals_;
+  Tensor last_loss_;
   Placement placement_;
   double max_grad_norm_;
   std::unique_ptr<CapturedStep> captured_;

@@ -116,8 +116,9 @@ Trainer::Trainer(std::shared_ptr<nn::Module> model, std::unique_ptr<optim::Optim
   // device, so that the step reads nothing back to the host.
   if (graph) optimizer_->set_capturable(true);
   totals_ = std::make_unique<TrainingTotals>(options_.device);
-  step_ = std::make_unique<TrainStep>(*model_, objective_, *optimizer_, *precision_, *totals_, placement,
-                                      s.max_grad_norm, graph);
+  step_ = std::make_unique<TrainStep>(*model_, objective_, *optimizer_, *precision_,
+                                      options_.count_totals ? totals_.get() : nullptr, placement, s.max_grad_norm,
+                                      graph);
   if (options_.time_steps) timer_ = std::make_unique<StepTimer>(options_.device);
   totals_->start_epoch();
 }
@@ -138,7 +139,7 @@ StepMetrics Trainer::metrics() {
   StepMetrics m;
   if (timer_) m.timing = timer_->take();  // waits for the GPU to pass the window's steps
   m.step = steps_;
-  m.loss = totals_->step_loss();
+  m.loss = last_loss();
   m.lr = optimizer_->lr();
   m.scale = precision_->scale();
   // A skipped step shows as an update missing from the first parameter's
@@ -149,6 +150,10 @@ StepMetrics Trainer::metrics() {
   window_samples_ = 0;
   window_started_ = Clock::now();
   return m;
+}
+
+double Trainer::last_loss() const {
+  return options_.count_totals ? totals_->step_loss() : step_->last_loss();
 }
 
 void Trainer::start_epoch() {

@@ -77,6 +77,11 @@ struct TrainerOptions {
   // The step-time breakdown (StepMetrics::timing): timing events at each
   // phase. Off for a caller that times whole steps itself.
   bool time_steps = true;
+  // The step's mean loss and the epoch's sums (its loss, and a classifier's
+  // right predictions) counted on the device: a few small kernels a step.
+  // Off for a benchmark of the bare step: the loss reported is then the
+  // last micro-batch's, and the epoch's sums stay 0.
+  bool count_totals = true;
 };
 
 // The steps a run plans for: `epochs` over `batches_per_epoch` batches,
@@ -163,6 +168,8 @@ class Trainer {
   void step(const std::vector<data::Batch>& micro_batches, const std::vector<data::Batch>& next = {});
   // The run after its latest step (waits for the device).
   StepMetrics metrics();
+  // The latest step's loss (waits for the device).
+  double last_loss() const;
 
   // Trains over the loader's epochs from the run's current place (a
   // restored checkpoint's), in steps of `accumulation` micro-batches.

@@ -129,10 +129,11 @@ double mib(uint64_t bytes) { return static_cast<double>(bytes) / 1048576.0; }
 
 // The step every mode times: the library's Trainer with the reference's
 // optimizer (AdamW lr 1e-4), autocast and the loss scaler, on `device`,
-// replayed as a CUDA graph unless --no-graph. The benchmark times whole
-// steps itself (no step-time breakdown), and like torch_bench.py it does
-// not all-reduce the overflow flag (DDP leaves every rank the same
-// averaged gradients, so every rank finds the same overflows).
+// replayed as a CUDA graph unless --no-graph. As torch_bench.py's step, it
+// counts no epoch totals and keeps only the loss, the benchmark times whole
+// steps itself (no step-time breakdown), and it does not all-reduce the
+// overflow flag (DDP leaves every rank the same averaged gradients, so
+// every rank finds the same overflows).
 std::unique_ptr<train::Trainer> make_trainer(const Options& o, std::shared_ptr<nn::Module> model, const Device& device,
                                              dist::DistributedDataParallel* ddp = nullptr) {
   train::TrainerOptions t;
@@ -141,6 +142,7 @@ std::unique_ptr<train::Trainer> make_trainer(const Options& o, std::shared_ptr<n
   t.step.cast_weights_ahead = o.cast_weights_ahead;
   t.device = device;
   t.time_steps = false;
+  t.count_totals = false;
   if (ddp) {
     t.parallel = train::Parallel::ddp;
     t.ddp_wrapper = ddp;
@@ -232,7 +234,7 @@ int run_single(const Options& o) {
   if (o.memory_trace)
     std::cerr << fmt::format("end: allocated {:.1f} MiB, peak allocated {:.1f} MiB, reserved {:.1f} MiB\n",
                              mib(mem.allocated_bytes), mib(mem.peak_allocated_bytes), mib(mem.reserved_bytes));
-  print_result(o, "single", 1, w.x.shape()[0], median(times), times, t->totals().step_loss(),
+  print_result(o, "single", 1, w.x.shape()[0], median(times), times, t->last_loss(),
                mib(mem.peak_allocated_bytes), graphed(*t));
   return 0;
 }
@@ -256,7 +258,7 @@ int run_dp(const Options& o) {
     const auto begin = static_cast<int64_t>(r.rank) * rows;
     const data::Batch share{prim::slice(w.x, 0, begin, begin + rows), prim::slice(w.y, 0, begin, begin + rows)};
     times[r.rank] = time_steps(o, *t, share);
-    losses[r.rank] = t->totals().step_loss();
+    losses[r.rank] = t->last_loss();
     replica_graphed[r.rank] = graphed(*t);
   });
   // The step is as slow as its slowest replica; the loss is the batch mean.
@@ -294,7 +296,7 @@ int run_ddp(const Options& o) {
   const std::vector<double> rank_medians = medians.to_vector<double>();
   if (world.config.rank == 0)
     print_result(o, "ddp", world.config.world_size, w.x.shape()[0] * world.config.world_size,
-                 *std::max_element(rank_medians.begin(), rank_medians.end()), times, t->totals().step_loss(),
+                 *std::max_element(rank_medians.begin(), rank_medians.end()), times, t->last_loss(),
                  mib(memory_stats(device).peak_allocated_bytes + ddp.registered_bytes()), graphed(*t), rank_medians);
   return 0;
 }

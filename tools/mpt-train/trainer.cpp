@@ -292,7 +292,9 @@ TrainResult run_training(const TrainConfig& config) {
   if (saved_config.is_object()) check_fixed_options(c, saved_config, c.resume);
   const train::Parallel parallel_mode = train::parallel_from_name(parallel);
   const std::string obstacle = train::graph_obstacle(device, parallel_mode);
-  check(c.cuda_graph != "on" || obstacle.empty(), "mpt-train: --cuda-graph on cannot be: {}", obstacle);
+  check(c.cuda_graph != "on" || obstacle.empty(), "mpt-train: --cuda-graph on cannot be: {}",
+        parallel_mode == train::Parallel::dp && device.is_cuda() ? "--parallel dp drives every GPU from one step"
+                                                                 : obstacle);
   std::vector<std::string> scaler_flags;
   for (const char* flag : {"scaler", "init-scale", "growth-factor", "backoff-factor", "growth-interval"})
     if (c.given.count(flag)) scaler_flags.push_back(fmt::format("--{}", flag));
