@@ -1,21 +1,22 @@
 # Fails when an include points the wrong way between the layers:
-#   tensor < autograd < amp < models < parallel < train < tools (and bench, examples)
+#   tensor < autograd < amp < models < parallel < diag < train < tools (and bench, examples)
 # A file includes only its own layer and those below it; the backends'
 # private headers (tensor/cpu/, tensor/cuda/) are included only inside
 # tensor/ and, for tensor/cuda/, from another layer's cuda/ folder (code
 # built with the CUDA toolkit alone); a tool includes no other tool's
 # folder (what tools share lives in tools/*.h or the library).
 # Usage: cmake -DSOURCE_DIR=<checkout> -P check_layers.cmake
-set(layers tensor autograd amp models parallel train tools bench examples)
+set(layers tensor autograd amp models parallel diag train tools bench examples)
 set(rank_tensor 0)
 set(rank_autograd 1)
 set(rank_amp 2)
 set(rank_models 3)
 set(rank_parallel 4)
-set(rank_train 5)
-set(rank_tools 6)
-set(rank_bench 6)
-set(rank_examples 7)
+set(rank_diag 5)
+set(rank_train 6)
+set(rank_tools 7)
+set(rank_bench 7)
+set(rank_examples 8)
 
 set(problems "")
 set(files_checked 0)

@@ -20,7 +20,7 @@
 
 #include "parallel/tcp_store.h"
 #include "tensor/error.h"
-#include "tensor/nvml.h"
+#include "diag/nvml.h"
 #include "tests/test_util.h"
 
 #ifndef MPT_DOCTOR_PATH

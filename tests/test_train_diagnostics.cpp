@@ -7,7 +7,7 @@
 
 #include "tensor/step_timer.h"
 #include "tests/test_util.h"
-#include "tools/mpt-train/diagnostics.h"
+#include "diag/training_warnings.h"
 
 namespace mpt {
 namespace {
@@ -64,7 +64,7 @@ TEST(StepBreakdown, AddsAsAWeightedMean) {
 }
 
 TEST(IdleDetector, WarnsOnceWhenADeviceIdlesWhileAnotherWorks) {
-  tools::IdleDetector idle({"cuda:0", "cuda:1"});
+  diag::IdleDetector idle({"cuda:0", "cuda:1"});
   EXPECT_FALSE(idle.update({95, 0}));
   EXPECT_FALSE(idle.update({95, 3}));
   const auto w = idle.update({97, 0});
@@ -78,7 +78,7 @@ TEST(IdleDetector, WarnsOnceWhenADeviceIdlesWhileAnotherWorks) {
 }
 
 TEST(IdleDetector, StaysQuietWhenAllIdleOrAllWork) {
-  tools::IdleDetector idle({"cuda:0", "cuda:1", "cuda:2"});
+  diag::IdleDetector idle({"cuda:0", "cuda:1", "cuda:2"});
   for (int i = 0; i < 6; ++i) {
     EXPECT_FALSE(idle.update({0, 2, 1}));  // between epochs, say
     EXPECT_FALSE(idle.update({80, 75, 90}));
@@ -86,13 +86,13 @@ TEST(IdleDetector, StaysQuietWhenAllIdleOrAllWork) {
 }
 
 TEST(ImbalanceWarning, NamesTheSlowRankAgainstTheOthersMedian) {
-  EXPECT_FALSE(tools::imbalance_warning({10.0}));
-  EXPECT_FALSE(tools::imbalance_warning({10.0, 10.5}));
-  EXPECT_FALSE(tools::imbalance_warning({0.2, 0.6}));  // three times, but 0.4 ms: noise
-  const auto two = tools::imbalance_warning({10.0, 20.0});
+  EXPECT_FALSE(diag::imbalance_warning({10.0}));
+  EXPECT_FALSE(diag::imbalance_warning({10.0, 10.5}));
+  EXPECT_FALSE(diag::imbalance_warning({0.2, 0.6}));  // three times, but 0.4 ms: noise
+  const auto two = diag::imbalance_warning({10.0, 20.0});
   ASSERT_TRUE(two);
   testing::expect_contains(*two, {"rank 1 works 20.0 ms per step", "10.0 ms (median)"});
-  const auto four = tools::imbalance_warning({10.0, 11.0, 9.0, 30.0});
+  const auto four = diag::imbalance_warning({10.0, 11.0, 9.0, 30.0});
   ASSERT_TRUE(four);
   testing::expect_contains(*four, {"rank 3 works 30.0 ms", "10.0 ms (median)"});
 }

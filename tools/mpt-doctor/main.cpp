@@ -8,12 +8,12 @@
 
 #include "tensor/error.h"
 #include "tools/cli_checks.h"
-#include "tools/mpt-doctor/checks.h"
+#include "diag/checks.h"
 
 int main(int argc, char** argv) {
   bool json = false, comm = false;
   int connect_timeout_ms = 2000;
-  mpt::doctor::CommOptions comm_options;
+  mpt::diag::CommOptions comm_options;
   std::vector<size_t> sizes = {4096, 1u << 20, 16u << 20};
   CLI::App app{"mpt-doctor: is this machine ready to train? Versions, GPUs, links, distributed variables, ports; "
                "--comm adds all-reduce tests"};
@@ -32,15 +32,15 @@ int main(int argc, char** argv) {
   comm_options.sizes = sizes;
 
   try {
-    mpt::doctor::Report report;
-    mpt::doctor::check_system(report);
-    mpt::doctor::check_environment(report, mpt::dist::Millis(connect_timeout_ms));
-    if (comm) mpt::doctor::check_comm(report, comm_options);
+    mpt::diag::Report report;
+    mpt::diag::check_system(report);
+    mpt::diag::check_environment(report, mpt::dist::Millis(connect_timeout_ms));
+    if (comm) mpt::diag::check_comm(report, comm_options);
     if (json)
       std::printf("%s\n", report.json().dump(2).c_str());
     else
       std::printf("%s", report.human().c_str());
-    return report.count(mpt::doctor::Severity::problem) > 0 ? 1 : 0;
+    return report.count(mpt::diag::Severity::problem) > 0 ? 1 : 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "mpt-doctor: %s\n", e.what());
     return 3;  // apart from a usage error's 2

@@ -21,7 +21,7 @@
 #include <string>
 
 #include "parallel/tcp_store.h"
-#include "supervisor.h"
+#include "parallel/launcher.h"
 #include "tensor/backend_settings.h"
 #include "tools/cli_checks.h"
 
@@ -95,9 +95,9 @@ int main(int argc, char** argv) {
   if (const char* set = std::getenv("MPT_CPU_THREADS"); set == nullptr || *set == '\0') {
     cpu_threads = std::to_string(std::max(1, mpt::usable_cpus() / nproc));
   }
-  std::vector<mpt::run::RankSpec> ranks;
+  std::vector<mpt::dist::RankSpec> ranks;
   for (int local = 0; local < nproc; ++local) {
-    mpt::run::RankSpec spec;
+    mpt::dist::RankSpec spec;
     spec.rank = node_rank * nproc + local;
     spec.env = {{"RANK", std::to_string(spec.rank)},
                 {"WORLD_SIZE", std::to_string(nnodes * nproc)},
@@ -111,7 +111,7 @@ int main(int argc, char** argv) {
     ranks.push_back(std::move(spec));
   }
   try {
-    const auto outcome = mpt::run::supervise(command, ranks, kill_grace);
+    const auto outcome = mpt::dist::supervise(command, ranks, kill_grace);
     if (!outcome.failure.empty()) {
       fmt::print(stderr, "mpt-run: {}; stopped the other ranks\n", outcome.failure);
       return outcome.exit_code;

@@ -32,7 +32,7 @@
 #include "tools/atomic_output.h"
 #include "tools/cli_checks.h"
 #include "tools/scaler_flags.h"
-#include "tools/mpt-scaler/plot.h"
+#include "amp/scaler_plot.h"
 #include "tools/mpt-scaler/progress.h"
 #include "tools/mpt-scaler/sweep_training.h"
 
@@ -87,12 +87,12 @@ void write_text(const std::string& path, const std::string& text, const std::str
 // --plot PNG: writes its gnuplot script and, with gnuplot (its path), draws
 // the PNG, both as outputs of the command. Without gnuplot only the script
 // is written; the caller says so once the data is committed.
-void draw_plot(const tools::ScalePlot& plot, const std::string& png, const std::optional<std::string>& gnuplot,
+void draw_plot(const amp::ScalePlot& plot, const std::string& png, const std::optional<std::string>& gnuplot,
                Outputs& outputs) {
-  const std::string script = tools::gnuplot_script_path(png);
+  const std::string script = amp::gnuplot_script_path(png);
   const std::string& script_temp = add_output(outputs, script).temp_path();
-  write_text(script_temp, tools::gnuplot_script(plot, png), "the plot's script");
-  if (gnuplot) tools::run_gnuplot(*gnuplot, script_temp, add_output(outputs, png).temp_path());
+  write_text(script_temp, amp::gnuplot_script(plot, png), "the plot's script");
+  if (gnuplot) amp::run_gnuplot(*gnuplot, script_temp, add_output(outputs, png).temp_path());
 }
 
 // A plot's PNG is named .png: its script takes the same name with .gp.
@@ -240,7 +240,7 @@ int main(int argc, char** argv) {
   // Where --plot is given, gnuplot draws the PNG; without it the rest is
   // still written, and the command ends with status 1 after saying so.
   const bool plotting = (*replay && !replay_plot.empty()) || (*sweep && !sweep_plot.empty()) || *plot;
-  const std::optional<std::string> gnuplot = plotting ? tools::find_gnuplot() : std::nullopt;
+  const std::optional<std::string> gnuplot = plotting ? amp::find_gnuplot() : std::nullopt;
   std::string png;                      // the plot asked for, if any
   std::vector<std::string> data_paths;  // what a missing gnuplot's message points to
   try {
@@ -250,8 +250,8 @@ int main(int argc, char** argv) {
     if (*replay) {
       for (const std::string& name : policies) check_writable("--out", path_for(replay_out, name, policies.size() > 1));
       check_writable("--plot", replay_plot);
-      if (!replay_plot.empty()) check_writable("--plot", tools::gnuplot_script_path(replay_plot));
-      tools::ScalePlot scale_plot;
+      if (!replay_plot.empty()) check_writable("--plot", amp::gnuplot_script_path(replay_plot));
+      amp::ScalePlot scale_plot;
       for (const std::string& name : policies) {
         const auto rows = amp::replay_overflows(replay_flags.checked(amp::scale_policy_from_name(name), "mpt-scaler replay"), overflows);
         const std::string path = path_for(replay_out, name, policies.size() > 1);
@@ -261,7 +261,7 @@ int main(int argc, char** argv) {
         for (const auto& r : rows) skipped += r.skipped;
         std::printf("%-10s %s: %zu steps, %lld skipped, final scale %g\n", name.c_str(), path.c_str(), rows.size(),
                     static_cast<long long>(skipped), rows.empty() ? 0.0 : rows.back().next_scale);
-        scale_plot.series.push_back(tools::series_from_trace(name, rows));
+        scale_plot.series.push_back(amp::series_from_trace(name, rows));
       }
       if (!replay_plot.empty()) {
         png = replay_plot;
@@ -277,7 +277,7 @@ int main(int argc, char** argv) {
       // written fails now rather than after all the training.
       check_writable("--out", sweep_out);
       check_writable("--plot", sweep_plot);
-      if (!sweep_plot.empty()) check_writable("--plot", tools::gnuplot_script_path(sweep_plot));
+      if (!sweep_plot.empty()) check_writable("--plot", amp::gnuplot_script_path(sweep_plot));
       if (!sweep_plot.empty() && !gnuplot)
         std::fprintf(stderr, "mpt-scaler: gnuplot is not on PATH (apt install gnuplot-nox): the sweep writes its data "
                              "and plot script, not the PNG\n");
@@ -297,7 +297,7 @@ int main(int argc, char** argv) {
           [&](size_t done, size_t) { runs_done = done; });
       bar.finish();
       nlohmann::ordered_json results = nlohmann::ordered_json::array();
-      tools::ScalePlot scale_plot;
+      amp::ScalePlot scale_plot;
       std::printf("%16s %8s %8s %12s %14s\n", "growth_interval", "steps", "skipped", "final_loss", "most_time_at");
       for (const auto& run : runs) {
         auto most = std::max_element(run.steps_at_scale.begin(), run.steps_at_scale.end(),
@@ -316,7 +316,7 @@ int main(int argc, char** argv) {
                            {"steps_at_scale", at_scale},
                            {"trajectory", std::move(trajectory)}});
         scale_plot.series.push_back(
-            tools::series_from_trace(fmt::format("growth_interval {}", run.growth_interval), run.trace));
+            amp::series_from_trace(fmt::format("growth_interval {}", run.growth_interval), run.trace));
       }
       const std::string data = tools::sweep_data(training);
       if (!sweep_out.empty()) {
@@ -355,21 +355,21 @@ int main(int argc, char** argv) {
         draw_plot(scale_plot, sweep_plot, gnuplot, outputs);
       }
     } else if (*plot) {
-      tools::ScalePlot scale_plot;
+      amp::ScalePlot scale_plot;
       scale_plot.width = width;
       scale_plot.height = height;
       for (const std::string& trace : traces)
-        scale_plot.series.push_back(tools::series_from_trace(trace, amp::read_scaler_trace(trace)));
+        scale_plot.series.push_back(amp::series_from_trace(trace, amp::read_scaler_trace(trace)));
       scale_plot.title = plot_title.empty() ? fmt::format("mpt-scaler plot: {}", fmt::join(traces, ", ")) : plot_title;
       check_writable("--out", plot_out);
-      check_writable("--out", tools::gnuplot_script_path(plot_out));
+      check_writable("--out", amp::gnuplot_script_path(plot_out));
       png = plot_out;
       data_paths = traces;
       draw_plot(scale_plot, plot_out, gnuplot, outputs);
     }
     for (const auto& output : outputs) output->commit();
     if (!png.empty() && gnuplot)
-      std::printf("plot %s (its gnuplot script: %s)\n", png.c_str(), tools::gnuplot_script_path(png).c_str());
+      std::printf("plot %s (its gnuplot script: %s)\n", png.c_str(), amp::gnuplot_script_path(png).c_str());
   } catch (const std::exception& e) {
     // mpt::Error, or what the standard library throws (std::filesystem, std::bad_alloc).
     const std::string message = e.what();
@@ -378,7 +378,7 @@ int main(int argc, char** argv) {
   }
   if (!png.empty() && !gnuplot) {
     std::fprintf(stderr, "mpt-scaler: %s\n",
-                 tools::gnuplot_missing_message(data_paths, tools::gnuplot_script_path(png), png).c_str());
+                 amp::gnuplot_missing_message(data_paths, amp::gnuplot_script_path(png), png).c_str());
     return 1;
   }
   return 0;

@@ -21,8 +21,8 @@
 #include "tensor/host_name.h"
 #include "tensor/version.h"
 #include "tools/mpt-train/checkpoint_files.h"
-#include "tools/mpt-train/diagnostics.h"
-#include "tools/mpt-train/gpu_sampler.h"
+#include "diag/training_warnings.h"
+#include "diag/gpu_sampler.h"
 #include "tools/mpt-train/progress.h"
 #include "tools/mpt-train/run_settings.h"
 #include "tools/mpt-train/text_sample.h"
@@ -390,9 +390,9 @@ TrainResult run_training(const TrainConfig& config) {
                    {"pid", ::getpid()}, {"device", devices_text}});
 
   // On the lead rank, a sampler of the GPUs this node's ranks use.
-  std::unique_ptr<GpuSampler> gpu_sampler;
+  std::unique_ptr<diag::GpuSampler> gpu_sampler;
   if (lead && device.is_cuda()) {
-    gpu_sampler = std::make_unique<GpuSampler>(
+    gpu_sampler = std::make_unique<diag::GpuSampler>(
         gpus_in_use(trainer, world.has_value()), std::chrono::milliseconds(1000),
         [&progress](const nlohmann::ordered_json& r) { progress.record(r); },
         [&progress](const std::string& m) { progress.message(m); });
@@ -439,7 +439,7 @@ TrainResult run_training(const TrainConfig& config) {
     if (world) {
       fields["rank_samples_per_s"] = rank_rate;
       fields["rank_work_ms"] = m.rank_work_ms;
-      if (auto warning = imbalance_warning(m.rank_work_ms)) progress.message(*warning);
+      if (auto warning = diag::imbalance_warning(m.rank_work_ms)) progress.message(*warning);
     }
     progress.log(m.step, m.loss, m.lr, rank_rate * world_size, fields);
   };

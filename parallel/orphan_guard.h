@@ -9,7 +9,7 @@
 // saying the job is over, the guard kills those groups.
 #include <sys/types.h>
 
-namespace mpt::run {
+namespace mpt::dist {
 
 class OrphanGuard {
  public:
@@ -26,4 +26,4 @@ class OrphanGuard {
   pid_t guard_ = -1;
 };
 
-}  // namespace mpt::run
+}  // namespace mpt::dist

@@ -1,4 +1,4 @@
-#include "supervisor.h"
+#include "parallel/launcher.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -15,9 +15,9 @@
 
 #include <fmt/format.h>
 
-#include "orphan_guard.h"
+#include "parallel/orphan_guard.h"
 
-namespace mpt::run {
+namespace mpt::dist {
 
 namespace {
 
@@ -134,7 +134,7 @@ void signal_all(std::vector<Child>& children, int sig) {
 
 }  // namespace
 
-Outcome supervise(const std::vector<std::string>& command, const std::vector<RankSpec>& ranks, double kill_grace_s) {
+LaunchOutcome supervise(const std::vector<std::string>& command, const std::vector<RankSpec>& ranks, double kill_grace_s) {
   using Clock = std::chrono::steady_clock;
   struct sigaction sa {};
   sa.sa_handler = on_stop_signal;
@@ -156,7 +156,7 @@ Outcome supervise(const std::vector<std::string>& command, const std::vector<Ran
     orphan_guard.watch(children[i].pid);
   }
 
-  Outcome outcome;
+  LaunchOutcome outcome;
   std::optional<Clock::time_point> kill_deadline;  // set once we start stopping the ranks
   bool killed = false;
   auto begin_stop = [&] {
@@ -239,4 +239,4 @@ Outcome supervise(const std::vector<std::string>& command, const std::vector<Ran
   return outcome;
 }
 
-}  // namespace mpt::run
+}  // namespace mpt::dist

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-namespace mpt::tools {
+namespace mpt::diag {
 
 // Fed one utilisation sample per device (percent) about once a second.
 // Warns once when a device has been idle (<= idle_percent) for `samples`
@@ -35,4 +35,4 @@ class IdleDetector {
 std::optional<std::string> imbalance_warning(const std::vector<double>& work_ms_per_rank, double ratio = 1.3,
                                              double min_ms = 1.0);
 
-}  // namespace mpt::tools
+}  // namespace mpt::diag

@@ -8,7 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
-namespace mpt::doctor {
+namespace mpt::diag {
 
 enum class Severity { ok, note, warning, problem };
 const char* severity_name(Severity s);  // "ok", "note", "warning", "problem"
@@ -48,4 +48,4 @@ class Report {
   std::vector<std::unique_ptr<Section>> sections_;
 };
 
-}  // namespace mpt::doctor
+}  // namespace mpt::diag

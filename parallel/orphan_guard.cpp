@@ -1,4 +1,4 @@
-#include "orphan_guard.h"
+#include "parallel/orphan_guard.h"
 
 #include <signal.h>
 #include <sys/socket.h>
@@ -12,7 +12,7 @@
 
 #include <fmt/format.h>
 
-namespace mpt::run {
+namespace mpt::dist {
 
 namespace {
 
@@ -86,4 +86,4 @@ OrphanGuard::~OrphanGuard() {
 
 void OrphanGuard::watch(pid_t process_group) { send_message(to_guard_, process_group); }
 
-}  // namespace mpt::run
+}  // namespace mpt::dist

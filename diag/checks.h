@@ -4,9 +4,9 @@
 #include <vector>
 
 #include "parallel/store.h"
-#include "tools/mpt-doctor/report.h"
+#include "diag/report.h"
 
-namespace mpt::doctor {
+namespace mpt::diag {
 
 // Host, build, driver and runtime versions, cuBLAS, cuDNN and NCCL (compiled
 // against and loaded), every GPU (CUDA's view and NVML's utilisation), and
@@ -36,4 +36,4 @@ struct CommOptions {
 // element; times are reported as nccl-tests does (algbw, busbw).
 void check_comm(Report& report, const CommOptions& options);
 
-}  // namespace mpt::doctor
+}  // namespace mpt::diag

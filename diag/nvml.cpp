@@ -1,4 +1,4 @@
-#include "tensor/nvml.h"
+#include "diag/nvml.h"
 
 #include <dlfcn.h>
 

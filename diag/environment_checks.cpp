@@ -22,12 +22,12 @@
 #include "parallel/tcp_store.h"
 #include "tensor/device.h"
 #include "tensor/error.h"
-#include "tensor/nvml.h"
-#include "tools/mpt-doctor/checks.h"
+#include "diag/nvml.h"
+#include "diag/checks.h"
 
 extern char** environ;
 
-namespace mpt::doctor {
+namespace mpt::diag {
 namespace {
 
 constexpr int kMptRunDefaultPort = 29500;  // tools/mpt-run's --master_port
@@ -387,4 +387,4 @@ void check_environment(Report& report, dist::Millis connect_timeout) {
   check_rendezvous(report, connect_timeout);
 }
 
-}  // namespace mpt::doctor
+}  // namespace mpt::diag

@@ -1,10 +1,10 @@
-#include "tools/mpt-train/diagnostics.h"
+#include "diag/training_warnings.h"
 
 #include <algorithm>
 
 #include <fmt/format.h>
 
-namespace mpt::tools {
+namespace mpt::diag {
 
 IdleDetector::IdleDetector(std::vector<std::string> names, int samples, unsigned idle_percent,
                            unsigned busy_percent)
@@ -57,4 +57,4 @@ std::optional<std::string> imbalance_warning(const std::vector<double>& work_ms_
       slowest - work_ms_per_rank.begin(), *slowest, median);
 }
 
-}  // namespace mpt::tools
+}  // namespace mpt::diag

@@ -3,17 +3,18 @@
 // x, the scale on a log2 axis, one named line per series, its skipped
 // (overflow) steps marked with points.
 //
-// The tool writes its data files first; they stay the source of truth. The
-// plot is a gnuplot script written beside the PNG (the same name, .gp),
-// holding the points it draws, which gnuplot then runs. Without gnuplot the
-// script is still written, and `gnuplot NAME.gp` draws the PNG later.
+// A caller (mpt-scaler) writes its data files first; they stay the source
+// of truth. The plot is a gnuplot script written beside the PNG (the same
+// name, .gp), holding the points it draws, which gnuplot then runs. Without
+// gnuplot the script is still written, and `gnuplot NAME.gp` draws the PNG
+// later.
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "amp/scaler_trace.h"
 
-namespace mpt::tools {
+namespace mpt::amp {
 
 struct ScaleSeries {
   std::string label;  // its legend entry
@@ -24,7 +25,7 @@ struct ScaleSeries {
   std::vector<double> skipped_steps, skipped_scales;
 };
 
-ScaleSeries series_from_trace(const std::string& label, const std::vector<amp::ScalerTraceRow>& rows);
+ScaleSeries series_from_trace(const std::string& label, const std::vector<ScalerTraceRow>& rows);
 
 struct ScalePlot {
   std::string title;  // lines separated by '\n'
@@ -53,4 +54,4 @@ std::string gnuplot_missing_message(const std::vector<std::string>& data_paths, 
 // go to standard error).
 void run_gnuplot(const std::string& gnuplot, const std::string& script_path, const std::string& output);
 
-}  // namespace mpt::tools
+}  // namespace mpt::amp

@@ -1,13 +1,13 @@
-#include "tools/mpt-train/gpu_sampler.h"
+#include "diag/gpu_sampler.h"
 
 #include <fmt/format.h>
 
 #include "tensor/cuda_info.h"
 #include "tensor/error.h"
-#include "tensor/nvml.h"
-#include "tools/mpt-train/diagnostics.h"
+#include "diag/nvml.h"
+#include "diag/training_warnings.h"
 
-namespace mpt::tools {
+namespace mpt::diag {
 
 GpuSampler::GpuSampler(const std::vector<int>& cuda_devices, std::chrono::milliseconds period, Record record,
                        Warn warn)
@@ -75,4 +75,4 @@ void GpuSampler::loop(std::vector<int> cuda, std::vector<int> nvml_index) {
   }
 }
 
-}  // namespace mpt::tools
+}  // namespace mpt::diag

@@ -1,4 +1,4 @@
-#include "tools/mpt-scaler/plot.h"
+#include "amp/scaler_plot.h"
 
 #include <spawn.h>
 #include <sys/wait.h>
@@ -17,7 +17,7 @@
 
 extern char** environ;
 
-namespace mpt::tools {
+namespace mpt::amp {
 namespace {
 
 // matplotlib's first colours: told apart by most readers, colour-blind ones too.
@@ -44,7 +44,7 @@ void append_block(std::string& script, const std::string& name, const std::vecto
 
 }  // namespace
 
-ScaleSeries series_from_trace(const std::string& label, const std::vector<amp::ScalerTraceRow>& rows) {
+ScaleSeries series_from_trace(const std::string& label, const std::vector<ScalerTraceRow>& rows) {
   ScaleSeries s;
   s.label = label;
   for (size_t i = 0; i < rows.size(); ++i) {
@@ -192,4 +192,4 @@ void run_gnuplot(const std::string& gnuplot, const std::string& script_path, con
   check<IOError>(std::filesystem::exists(output), "gnuplot drew nothing into '{}' (script {})", output, script_path);
 }
 
-}  // namespace mpt::tools
+}  // namespace mpt::amp

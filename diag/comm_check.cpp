@@ -14,9 +14,9 @@
 #include "tensor/error.h"
 #include "tensor/ops.h"
 #include "tensor/stream.h"
-#include "tools/mpt-doctor/checks.h"
+#include "diag/checks.h"
 
-namespace mpt::doctor {
+namespace mpt::diag {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -200,4 +200,4 @@ void check_comm(Report& report, const CommOptions& options) {
   if (machine_has_gpu()) nccl_check(report, options);
 }
 
-}  // namespace mpt::doctor
+}  // namespace mpt::diag

@@ -6,10 +6,10 @@
 #include "tensor/device.h"
 #include "tensor/error.h"
 #include "tensor/host_name.h"
-#include "tensor/nvml.h"
-#include "tools/mpt-doctor/checks.h"
+#include "diag/nvml.h"
+#include "diag/checks.h"
 
-namespace mpt::doctor {
+namespace mpt::diag {
 namespace {
 
 std::string gib(uint64_t bytes) { return fmt::format("{:.1f} GiB", static_cast<double>(bytes) / (1ull << 30)); }
@@ -183,4 +183,4 @@ void check_system(Report& report) {
   check_gpus(report, v, nvml);
 }
 
-}  // namespace mpt::doctor
+}  // namespace mpt::diag

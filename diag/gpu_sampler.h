@@ -12,7 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
-namespace mpt::tools {
+namespace mpt::diag {
 
 class GpuSampler {
  public:
@@ -41,4 +41,4 @@ class GpuSampler {
   std::thread thread_;
 };
 
-}  // namespace mpt::tools
+}  // namespace mpt::diag

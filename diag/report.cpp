@@ -1,8 +1,8 @@
-#include "tools/mpt-doctor/report.h"
+#include "diag/report.h"
 
 #include <fmt/format.h>
 
-namespace mpt::doctor {
+namespace mpt::diag {
 
 const char* severity_name(Severity s) {
   switch (s) {
@@ -68,4 +68,4 @@ nlohmann::ordered_json Report::json() const {
   return out;
 }
 
-}  // namespace mpt::doctor
+}  // namespace mpt::diag
