@@ -208,6 +208,69 @@ nlohmann::ordered_json start_event(const TrainConfig& c, train::Trainer& t, cons
           {"mptrain_version", library_version()}};
 }
 
+// What the checkpoint's run trained on must be what this one reads (the
+// same bytes, wherever they lie), in as many shards; a checkpoint from
+// before the configuration was recorded names a few options instead.
+void check_resumed_run(const TrainConfig& c, const ckpt::Checkpoint& saved, const nlohmann::json& saved_config,
+                       const std::string& data_identity, int world_size) {
+  const auto recorded = [&](const std::string& key) {
+    const auto it = saved.info.find(key);
+    return it == saved.info.end() ? std::optional<std::string>() : it->second;
+  };
+  if (!saved_config.is_object()) check_older_record(c, saved, c.resume);
+  const auto data = recorded("run.data_identity");
+  check(!data || *data == data_identity,
+        "mpt-train: --resume '{}': the checkpoint's run trained on other data ({}) than this run's --data '{}' ({})",
+        c.resume, data.value_or(""), c.data, data_identity);
+  const auto shards = recorded("run.world_size");
+  check(!shards || *shards == std::to_string(world_size),
+        "mpt-train: --resume '{}': the checkpoint's run was a job of {} rank(s), this one has {}: its data position "
+        "counts batches of that many shards",
+        c.resume, shards.value_or(""), world_size);
+}
+
+// Ranks started with different settings end here, every one of them,
+// naming what differs (they would hang in their first collective, or train
+// on apart).
+void check_ranks_agree(const TrainConfig& c, const dist::Distributed& world, const std::string& data_identity,
+                       const Device& device, bool graph, const std::optional<ckpt::Checkpoint>& saved) {
+  dist::Settings settings = rank_settings(c);
+  settings.emplace_back("the data", data_identity);
+  settings.emplace_back("the device type", device.is_cuda() ? "cuda" : "cpu");
+  settings.emplace_back("the CUDA graph", graph ? "on" : "off");
+  settings.emplace_back("the world size", std::to_string(world.config.world_size));
+  settings.emplace_back("the checkpoint resumed", saved ? fmt::format("step {}", saved->step) : "none");
+  settings.emplace_back("the mptrain version", library_version());
+  dist::check_same_settings(*world.store, world.config.rank, world.config.world_size, settings);
+}
+
+// The library's step and loop as the options ask for them.
+train::TrainerOptions trainer_options(const TrainConfig& c, const Device& device, train::Parallel parallel,
+                                      const std::optional<dist::Distributed>& world, int64_t total_steps,
+                                      Generator& gen) {
+  train::TrainerOptions o;
+  o.step.precision = train::precision_from_name(c.precision);
+  o.step.scaler = scaler_options(c);
+  o.step.cuda_graph = train::graph_mode_from_name(c.cuda_graph);
+  o.step.max_grad_norm = c.clip_grad_norm;
+  o.device = device;
+  o.parallel = parallel;
+  if (world) {
+    o.group = world->group;
+    if (c.grad_transit != "f32") o.ddp.compression = dtype_from_name(c.grad_transit);
+  }
+  if (parallel == train::Parallel::dp) {
+    o.dp_devices = data_parallel_devices(device);
+    o.make_replica = [c] {
+      Generator g(c.seed);
+      return train::make_workload(workload_options(c), g).model;
+    };
+  }
+  o.schedule = make_schedule(c, total_steps);
+  o.rng = &gen;
+  return o;
+}
+
 }  // namespace
 
 void check_options(const TrainConfig& c) {
@@ -307,38 +370,8 @@ TrainResult run_training(const TrainConfig& config) {
   const TextSampler text_sampler(w, c);  // (checks --sample-prompt before any training)
   w.model->to(device);
 
-  // What the checkpoint's run trained on must be what this one reads (the
-  // same bytes, wherever they lie), in as many shards.
-  if (saved) {
-    const auto recorded = [&](const std::string& key) {
-      const auto it = saved->info.find(key);
-      return it == saved->info.end() ? std::optional<std::string>() : it->second;
-    };
-    if (!saved_config.is_object()) check_older_record(c, *saved, c.resume);
-    const auto data_identity = recorded("run.data_identity");
-    check(!data_identity || *data_identity == w.data_identity,
-          "mpt-train: --resume '{}': the checkpoint's run trained on other data ({}) than this run's --data '{}' ({})",
-          c.resume, data_identity.value_or(""), c.data, w.data_identity);
-    const auto shards = recorded("run.world_size");
-    check(!shards || *shards == std::to_string(world_size),
-          "mpt-train: --resume '{}': the checkpoint's run was a job of {} rank(s), this one has {}: its data position "
-          "counts batches of that many shards",
-          c.resume, shards.value_or(""), world_size);
-  }
-  const bool graph = c.cuda_graph != "off" && obstacle.empty();
-  // Ranks started with different settings end here, every one of them,
-  // naming what differs (they would hang in their first collective, or
-  // train on apart).
-  if (world) {
-    dist::Settings settings = rank_settings(c);
-    settings.emplace_back("the data", w.data_identity);
-    settings.emplace_back("the device type", device.is_cuda() ? "cuda" : "cpu");
-    settings.emplace_back("the CUDA graph", graph ? "on" : "off");
-    settings.emplace_back("the world size", std::to_string(world_size));
-    settings.emplace_back("the checkpoint resumed", saved ? fmt::format("step {}", saved->step) : "none");
-    settings.emplace_back("the mptrain version", library_version());
-    dist::check_same_settings(*world->store, rank, world_size, settings);
-  }
+  if (saved) check_resumed_run(c, *saved, saved_config, w.data_identity, world_size);
+  if (world) check_ranks_agree(c, *world, w.data_identity, device, c.cuda_graph != "off" && obstacle.empty(), saved);
 
   data::DataLoader loader(w.train_set, make_sampler(world, w.train_set->size(), c.seed),
                           {.batch_size = c.batch_size, .num_workers = c.workers, .prefetch = 4,
@@ -346,31 +379,15 @@ TrainResult run_training(const TrainConfig& config) {
   const int64_t total_steps = train::planned_steps(loader.batches_per_epoch(), c.epochs, c.accumulation, c.max_steps);
   settle_warmup(c, total_steps, progress);
 
-  train::TrainerOptions options;
-  options.step.precision = train::precision_from_name(c.precision);
-  options.step.scaler = scaler_options(c);
-  options.step.cuda_graph = train::graph_mode_from_name(c.cuda_graph);
-  options.step.max_grad_norm = c.clip_grad_norm;
-  options.device = device;
-  options.parallel = parallel_mode;
-  if (world) {
-    options.group = world->group;
-    if (c.grad_transit != "f32") options.ddp.compression = dtype_from_name(c.grad_transit);
-  }
-  if (parallel_mode == train::Parallel::dp) {
-    options.dp_devices = data_parallel_devices(device);
-    options.make_replica = [&c] {
-      Generator g(c.seed);
-      return train::make_workload(workload_options(c), g).model;
-    };
-  }
-  options.schedule = make_schedule(c, total_steps);
-  options.rng = &gen;
+  const train::TrainerOptions options = trainer_options(c, device, parallel_mode, world, total_steps, gen);
   train::Trainer trainer(w.model, make_optimizer(c, w.model->parameters()), w.objective, options);
   if (saved) {
     trainer.restore(*saved, fmt::format("mpt-train: --resume '{}'", c.resume));
+    // Saved after an epoch's last batch, the run goes on with the next epoch.
+    data::DataPosition at = trainer.position();
+    if (at.batch >= loader.batches_per_epoch()) at = {at.epoch + 1, 0};
     progress.message(fmt::format("resumed from '{}' at step {} (epoch {}, batch {})", c.resume, trainer.steps(),
-                                 trainer.position().epoch + 1, trainer.position().batch));
+                                 at.epoch + 1, at.batch));
   }
 
   // Every rank says once who and where it is (mpt-run prefixes the lines).
