@@ -77,6 +77,15 @@ Tensor GPT::forward(const Tensor& idx) {
   return (*head)(ln->forward_into("linear", blocks->forward(x)));
 }
 
+GPTOptions gpt2_small_options() { return {.vocab_size = 50304, .context = 1024, .d_model = 768, .n_layers = 12, .n_heads = 12}; }
+
+double GPT::training_flops_per_token(int64_t T) const {
+  const double d = static_cast<double>(options.d_model), layers = static_cast<double>(options.n_layers);
+  const double block_weights = 12.0 * d * d;  // qkv 3d^2, proj d^2, fc 4d^2, out 4d^2
+  const double matmul_weights = layers * block_weights + d * static_cast<double>(options.vocab_size);
+  return 6.0 * matmul_weights + 12.0 * layers * d * static_cast<double>(T);
+}
+
 Tensor GPT::forward_cached(const Tensor& idx, GPTCache& cache) {
   NoGradGuard no_grad;
   check<ShapeError>(idx.dim() == 2 && idx.size(1) >= 1, "GPT::forward_cached: input {} must be [B, n] token indices",

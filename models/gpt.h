@@ -21,6 +21,12 @@ struct GPTOptions {
   int64_t n_heads = 6;
 };
 
+// GPT-2 small's sizes (124M parameters with a tied head; 163M here, whose
+// head is untied): 12 layers, 12 heads, d 768, context 1024, and GPT-2's
+// vocabulary of 50257 padded to 50304 (a multiple of 128) as llm.c and
+// nanoGPT pad it.
+GPTOptions gpt2_small_options();
+
 // What a GPT has read when it reads a sequence a few tokens at a time (as
 // sampling does): each block's keys and values of the positions so far, so
 // that a new token costs one position's work, not the whole window's.
@@ -56,6 +62,13 @@ class GPT : public Module {
   // one, as forward() on the whole sequence would give them (to rounding),
   // and extends the cache. No gradients are recorded.
   Tensor forward_cached(const Tensor& idx, GPTCache& cache);
+
+  // The matrix-multiply FLOPs of one training step (forward and backward)
+  // per token of sequences of length T, as MFU is counted (PaLM's
+  // appendix B, llm.c): 6 per weight of every matrix product (the blocks'
+  // and the head's; embeddings are lookups) plus 12 * layers * d * T for
+  // attention's two products, the causal mask's skipped half included.
+  double training_flops_per_token(int64_t T) const;
 
   GPTOptions options;
   std::shared_ptr<Embedding> tok, pos;

@@ -5,8 +5,15 @@ prints a Markdown table of step times and ours/PyTorch ratios.
 
   scripts/bench_vs_torch.py --build build [--workloads ...] [--modes ...]
 
-Workloads: the reference's four (the default), and cnn_bn, its cnn with a
-BatchNorm2d after each convolution (single and dp modes only).
+Workloads: the reference's four (the default) and gpt2_124m (GPT-2 small's
+sizes, batch 16), and cnn_bn, its cnn with a BatchNorm2d after each
+convolution (single and dp modes only).
+
+Single mode runs PyTorch eager and under torch.compile (each mode of
+--compile, default reduce-overhead and max-autotune-no-cudagraphs; the best
+of them is "compiled") and prints ours / eager and ours / compiled: the bar
+is the better of the two. GPT workloads add tokens/s and mpt-bench's MFU
+(model FLOPs over the GEMM rate it measured in the same run).
 
 --allreduce [f32 f16] adds mpt-bench's all-reduce sweep (the time of one
 all-reduce by size and way: NCCL, NCCL's symmetric kernels, our peer kernel).
@@ -96,16 +103,18 @@ def main():
     ap.add_argument("--workloads", nargs="*", default=["mlp_small", "cnn", "gpt_mini", "mlp_large"],
                     help="none (--workloads alone): only the ceilings and the all-reduce sweep")
     ap.add_argument("--modes", nargs="+", default=["single", "dp", "ddp"])
-    ap.add_argument("--precision", default="fp16")
+    ap.add_argument("--precision", nargs="+", default=["fp16"], help="each precision is a run of its own")
+    ap.add_argument("--compile", nargs="*", default=["reduce-overhead", "max-autotune-no-cudagraphs"],
+                    help="single mode: torch.compile modes PyTorch also runs in (none: eager only)")
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--log", default=os.path.join(os.environ["OUT"], "bench.jsonl") if "OUT" in os.environ else None)
     ap.add_argument("--ceilings", action="store_true", help="also run ceilings.py (GEMM rate, copy bandwidth)")
     ap.add_argument("--variants", nargs="*", default=[],
-                    help="also run mptrain's dp and ddp with each of these sets of mpt-bench options, written "
-                         "without their dashes and joined by commas (grad-transit=f16 registered-buffers "
-                         "grad-transit=f16,registered-buffers); the reference has no such modes, so they are "
-                         "compared with mptrain's own single-GPU run only")
+                    help="also run mptrain with each of these sets of mpt-bench options, written without their "
+                         "dashes and joined by commas (grad-transit=f16 registered-buffers "
+                         "grad-transit=f16,registered-buffers cudnn-attention=false); dp and ddp ones are "
+                         "compared with mptrain's own single-GPU run, single ones with its default options")
     ap.add_argument("--allreduce", nargs="*", metavar="TRANSIT",
                     help="also run mpt-bench --mode allreduce (one all-reduce over every GPU, by size and way) in "
                          "each of these transit dtypes (default f32; f32 f16 for both) and print its table")
@@ -115,7 +124,6 @@ def main():
     env = dict(os.environ)
     env["LD_LIBRARY_PATH"] = os.path.abspath(a.build) + ":" + env.get("LD_LIBRARY_PATH", "")
     env.setdefault("NCCL_NVLS_ENABLE", "0")
-    common = ["--precision", a.precision, "--warmup", str(a.warmup), "--steps", str(a.steps)]
     mpt_bench = os.path.join(a.build, "tools", "mpt-bench", "mpt-bench")
     records = []
     log = open(a.log, "w") if a.log else None
@@ -131,21 +139,32 @@ def main():
     if a.ceilings:
         keep(*run_json([sys.executable, os.path.join(ref, "ceilings.py")], env))
     rows = []
-    for w in a.workloads:
-        for m in a.modes:
-            torch = torch_run(ref, ["--workload", w, "--mode", m] + common, env)
-            ours = run_json([mpt_bench, "--workload", w, "--mode", m] + common, env)[-1]
-            torch.setdefault("impl", "pytorch")
-            keep(torch, ours)
-            rows.append((w, m, torch, ours))
     variants = []  # (workload, mode, variant, record)
-    for variant in a.variants:
+    for precision in a.precision:
+        common = ["--precision", precision, "--warmup", str(a.warmup), "--steps", str(a.steps)]
         for w in a.workloads:
-            for m in (m for m in a.modes if m != "single"):
-                ours = run_json([mpt_bench, "--workload", w, "--mode", m] + variant_options(variant) + common, env)[-1]
-                ours["variant"] = variant
-                keep(ours)
-                variants.append((w, m, variant, ours))
+            for m in a.modes:
+                torch = torch_run(ref, ["--workload", w, "--mode", m] + common, env)
+                torch.setdefault("impl", "pytorch")
+                compiled = []
+                for mode in a.compile if m == "single" else []:
+                    c = torch_run(ref, ["--workload", w, "--mode", m, "--compile", mode] + common, env)
+                    c.setdefault("impl", "pytorch")
+                    c.setdefault("compile", mode)
+                    compiled.append(c)
+                ours = run_json([mpt_bench, "--workload", w, "--mode", m] + common, env)[-1]
+                keep(torch, *compiled, ours)
+                best = min((c for c in compiled if "step_ms_median" in c), key=lambda c: c["step_ms_median"],
+                           default=compiled[0] if compiled else None)
+                rows.append((w, m, torch, ours, best, precision))
+                for variant in a.variants:
+                    if w == "cnn_bn" and m == "ddp":
+                        continue
+                    r = run_json([mpt_bench, "--workload", w, "--mode", m] + variant_options(variant) + common,
+                                 env)[-1]
+                    r["variant"] = variant
+                    keep(r)
+                    variants.append((w, m, variant, r, precision))
 
     sweeps = []
     for transit in ([] if a.allreduce is None else a.allreduce or ["f32"]):
@@ -158,16 +177,22 @@ def main():
     for r in records:
         if "ceiling" in r:
             print(json.dumps(r))
-    print(f"\n| workload | mode | PyTorch ms/step | mptrain ms/step | ours / PyTorch | PyTorch peak MB | mptrain peak MB |")
-    print("|---|---|---|---|---|---|---|")
-    for w, m, t, o in rows:
-        tm, om = t.get("step_ms_median"), o.get("step_ms_median")
-        ratio = f"{om / tm:.3f}" if tm and om else "n/a"
-        err = "; ".join(x["error"] for x in (t, o) if "error" in x)
-        print(f"| {w} | {m} | {tm} | {om} | {ratio} | {t.get('peak_mem_mb', '-')} | {o.get('peak_mem_mb', '-')} |"
-              + (f" {err}" if err else ""))
-    print_scaling(rows)
+    print("\n| workload | precision | mode | PyTorch eager ms | PyTorch compiled ms (mode) | mptrain ms | "
+          "ours / eager | ours / compiled | tokens/s: eager, compiled, ours | MFU ours | peak MB: PyTorch, ours |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for w, m, t, o, c, precision in rows:
+        tm, om, cm = t.get("step_ms_median"), o.get("step_ms_median"), (c or {}).get("step_ms_median")
+        ratio = lambda base: f"{om / base:.3f}" if base and om else "n/a"
+        compiled = f"{cm} ({c.get('compile')})" if cm else ("-" if c is None else "n/a")
+        tokens = ", ".join(str(r.get("tokens_per_s", "-")) for r in (t, c or {}, o)) if w.startswith("gpt") else "-"
+        mfu = f"{100 * o['mfu']:.1f}%" if "mfu" in o else "-"
+        peaks = f"{t.get('peak_mem_mb', '-')}, {o.get('peak_mem_mb', '-')}"
+        err = "; ".join(x["error"] for x in (t, o, c or {}) if "error" in x)
+        print(f"| {w} | {precision} | {m} | {tm} | {compiled} | {om} | {ratio(tm)} | {ratio(cm)} | {tokens} | {mfu} "
+              f"| {peaks} |" + (f" {err}" if err else ""))
     print_variant_scaling(rows, variants)
+    rows = [(w, m, t, o) for w, m, t, o, c, p in rows if p == a.precision[0]]
+    print_scaling(rows)
     print_gemm_rate(rows, records)
     print_allreduce(sweeps)
 
@@ -241,22 +266,29 @@ def variant_options(variant):
 
 
 def print_variant_scaling(rows, variants):
-    """mptrain's dp and ddp with other mpt-bench options against its own
-    single-GPU run of this call, beside the default options' figures."""
+    """mptrain with other mpt-bench options beside its default options' run
+    of the same workload, mode and precision: single mode as a speed-up
+    over the default, dp and ddp against mptrain's own single-GPU run."""
     if not variants:
         return
-    single = {w: o for w, m, t, o in rows if m == "single"}
-    plain = {(w, m): o for w, m, t, o in rows}
-    print("\n| workload | mode | mpt-bench options | ms/step | vs its single GPU | peak MB | default: ms/step | "
-          "vs its single GPU | peak MB |")
+    plain = {(w, m, p): o for w, m, t, o, c, p in rows}
+
+    def versus(m, run, key):
+        if m == "single":
+            base = plain.get(key, {})
+            ok = "step_ms_median" in run and "step_ms_median" in base
+            return f"{base['step_ms_median'] / run['step_ms_median']:.3f}x faster" if ok else "n/a"
+        return scaling(m, run, plain.get((key[0], "single", key[2]), {}))
+
+    print("\n| workload | precision | mode | mpt-bench options | ms/step | vs default (single) or its single GPU "
+          "| peak MB | default: ms/step | peak MB |")
     print("|---|---|---|---|---|---|---|---|---|")
-    for w, m, variant, r in variants:
-        base = plain.get((w, m), {})
-        cells = [scaling(m, run, single.get(w, {})) for run in (r, base)]
+    for w, m, variant, r, p in variants:
+        base = plain.get((w, m, p), {})
         err = f" {r['error']}" if "error" in r else ""
-        print(f"| {w} | {m} | `{variant}` | {r.get('step_ms_median', 'n/a')} | {cells[0]} "
-              f"| {r.get('peak_mem_mb', '-')} | {base.get('step_ms_median', 'n/a')} | {cells[1]} "
-              f"| {base.get('peak_mem_mb', '-')} |{err}")
+        print(f"| {w} | {p} | {m} | `{variant}` | {r.get('step_ms_median', 'n/a')} | {versus(m, r, (w, m, p))} "
+              f"| {r.get('peak_mem_mb', '-')} | {base.get('step_ms_median', 'n/a')} | {base.get('peak_mem_mb', '-')} "
+              f"|{err}")
 
 
 def print_allreduce(lines):

@@ -5,8 +5,9 @@ step by step. Runs on the GPU machine, where PyTorch is:
 
   python3 scripts/parity_vs_torch.py --build build-stage [--steps 100]
 
-For each model (mlp and cnn on Fashion-MNIST, gpt on the fortunes text) and
-precision (fp16 with the loss scaler, bf16, fp32):
+For each model (mlp and cnn on Fashion-MNIST, gpt (GPT-mini) and gpt2
+(GPT-2 small's sizes, context 1024, 163M parameters) on the fortunes text)
+and precision (fp16 with the loss scaler, bf16, fp32):
   - fp16, the scaler's rule: PyTorch's overflows (the steps its scale backed
     off at), replayed through mptrain's scaler (`mpt-scaler replay`), must
     give PyTorch's scale after every step, exactly;
@@ -20,7 +21,12 @@ precision (fp16 with the loss scaler, bf16, fp32):
     run of the same steps in f64 (skipping the steps PyTorch's fp16 run
     skipped), and mptrain's distance from it must be at most twice
     PyTorch's: as accurate as PyTorch at that precision, give or take
-    rounding in another order.
+    rounding in another order;
+  - fp16 and bf16, against PyTorch's own precision gap: mptrain's final
+    weights and losses differ from PyTorch's run of that precision by no
+    more than PyTorch's run of that precision differs from its fp32 run
+    (the weights' distance, and the largest loss gap over the steps). A
+    check for gpt2; reported for the others.
 The scaler starts at 2^24 and grows every 10 clean steps, so that it backs
 off several times at the start and tries to grow (and overflows) along the
 way. Prints a table and exits 1 when a check fails.
@@ -41,6 +47,10 @@ from bench_vs_torch import find_reference
 
 LR, WEIGHT_DECAY, INIT_SCALE, GROWTH_INTERVAL = 1e-3, 1e-2, 2.0**24, 10
 AMP_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+# The GPTs: sequences per batch and context, vocabulary, heads.
+GPT_SHAPES = {"gpt": (8, 256), "gpt2": (8, 1024)}
+VOCAB = {"gpt": 65, "gpt2": 50304}
+HEADS = {"gpt": 6, "gpt2": 12}
 
 
 def idx_images(path):
@@ -65,8 +75,8 @@ def make_data(model, data_dir, steps, gen):
         x = x.reshape(steps, batch, 784) if model == "mlp" else x.reshape(steps, batch, 1, 28, 28)
         return x.contiguous(), labels[pick].reshape(steps, batch).contiguous()
     text = open(os.path.join(data_dir, "fortunes"), "rb").read()
-    tokens = torch.frombuffer(bytearray(text), dtype=torch.uint8).to(torch.int64) % 65
-    batch, context = 8, 256
+    tokens = torch.frombuffer(bytearray(text), dtype=torch.uint8).to(torch.int64) % VOCAB[model]
+    batch, context = GPT_SHAPES[model]
     starts = torch.randint(0, len(tokens) - context - 1, (steps * batch,), generator=gen)
     windows = torch.stack([tokens[s:s + context + 1] for s in starts.tolist()]).reshape(steps, batch, context + 1)
     return windows[..., :-1].contiguous(), windows[..., 1:].contiguous()
@@ -74,7 +84,7 @@ def make_data(model, data_dir, steps, gen):
 
 def reference_model(model):
     import torch_bench  # the reference benchmark's own layouts
-    workload = {"mlp": "mlp_small", "cnn": "cnn", "gpt": "gpt_mini"}[model]
+    workload = {"mlp": "mlp_small", "cnn": "cnn", "gpt": "gpt_mini", "gpt2": "gpt2_124m"}[model]
     torch.manual_seed(0)
     m, _, _ = torch_bench.make(workload, "cpu", batch=1)
     return m
@@ -117,10 +127,12 @@ def train_torch(model, init, x, y, precision, skip=()):
 
 def train_mptrain(tool, model, files, precision, graph):
     out = os.path.join(files, f"{model}-{precision}{'-graph' if graph else ''}.safetensors")
-    cmd = [tool, "--model", model, "--init", os.path.join(files, f"{model}-init.safetensors"),
+    cmd = [tool, "--model", "gpt" if model in HEADS else model, "--init", os.path.join(files, f"{model}-init.safetensors"),
            "--data", os.path.join(files, f"{model}-data.safetensors"), "--precision", precision, "--out", out,
            "--lr", str(LR), "--weight-decay", str(WEIGHT_DECAY), "--init-scale", str(INIT_SCALE),
            "--growth-interval", str(GROWTH_INTERVAL)] + (["--graph"] if graph else [])
+    if model in HEADS:
+        cmd += ["--heads", str(HEADS[model])]
     run = subprocess.run(cmd, capture_output=True, text=True)
     if run.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed ({run.returncode}):\n{run.stderr}")
@@ -182,8 +194,8 @@ def main():
     scaler_tool = os.path.join(a.build, "tools", "mpt-scaler", "mpt-scaler")
     print("| model | precision | scaler rule on PyTorch's overflows | scales of the two runs | skipped steps "
           "(PyTorch / ours) | last loss (PyTorch / ours) | max loss gap | distance from f64: PyTorch / ours | "
-          "ours / PyTorch |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "ours / PyTorch | vs PyTorch's gap to its fp32: weights, losses |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for model in a.models.split(","):
         gen = torch.Generator().manual_seed(1)
         x, y = make_data(model, data_dir, a.steps, gen)
@@ -200,8 +212,9 @@ def main():
                             f"{step}, PyTorch {torch_fp16[1][step]}")
         grew_first = first_growth(torch_fp16[1])
         f64_runs = {True: train_torch(model, init, x, y, "f64", skip=skips), False: train_torch(model, init, x, y, "f64")}
+        torch_fp32 = train_torch(model, init, x, y, "fp32")
         for precision, graph in (("fp16", False), ("fp16", True), ("bf16", False), ("fp32", False)):
-            theirs = torch_fp16 if precision == "fp16" else train_torch(model, init, x, y, precision)
+            theirs = {"fp16": torch_fp16, "fp32": torch_fp32}.get(precision) or train_torch(model, init, x, y, precision)
             ours = train_mptrain(tool, model, files, precision, graph)
             truth = f64_runs[precision == "fp16"][2]
             err_theirs, err_ours = distance(theirs[2], truth), distance(ours[2], truth)
@@ -217,8 +230,19 @@ def main():
                 if parted is not None and (grew_first is None or parted <= grew_first):
                     failures.append(f"{model} {name}: the scales part after step {parted} (PyTorch "
                                     f"{theirs[1][parted]}, mptrain {ours[1][parted]}), before PyTorch's first growth")
+            gap_cell = "-"
+            if precision != "fp32":
+                # Ours against PyTorch at this precision, over PyTorch at this precision against its fp32.
+                weights_share = distance(ours[2], theirs[2]) / max(distance(theirs[2], torch_fp32[2]), 1e-300)
+                torch_gap = max(abs(t - f) for t, f in zip(theirs[0], torch_fp32[0]))
+                losses_share = gap / max(torch_gap, 1e-300)
+                gap_cell = f"{weights_share:.2f}, {losses_share:.2f}"
+                if model == "gpt2" and not (weights_share <= 1.0 and losses_share <= 1.0):
+                    failures.append(f"{model} {name}: mptrain differs from PyTorch by {weights_share:.2f} (weights) "
+                                    f"and {losses_share:.2f} (losses) of PyTorch's own gap to its fp32 run")
             print(f"| {model} | {name} | {rule_cell} | {trajectory} | {skipped} | {theirs[0][-1]:.4f} / "
-                  f"{ours[0][-1]:.4f} | {gap:.2e} | {err_theirs:.3e} / {err_ours:.3e} | {ratio:.2f} |", flush=True)
+                  f"{ours[0][-1]:.4f} | {gap:.2e} | {err_theirs:.3e} / {err_ours:.3e} | {ratio:.2f} | {gap_cell} |",
+                  flush=True)
             if not ratio <= 2.0:
                 failures.append(f"{model} {name}: mptrain is {ratio:.2f}x as far from f64 as PyTorch")
     for f in failures:

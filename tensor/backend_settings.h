@@ -2,6 +2,8 @@
 // The backends' process-wide settings, for programs, tools and the layers
 // above tensor/ (the backends' own headers, tensor/cpu/ and tensor/cuda/,
 // are theirs alone).
+#include <string>
+
 namespace mpt {
 
 // GPU: whether f32 matmuls and convolutions issued by the calling thread
@@ -14,6 +16,16 @@ bool allow_tf32();
 // taken from its heuristic (off by default; no effect without CUDA).
 void set_conv_autotune(bool on);
 bool conv_autotune();
+
+// GPU: fused attention through cuDNN (its graph API) wherever it takes the
+// shape, the own kernels elsewhere (on by default; off, the own kernels run
+// everything; no effect without CUDA).
+void set_cudnn_attention(bool on);
+bool cudnn_attention();
+// The kernel behind the calling thread's last fused attention forward (or
+// backward) pass on a GPU: "cudnn", "own (<why not cuDNN>)", or "" before
+// the first.
+std::string last_attention_kernel(bool backward = false);
 
 // CPU: the threads the backend splits work over (MPT_CPU_THREADS, else the
 // CPUs the process may run on; ValueError naming the variable for a value

@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "tensor/cuda/attention_cudnn.h"
 #include "tensor/cuda/conv_cudnn.h"
 #include "tensor/cuda/gemm.h"
 #include "tensor/cuda/graph.h"
@@ -85,13 +86,16 @@ void memcpy_between(void* dst, const Device& dst_device, const void* src, const 
   if (nbytes) std::memcpy(dst, src, nbytes);
 }
 
-// ---- tensor/cuda/gemm.h and conv_cudnn.h, so that tools can set them in any build
+// ---- tensor/cuda/gemm.h, conv_cudnn.h and attention_cudnn.h, so that tools can set them in any build
 
 namespace cuda {
 void set_allow_tf32(bool) {}
 bool allow_tf32() { return false; }
 void set_conv_autotune(bool) {}
 bool conv_autotune() { return false; }
+void set_cudnn_attention(bool) {}
+bool cudnn_attention() { return false; }
+std::string last_attention_kernel(bool) { return ""; }
 
 // ---- tensor/cuda/graph.h: CapturedStep never makes one on the CPU ----------------
 struct Graph::State {};

@@ -60,7 +60,7 @@ TEST_F(MptBench, WithoutAGpuItSaysItSkipped) {
 
 TEST_F(MptBench, EveryWorkloadPrintsOneConsistentJsonLine) {
   MPT_SKIP_WITHOUT_CUDA();
-  for (const char* workload : {"mlp_small", "cnn", "cnn_bn", "gpt_mini", "mlp_large"}) {
+  for (const std::string workload : {"mlp_small", "cnn", "cnn_bn", "gpt_mini", "mlp_large", "gpt2_124m"}) {
     SCOPED_TRACE(workload);
     ASSERT_EQ(run(fmt::format("--workload {} --warmup 3 --steps 10", workload)), 0) << stderr_;
     const nlohmann::json j = nlohmann::json::parse(stdout_.substr(0, stdout_.find('\n')));
@@ -78,6 +78,22 @@ TEST_F(MptBench, EveryWorkloadPrintsOneConsistentJsonLine) {
                 1e-3 * j["samples_per_s"].get<double>());
     EXPECT_GT(j["peak_mem_mb"].get<double>(), 0.0);
     EXPECT_TRUE(std::isfinite(j["loss"].get<double>()));
+    if (workload.starts_with("gpt")) {
+      // Tokens/s is the batch's tokens over the median step; MFU the model's
+      // FLOPs over the GEMM rate measured in the run, a fraction.
+      const double tokens = j["batch"].get<double>() * (workload == "gpt_mini" ? 256 : 1024);
+      const double tokens_per_s = tokens / (median / 1000.0);
+      EXPECT_NEAR(j["tokens_per_s"].get<double>(), tokens_per_s, 1e-3 * tokens_per_s);
+      EXPECT_GT(j["gemm_ceiling_tflops"].get<double>(), 0.0);
+      EXPECT_NEAR(j["mfu"].get<double>(), j["model_tflops"].get<double>() / j["gemm_ceiling_tflops"].get<double>(), 1e-3);
+      EXPECT_GT(j["mfu"].get<double>(), 0.0);
+      EXPECT_LT(j["mfu"].get<double>(), 1.0);
+      // cuDNN's fused attention, unless this build lacks cudnn-frontend.
+      for (const char* pass : {"attention_forward", "attention_backward"}) {
+        const std::string kernel = j[pass];
+        EXPECT_TRUE(kernel == "cudnn" || kernel.starts_with("own (this build has no cudnn-frontend")) << kernel;
+      }
+    }
   }
 }
 

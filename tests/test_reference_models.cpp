@@ -129,6 +129,39 @@ TEST(ReferenceModels, GptMatchesTheReferenceLayout) {
   for (const auto& [name, p] : named) EXPECT_TRUE(p.grad().defined()) << name;
 }
 
+// MFU's numerator: 6 FLOPs per weight of every matrix product a token goes
+// through (the two-dimensional weights but the embedding tables, which are
+// looked up), plus attention's two products, 12 * layers * d * T, counted
+// from the model's own parameters.
+TEST(ReferenceModels, GptTrainingFlopsCountEveryMatrixProduct) {
+  Generator gen(5);
+  const nn::GPTOptions options{.vocab_size = 97, .context = 48, .d_model = 64, .n_layers = 3, .n_heads = 4};
+  nn::GPT gpt(options, &gen);
+  double matmul_weights = 0;
+  for (const auto& [name, p] : gpt.named_parameters())
+    if (p.dim() == 2 && name != "tok.weight" && name != "pos.weight") matmul_weights += static_cast<double>(p.numel());
+  for (int64_t T : {1, 32, 48})
+    EXPECT_EQ(gpt.training_flops_per_token(T), 6 * matmul_weights + 12.0 * 3 * 64 * static_cast<double>(T)) << T;
+}
+
+// GPT-2 small's sizes, the vocabulary padded to a multiple of 128 (163M
+// parameters with the untied head, PyTorch's count of torch_bench.py's
+// gpt2_124m).
+TEST(ReferenceModels, Gpt2SmallOptionsAreGpt2Small) {
+  const nn::GPTOptions o = nn::gpt2_small_options();
+  EXPECT_EQ(o.vocab_size, 50304);
+  EXPECT_EQ(o.vocab_size % 128, 0);
+  EXPECT_EQ(o.context, 1024);
+  EXPECT_EQ(o.d_model, 768);
+  EXPECT_EQ(o.n_layers, 12);
+  EXPECT_EQ(o.n_heads, 12);
+  const int64_t d = o.d_model, layer_norm = 2 * d;
+  const int64_t block = 2 * layer_norm + linear_params(d, 3 * d) + linear_params(d, d) + linear_params(d, 4 * d) +
+                        linear_params(4 * d, d);
+  EXPECT_EQ(o.vocab_size * d + o.context * d + o.n_layers * block + layer_norm + linear_params(d, o.vocab_size, false),
+            163109376);
+}
+
 TEST(ReferenceModels, GptRejectsSequencesLongerThanItsContext) {
   nn::GPT gpt({.vocab_size = 5, .context = 4, .d_model = 8, .n_layers = 1, .n_heads = 2});
   const Tensor idx = zeros({1, 5}, DType::i64);

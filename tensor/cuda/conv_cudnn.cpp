@@ -15,6 +15,7 @@
 
 #include "tensor/cuda/caching_allocator.h"
 #include "tensor/cuda/check.h"
+#include "tensor/cuda/cudnn_handle.h"
 #include "tensor/cuda/gemm.h"
 #include "tensor/cuda/runtime.h"
 #include "tensor/error.h"
@@ -23,17 +24,6 @@ namespace mpt::cuda {
 namespace {
 
 enum class ConvPass : uint8_t { forward, backward_data, backward_weight };
-
-// One handle per thread and device: a handle carries its stream, and two
-// threads setting streams on one handle would race.
-cudnnHandle_t cudnn_handle(int device) {
-  thread_local std::array<cudnnHandle_t, 64> handles{};  // never destroyed: cheap to keep until exit
-  check<DeviceError>(device >= 0 && device < static_cast<int>(handles.size()),
-                     "CUDA conv2d: device index {} out of range", device);
-  if (!handles[device]) MPT_CUDNN_CHECK(cudnnCreate(&handles[device]));
-  MPT_CUDNN_CHECK(cudnnSetStream(handles[device], current_cuda_stream(device)));
-  return handles[device];
-}
 
 cudnnDataType_t cudnn_dtype(DType t) {
   switch (t) {
@@ -114,19 +104,6 @@ PlanKey make_key(ConvPass pass, int device, DType dtype, const TensorView& x, co
 
 constexpr int kWant = 16;  // more than any pass has algorithms
 
-// Workspace from the caching allocator, released as soon as the call is
-// queued: only later work on the same stream can reuse it.
-struct Workspace {
-  CachingAllocator& allocator;
-  void* ptr = nullptr;
-  Workspace(int device, size_t bytes, cudaStream_t stream) : allocator(caching_allocator(device)) {
-    if (bytes) ptr = allocator.allocate(bytes, stream);
-  }
-  ~Workspace() { allocator.free(ptr); }
-  Workspace(const Workspace&) = delete;
-  Workspace& operator=(const Workspace&) = delete;
-};
-
 // cuDNN's heuristics: its ranked algorithms, the first one supported for
 // these descriptors. No GPU work, so usable while a graph is captured.
 template <typename Perf, typename Query>
@@ -149,7 +126,7 @@ Plan heuristic(const char* pass_name, Query&& query) {
 template <typename Perf, typename Find>
 Plan timed(const Plan& fallback, const Descriptors& d, int device, Find&& find) {
   const size_t budget = std::max<size_t>(fallback.workspace, size_t(32) << 20);
-  const Workspace ws(device, budget, current_cuda_stream(device));
+  const CudnnWorkspace ws(device, budget, current_cuda_stream(device));
   std::array<Perf, kWant> perf{};
   int returned = 0;
   MPT_CUDNN_CHECK(find(kWant, &returned, perf.data(), ws.ptr, budget));
@@ -226,7 +203,7 @@ void run(ConvPass pass, const TensorView& x, const TensorView& w, const TensorVi
   const cudnnHandle_t handle = cudnn_handle(device);
   const Descriptors d(dtype, x, w, y, p);
   const Plan plan = find_plan(pass, handle, d, x, w, y, make_key(pass, device, dtype, x, w, y, p));
-  const Workspace ws(device, plan.workspace, current_cuda_stream(device));
+  const CudnnWorkspace ws(device, plan.workspace, current_cuda_stream(device));
   const float one_f = 1, zero_f = 0;
   const double one_d = 1, zero_d = 0;
   const bool f64 = dtype == DType::f64;

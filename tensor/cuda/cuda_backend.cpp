@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "tensor/cuda/attention.h"
+#include "tensor/cuda/attention_cudnn.h"
 #include "tensor/cuda/batch_norm.h"
 #include "tensor/cuda/caching_allocator.h"
 #include "tensor/cuda/check.h"
@@ -426,7 +427,11 @@ class CudaBackend final : public Backend {
 
   void attention_forward(const TensorView& out, const TensorView& lse, const TensorView& q, const TensorView& k,
                          const TensorView& v, bool causal, double scale) override {
-    launch_attention_forward(current_launch(), attention_args(out, lse, q, k, v, causal, scale));
+    const Launch l = current_launch();
+    const AttentionArgs a = attention_args(out, lse, q, k, v, causal, scale);
+    const std::string why_not_cudnn = cudnn_attention_forward(l, a);
+    if (!why_not_cudnn.empty()) launch_attention_forward(l, a);
+    note_attention_kernel(false, why_not_cudnn.empty() ? "cudnn" : "own (" + why_not_cudnn + ")");
   }
 
   void attention_backward(const TensorView& grad_q, const TensorView& grad_k, const TensorView& grad_v,
@@ -453,7 +458,10 @@ class CudaBackend final : public Backend {
     g.grad_v = grad_v.data;
     g.grad_v_layout = attention_layout(grad_v, "grad_v");
     g.delta = static_cast<float*>(delta.data);
-    launch_attention_backward(current_launch(), a, g);
+    const Launch l = current_launch();
+    const std::string why_not_cudnn = cudnn_attention_backward(l, a, g);
+    if (!why_not_cudnn.empty()) launch_attention_backward(l, a, g);
+    note_attention_kernel(true, why_not_cudnn.empty() ? "cudnn" : "own (" + why_not_cudnn + ")");
   }
 
  private:

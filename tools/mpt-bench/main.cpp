@@ -17,6 +17,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
 #include <unistd.h>
 
 #include <algorithm>
@@ -50,6 +51,7 @@
 #include "tensor/stream.h"
 #include "tools/cli_checks.h"
 #include "tools/mpt-bench/allreduce_sweep.h"
+#include "tools/mpt-bench/gemm_ceiling.h"
 #include "tools/mpt-bench/median.h"
 #include "train/trainer.h"
 
@@ -79,6 +81,7 @@ struct Workload {
   std::shared_ptr<nn::Module> model;
   Tensor x, y;
   bool sequence = false;  // logits [B, T, V]: flatten for the loss
+  double model_flops = 0;  // GPT: a step's matrix-multiply FLOPs, as MFU counts them
 };
 
 Tensor random_labels(int64_t n, int64_t classes, const Shape& shape, std::mt19937_64& rng, const Device& d) {
@@ -111,14 +114,19 @@ Workload make(const std::string& name, const Device& device, int64_t batch, int6
     w.model = nn::make_cnn(options, &gen);
     w.x = randn({b, 1, 28, 28}, DType::f32, kCPU, &gen);
     w.y = random_labels(b, 10, {b}, rng, device);
-  } else if (name == "gpt_mini") {
-    const int64_t b = rows(64);
-    w.model = std::make_shared<nn::GPT>(nn::GPTOptions{}, &gen);
-    w.x = random_labels(b * 256, 65, {b, 256}, rng, kCPU);
-    w.y = random_labels(b * 256, 65, {b, 256}, rng, device);
+  } else if (name == "gpt_mini" || name == "gpt2_124m") {
+    const bool small = name == "gpt_mini";
+    const nn::GPTOptions options = small ? nn::GPTOptions{} : nn::gpt2_small_options();
+    const int64_t b = rows(small ? 64 : 16), T = options.context, V = options.vocab_size;
+    auto gpt = std::make_shared<nn::GPT>(options, &gen);
+    w.model_flops = gpt->training_flops_per_token(T) * static_cast<double>(b * T);
+    w.model = gpt;
+    w.x = random_labels(b * T, V, {b, T}, rng, kCPU);
+    w.y = random_labels(b * T, V, {b, T}, rng, device);
     w.sequence = true;
   } else {
-    throw ValueError("mpt-bench: unknown workload '" + name + "' (mlp_small, mlp_large, cnn, cnn_bn, gpt_mini)");
+    throw ValueError("mpt-bench: unknown workload '" + name +
+                     "' (mlp_small, mlp_large, cnn, cnn_bn, gpt_mini, gpt2_124m)");
   }
   w.model->to(device);
   w.x = prim::to(w.x, device);
@@ -189,7 +197,7 @@ bool graphed(const train::Trainer& t) { return t.graph() && t.graph_replays() > 
 // are several; `med` is the slowest of them.
 void print_result(const Options& o, const std::string& mode, int gpus, int64_t batch, double med,
                   const std::vector<double>& times, double loss, double peak_mb, bool graphed,
-                  const std::vector<double>& rank_medians = {}) {
+                  const std::vector<double>& rank_medians = {}, const std::string& extra = "") {
   const double lo = *std::min_element(times.begin(), times.end());
   const double hi = *std::max_element(times.begin(), times.end());
   // Written by hand so the figures keep their rounding (a JSON library
@@ -199,14 +207,15 @@ void print_result(const Options& o, const std::string& mode, int gpus, int64_t b
                    "\"step_ms_median\": {:.4f}, \"step_ms_min\": {:.4f}, \"step_ms_max\": {:.4f}, "
                    "\"samples_per_s\": {:.1f}, \"loss\": {}, \"peak_mem_mb\": {:.1f}, \"cuda_graph\": {}, "
                    "\"grad_transit\": \"{}\", \"registered_buffers\": {}, \"peer_collectives\": {}, \"overlap_step\": {}, "
-                   "{}\"impl\": \"mptrain\"}}",
+                   "{}{}\"impl\": \"mptrain\"}}",
                    o.workload, mode, gpus, o.precision, batch, med, lo, hi, batch / med * 1e3, loss, peak_mb,
                    graphed ? "true" : "false", o.ddp.compression ? dtype_name(*o.ddp.compression) : "f32",
                    o.ddp.registered_buffers ? "true" : "false", o.peer_collectives ? "true" : "false",
                    o.overlap_step ? "true" : "false",
                    rank_medians.empty()
                        ? ""
-                       : fmt::format("\"rank_ms_median\": [{:.4f}], ", fmt::join(rank_medians, ", ")))
+                       : fmt::format("\"rank_ms_median\": [{:.4f}], ", fmt::join(rank_medians, ", ")),
+                   extra)
             << std::endl;
 }
 
@@ -234,8 +243,26 @@ int run_single(const Options& o) {
   if (o.memory_trace)
     std::cerr << fmt::format("end: allocated {:.1f} MiB, peak allocated {:.1f} MiB, reserved {:.1f} MiB\n",
                              mib(mem.allocated_bytes), mib(mem.peak_allocated_bytes), mib(mem.reserved_bytes));
-  print_result(o, "single", 1, w.x.shape()[0], median(times), times, t->last_loss(),
-               mib(mem.peak_allocated_bytes), graphed(*t));
+  const double med = median(times);
+  std::string extra;
+  if (w.sequence)
+    extra = fmt::format("\"attention_forward\": {}, \"attention_backward\": {}, ",
+                        nlohmann::json(last_attention_kernel(false)).dump(),
+                        nlohmann::json(last_attention_kernel(true)).dump());
+  if (w.sequence) {
+    // Tokens per second, and the step's model FLOPs over the GEMM rate this
+    // process gets from the GPU, measured here (after the timed steps, so
+    // that they ran on a GPU no hotter than PyTorch's).
+    extra += fmt::format("\"tokens_per_s\": {:.0f}, ", static_cast<double>(w.x.numel()) / med * 1e3);
+    if (o.precision != "fp32") {
+      const double ceiling = bench::gemm_tflops(device, o.precision == "bf16" ? DType::bf16 : DType::f16);
+      const double tflops = w.model_flops / med / 1e9;
+      extra += fmt::format("\"model_tflops\": {:.1f}, \"gemm_ceiling_tflops\": {:.1f}, \"mfu\": {:.4f}, ", tflops,
+                           ceiling, tflops / ceiling);
+    }
+  }
+  print_result(o, "single", 1, w.x.shape()[0], med, times, t->last_loss(), mib(mem.peak_allocated_bytes),
+               graphed(*t), {}, extra);
   return 0;
 }
 
@@ -331,9 +358,9 @@ int main(int argc, char** argv) {
                "beside the checkout) times them"};
   app.option_defaults()->always_capture_default();
   app.add_option("--workload", o.workload,
-                 "mlp_small, mlp_large, cnn or gpt_mini (the reference's), or cnn_bn (cnn with a BatchNorm2d after "
-                 "each convolution)")
-      ->check(CLI::IsMember({"mlp_small", "mlp_large", "cnn", "cnn_bn", "gpt_mini"}));
+                 "mlp_small, mlp_large, cnn, gpt_mini or gpt2_124m (the reference's), or cnn_bn (cnn with a "
+                 "BatchNorm2d after each convolution)")
+      ->check(CLI::IsMember({"mlp_small", "mlp_large", "cnn", "cnn_bn", "gpt_mini", "gpt2_124m"}));
   app.add_option("--mode", o.mode,
                  "single (one GPU), dp (a replica and a thread per GPU of this process), ddp (a process per GPU), "
                  "or allreduce (no workload: one all-reduce over every GPU, by size and way)")
@@ -386,6 +413,9 @@ int main(int argc, char** argv) {
   app.add_option("--sizes-kib", sweep.sizes_kib, "allreduce: the sizes timed, in KiB")->check(positive());
   app.add_option("--per-replay", sweep.per_replay, "allreduce: all-reduces recorded into one CUDA graph")
       ->check(positive());
+  bool cudnn_attention = true;
+  app.add_option("--cudnn-attention", cudnn_attention,
+                 "fused attention through cuDNN where it takes the shape (off: the own kernels run it all)");
   bool weight_grads_in_order = false;
   app.add_flag("--weight-grads-in-order", weight_grads_in_order,
                "compute weight gradients on backward's own stream, in order, instead of beside the chain of input "
@@ -414,6 +444,7 @@ int main(int argc, char** argv) {
     // As the reference does: f32 matmuls and convolutions may use TF32.
     set_allow_tf32(true);
     set_conv_autotune(conv_autotune);
+    set_cudnn_attention(cudnn_attention);
     if (o.mode == "allreduce") {
       sweep.dtype = o.ddp.compression.value_or(DType::f32);
       sweep.warmup = o.warmup;

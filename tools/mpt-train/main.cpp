@@ -4,6 +4,7 @@
 
 #include <exception>
 
+#include "models/gpt.h"
 #include "tensor/error.h"
 #include "tools/cli_checks.h"
 #include "tools/mpt-train/run_settings.h"
@@ -20,6 +21,11 @@ int main(int argc, char** argv) {
   app.add_option("--data", c.data,
                  "Data: for mlp and cnn fashion-mnist (their default: Debian's copy) or a folder holding "
                  "Fashion-MNIST's four .gz files; for gpt a text file, or 'fortunes' (its default corpus)");
+  std::string gpt_preset = "mini";
+  app.add_option("--gpt-preset", gpt_preset,
+                 "gpt: sizes to start from: mini (6 layers, 6 heads, d 384, context 256) or gpt2 (GPT-2 small's: 12 "
+                 "layers, 12 heads, d 768, context 1024); --context and --gpt-* given beside it win")
+      ->check(CLI::IsMember({"mini", "gpt2"}));
   app.add_option("--context", c.context, "gpt: sequence length")->check(positive());
   app.add_option("--gpt-layers", c.gpt_layers, "gpt: number of blocks")->check(positive());
   app.add_option("--gpt-heads", c.gpt_heads, "gpt: attention heads")->check(positive());
@@ -112,6 +118,13 @@ int main(int argc, char** argv) {
   app.add_option("--log-every", c.log_every, "Steps between progress lines and step metrics")->check(positive());
 
   if (const auto status = mpt::tools::parse_command_line(app, argc, argv)) return *status;
+  if (gpt_preset == "gpt2") {
+    const mpt::nn::GPTOptions gpt2 = mpt::nn::gpt2_small_options();  // its vocabulary is the text's characters here
+    if (!app.count("--context")) c.context = gpt2.context;
+    if (!app.count("--gpt-layers")) c.gpt_layers = gpt2.n_layers;
+    if (!app.count("--gpt-heads")) c.gpt_heads = gpt2.n_heads;
+    if (!app.count("--gpt-d-model")) c.gpt_d_model = gpt2.d_model;
+  }
   // Every option of the run's table is one of the command line's
   // (get_option throws for a name that is not).
   mpt::tools::for_each_option(c, [&](const char* name, auto&, mpt::tools::OnResume, bool) {
