@@ -961,6 +961,22 @@ TEST_F(MptTrain, AutoResumeStartsOrContinuesTheSameRun) {
   EXPECT_EQ(run(fmt::format("{} --auto-resume", common)), 2);  // it needs --checkpoint
 }
 
+// --gpt-preset gpt2 starts from GPT-2 small's sizes; sizes given beside it
+// win (here all but the heads, so that the run stays tiny).
+TEST_F(MptTrain, TheGpt2PresetGivesGpt2SizesThatOptionsOverride) {
+  std::string text;
+  while (text.size() < 600) text += "the quick brown fox jumps over the lazy dog. ";
+  std::ofstream(file("text.txt")) << text;
+  ASSERT_EQ(run(fmt::format("--model gpt --data '{}' --gpt-preset gpt2 --gpt-layers 1 --gpt-d-model 24 --context 16 "
+                            "--batch-size 4 --steps 1 --eval-batches 1 --sample-tokens 0",
+                            file("text.txt"))),
+            0)
+      << stderr_;
+  EXPECT_NE(stdout_.find("gpt (1 layers, 12 heads, d 24, context 16"), std::string::npos) << stdout_;
+  EXPECT_EQ(run("--model gpt --gpt-preset gpt3"), 2);
+  EXPECT_NE(stderr_.find("gpt3"), std::string::npos) << stderr_;
+}
+
 // The checkpoint records the run's whole configuration: --resume alone
 // continues a GPT of non-default sizes bit-identically, and an option given
 // again that would change the run is refused by name with both values.

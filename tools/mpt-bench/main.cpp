@@ -245,11 +245,10 @@ int run_single(const Options& o) {
                              mib(mem.allocated_bytes), mib(mem.peak_allocated_bytes), mib(mem.reserved_bytes));
   const double med = median(times);
   std::string extra;
-  if (w.sequence)
+  if (w.sequence) {
     extra = fmt::format("\"attention_forward\": {}, \"attention_backward\": {}, ",
                         nlohmann::json(last_attention_kernel(false)).dump(),
                         nlohmann::json(last_attention_kernel(true)).dump());
-  if (w.sequence) {
     // Tokens per second, and the step's model FLOPs over the GEMM rate this
     // process gets from the GPU, measured here (after the timed steps, so
     // that they ran on a GPU no hotter than PyTorch's).
