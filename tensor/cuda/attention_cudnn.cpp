@@ -37,11 +37,12 @@ std::string last_attention_kernel(bool backward) { return t_last_kernel[backward
 
 #ifndef MPT_WITH_CUDNN_FRONTEND
 
-std::string cudnn_attention_forward(const Launch&, const AttentionArgs&) {
-  return "this build has no cudnn-frontend (configure with its headers to use cuDNN's attention)";
-}
+constexpr const char* kNoFrontend =
+    "this build has no cudnn-frontend (configure with its headers to use cuDNN's attention)";
+
+std::string cudnn_attention_forward(const Launch&, const AttentionArgs&) { return kNoFrontend; }
 std::string cudnn_attention_backward(const Launch&, const AttentionArgs&, const AttentionGrads&) {
-  return cudnn_attention_forward({}, {});
+  return kNoFrontend;
 }
 
 #else
@@ -217,13 +218,12 @@ std::shared_ptr<const BuiltGraph> graph_for(const GraphKey& key, const char* pas
   return graphs.emplace(key, std::move(built)).first->second;
 }
 
-std::string execute(const BuiltGraph& built, cudnnHandle_t handle, const Launch& l,
-                    std::unordered_map<int64_t, void*>& pointers) {
+void execute(const BuiltGraph& built, cudnnHandle_t handle, const Launch& l,
+             std::unordered_map<int64_t, void*>& pointers) {
   const CudnnWorkspace workspace(l.device, static_cast<size_t>(built.workspace), l.stream);
   fe::error_t status = built.graph->execute(handle, pointers, workspace.ptr);
   // Some of its kernels may have run: not a shape to hand to another kernel.
   if (!status.is_good()) throw DeviceError("cuDNN attention failed to run: " + status.get_message());
-  return "";
 }
 
 // Why this pass cannot go to cuDNN, found before asking cuDNN, or "".
@@ -247,7 +247,8 @@ std::string cudnn_attention_forward(const Launch& l, const AttentionArgs& a) {
                                               {kV, const_cast<void*>(a.v)},
                                               {kO, a.out},
                                               {kStats, a.lse}};
-  return execute(*built, handle, l, pointers);
+  execute(*built, handle, l, pointers);
+  return "";
 }
 
 std::string cudnn_attention_backward(const Launch& l, const AttentionArgs& a, const AttentionGrads& g) {
@@ -259,7 +260,8 @@ std::string cudnn_attention_backward(const Launch& l, const AttentionArgs& a, co
       {kQ, const_cast<void*>(a.q)}, {kK, const_cast<void*>(a.k)},        {kV, const_cast<void*>(a.v)},
       {kO, a.out},                  {kStats, a.lse},                     {kdO, const_cast<void*>(g.grad_out)},
       {kdQ, g.grad_q},              {kdK, g.grad_k},                     {kdV, g.grad_v}};
-  return execute(*built, handle, l, pointers);
+  execute(*built, handle, l, pointers);
+  return "";
 }
 
 #endif
