@@ -577,17 +577,30 @@ TEST(CudaAutograd, CrossEntropyMatchesTheCpu) {
       backward(sum(mul(b, prim::to(w, Device("cuda:0")))));
       EXPECT_LE(rel_error(host_f64(lg.grad()), host_f64(lc.grad())), dt == DType::f32 ? 1e-5 : 1e-2);
     }
-  // Many classes: a row spans several passes of a warp.
-  Tensor lc = randn({33, 1000}, DType::f32, kCPU, &gen).set_requires_grad(true);
-  Tensor lg = prim::to(lc, Device("cuda:0")).set_requires_grad(true);
-  std::vector<int64_t> ids(33);
-  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>((i * 997) % 1000);
-  const Tensor tc = from_vector(ids, {33}, DType::i64);
-  const Tensor a = cross_entropy(lc, tc), b = cross_entropy(lg, prim::to(tc, Device("cuda:0")));
-  EXPECT_NEAR(a.item(), b.item(), 1e-5 * std::abs(a.item()));
-  backward(a);
-  backward(b);
-  EXPECT_LE(rel_error(host_f64(lg.grad()), host_f64(lc.grad())), 1e-5);
+  // Many classes, a row spanning many passes of a warp in 16-byte loads
+  // (1000 f32 or 50304 16-bit classes) or in single ones (1001): wide
+  // logits whose exponentials overflow without the running maximum, a row
+  // with -inf entries, an ignored row.
+  for (DType dt : {DType::f32, DType::f16, DType::bf16})
+    for (int64_t classes : {int64_t{1000}, int64_t{1001}, int64_t{50304}}) {
+      SCOPED_TRACE(::testing::Message() << "seed " << seed << " " << dtype_name(dt) << " classes " << classes);
+      const int64_t rows = 33;
+      Tensor wide_logits = mul(randn({rows, classes}, DType::f32, kCPU, &gen), full({}, 30.0, DType::f32));
+      std::vector<int64_t> ids(rows);
+      for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>((i * 997 + 1) % classes);
+      ids[5] = -100;
+      float* x = wide_logits.data<float>();
+      for (int64_t c = 0; c < classes; c += 3)
+        if (c != ids[2]) x[2 * classes + c] = -INFINITY;
+      Tensor lc = prim::to(wide_logits, dt).set_requires_grad(true);
+      Tensor lg = prim::to(lc, Device("cuda:0")).set_requires_grad(true);
+      const Tensor tc = from_vector(ids, {rows}, DType::i64);
+      const Tensor a = cross_entropy(lc, tc), b = cross_entropy(lg, prim::to(tc, Device("cuda:0")));
+      EXPECT_NEAR(a.item(), b.item(), 1e-5 * std::abs(a.item()));
+      backward(a);
+      backward(b);
+      EXPECT_LE(rel_error(host_f64(lg.grad()), host_f64(lc.grad())), dt == DType::f32 ? 1e-5 : 1e-2);
+    }
 }
 
 // The fused f16/bf16 attention kernels against the composed math in f32 on
