@@ -103,8 +103,17 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_
   const Tensor onehot = prim::binary(BinaryOp::eq, arange(0, static_cast<double>(classes), 1, ct, dev), t32);
   const Tensor valid = prim::binary(BinaryOp::ne, t32, full({}, static_cast<double>(ignore_index), ct, dev));
   const Tensor logp = log_softmax_wide(wide(logits), 1);
+  // The target's log-probability, picked by the one-hot row. A -inf logit
+  // (a masked class) has log-probability -inf, and -inf * 0 would be NaN:
+  // outside the target the row is first raised to at least -max (the
+  // floor is -max there, -inf at the target, which keeps its own value).
+  const double lowest = -std::numeric_limits<double>::max();
+  const Tensor floor = prim::add_scalar(
+      prim::unary(UnaryOp::log, prim::add_scalar(prim::mul_scalar(onehot, -1.0), 1.0)),
+      ct == DType::f64 ? lowest : -std::numeric_limits<float>::max());
+  const Tensor picked = prim::mul(prim::binary(BinaryOp::maximum, logp, floor), onehot);
   // Per-sample loss, zero where ignored.
-  const Tensor nll = prim::mul(prim::neg(prim::sum(prim::mul(logp, onehot), {1}, true)), valid);  // [N, 1]
+  const Tensor nll = prim::mul(prim::neg(prim::sum(picked, {1}, true)), valid);  // [N, 1]
   const Tensor count = prim::sum(valid);
   Tensor out;
   switch (reduction) {

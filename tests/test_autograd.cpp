@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <optional>
 #include <random>
 #include <string>
@@ -869,6 +870,28 @@ TEST(AutogradForward, CrossEntropyMatchesDefinition) {
   EXPECT_NEAR(cross_entropy(logits, target, 1).item(), l0, 1e-6);  // second sample ignored
   EXPECT_NEAR(cross_entropy(logits, target, -100, Reduction::sum).item(), l0 + l1, 1e-6);
   EXPECT_EQ(cross_entropy(to(logits, DType::f16), target).dtype(), DType::f32);
+}
+
+// A masked class (logit -inf) takes no probability and leaves the loss
+// and the gradient finite, as in PyTorch; a target that is itself masked
+// costs an infinite loss.
+TEST(AutogradForward, CrossEntropyOfMaskedClassesIsFinite) {
+  const double inf = std::numeric_limits<double>::infinity();
+  for (DType dt : {DType::f32, DType::f64, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    Tensor logits = to(from_vector({1.f, -INFINITY, 3.f, -INFINITY, 0.f, 0.f}, {2, 3}), dt).set_requires_grad(true);
+    const Tensor target = from_vector(std::vector<int64_t>{2, 1}, {2}, DType::i64);
+    const double l0 = -std::log(std::exp(3.0) / (std::exp(1.0) + std::exp(3.0)));
+    const double l1 = std::log(2.0);
+    const Tensor loss = cross_entropy(logits, target);
+    EXPECT_NEAR(loss.item(), (l0 + l1) / 2, 1e-6);
+    backward(loss);
+    const std::vector<double> g = to(logits.grad(), DType::f64).to_vector<double>();
+    for (double x : g) EXPECT_TRUE(std::isfinite(x));
+    EXPECT_EQ(g[1], 0.0);
+    EXPECT_EQ(g[3], 0.0);
+    EXPECT_EQ(cross_entropy(logits, from_vector(std::vector<int64_t>{1, 1}, {2}, DType::i64)).item(), inf);
+  }
 }
 
 TEST(AutogradForward, BadInputNamesTheOpAndShapes) {

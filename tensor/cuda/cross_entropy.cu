@@ -50,9 +50,13 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
       }
       raise_max(m, s, block_max);
       // A NaN anywhere makes the sum NaN, and with it the loss: what a loss
-      // scaler looks for.
+      // scaler looks for. A -inf adds nothing, even while m is still -inf
+      // (where -inf - -inf would be NaN).
 #pragma unroll
-      for (int k = 0; k < V; ++k) s += expf(v[k] - m);
+      for (int k = 0; k < V; ++k) {
+        const float e = expf(v[k] - m);
+        s += v[k] == -INFINITY ? 0.0f : e;
+      }
     }
     const float row_max = warp_max(m);
     // A lane that saw nothing (or only -inf) adds nothing.
