@@ -655,6 +655,19 @@ TEST_F(OpsCpu, CopyCastsBetweenAllDTypesAndLayouts) {
   EXPECT_THROW(prim::copy_(zeros({2, 2}), zeros({3})), ShapeError);
 }
 
+// A strided copy within one dtype moves the bits, NaN payloads and signs
+// included, as the GPU's does.
+TEST_F(OpsCpu, StridedCopiesOfOneDTypeKeepEveryBit) {
+  const std::vector<Half> h = {Half::from_bits(0x7C01), Half::from_bits(0xFE00), Half::from_bits(0x3C00),
+                               Half::from_bits(0x7FFF)};
+  const Tensor t = prim::contiguous(prim::transpose(from_vector(h, {2, 2}, DType::f16), 0, 1));
+  const Half* p = t.data<Half>();
+  EXPECT_EQ(p[0].bits, 0x7C01);
+  EXPECT_EQ(p[1].bits, 0x3C00);
+  EXPECT_EQ(p[2].bits, 0xFE00);
+  EXPECT_EQ(p[3].bits, 0x7FFF);
+}
+
 TEST_F(OpsCpu, IntegerCopiesKeepEveryBit) {
   const int64_t big = (int64_t{1} << 60) + 1;  // not representable in f64
   Tensor src = from_vector(std::vector<int64_t>{big, -big, 7, 8}, {2, 2}, DType::i64);

@@ -15,10 +15,14 @@ using cpu::for_each_row;
 
 // Converts through double, except float -> 16-bit, which must round once
 // from the float (double rounding could differ from the GPU's), and
-// integer -> integer, which must not lose bits above 2^53.
+// integer -> integer, which must not lose bits above 2^53. One type to
+// itself moves the bits, as the GPU's strided copies do (a round trip
+// through float would make every 16-bit NaN the canonical one).
 template <typename D, typename S>
 D convert(S v) {
-  if constexpr (std::is_integral_v<S> && std::is_integral_v<D>) {
+  if constexpr (std::is_same_v<D, S>) {
+    return v;
+  } else if constexpr (std::is_integral_v<S> && std::is_integral_v<D>) {
     return static_cast<D>(v);
   } else if constexpr (std::is_same_v<S, float> || std::is_same_v<S, Half> || std::is_same_v<S, BFloat16>) {
     return static_cast<D>(static_cast<float>(v));
