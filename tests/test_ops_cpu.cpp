@@ -641,6 +641,8 @@ TEST_F(OpsCpu, CopyCastsBetweenAllDTypesAndLayouts) {
       if (to == DType::f32) expect = static_cast<float>(sv[i]);
       if (to == DType::f16) expect = float(Half(sv[i]));
       if (to == DType::bf16) expect = float(BFloat16(sv[i]));
+      if (to == DType::e4m3) expect = float(Float8E4M3(sv[i]));
+      if (to == DType::e5m2) expect = float(Float8E5M2(sv[i]));
       if (to == DType::i32 || to == DType::i64) expect = std::trunc(sv[i]);
       ASSERT_EQ(cv[i], expect) << dtype_name(to) << " element " << i;
     }
