@@ -21,6 +21,10 @@ bool eligible(const Tensor& t) {
   return t.defined() && (t.dtype() == DType::f32 || t.dtype() == DType::f16 || t.dtype() == DType::bf16);
 }
 
+// The inputs the promote policy widens to the widest of them. Float8 stays
+// as it is, for the op to refuse by name: it promotes with nothing.
+bool promotable(const Tensor& t) { return t.defined() && is_floating(t.dtype()) && !is_float8(t.dtype()); }
+
 // A cast serves while its weight keeps the storage and the version it had
 // when cast: an optimizer step, load_state_dict(), a copy_ into the weight
 // or a move to another device (a new storage) makes it stale.
@@ -52,7 +56,7 @@ class PolicyHandler final : public AutocastHandler {
     if (policy == CastPolicy::none) return inputs;
     const Tensor* first = nullptr;
     for (const Tensor& t : inputs)
-      if (t.defined() && is_floating(t.dtype())) {
+      if (promotable(t)) {
         first = &t;
         break;
       }
@@ -73,9 +77,9 @@ class PolicyHandler final : public AutocastHandler {
       case CastPolicy::promote: {
         DType widest = first->dtype();
         for (const Tensor& t : out)
-          if (t.defined() && is_floating(t.dtype())) widest = promote(widest, t.dtype());
+          if (promotable(t)) widest = promote(widest, t.dtype());
         for (Tensor& t : out)
-          if (t.defined() && is_floating(t.dtype()) && t.dtype() != widest) t = to(t, widest);
+          if (promotable(t) && t.dtype() != widest) t = to(t, widest);
         break;
       }
       case CastPolicy::none: break;

@@ -108,7 +108,8 @@ void GradScaler::check_scale_exists(const char* fn) const {
 Tensor GradScaler::scale(const Tensor& loss, int64_t samples) {
   if (!options_.enabled) return loss;
   check(loss.defined(), "GradScaler::scale: the loss is an undefined tensor");
-  check<DTypeError>(is_floating(loss.dtype()), "GradScaler::scale: the loss must be floating, got {}", describe(loss));
+  check<DTypeError>(is_floating(loss.dtype()) && !is_float8(loss.dtype()),
+                    "GradScaler::scale: the loss must be f32, f16, bf16 or f64, got {}", describe(loss));
   check(samples >= 0, "GradScaler::scale: samples must be >= 0, got {}", samples);
   check(options_.growth_unit != GrowthUnit::samples || samples > 0,
         "GradScaler::scale: growth_interval counts samples, so pass the micro-batch's sample count (got {})",

@@ -31,6 +31,7 @@ Tensor log_softmax_wide(const Tensor& x32, int64_t dim) {
 
 // A floating input and a dimension it has, named by the op the caller called.
 void check_softmax_input(const char* op, const Tensor& x, int64_t dim) {
+  check_no_float8(op, x);
   check<DTypeError>(is_floating(x.dtype()), "{}: expects a floating input, got {}", op, describe(x));
   normalize_dim(dim, x.dim(), op);
 }
@@ -71,6 +72,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_
   check<ShapeError>(logits.dim() == 2 && target.dim() == 1 && target.shape()[0] == logits.shape()[0],
                     "cross_entropy: expects logits [N, C] and target [N], got {} and {}", describe(logits),
                     describe(target));
+  check_no_float8("cross_entropy", logits);
   check<DTypeError>(is_floating(logits.dtype()), "cross_entropy: logits must be floating, got {}", describe(logits));
   const int64_t classes = logits.shape()[1];
   check<ShapeError>(classes > 0, "cross_entropy: logits {} have no classes", describe(logits));
@@ -139,6 +141,8 @@ Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) 
   if (AutocastOp ac{"mse_loss", {&input, &target}}) return mse_loss(ac[0], ac[1], reduction);
   check<ShapeError>(input.shape() == target.shape(), "mse_loss: input {} and target {} differ in shape",
                     describe(input), describe(target));
+  check_no_float8("mse_loss", input);
+  check_no_float8("mse_loss", target);
   const Tensor d = sub(to(input, compute_dtype(input.dtype())), to(target, compute_dtype(input.dtype())));
   const Tensor sq = mul(d, d);
   switch (reduction) {
@@ -187,13 +191,15 @@ namespace {
 void check_layer_norm_args(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
                            std::optional<DType> out_dtype) {
   check_defined("layer_norm", x);
+  for (const Tensor* t : {&x, &weight, &bias}) check_no_float8("layer_norm", *t);
   check<ShapeError>(x.dim() >= 1, "layer_norm: input must have at least one dimension, got {}", describe(x));
   check(std::isfinite(eps) && eps >= 0, "layer_norm: eps must be finite and >= 0, got {}", eps);
   const int64_t d = x.shape().back();
   for (const Tensor* p : {&weight, &bias})
     check<ShapeError>(!p->defined() || p->shape() == Shape{d}, "layer_norm: parameter {} does not match input {}",
                       describe(*p), describe(x));
-  check<DTypeError>(!out_dtype || is_floating(*out_dtype), "layer_norm: the output dtype must be floating, got {}",
+  check<DTypeError>(!out_dtype || (is_floating(*out_dtype) && !is_float8(*out_dtype)),
+                    "layer_norm: the output dtype must be f32, f16, bf16 or f64, got {}",
                     dtype_name(out_dtype.value_or(x.dtype())));
 }
 
@@ -298,6 +304,7 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
 
 Tensor dropout(const Tensor& x, double p, bool training, Generator* gen) {
   check(p >= 0.0 && p <= 1.0, "dropout: probability must be in [0, 1], got {}", p);
+  check_no_float8("dropout", x);
   if (!training || p == 0.0) return x;
   // keep = (u >= p) / (1 - p), drawn and scaled in f32 (f64 for f64) as
   // PyTorch does: in 16 bits the draws are coarse and 1 / (1 - p) rounds
@@ -364,6 +371,7 @@ Tensor at_least(const Tensor& x, const Tensor& floor) {
 // either u8 (nonzero: the key takes part) or floating (added to the scores).
 void check_attention_mask(const Tensor& mask, const Tensor& q, const Tensor& k) {
   check_same_device("scaled_dot_product_attention", q, mask);
+  check_no_float8("scaled_dot_product_attention", mask);
   if (mask.dtype() != DType::u8 && !is_floating(mask.dtype()))
     throw DTypeError(fmt::format("scaled_dot_product_attention: attn_mask {} must be u8 (nonzero keeps a key) or "
                                  "floating (added to the scores)",
@@ -381,7 +389,10 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
                                     std::optional<double> scale, const Tensor& attn_mask) {
   if (AutocastOp ac{"scaled_dot_product_attention", {&q, &k, &v}})
     return scaled_dot_product_attention(ac[0], ac[1], ac[2], causal, scale, attn_mask);
-  for (const Tensor* t : {&q, &k, &v}) check_defined("scaled_dot_product_attention", *t);
+  for (const Tensor* t : {&q, &k, &v}) {
+    check_defined("scaled_dot_product_attention", *t);
+    check_no_float8("scaled_dot_product_attention", *t);
+  }
   // (Messages made only for a failure: this runs at every forward.)
   const bool four_dims = q.dim() == 4 && k.dim() == 4 && v.dim() == 4;
   if (!(four_dims && k.shape() == v.shape() && q.size(0) == k.size(0) && q.size(1) == k.size(1) &&

@@ -61,7 +61,8 @@ Optimizer::Optimizer(std::string name, std::vector<ParamGroup> groups, double de
     for (const Tensor& p : in.params) {
       const size_t i = all_params_.size();
       check(p.defined(), "{}: parameter {} (group {}) is an undefined tensor", name_, i, g);
-      check<DTypeError>(is_floating(p.dtype()), "{}: parameter {} must be floating, got {}", name_, i, describe(p));
+      check<DTypeError>(is_floating(p.dtype()) && !is_float8(p.dtype()),
+                        "{}: parameter {} must be f32, f16, bf16 or f64, got {}", name_, i, describe(p));
       // Updating one tensor twice per step is always a bug (tied weights
       // must be passed once; Module::parameters() does that).
       check(seen.insert(p.impl_ptr().get()).second, "{}: parameter {} ('{}') appears more than once", name_, i,
@@ -326,7 +327,7 @@ void Optimizer::load_state_dict(const StateDict& dict) {
       has_step[*index] = true;
     } else if (std::find(buffers.begin(), buffers.end(), parts[2]) == buffers.end()) {
       problems.push_back(fmt::format("unexpected key '{}' ({} keeps no '{}' buffer)", key, name_, parts[2]));
-    } else if (t.shape() != all_params_[*index].shape() || !is_floating(t.dtype())) {
+    } else if (t.shape() != all_params_[*index].shape() || !is_floating(t.dtype()) || is_float8(t.dtype())) {
       problems.push_back(fmt::format("key '{}': {} does not fit parameter '{}' {}", key, describe(t),
                                      param_name(*index), describe(all_params_[*index])));
     } else {

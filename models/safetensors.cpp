@@ -39,6 +39,8 @@ const char* format_dtype(DType t) {
     case DType::i32: return "I32";
     case DType::i64: return "I64";
     case DType::u8: return "U8";
+    case DType::e4m3: return "F8_E4M3";  // the names Hugging Face's safetensors and PyTorch use
+    case DType::e5m2: return "F8_E5M2";
   }
   return "?";
 }

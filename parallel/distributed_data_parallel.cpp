@@ -459,8 +459,9 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
     check<DeviceError>(r.params[i].device() == first.device(),
                        "DistributedDataParallel: parameter '{}' is on {} but '{}' is on {}; one device per process",
                        r.names[i], r.params[i].device().str(), r.names[0], first.device().str());
-    check<DTypeError>(r.params[i].dtype() == first.dtype() && is_floating(first.dtype()),
-                      "DistributedDataParallel: parameter '{}' is {}, '{}' is {}; all must share one float dtype",
+    check<DTypeError>(r.params[i].dtype() == first.dtype() && is_floating(first.dtype()) && !is_float8(first.dtype()),
+                      "DistributedDataParallel: parameter '{}' is {}, '{}' is {}; all must share one dtype of "
+                      "f32, f16, bf16 or f64",
                       r.names[i], dtype_name(r.params[i].dtype()), r.names[0], dtype_name(first.dtype()));
     check<ValueError>(r.params[i].is_contiguous(), "DistributedDataParallel: parameter '{}' is not contiguous",
                       r.names[i]);

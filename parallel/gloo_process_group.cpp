@@ -27,6 +27,7 @@
 #include "parallel/work_queue.h"
 #include "tensor/dtype_dispatch.h"
 #include "tensor/host_name.h"
+#include "tensor/operand_check.h"
 #include "tensor/ops.h"
 
 namespace mpt::dist {
@@ -150,6 +151,7 @@ class GlooProcessGroup : public ProcessGroup {
 
   WorkPtr allreduce(const Tensor& tensor, ReduceOp op) override {
     check_collective_tensor("allreduce", tensor, DeviceType::cpu);
+    check_no_float8("allreduce", tensor);  // (broadcast and allgather move float8 as bytes)
     check<DTypeError>(op != ReduceOp::avg || is_floating(tensor.dtype()),
                       "allreduce(avg): {} is not a floating tensor; average floats, or sum integers", describe(tensor));
     tensor.bump_version();
@@ -224,6 +226,7 @@ class GlooProcessGroup : public ProcessGroup {
 
   WorkPtr reduce_scatter(const Tensor& output, const Tensor& input, ReduceOp op) override {
     check_collective_tensor("reduce_scatter", input, DeviceType::cpu);
+    check_no_float8("reduce_scatter", input);
     check_collective_tensor("reduce_scatter", output, DeviceType::cpu);
     check<ShapeError>(input.dim() >= 1 && input.size(0) == output.size(0) * size() && output.dtype() == input.dtype() &&
                           input.numel() == output.numel() * size(),

@@ -1,5 +1,6 @@
 #include "parallel/local_communicator.h"
 
+#include "tensor/operand_check.h"
 #include "tensor/ops.h"
 
 namespace mpt::dist {
@@ -21,6 +22,7 @@ class CpuLocalCommunicator : public LocalCommunicator {
 
   void allreduce_sum(const std::vector<Tensor>& per_device) override {
     check_per_device("LocalCommunicator::allreduce_sum", per_device, n_);
+    check_no_float8("LocalCommunicator::allreduce_sum", per_device[0]);  // (a sum of one device's tensor too)
     Tensor sum = prim::clone(per_device[0]);
     for (size_t i = 1; i < n_; ++i) prim::binary_(BinaryOp::add, sum, sum, prim::to(per_device[i], sum.device()));
     for (const auto& t : per_device) prim::copy_(t, sum);

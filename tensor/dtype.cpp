@@ -13,6 +13,8 @@ size_t dtype_size(DType t) {
     case DType::i32: return 4;
     case DType::i64: return 8;
     case DType::u8: return 1;
+    case DType::e4m3: return 1;
+    case DType::e5m2: return 1;
   }
   throw DTypeError("dtype_size: unknown dtype");
 }
@@ -26,6 +28,8 @@ const char* dtype_name(DType t) {
     case DType::i32: return "i32";
     case DType::i64: return "i64";
     case DType::u8: return "u8";
+    case DType::e4m3: return "e4m3";
+    case DType::e5m2: return "e5m2";
   }
   return "?";
 }
@@ -38,12 +42,16 @@ DType dtype_from_name(const std::string& n) {
   if (n == "i32" || n == "int32") return DType::i32;
   if (n == "i64" || n == "int64") return DType::i64;
   if (n == "u8" || n == "uint8") return DType::u8;
-  throw DTypeError(fmt::format("unknown dtype '{}' (expected f32, f16, bf16, f64, i32, i64 or u8)", n));
+  if (n == "e4m3" || n == "float8_e4m3fn") return DType::e4m3;
+  if (n == "e5m2" || n == "float8_e5m2") return DType::e5m2;
+  throw DTypeError(fmt::format("unknown dtype '{}' (expected f32, f16, bf16, f64, i32, i64, u8, e4m3 or e5m2)", n));
 }
 
 bool is_floating(DType t) {
-  return t == DType::f32 || t == DType::f16 || t == DType::bf16 || t == DType::f64;
+  return t == DType::f32 || t == DType::f16 || t == DType::bf16 || t == DType::f64 || is_float8(t);
 }
+
+bool is_float8(DType t) { return t == DType::e4m3 || t == DType::e5m2; }
 
 DType compute_dtype(DType t) { return t == DType::f64 ? DType::f64 : DType::f32; }
 
@@ -69,6 +77,10 @@ int int_rank(DType t) {
 
 DType promote(DType a, DType b) {
   if (a == b) return a;
+  if (is_float8(a) || is_float8(b))
+    throw DTypeError(fmt::format("promote: {} and {} have no common dtype: float8 promotes with nothing but itself; "
+                                 "cast with to() first",
+                                 dtype_name(a), dtype_name(b)));
   bool fa = is_floating(a), fb = is_floating(b);
   if (fa && !fb) return a;
   if (fb && !fa) return b;

@@ -29,8 +29,23 @@ inline void check_same_device_and_dtype(const char* op, const Tensor& a, const T
     throw DTypeError(fmt::format("{}: operands differ in dtype: {} and {}", op, describe(a), describe(b)));
 }
 
+// Float8 tensors are for casts and data movement only (copies, views, cat,
+// row gathers), as in PyTorch: an op that would compute on one, or convert
+// it silently to compute, refuses it by name.
+[[noreturn]] inline void throw_float8(const char* op, const Tensor& t) {
+  throw DTypeError(fmt::format("{}: {} is float8, which holds values but does no arithmetic; cast it with to() to "
+                               "f32, bf16 or f16 first",
+                               op, describe(t)));
+}
+
+inline void check_no_float8(const char* op, const Tensor& t) {
+  if (t.defined() && is_float8(t.dtype())) throw_float8(op, t);
+}
+
+// Floating and not float8: what arithmetic takes.
 inline void check_floating(const char* op, const Tensor& t) {
   check_defined(op, t);
+  if (is_float8(t.dtype())) throw_float8(op, t);
   if (!is_floating(t.dtype()))
     throw DTypeError(
         fmt::format("{}: expected a floating tensor (f32, f16, bf16, f64), got {}", op, describe(t)));

@@ -135,6 +135,8 @@ Tensor from_vector(const std::vector<T>& values, const Shape& shape, DType dtype
   else if constexpr (std::is_same_v<T, BFloat16>) host_dtype = DType::bf16;
   else if constexpr (std::is_same_v<T, int32_t>) host_dtype = DType::i32;
   else if constexpr (std::is_same_v<T, int64_t>) host_dtype = DType::i64;
+  else if constexpr (std::is_same_v<T, Float8E4M3>) host_dtype = DType::e4m3;
+  else if constexpr (std::is_same_v<T, Float8E5M2>) host_dtype = DType::e5m2;
   else host_dtype = DType::u8;
   Tensor host = Tensor::empty(shape, host_dtype, kCPU);
   if (!values.empty()) std::memcpy(host.data_ptr(), values.data(), values.size() * sizeof(T));
@@ -147,6 +149,8 @@ template Tensor from_vector(const std::vector<BFloat16>&, const Shape&, DType, c
 template Tensor from_vector(const std::vector<int32_t>&, const Shape&, DType, const Device&);
 template Tensor from_vector(const std::vector<int64_t>&, const Shape&, DType, const Device&);
 template Tensor from_vector(const std::vector<uint8_t>&, const Shape&, DType, const Device&);
+template Tensor from_vector(const std::vector<Float8E4M3>&, const Shape&, DType, const Device&);
+template Tensor from_vector(const std::vector<Float8E5M2>&, const Shape&, DType, const Device&);
 
 Tensor from_vector(const std::vector<float>& values, const Shape& shape, const Device& device) {
   return from_vector<float>(values, shape, DType::f32, device);
@@ -175,6 +179,8 @@ void scaled_copy_list_(const std::vector<Tensor>& dsts, const std::vector<Tensor
     check<ShapeError>(dst.shape() == src.shape(), "scaled_copy_list_: source {} does not fit destination {}",
                       describe(src), describe(dst));
     check_same_device("scaled_copy_list_", dst, src);
+    check_no_float8("scaled_copy_list_", dst);  // a scaled cast to float8 is the recipes' own, saturating one
+    check_no_float8("scaled_copy_list_", src);
     const bool listed = dst.device() == dsts.front().device() && dst.device().is_cuda() && dst.dtype() == dst_dtype &&
                         src.dtype() == src_dtype && listable(dst_dtype) && listable(src_dtype) &&
                         dst.is_contiguous() && src.is_contiguous();
@@ -413,6 +419,8 @@ void binary_into(BinaryOp op, const char* name, const Tensor& out, const Tensor&
 void binary_(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b) {
   const char* name = binary_op_name(op);
   check_same_device(name, a, b);
+  check_no_float8(name, a);  // (out is checked with check_floating; inputs would be converted to its dtype)
+  check_no_float8(name, b);
   check_same_device(name, out, a);
   const Shape shape = broadcast_shapes(a.shape(), b.shape(), name);
   if (shape != out.shape())
@@ -424,6 +432,8 @@ void binary_(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b) {
 Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
   const char* name = binary_op_name(op);
   check_same_device(name, a, b);
+  check_no_float8(name, a);  // before promote(), whose message would not name the op
+  check_no_float8(name, b);
   const DType dtype = promote(a.dtype(), b.dtype());
   if (!is_floating(dtype))
     throw DTypeError(fmt::format("{}: expected floating operands, got {} and {}", name, describe(a), describe(b)));

@@ -121,6 +121,7 @@ void index_add_rows_(const Tensor& table, const Tensor& indices, const Tensor& s
   check<ShapeError>(table.dim() == 2 && table.is_contiguous(), "index_add_rows_: table must be a contiguous [V, D], got {}",
                     describe(table));
   check_same_device_and_dtype("index_add_rows_", table, src);
+  check_no_float8("index_add_rows_", table);
   check_same_device("index_add_rows_", table, indices);
   Shape expect = indices.shape();
   expect.push_back(table.shape()[1]);
@@ -138,6 +139,7 @@ void index_add_rows_(const Tensor& table, const Tensor& indices, const Tensor& s
 
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Conv2dParams& p) {
   check_same_device_and_dtype("conv2d", x, weight);
+  check_no_float8("conv2d", x);
   check_conv(x.shape(), weight.shape(), p);
   Tensor out = Tensor::empty(conv_out_shape(x.shape(), weight.shape(), p), x.dtype(), x.device());
   if (conv_of_nothing(out, x, weight)) return out;
@@ -148,6 +150,7 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Conv2dParams& p) {
 
 Tensor conv2d_backward_data(const Tensor& grad_out, const Tensor& weight, const Shape& x_shape, const Conv2dParams& p) {
   check_same_device_and_dtype("conv2d backward", grad_out, weight);
+  check_no_float8("conv2d backward", weight);
   check_conv(x_shape, weight.shape(), p);
   check_conv_grad("conv2d backward", grad_out, x_shape, weight.shape(), p);
   Tensor gx = Tensor::empty(x_shape, weight.dtype(), weight.device());
@@ -159,6 +162,7 @@ Tensor conv2d_backward_data(const Tensor& grad_out, const Tensor& weight, const 
 
 Tensor conv2d_backward_weight(const Tensor& x, const Tensor& grad_out, const Shape& w_shape, const Conv2dParams& p) {
   check_same_device_and_dtype("conv2d backward", x, grad_out);
+  check_no_float8("conv2d backward", x);
   check_conv(x.shape(), w_shape, p);
   check_conv_grad("conv2d backward", grad_out, x.shape(), w_shape, p);
   Tensor gw = Tensor::empty(w_shape, x.dtype(), x.device());
@@ -170,6 +174,7 @@ Tensor conv2d_backward_weight(const Tensor& x, const Tensor& grad_out, const Sha
 
 std::pair<Tensor, Tensor> max_pool2d(const Tensor& x, const Pool2dParams& p) {
   check<ShapeError>(x.dim() == 4, "max_pool2d: expects [N, C, H, W], got {}", describe(x));
+  check_no_float8("max_pool2d", x);
   const Shape shape = pool_out_shape("max_pool2d", x.shape(), p);
   Tensor out = Tensor::empty(shape, x.dtype(), x.device());
   Tensor indices = Tensor::empty(shape, DType::i64, x.device());
@@ -185,6 +190,7 @@ Tensor max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const 
                     "max_pool2d backward: gradient {} and indices {} must match the output {} of input {}",
                     describe(grad_out), describe(indices), shape_str(out_shape), shape_str(x_shape));
   check_same_device("max_pool2d backward", grad_out, indices);
+  check_no_float8("max_pool2d backward", grad_out);
   check<DTypeError>(indices.dtype() == DType::i64, "max_pool2d backward: indices must be i64, got {}",
                     describe(indices));
   Tensor gx = Tensor::empty(x_shape, grad_out.dtype(), grad_out.device());

@@ -60,6 +60,8 @@ template <> constexpr DType dtype_of<BFloat16>() { return DType::bf16; }
 template <> constexpr DType dtype_of<int32_t>() { return DType::i32; }
 template <> constexpr DType dtype_of<int64_t>() { return DType::i64; }
 template <> constexpr DType dtype_of<uint8_t>() { return DType::u8; }
+template <> constexpr DType dtype_of<Float8E4M3>() { return DType::e4m3; }
+template <> constexpr DType dtype_of<Float8E5M2>() { return DType::e5m2; }
 }  // namespace
 
 template <typename T>
@@ -117,6 +119,8 @@ std::vector<T> Tensor::to_vector() const {
     case DType::i32: read(int32_t{}); break;
     case DType::i64: read(int64_t{}); break;
     case DType::u8: read(uint8_t{}); break;
+    case DType::e4m3: read(Float8E4M3{}); break;
+    case DType::e5m2: read(Float8E5M2{}); break;
   }
   return out;
 }
@@ -136,6 +140,8 @@ MPT_INSTANTIATE(BFloat16)
 MPT_INSTANTIATE(int32_t)
 MPT_INSTANTIATE(int64_t)
 MPT_INSTANTIATE(uint8_t)
+MPT_INSTANTIATE(Float8E4M3)
+MPT_INSTANTIATE(Float8E5M2)
 #undef MPT_INSTANTIATE
 
 AutogradMeta& Tensor::autograd_meta() const {

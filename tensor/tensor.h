@@ -15,6 +15,7 @@
 #include "tensor/device.h"
 #include "tensor/dtype.h"
 #include "tensor/error.h"
+#include "tensor/fp8.h"
 #include "tensor/half.h"
 #include "tensor/shape.h"
 #include "tensor/storage.h"

@@ -7,6 +7,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -304,6 +305,107 @@ TEST_F(CudaTensor, HalfConversionsAreBitIdenticalOverAllExponents) {
   expect_same_bits(prim::to(gpu(th), DType::f32), prim::to(th, DType::f32), "f16 -> f32");
   expect_same_bits(prim::to(gpu(tb), DType::f32), prim::to(tb, DType::f32), "bf16 -> f32");
   expect_same_bits(prim::to(gpu(th), DType::bf16), prim::to(th, DType::bf16), "f16 -> bf16");
+}
+
+// Like expect_same_bits, but where the CPU's element is NaN the GPU's need
+// only be NaN: casts out of float8 widen its NaN through each device's own
+// conversions, which agree on NaN but not on its payload.
+void expect_same_bits_or_nan(const Tensor& gpu, const Tensor& cpu, const std::string& what) {
+  ASSERT_EQ(gpu.dtype(), cpu.dtype()) << what;
+  const std::vector<uint8_t> g = raw_bytes(gpu), c = raw_bytes(cpu);
+  ASSERT_EQ(g.size(), c.size()) << what;
+  const auto gv = host_f64(gpu), cv = host_f64(cpu);
+  const size_t es = gpu.element_size();
+  for (size_t i = 0; i < g.size(); i += es) {
+    if (std::memcmp(&g[i], &c[i], es) == 0 || (std::isnan(cv[i / es]) && std::isnan(gv[i / es]))) continue;
+    ADD_FAILURE() << what << ": element " << i / es << " differs: gpu " << gv[i / es] << ", cpu " << cv[i / es];
+    return;
+  }
+}
+
+Tensor float8_codes(const std::vector<uint8_t>& codes, DType dt) {
+  Tensor t = Tensor::empty({static_cast<int64_t>(codes.size())}, dt);
+  std::memcpy(t.data_ptr(), codes.data(), codes.size());
+  return t;
+}
+
+// e4m3 and e5m2: every code cast to every dtype, contiguous and strided; and
+// into float8 from f32 (random bits, NaN included, the specials, and both
+// sides of every rounding boundary), every f16 and bf16, f64 (where a
+// second rounding would show) and the integers. Into float8 every bit
+// matches the CPU's (a cast does not saturate: NaN past e4m3's largest
+// value, infinity past e5m2's).
+TEST_F(CudaTensor, Float8CastsMatchTheCpuBitForBit) {
+  SCOPED_TRACE(trace());
+  std::mt19937_64 rng(seed_);
+  for (DType f8 : {DType::e4m3, DType::e5m2}) {
+    const Fp8Format format = f8 == DType::e4m3 ? Fp8Format::e4m3 : Fp8Format::e5m2;
+    std::vector<uint8_t> all(256);
+    for (int c = 0; c < 256; ++c) all[c] = static_cast<uint8_t>(c);
+    for (DType dst : kAllDTypes) {
+      // Integers take the codes whose values they hold (converting NaN,
+      // infinity or a value out of range is undefined).
+      std::vector<uint8_t> codes;
+      for (uint8_t c : all) {
+        const float v = fp8_bits_to_float(c, format);
+        const bool fits = dst == DType::u8 ? v >= 0 && v < 256 : std::isfinite(v);
+        if (is_floating(dst) || fits) codes.push_back(c);
+      }
+      const Tensor x = float8_codes(codes, f8);
+      const std::string what = fmt::format("{} codes -> {}", dtype_name(f8), dtype_name(dst));
+      expect_same_bits_or_nan(prim::to(gpu(x), dst), prim::to(x, dst), what);
+      const Tensor strided = prim::slice(x, 0, 1, x.numel(), 3);
+      expect_same_bits_or_nan(prim::to(prim::slice(gpu(x), 0, 1, x.numel(), 3), dst), prim::to(strided, dst),
+                              what + " strided");
+    }
+
+    std::vector<float> f32;
+    while (f32.size() < 200000) f32.push_back(bits_float(static_cast<uint32_t>(rng())));
+    for (int c = 0; c < 0x7F; ++c) {
+      const float lo = fp8_bits_to_float(static_cast<uint8_t>(c), format);
+      const float hi = fp8_bits_to_float(static_cast<uint8_t>(c + 1), format);
+      if (!std::isfinite(lo)) continue;
+      // The midpoint to the next code, or to where it would be past the largest.
+      const float below = c > 0 ? fp8_bits_to_float(static_cast<uint8_t>(c - 1), format) : 0.0f;
+      const float mid = std::isfinite(hi) ? (lo + hi) / 2 : lo + (lo - below) / 2;
+      for (float v : {lo, mid, std::nextafter(mid, 0.0f), std::nextafter(mid, INFINITY)}) {
+        f32.push_back(v);
+        f32.push_back(-v);
+      }
+    }
+    for (float v : {INFINITY, -INFINITY, NAN, -NAN, 1e30f, -1e-30f, 0.0f, -0.0f}) f32.push_back(v);
+    const Tensor x32 = from_vector<float>(f32, {static_cast<int64_t>(f32.size())}, DType::f32);
+    expect_same_bits(prim::to(gpu(x32), f8), prim::to(x32, f8), fmt::format("f32 -> {}", dtype_name(f8)));
+    expect_same_bits(prim::to(prim::slice(gpu(x32), 0, 0, x32.numel(), 2), f8),
+                     prim::to(prim::slice(x32, 0, 0, x32.numel(), 2), f8),
+                     fmt::format("f32 -> {} strided", dtype_name(f8)));
+
+    std::vector<Half> h;
+    std::vector<BFloat16> bf;
+    for (uint32_t b = 0; b < 65536; ++b) {
+      h.push_back(Half::from_bits(static_cast<uint16_t>(b)));
+      bf.push_back(BFloat16::from_bits(static_cast<uint16_t>(b)));
+    }
+    const Tensor th = from_vector<Half>(h, {65536}, DType::f16);
+    const Tensor tb = from_vector<BFloat16>(bf, {65536}, DType::bf16);
+    expect_same_bits(prim::to(gpu(th), f8), prim::to(th, f8), fmt::format("f16 -> {}", dtype_name(f8)));
+    expect_same_bits(prim::to(gpu(tb), f8), prim::to(tb, f8), fmt::format("bf16 -> {}", dtype_name(f8)));
+
+    std::vector<double> f64;
+    for (float v : f32)
+      if (std::isfinite(v) && std::fabs(v) < 1e5f) f64.push_back(static_cast<double>(v) * (1 + 0x1p-40));
+    for (int i = 0; i < 100000; ++i) f64.push_back(std::bit_cast<double>(rng()));
+    const Tensor x64 = from_vector<double>(f64, {static_cast<int64_t>(f64.size())}, DType::f64);
+    expect_same_bits(prim::to(gpu(x64), f8), prim::to(x64, f8), fmt::format("f64 -> {}", dtype_name(f8)));
+
+    const std::vector<int64_t> ints = {0, 1, -1, 17, 300, 448, 449, 465, 60000, 61440, -1000000, int64_t{1} << 40};
+    const Tensor ti = from_vector<int64_t>(ints, {static_cast<int64_t>(ints.size())}, DType::i64);
+    expect_same_bits(prim::to(gpu(ti), f8), prim::to(ti, f8), fmt::format("i64 -> {}", dtype_name(f8)));
+    expect_same_bits(prim::to(gpu(prim::to(ti, DType::i32)), f8), prim::to(prim::to(ti, DType::i32), f8),
+                     fmt::format("i32 -> {}", dtype_name(f8)));
+    const Tensor tu = prim::to(arange(0, 256, 1, DType::i32), DType::u8);
+    expect_same_bits(prim::to(gpu(tu), f8), prim::to(tu, f8), fmt::format("u8 -> {}", dtype_name(f8)));
+  }
 }
 
 TEST_F(CudaTensor, PermutedCopiesMatchTheCpu) {

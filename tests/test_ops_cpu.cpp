@@ -641,6 +641,8 @@ TEST_F(OpsCpu, CopyCastsBetweenAllDTypesAndLayouts) {
       if (to == DType::f32) expect = static_cast<float>(sv[i]);
       if (to == DType::f16) expect = float(Half(sv[i]));
       if (to == DType::bf16) expect = float(BFloat16(sv[i]));
+      if (to == DType::e4m3) expect = float(Float8E4M3(sv[i]));
+      if (to == DType::e5m2) expect = float(Float8E5M2(sv[i]));
       if (to == DType::i32 || to == DType::i64) expect = std::trunc(sv[i]);
       ASSERT_EQ(cv[i], expect) << dtype_name(to) << " element " << i;
     }
@@ -653,6 +655,19 @@ TEST_F(OpsCpu, CopyCastsBetweenAllDTypesAndLayouts) {
   for (int r = 0; r < 6; ++r)
     for (int c = 0; c < 4; ++c) EXPECT_EQ(dv[r * 4 + c], r);
   EXPECT_THROW(prim::copy_(zeros({2, 2}), zeros({3})), ShapeError);
+}
+
+// A strided copy within one dtype moves the bits, NaN payloads and signs
+// included, as the GPU's does.
+TEST_F(OpsCpu, StridedCopiesOfOneDTypeKeepEveryBit) {
+  const std::vector<Half> h = {Half::from_bits(0x7C01), Half::from_bits(0xFE00), Half::from_bits(0x3C00),
+                               Half::from_bits(0x7FFF)};
+  const Tensor t = prim::contiguous(prim::transpose(from_vector(h, {2, 2}, DType::f16), 0, 1));
+  const Half* p = t.data<Half>();
+  EXPECT_EQ(p[0].bits, 0x7C01);
+  EXPECT_EQ(p[1].bits, 0x3C00);
+  EXPECT_EQ(p[2].bits, 0xFE00);
+  EXPECT_EQ(p[3].bits, 0x7FFF);
 }
 
 TEST_F(OpsCpu, IntegerCopiesKeepEveryBit) {

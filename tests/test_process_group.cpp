@@ -155,6 +155,30 @@ TEST(GlooProcessGroup, ManyOutstandingWorksCompleteInOrder) {
   });
 }
 
+// Reductions compute, which float8 does not: refused by name. Broadcast and
+// allgather move its bytes as they are.
+TEST(GlooProcessGroup, Float8MovesButDoesNotReduce) {
+  with_ranks(2, [&](ProcessGroup& g) {
+    for (DType t : {DType::e4m3, DType::e5m2}) {
+      Tensor codes = Tensor::empty({256}, t);
+      for (int c = 0; c < 256; ++c) static_cast<uint8_t*>(codes.data_ptr())[c] = static_cast<uint8_t>(c + g.rank());
+      Tensor b = prim::clone(codes);
+      g.broadcast(b, 1)->wait();
+      for (int c = 0; c < 256; ++c) EXPECT_EQ(static_cast<uint8_t*>(b.data_ptr())[c], static_cast<uint8_t>(c + 1));
+      std::vector<Tensor> outs = {zeros({256}, t), zeros({256}, t)};
+      g.allgather(outs, codes)->wait();
+      for (int r = 0; r < 2; ++r)
+        for (int c = 0; c < 256; ++c)
+          EXPECT_EQ(static_cast<uint8_t*>(outs[r].data_ptr())[c], static_cast<uint8_t>(c + r));
+      mpt::testing::expect_contains(mpt::testing::error_of<DTypeError>([&] { g.allreduce(codes); }),
+                                    {"allreduce", dtype_name(t)});
+      mpt::testing::expect_contains(
+          mpt::testing::error_of<DTypeError>([&] { g.reduce_scatter(zeros({128}, t), codes); }),
+          {"reduce_scatter", dtype_name(t)});
+    }
+  });
+}
+
 TEST(GlooProcessGroup, BadArgumentsAreErrorsBeforeAnyCommunication) {
   with_ranks(1, [&](ProcessGroup& g) {
     EXPECT_THROW(g.allreduce(prim::transpose(zeros({2, 3}), 0, 1)), ValueError);

@@ -9,6 +9,7 @@
 #include "tensor/cuda/check.h"
 #include "tensor/cuda/runtime.h"
 #include "tensor/device_guard.h"
+#include "tensor/operand_check.h"
 
 namespace mpt::dist {
 
@@ -36,7 +37,10 @@ class NcclLocalCommunicator : public LocalCommunicator {
   void broadcast(const std::vector<Tensor>& ts, size_t root) override { broadcast_all({ts}, root); }
 
   void allreduce_sum_all(const std::vector<std::vector<Tensor>>& sets) override {
-    for (const auto& ts : sets) check_tensors("allreduce_sum", ts);
+    for (const auto& ts : sets) {
+      check_tensors("allreduce_sum", ts);
+      check_no_float8("LocalCommunicator::allreduce_sum", ts.at(0));
+    }
     grouped(sets, [&](const Tensor& t, size_t i) {
       MPT_NCCL_CHECK(ncclAllReduce(t.data_ptr(), t.data_ptr(), t.numel(), nccl::data_type(t.dtype()), ncclSum,
                                    comms_[i], cuda::current_cuda_stream(devices_[i].index)));

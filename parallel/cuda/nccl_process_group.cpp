@@ -32,6 +32,7 @@
 #include "tensor/device_guard.h"
 #include "tensor/gpu_timeline.h"
 #include "tensor/host_name.h"
+#include "tensor/operand_check.h"
 
 namespace mpt::dist {
 
@@ -519,6 +520,7 @@ class NcclProcessGroup : public ProcessGroup {
 
   WorkPtr allreduce(const Tensor& t, ReduceOp op) override {
     check_tensor("allreduce", t);
+    check_no_float8("allreduce", t);  // (broadcast and allgather move float8 as bytes)
     t.bump_version();
     if (PeerAllReduce* peer = comm_->peer(); peer != nullptr && peer->serves(t, op))
       return launch(fmt::format("allreduce({}) of {} by the peer kernel", reduce_op_name(op), describe(t)), {t},
@@ -568,6 +570,7 @@ class NcclProcessGroup : public ProcessGroup {
 
   WorkPtr reduce_scatter(const Tensor& output, const Tensor& input, ReduceOp op) override {
     check_tensor("reduce_scatter", input);
+    check_no_float8("reduce_scatter", input);
     check_tensor("reduce_scatter", output);
     check<ShapeError>(input.numel() == output.numel() * size() && input.dtype() == output.dtype(),
                       "reduce_scatter: input {} must be {} chunks shaped like output {}", describe(input), size(),

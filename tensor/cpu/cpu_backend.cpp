@@ -13,14 +13,21 @@ namespace {
 using cpu::dispatch_all;
 using cpu::for_each_row;
 
-// Converts through double, except float -> 16-bit, which must round once
-// from the float (double rounding could differ from the GPU's), and
-// integer -> integer, which must not lose bits above 2^53.
+// Converts through double, except: one type to itself moves the bits, as
+// the GPU's strided copies do (a round trip through float would make every
+// 16-bit or float8 NaN the canonical one); from float or a narrower float
+// (exact in float) through float, as float -> 16-bit or float8 must round
+// once from the float (double rounding could differ from the GPU's); and
+// integer -> integer, which must not lose bits above 2^53. A cast to float8
+// does not saturate (fp8.h).
 template <typename D, typename S>
 D convert(S v) {
-  if constexpr (std::is_integral_v<S> && std::is_integral_v<D>) {
+  if constexpr (std::is_same_v<D, S>) {
+    return v;
+  } else if constexpr (std::is_integral_v<S> && std::is_integral_v<D>) {
     return static_cast<D>(v);
-  } else if constexpr (std::is_same_v<S, float> || std::is_same_v<S, Half> || std::is_same_v<S, BFloat16>) {
+  } else if constexpr (std::is_same_v<S, float> || std::is_same_v<S, Half> || std::is_same_v<S, BFloat16> ||
+                       std::is_same_v<S, Float8E4M3> || std::is_same_v<S, Float8E5M2>) {
     return static_cast<D>(static_cast<float>(v));
   } else {
     return static_cast<D>(static_cast<double>(v));

@@ -47,7 +47,7 @@ inline void dispatch_float(DType t, const char* op, F&& f) {
     case DType::f64: return f(double{});
     case DType::f16: return f(Half{});
     case DType::bf16: return f(BFloat16{});
-    default: throw DTypeError(fmt::format("{}: dtype {} is not supported (floating types only)", op, dtype_name(t)));
+    default: throw DTypeError(fmt::format("{}: dtype {} is not supported (f32, f16, bf16, f64)", op, dtype_name(t)));
   }
 }
 

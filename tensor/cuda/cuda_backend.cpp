@@ -22,6 +22,7 @@
 #include "tensor/cuda/runtime.h"
 #include "tensor/device_guard.h"
 #include "tensor/error.h"
+#include "tensor/fp8.h"
 #include "tensor/half.h"
 
 namespace mpt {
@@ -115,6 +116,8 @@ uint64_t element_bits(double value, DType t) {
     case DType::i32: return static_cast<uint32_t>(static_cast<int32_t>(value));
     case DType::i64: return static_cast<uint64_t>(static_cast<int64_t>(value));
     case DType::u8: return static_cast<uint8_t>(value);
+    case DType::e4m3: return Float8E4M3(value).bits;
+    case DType::e5m2: return Float8E5M2(value).bits;
   }
   throw_dtype_unsupported("fill", t);
 }

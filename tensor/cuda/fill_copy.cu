@@ -2,6 +2,8 @@
 // conversion, fill, arange, and the Philox uniform/normal draws. All take the
 // dtypes at run time (one kernel each), apart from a packed fast path for the
 // float <-> half casts that autocast runs on every step.
+#include <cuda_fp8.h>
+
 #include "tensor/cuda/kernel_utils.cuh"
 #include "tensor/philox.h"
 
@@ -10,12 +12,45 @@ namespace {
 
 __device__ __forceinline__ bool is_integral(DType t) { return t == DType::i32 || t == DType::i64 || t == DType::u8; }
 
+__device__ __forceinline__ int element_size(DType t) {
+  switch (t) {
+    case DType::u8:
+    case DType::e4m3:
+    case DType::e5m2: return 1;
+    case DType::f16:
+    case DType::bf16: return 2;
+    case DType::f32:
+    case DType::i32: return 4;
+    case DType::f64:
+    case DType::i64: return 8;
+  }
+  return 8;
+}
+
+__device__ __forceinline__ __nv_fp8_interpretation_t fp8_format(DType t) {
+  return t == DType::e4m3 ? __NV_E4M3 : __NV_E5M2;
+}
+
+// Decoded exactly through f16, as tensor/fp8.h decodes on the CPU.
+__device__ __forceinline__ float fp8_to_float(uint8_t b, DType t) {
+  return __half2float(__half(__nv_cvt_fp8_to_halfraw(b, fp8_format(t))));
+}
+
+// One rounding from double, not saturating, as a plain cast on the CPU
+// (fp8.h): NaN becomes 0x7F first, as cvt from a float makes it (the double
+// conversion would keep the sign and, for e5m2, payload bits).
+__device__ __forceinline__ uint8_t double_to_fp8(double v, DType t) {
+  return isnan(v) ? uint8_t{0x7F} : __nv_cvt_double_to_fp8(v, __NV_NOSAT, fp8_format(t));
+}
+
 // Floating element as a double (exact for every floating dtype).
 __device__ __forceinline__ double load_floating(const void* p, DType t, int64_t i) {
   switch (t) {
     case DType::f32: return static_cast<const float*>(p)[i];
     case DType::f16: return __half2float(static_cast<const __half*>(p)[i]);
     case DType::bf16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    case DType::e4m3:
+    case DType::e5m2: return fp8_to_float(static_cast<const uint8_t*>(p)[i], t);
     default: return static_cast<const double*>(p)[i];
   }
 }
@@ -41,6 +76,8 @@ __device__ __forceinline__ void store_double(void* p, DType t, int64_t i, double
     case DType::i32: static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v); break;
     case DType::i64: static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v); break;
     case DType::u8: static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(static_cast<int32_t>(v)); break;
+    case DType::e4m3:
+    case DType::e5m2: static_cast<uint8_t*>(p)[i] = double_to_fp8(v, t); break;
   }
 }
 
@@ -56,6 +93,8 @@ __device__ __forceinline__ void store_integral(void* p, DType t, int64_t i, long
     case DType::i32: static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v); break;
     case DType::i64: static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v); break;
     case DType::u8: static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(v); break;
+    case DType::e4m3:
+    case DType::e5m2: static_cast<uint8_t*>(p)[i] = double_to_fp8(__ll2double_rn(v), t); break;
   }
 }
 
@@ -68,8 +107,7 @@ __global__ void copy_kernel(Strided<2> s, int64_t n, DType dst_type, DType src_t
   void* dst = s.data[0];
   const void* src = s.data[1];
   if (dst_type == src_type) {  // a strided gather: move the bits
-    const int size = dst_type == DType::u8 ? 1 : (dst_type == DType::f16 || dst_type == DType::bf16) ? 2
-                                               : (dst_type == DType::f64 || dst_type == DType::i64) ? 8 : 4;
+    const int size = element_size(dst_type);
     for_each_strided(s, n, 1, [&](const int64_t (&off)[2]) {
       switch (size) {
         case 1: copy_raw<uint8_t>(dst, off[0], src, off[1]); break;
