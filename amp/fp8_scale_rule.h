@@ -29,11 +29,7 @@
 #include <cmath>
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define MPT_HOST_DEVICE __host__ __device__
-#else
-#define MPT_HOST_DEVICE
-#endif
+#include "amp/host_device.h"
 
 namespace mpt::amp {
 

@@ -25,11 +25,7 @@
 // static: the scale never changes (overflowing steps are still skipped).
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define MPT_HOST_DEVICE __host__ __device__
-#else
-#define MPT_HOST_DEVICE
-#endif
+#include "amp/host_device.h"
 
 namespace mpt::amp {
 
