@@ -603,6 +603,29 @@ TEST(CudaAutograd, CrossEntropyMatchesTheCpu) {
     }
 }
 
+// A NaN logit makes its row's loss NaN, as on the CPU and in PyTorch, also
+// where it is the only value a lane of the row's warp reads (10 classes:
+// one a lane) and beside -inf values.
+TEST(CudaAutograd, CrossEntropyCarriesANanLogitIntoTheLoss) {
+  MPT_SKIP_WITHOUT_CUDA();
+  for (DType dt : {DType::f32, DType::bf16})
+    for (int64_t classes : {int64_t{10}, int64_t{1000}}) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " classes " << classes);
+      std::vector<float> x(static_cast<size_t>(2 * classes), 0.5f);
+      x[static_cast<size_t>(classes + 7)] = std::nanf("");
+      for (int64_t c = 39; c < classes; c += 32) x[static_cast<size_t>(classes + c)] = -INFINITY;
+      const Tensor logits = prim::to(from_vector(x, {2, classes}), dt);
+      const Tensor target = from_vector(std::vector<int64_t>{1, 2}, {2}, DType::i64);
+      const std::vector<double> cpu = host_f64(cross_entropy(logits, target, -100, Reduction::none));
+      const std::vector<double> gpu = host_f64(cross_entropy(prim::to(logits, Device("cuda:0")),
+                                                             prim::to(target, Device("cuda:0")), -100, Reduction::none));
+      EXPECT_FALSE(std::isnan(cpu[0]));
+      EXPECT_NEAR(gpu[0], cpu[0], 1e-5);
+      EXPECT_TRUE(std::isnan(cpu[1]));
+      EXPECT_TRUE(std::isnan(gpu[1]));
+    }
+}
+
 // The fused f16/bf16 attention kernels against the composed math in f32 on
 // the CPU, for the head sizes they take, lengths that are not multiples of
 // their 64-row tiles, with and without the causal mask, with the default

@@ -59,8 +59,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
       }
     }
     const float row_max = warp_max(m);
-    // A lane that saw nothing (or only -inf) adds nothing.
-    s = m == -INFINITY ? 0.0f : s * expf(m - row_max);
+    // A lane that saw only -inf (or nothing) adds nothing; one that saw
+    // only NaN and -inf has a NaN sum, which must reach the loss (NaN * 0).
+    s = m == -INFINITY ? s * 0.0f : s * expf(m - row_max);
     s = warp_sum(s);
     if (lane == 0) {
       const float lse = row_max + logf(s);
