@@ -109,10 +109,9 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_
   // (a masked class) has log-probability -inf, and -inf * 0 would be NaN:
   // outside the target the row is first raised to at least -max (the
   // floor is -max there, -inf at the target, which keeps its own value).
-  const double lowest = -std::numeric_limits<double>::max();
-  const Tensor floor = prim::add_scalar(
-      prim::unary(UnaryOp::log, prim::add_scalar(prim::mul_scalar(onehot, -1.0), 1.0)),
-      ct == DType::f64 ? lowest : -std::numeric_limits<float>::max());
+  const double lowest = ct == DType::f64 ? -std::numeric_limits<double>::max() : -std::numeric_limits<float>::max();
+  const Tensor floor =
+      prim::add_scalar(prim::unary(UnaryOp::log, prim::unary(UnaryOp::affine, onehot, -1.0, 1.0)), lowest);
   const Tensor picked = prim::mul(prim::binary(BinaryOp::maximum, logp, floor), onehot);
   // Per-sample loss, zero where ignored.
   const Tensor nll = prim::mul(prim::neg(prim::sum(picked, {1}, true)), valid);  // [N, 1]

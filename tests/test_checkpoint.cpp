@@ -43,6 +43,14 @@ Bytes read_bytes(const std::string& path) {
 void write_bytes(const std::string& path, const Bytes& b) {
   std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(b.data()), b.size());
 }
+// A safetensors file's start: the header's length (8 bytes, little-endian),
+// then the header.
+Bytes framed_header(const std::string& header) {
+  Bytes b;
+  for (int i = 0; i < 8; ++i) b.push_back(static_cast<uint8_t>(header.size() >> (8 * i)));
+  for (char c : header) b.push_back(static_cast<uint8_t>(c));
+  return b;
+}
 
 std::vector<std::pair<std::string, std::vector<double>>> values_of(const OrderedDict<Tensor>& d) {
   std::vector<std::pair<std::string, std::vector<double>>> out;
@@ -84,9 +92,7 @@ TEST_F(CheckpointTest, ReadsAFileWrittenByHandFromTheSpec) {
   // As another writer would produce it: no checksum, tensors not in name order.
   const std::string header = R"({"w":{"dtype":"F16","shape":[2],"data_offsets":[8,12]},)"
                              R"("v":{"dtype":"I32","shape":[2],"data_offsets":[0,8]}})";
-  Bytes b(8);
-  for (int i = 0; i < 8; ++i) b[i] = static_cast<uint8_t>(header.size() >> (8 * i));
-  b.insert(b.end(), header.begin(), header.end());
+  Bytes b = framed_header(header);
   for (uint8_t x : {3, 0, 0, 0, 0xfe, 0xff, 0xff, 0xff}) b.push_back(x);  // i32 3, -2
   for (uint8_t x : {0x00, 0x3c, 0x00, 0xc0}) b.push_back(x);              // f16 1.0, -2.0
   write_bytes(file("hand.safetensors"), b);
@@ -103,9 +109,7 @@ TEST_F(CheckpointTest, ReadsAFileWrittenByHandFromTheSpec) {
 TEST_F(CheckpointTest, Float8UsesTheSafetensorsNamesAndKeepsEveryCode) {
   const std::string header = R"({"a":{"dtype":"F8_E4M3","shape":[2],"data_offsets":[0,2]},)"
                              R"("b":{"dtype":"F8_E5M2","shape":[2],"data_offsets":[2,4]}})";
-  Bytes b(8);
-  for (int i = 0; i < 8; ++i) b[i] = static_cast<uint8_t>(header.size() >> (8 * i));
-  b.insert(b.end(), header.begin(), header.end());
+  Bytes b = framed_header(header);
   for (uint8_t x : {0x38, 0xC0, 0x3C, 0xC0}) b.push_back(x);  // e4m3 1.0, -2.0; e5m2 1.0, -2.0
   write_bytes(file("hand.safetensors"), b);
   const io::TensorFile f = io::load_safetensors(file("hand.safetensors"));
@@ -219,10 +223,7 @@ TEST_F(CheckpointTest, TruncatedAndCorruptedFilesAreRefused) {
 // cannot have, or with a shape of a million sizes (named, not printed whole).
 TEST_F(CheckpointTest, HeadersOfNoSafetensorsShapeAreRefused) {
   auto load_header = [&](const std::string& header) {
-    Bytes b(8);
-    for (int i = 0; i < 8; ++i) b[i] = static_cast<uint8_t>(header.size() >> (8 * i));
-    b.insert(b.end(), header.begin(), header.end());
-    write_bytes(file("odd.safetensors"), b);
+    write_bytes(file("odd.safetensors"), framed_header(header));
     return error_of<IOError>([&] { io::load_safetensors(file("odd.safetensors")); });
   };
   const size_t deep = 1000000;

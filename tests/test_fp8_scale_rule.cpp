@@ -42,6 +42,15 @@ TEST(Fp8ScaleRule, CurrentScalingPutsTheAmaxAtTheFormatsMaximumLessTheMargin) {
   EXPECT_EQ(current(1e-40f, amp::kE4m3Max, 0.0f), kF32Max);
 }
 
+// One tensor's delayed-scaling state, fresh: an all-zero history, scale 1.
+struct Tracked {
+  std::vector<float> history;
+  int64_t recorded = 0;
+  float scale = 1.0f;
+  explicit Tracked(int64_t length) : history(static_cast<size_t>(length), 0.0f) {}
+  amp::DelayedScalingState state() { return {history.data(), &recorded, &scale}; }
+};
+
 // The delayed recipe as its description states it: the scale after a
 // step is (max / 2^margin) over the reduced window of the finite amaxes
 // recorded so far (the last `length` of them, zeros where fewer were), or
@@ -78,9 +87,7 @@ TEST(Fp8ScaleRule, DelayedScalingFollowsItsWrittenRuleOnRandomSequences) {
                                             << format_max);
           const DelayedScalingRule rule{amp::fp8_target_max(format_max, margin), length, reduction};
           Reference ref{format_max, margin, length, reduction};
-          std::vector<float> history(static_cast<size_t>(length), 0.0f);
-          int64_t recorded = 0;
-          float scale = 1.0f;
+          Tracked t(length);
           std::uniform_real_distribution<float> log_amax(-12.0f, 12.0f);
           std::uniform_int_distribution<int> kind(0, 19);
           for (int step = 0; step < 3000; ++step) {
@@ -91,60 +98,54 @@ TEST(Fp8ScaleRule, DelayedScalingFollowsItsWrittenRuleOnRandomSequences) {
             if (k == 1) amax = 0.0f;
             if (k == 2) amax = kInf;
             if (k == 3) amax = kNaN;
-            const bool taken = amp::update_delayed_scaling(rule, amax, {history.data(), &recorded, &scale});
+            const bool taken = amp::update_delayed_scaling(rule, amax, t.state());
             ref.step(amax);
             ASSERT_EQ(taken, std::isfinite(amax)) << "step " << step;
-            ASSERT_EQ(recorded, static_cast<int64_t>(ref.recorded.size())) << "step " << step;
-            ASSERT_EQ(scale, ref.scale) << "step " << step << " amax " << amax;
+            ASSERT_EQ(t.recorded, static_cast<int64_t>(ref.recorded.size())) << "step " << step;
+            ASSERT_EQ(t.scale, ref.scale) << "step " << step << " amax " << amax;
           }
         }
 }
 
 TEST(Fp8ScaleRule, AnInfiniteOrNanAmaxNeitherEntersTheHistoryNorMovesTheScale) {
   const DelayedScalingRule rule{amp::kE4m3Max, 4, AmaxReduction::max};
-  std::vector<float> history(4, 0.0f);
-  int64_t recorded = 0;
-  float scale = 1.0f;
-  const amp::DelayedScalingState s{history.data(), &recorded, &scale};
+  Tracked t(4);
+  const amp::DelayedScalingState s = t.state();
   ASSERT_TRUE(amp::update_delayed_scaling(rule, 2.0f, s));
-  EXPECT_EQ(scale, 224.0f);
+  EXPECT_EQ(t.scale, 224.0f);
   EXPECT_FALSE(amp::update_delayed_scaling(rule, kInf, s));
   EXPECT_FALSE(amp::update_delayed_scaling(rule, kNaN, s));
   EXPECT_FALSE(amp::update_delayed_scaling(rule, -kInf, s));
-  EXPECT_EQ(recorded, 1);
-  EXPECT_EQ(scale, 224.0f);
-  EXPECT_EQ(history, (std::vector<float>{2.0f, 0.0f, 0.0f, 0.0f}));
+  EXPECT_EQ(t.recorded, 1);
+  EXPECT_EQ(t.scale, 224.0f);
+  EXPECT_EQ(t.history, (std::vector<float>{2.0f, 0.0f, 0.0f, 0.0f}));
 }
 
 TEST(Fp8ScaleRule, TheMaximumLeavesTheWindowAfterHistoryLengthSteps) {
   const DelayedScalingRule rule{amp::kE4m3Max, 3, AmaxReduction::max};
-  std::vector<float> history(3, 0.0f);
-  int64_t recorded = 0;
-  float scale = 1.0f;
-  const amp::DelayedScalingState s{history.data(), &recorded, &scale};
+  Tracked t(3);
+  const amp::DelayedScalingState s = t.state();
   std::vector<float> scales;
   for (float amax : {8.0f, 1.0f, 1.0f, 1.0f, 0.5f, 0.0f, 0.0f, 0.0f}) {
     amp::update_delayed_scaling(rule, amax, s);
-    scales.push_back(scale);
+    scales.push_back(t.scale);
   }
   // 8 stays the window's maximum for three steps; the all-zero window at
-  // the end keeps the last scale.
+  // the end keeps the last t.scale.
   EXPECT_EQ(scales, (std::vector<float>{56.0f, 56.0f, 56.0f, 448.0f, 448.0f, 448.0f, 896.0f, 896.0f}));
 }
 
 TEST(Fp8ScaleRule, MostRecentFollowsEachStepAndKeepsTheScaleOnZero) {
   const DelayedScalingRule rule{amp::fp8_target_max(amp::kE5m2Max, 1.0f), 1024, AmaxReduction::most_recent};
-  std::vector<float> history(1024, 0.0f);
-  int64_t recorded = 0;
-  float scale = 1.0f;
-  const amp::DelayedScalingState s{history.data(), &recorded, &scale};
+  Tracked t(1024);
+  const amp::DelayedScalingState s = t.state();
   amp::update_delayed_scaling(rule, 1024.0f, s);
-  EXPECT_EQ(scale, 28.0f);
+  EXPECT_EQ(t.scale, 28.0f);
   amp::update_delayed_scaling(rule, 2.0f, s);
-  EXPECT_EQ(scale, 14336.0f);
+  EXPECT_EQ(t.scale, 14336.0f);
   amp::update_delayed_scaling(rule, 0.0f, s);
-  EXPECT_EQ(scale, 14336.0f);
-  EXPECT_EQ(recorded, 3);
+  EXPECT_EQ(t.scale, 14336.0f);
+  EXPECT_EQ(t.recorded, 3);
 }
 
 }  // namespace
