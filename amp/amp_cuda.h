@@ -3,6 +3,7 @@
 // CUDA). Callers check operands first; these only launch.
 #include <vector>
 
+#include "amp/fp8_scale_rule.h"
 #include "amp/scale_rule.h"
 #include "tensor/tensor.h"
 
@@ -15,5 +16,12 @@ void unscale_and_check_inf(const std::vector<Tensor>& grads, Tensor& found_inf, 
 // so the scale never leaves the GPU.
 void update_scale(Tensor& scale, Tensor& growth_tracker, Tensor& hysteresis_left, const Tensor& found_inf,
                   const ScaleRule& rule, int64_t units);
+
+// FP8 (amp/fp8_scaling.h): delayed scaling's step for every slot of a
+// group (amax [S], history [S, H], recorded i64 [S], scale [S]; amax set to
+// 0 after), and current scaling's scale from an amax (f32 [1] each).
+void fp8_delayed_update(Tensor& amax, Tensor& history, Tensor& recorded, Tensor& scale,
+                        const DelayedScalingRule& rule);
+void fp8_current_scale(const Tensor& amax, Tensor& scale, float target_max);
 
 }  // namespace mpt::amp::cuda

@@ -16,4 +16,14 @@ void update_scale(Tensor& scale, Tensor&, Tensor&, const Tensor&, const ScaleRul
       scale.device().str()));
 }
 
+void fp8_delayed_update(Tensor& amax, Tensor&, Tensor&, Tensor&, const DelayedScalingRule&) {
+  throw NotAvailableError(fmt::format("FP8 scaling: the state is on {}, but this build of mptrain has no CUDA support",
+                                      amax.device().str()));
+}
+
+void fp8_current_scale(const Tensor& amax, Tensor&, float) {
+  throw NotAvailableError(fmt::format("FP8 scaling: the state is on {}, but this build of mptrain has no CUDA support",
+                                      amax.device().str()));
+}
+
 }  // namespace mpt::amp::cuda

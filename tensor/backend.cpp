@@ -118,5 +118,8 @@ void Backend::attention_backward(const TensorView&, const TensorView&, const Ten
                                  const TensorView&, const TensorView&, bool, double) {
   not_available("fused attention backward");
 }
+void Backend::quantize_fp8(const Fp8QuantizeArgs&) { not_available("FP8 quantization"); }
+void Backend::gemm_fp8(const Fp8GemmArgs&) { not_available("FP8 GEMM"); }
+void Backend::amax_into(const TensorView&, const TensorView&) { not_available("amax"); }
 
 }  // namespace mpt

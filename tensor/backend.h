@@ -69,6 +69,36 @@ struct GemmArgs {
 // Throws unless the epilogues of `g` (if any) are as GemmArgs describes.
 void check_gemm_epilogues(const GemmArgs& g);
 
+// Quantization to FP8 of a contiguous [rows, cols] tensor `in` (f32, f16
+// or bf16): out = fp8(in * scale), rounded to nearest even and saturated to
+// the format's largest finite value (NaN stays NaN), with the scale f32 [1]
+// on the device (amp/fp8_scaling.h's recipes keep it there). scale_inv
+// receives 1 / scale, for the GEMM to undo it; amax, where given, the
+// running maximum of |in| (amax_into's rule).
+struct Fp8QuantizeArgs {
+  TensorView out;        // float8 [rows, cols]
+  TensorView out_t;      // null, or float8 [cols, rows]: in's transpose, quantized alike (for backward products)
+  TensorView in;         // [rows, cols]
+  TensorView scale;      // f32 [1]
+  TensorView scale_inv;  // f32 [1], written
+  TensorView amax;       // null, or f32 [1], as amax_into
+};
+
+// out [m, n] = (a [m, k] . b [n, k]^T) * a_scale_inv * b_scale_inv (+ bias
+// [n]), accumulated in f32: a linear layer's shape (b is the weight). a and
+// b contiguous float8 (not both e5m2), the scales f32 [1] on the device,
+// out contiguous f32, f16 or bf16, bias null or out's dtype. Every size a
+// multiple of 16 (fp8_gemm_shape_ok), as Hopper's FP8 GEMMs need.
+// fast_accumulation: the GPU's FP8 tensor cores keep the running sums in
+// fewer than f32's bits (no periodic promotion to f32); faster, a little
+// less exact, and what forward products can afford.
+struct Fp8GemmArgs {
+  TensorView a, b, out;
+  TensorView a_scale_inv, b_scale_inv;
+  TensorView bias;
+  bool fast_accumulation = false;
+};
+
 // 2-d convolution geometry (NCHW activations, [out, in, kh, kw] weights).
 struct Conv2dParams {
   int64_t stride_h = 1, stride_w = 1;
@@ -202,6 +232,13 @@ class Backend {
                                   const TensorView& delta, const TensorView& q, const TensorView& k,
                                   const TensorView& v, const TensorView& out, const TensorView& lse,
                                   const TensorView& grad_out, bool causal, double scale);
+
+  // FP8 (amp/fp8_scaling.h's recipes): see Fp8QuantizeArgs and Fp8GemmArgs.
+  virtual void quantize_fp8(const Fp8QuantizeArgs& args);
+  virtual void gemm_fp8(const Fp8GemmArgs& args);
+  // amax (f32 [1]) = max(amax, max |in|) over a contiguous f32, f16 or bf16
+  // `in`; NaN once any element is NaN (so that a recipe sees the overflow).
+  virtual void amax_into(const TensorView& amax, const TensorView& in);
 };
 
 // The backend for a device type. Throws DeviceError for CUDA in a build

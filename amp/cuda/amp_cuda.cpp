@@ -2,6 +2,7 @@
 // (amp/cuda/unscale.cu), on the current stream of the tensors' device.
 #include "amp/amp_cuda.h"
 
+#include "amp/cuda/fp8_scaling_kernels.h"
 #include "amp/cuda/unscale_kernels.h"
 #include "tensor/cuda/runtime.h"
 #include "tensor/device_guard.h"
@@ -33,6 +34,21 @@ void update_scale(Tensor& scale, Tensor& growth_tracker, Tensor& hysteresis_left
   DeviceGuard guard(device);
   launch_update_scale(scale.data<float>(), growth_tracker.data<int64_t>(), hysteresis_left.data<int32_t>(),
                       found_inf.data<float>(), rule, units, mpt::cuda::current_cuda_stream(device.index));
+}
+
+void fp8_delayed_update(Tensor& amax, Tensor& history, Tensor& recorded, Tensor& scale,
+                        const DelayedScalingRule& rule) {
+  const Device device = amax.device();
+  DeviceGuard guard(device);
+  launch_fp8_delayed_update(amax.data<float>(), history.data<float>(), recorded.data<int64_t>(), scale.data<float>(),
+                            amax.numel(), rule, mpt::cuda::current_cuda_stream(device.index));
+}
+
+void fp8_current_scale(const Tensor& amax, Tensor& scale, float target_max) {
+  const Device device = amax.device();
+  DeviceGuard guard(device);
+  launch_fp8_current_scale(amax.data<float>(), scale.data<float>(), target_max,
+                           mpt::cuda::current_cuda_stream(device.index));
 }
 
 }  // namespace mpt::amp::cuda

@@ -135,6 +135,9 @@ class CpuBackend final : public Backend {
                            const Pool2dParams&) override {
     cpu::max_pool2d_backward(grad_x, grad_out, indices);
   }
+  void quantize_fp8(const Fp8QuantizeArgs& args) override { cpu::quantize_fp8(args); }
+  void gemm_fp8(const Fp8GemmArgs& args) override { cpu::gemm_fp8(args); }
+  void amax_into(const TensorView& amax, const TensorView& in) override { cpu::amax_into(amax, in); }
 };
 
 }  // namespace

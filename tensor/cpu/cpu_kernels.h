@@ -114,5 +114,8 @@ void conv2d_backward_weight(const TensorView& grad_w, const TensorView& x, const
                             const Conv2dParams& p);
 void max_pool2d_forward(const TensorView& out, const TensorView& indices, const TensorView& x, const Pool2dParams& p);
 void max_pool2d_backward(const TensorView& grad_x, const TensorView& grad_out, const TensorView& indices);
+void quantize_fp8(const Fp8QuantizeArgs& args);
+void gemm_fp8(const Fp8GemmArgs& args);
+void amax_into(const TensorView& amax, const TensorView& in);
 
 }  // namespace mpt::cpu

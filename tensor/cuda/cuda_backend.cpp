@@ -14,6 +14,7 @@
 #include "tensor/cuda/caching_allocator.h"
 #include "tensor/cuda/check.h"
 #include "tensor/cuda/cross_entropy.h"
+#include "tensor/cuda/fp8_quantize.h"
 #include "tensor/cuda/layer_norm.h"
 #include "tensor/cuda/conv_cudnn.h"
 #include "tensor/cuda/copy_list.h"
@@ -397,6 +398,12 @@ class CudaBackend final : public Backend {
                       "CUDA cross_entropy backward: row scale must be contiguous f32 [{}]", a.rows);
     launch_cross_entropy_backward(current_launch(), logits.dtype, a, static_cast<const float*>(row_scale.data),
                                   grad.data);
+  }
+
+  void quantize_fp8(const Fp8QuantizeArgs& args) override { launch_quantize_fp8(current_launch(), args); }
+  void gemm_fp8(const Fp8GemmArgs& args) override { cuda::gemm_fp8(args); }
+  void amax_into(const TensorView& amax, const TensorView& in) override {
+    launch_amax_into(current_launch(), amax, in);
   }
 
   void scaled_copy_list(const std::vector<TensorView>& dsts, const std::vector<TensorView>& srcs,

@@ -41,7 +41,6 @@ namespace {
 thread_local bool t_allow_tf32 = false;
 
 // What NVIDIA recommends for Hopper; most algorithms need far less.
-constexpr uint64_t kMaxWorkspace = uint64_t(32) << 20;
 constexpr int kMaxCachedPlans = 4096;
 
 // One column-major cuBLAS operand: the stored matrix and whether cuBLAS
@@ -133,19 +132,6 @@ struct Plan {
     if (desc) (void)cublasLtMatmulDescDestroy(desc);
   }
 };
-
-cublasLtHandle_t lt_handle(int device) {
-  static std::mutex mutex;
-  static std::array<cublasLtHandle_t, 64> handles{};  // never destroyed: used until exit
-  check<DeviceError>(device >= 0 && device < static_cast<int>(handles.size()), "CUDA gemm: device index {} out of range",
-                     device);
-  std::lock_guard<std::mutex> lock(mutex);
-  if (!handles[device]) {
-    DeviceGuard guard(cuda_device(device));
-    MPT_CUBLASLT_CHECK(cublasLtCreate(&handles[device]));
-  }
-  return handles[device];
-}
 
 void set_layout_batch(cublasLtMatrixLayout_t layout, int32_t batch, int64_t stride) {
   MPT_CUBLASLT_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch, sizeof(batch)));
@@ -268,6 +254,19 @@ void sum_rows_separately(const GemmArgs& g) {
 }
 
 }  // namespace
+
+cublasLtHandle_t lt_handle(int device) {
+  static std::mutex mutex;
+  static std::array<cublasLtHandle_t, 64> handles{};  // never destroyed: used until exit
+  check<DeviceError>(device >= 0 && device < static_cast<int>(handles.size()), "CUDA gemm: device index {} out of range",
+                     device);
+  std::lock_guard<std::mutex> lock(mutex);
+  if (!handles[device]) {
+    DeviceGuard guard(cuda_device(device));
+    MPT_CUBLASLT_CHECK(cublasLtCreate(&handles[device]));
+  }
+  return handles[device];
+}
 
 void set_allow_tf32(bool allow) { t_allow_tf32 = allow; }
 bool allow_tf32() { return t_allow_tf32; }

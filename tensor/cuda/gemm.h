@@ -1,5 +1,9 @@
 #pragma once
 // Matrix products on CUDA through cuBLASLt.
+#include <cublasLt.h>
+
+#include <cstdint>
+
 #include "tensor/backend.h"
 
 namespace mpt::cuda {
@@ -12,5 +16,14 @@ bool allow_tf32();
 // args.out = alpha * a @ b + beta * args.out (see GemmArgs) on the current
 // device's current stream. f32, f64, and f16/bf16 with f32 accumulation.
 void gemm(const GemmArgs& args);
+
+// Fp8GemmArgs as tensor/backend.h says (checked by the caller); throws
+// DeviceError on a GPU older than compute capability 8.9.
+void gemm_fp8(const Fp8GemmArgs& args);
+
+// The cuBLASLt handle of a device (made at first use, kept until exit).
+cublasLtHandle_t lt_handle(int device);
+// What NVIDIA recommends for Hopper; most algorithms need far less.
+inline constexpr uint64_t kMaxWorkspace = uint64_t(32) << 20;
 
 }  // namespace mpt::cuda

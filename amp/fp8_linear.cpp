@@ -1,0 +1,100 @@
+#include "amp/fp8_linear.h"
+
+#include <cstdio>
+
+#include "autograd/function.h"
+#include "autograd/grad_mode.h"
+#include "autograd/ops.h"
+#include "tensor/operand_check.h"
+
+namespace mpt::amp {
+namespace {
+
+// x [..., d] as [rows, d].
+Tensor as_rows(const Tensor& x) {
+  const int64_t d = x.shape().back();
+  int64_t rows = 1;
+  for (size_t i = 0; i + 1 < x.shape().size(); ++i) rows *= x.shape()[i];
+  return prim::reshape(x, {rows, d});
+}
+
+// The weight's FP8 copies, made again only when the weight has changed.
+void refresh_weight(Fp8LinearState& s, const Tensor& weight) {
+  const void* storage = weight.storage().get();
+  if (s.weight_fp8.defined() && s.weight_storage == storage && s.weight_version == weight.version()) return;
+  prim::Fp8Quantized q = s.scaling->quantize(Fp8Group::forward, s.weight_slot, weight, true);
+  s.weight_fp8 = q.data;
+  s.weight_fp8_t = q.data_t;
+  s.weight_scale_inv = q.scale_inv;
+  s.weight_storage = storage;
+  s.weight_version = weight.version();
+}
+
+}  // namespace
+
+Fp8LinearState Fp8LinearState::for_layer(std::shared_ptr<Fp8Scaling> scaling) {
+  Fp8LinearState s;
+  s.input_slot = scaling->add_slots(Fp8Group::forward, 2);
+  s.weight_slot = s.input_slot + 1;
+  s.grad_slot = scaling->add_slots(Fp8Group::backward, 1);
+  s.scaling = std::move(scaling);
+  return s;
+}
+
+Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Fp8LinearState& state, DType out_dtype) {
+  const char* op = "fp8_linear";
+  check_defined(op, x);
+  check_defined(op, weight);
+  check<ValueError>(state.scaling != nullptr, "{}: the layer has no FP8 scaling state", op);
+  check<ShapeError>(weight.dim() == 2 && x.dim() >= 1 && x.shape().back() == weight.shape()[1],
+                    "{}: input {} does not match weight {} (expected [..., {}])", op, describe(x), describe(weight),
+                    weight.dim() == 2 ? weight.shape()[1] : -1);
+  check<ShapeError>(!bias.defined() || (bias.dim() == 1 && bias.shape()[0] == weight.shape()[0]),
+                    "{}: bias {} does not match weight {}", op, describe(bias), describe(weight));
+  check<DTypeError>(out_dtype == DType::bf16 || out_dtype == DType::f16, "{}: the output must be bf16 or f16, got {}",
+                    op, dtype_name(out_dtype));
+  const Tensor x2 = as_rows(x);
+  const int64_t rows = x2.shape()[0], in = weight.shape()[1], out_features = weight.shape()[0];
+  if (!prim::fp8_gemm_shape_ok(rows, out_features, in)) {
+    if (!state.warned) {
+      std::fputs(fmt::format("mptrain: warning: fp8_linear: input {} with weight {} runs in {}, not FP8 (FP8 "
+                             "products need every size a multiple of 16)\n",
+                             describe(x), describe(weight), dtype_name(out_dtype))
+                     .c_str(),
+                 stderr);
+      state.warned = true;
+    }
+    return to(linear(to(x, out_dtype), to(weight, out_dtype), bias.defined() ? to(bias, out_dtype) : bias), out_dtype);
+  }
+  const bool grad = needs_grad({x, weight, bias});
+  refresh_weight(state, weight);
+  const prim::Fp8Quantized xq = state.scaling->quantize(Fp8Group::forward, state.input_slot, x2, grad);
+  const Tensor b = bias.defined() ? prim::to(bias, out_dtype) : Tensor();
+  Shape out_shape = x.shape();
+  out_shape.back() = out_features;
+  Tensor out = prim::reshape(
+      prim::gemm_fp8(xq.data, xq.scale_inv, state.weight_fp8, state.weight_scale_inv, b, out_dtype, true), out_shape);
+  if (grad) {
+    record(op, out, {x, weight, bias},
+           [x, weight, bias, out_dtype, scaling = state.scaling, grad_slot = state.grad_slot, x_t = xq.data_t,
+            x_scale_inv = xq.scale_inv, w_t = state.weight_fp8_t, w_scale_inv = state.weight_scale_inv](const Grads& g) {
+             const Tensor g2 = prim::contiguous(as_rows(g[0]));
+             const prim::Fp8Quantized gq = scaling->quantize(Fp8Group::backward, grad_slot, g2, weight.requires_grad());
+             Tensor gx, gw, gb;
+             if (x.requires_grad())
+               gx = prim::reshape(prim::to(prim::gemm_fp8(gq.data, gq.scale_inv, w_t, w_scale_inv, Tensor(), out_dtype,
+                                                          false),
+                                           x.dtype()),
+                                  x.shape());
+             if (weight.requires_grad())
+               gw = prim::to(prim::gemm_fp8(gq.data_t, gq.scale_inv, x_t, x_scale_inv, Tensor(), DType::f32, false),
+                             weight.dtype());
+             if (bias.defined() && bias.requires_grad())
+               gb = prim::to(prim::sum(prim::to(g2, DType::f32), {0}), bias.dtype());
+             return Grads{gx, gw, gb};
+           });
+  }
+  return out;
+}
+
+}  // namespace mpt::amp

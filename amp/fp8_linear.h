@@ -1,0 +1,53 @@
+#pragma once
+// A linear layer whose three products run in FP8 (y = x W^T + b):
+//
+//   forward   y  = x W^T         x, W in E4M3 (fast accumulation)
+//   backward  dx = dy W          dy in E5M2, W^T's E4M3 copy
+//             dW = dy^T x        dy^T in E5M2, x^T's E4M3 copy (f32 result)
+//             db = sum of dy's rows, in f32
+//
+// Each product reads both operands in the "TN" layout Hopper's FP8 GEMMs
+// take; the transposed copies come from the quantizing pass itself (x^T in
+// the forward, saved instead of x: one byte an element). The weight is
+// quantized once per optimizer step, not once per micro-batch: its FP8
+// copies are kept until the weight's storage changes (its version).
+//
+// The forward product keeps cuBLASLt's fast accumulation (the FP8 tensor
+// cores' own accumulator, no periodic promotion to f32): the forward has
+// one reduction of in_features terms into a bf16 output, where the error
+// stays below bf16's rounding. The backward products promote to f32: dW
+// sums over every row of the batch, where the cheaper accumulator loses
+// the small terms. Transformer Engine and torchao choose the same.
+//
+// Shapes FP8 products cannot take (a size not a multiple of 16) run as a
+// plain linear() under the caller's autocast instead, said once per layer
+// on stderr.
+#include <memory>
+
+#include "amp/fp8_scaling.h"
+#include "tensor/tensor.h"
+
+namespace mpt::amp {
+
+struct Fp8LinearState {
+  std::shared_ptr<Fp8Scaling> scaling;
+  int64_t input_slot = -1, weight_slot = -1;  // forward group
+  int64_t grad_slot = -1;                     // backward group
+  // The weight's FP8 copies ([out, in] and [in, out]) and 1 / their scale,
+  // made from the weight whose storage and version are recorded here.
+  Tensor weight_fp8, weight_fp8_t, weight_scale_inv;
+  const void* weight_storage = nullptr;
+  uint64_t weight_version = 0;
+  bool warned = false;  // about a shape that ran in higher precision
+
+  // Three new slots in `scaling` for one layer.
+  static Fp8LinearState for_layer(std::shared_ptr<Fp8Scaling> scaling);
+};
+
+// x [..., in] (f32, f16 or bf16), weight [out, in] (f32 master), bias
+// [out] or undefined; the result [..., out] in out_dtype (bf16 or f16).
+// Gradients reach x, weight and bias as linear()'s do.
+Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Fp8LinearState& state,
+                  DType out_dtype = DType::bf16);
+
+}  // namespace mpt::amp

@@ -1,0 +1,134 @@
+// FP8 on the CPU: the same quantization as the GPU's (fp8.h's conversions
+// are cuda_fp8.h's, bit for bit) and its products as f32 GEMMs of the
+// decoded values, so every FP8 behaviour can be tested without a GPU and
+// compared with it code for code.
+#include <cstring>
+#include <vector>
+
+#include "tensor/cpu/cpu_kernels.h"
+#include "tensor/cpu/cpu_threads.h"
+#include "tensor/fp8.h"
+
+namespace mpt::cpu {
+namespace {
+
+// Elements worth handing to another thread in these memory-bound loops.
+constexpr int64_t kMinElementsPerPiece = int64_t{1} << 16;
+
+Fp8Format format_of(DType t) { return t == DType::e4m3 ? Fp8Format::e4m3 : Fp8Format::e5m2; }
+
+uint32_t float_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof(u));
+  return u;
+}
+
+float bits_float(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+}
+
+// max |x| as the bit patterns of |x|: every NaN pattern lies above
+// infinity's, so a NaN anywhere wins, as on the GPU (an atomicMax on the
+// same patterns).
+template <typename T>
+uint32_t abs_max_bits(const T* in, int64_t n) {
+  uint32_t m = 0;
+  for (int64_t i = 0; i < n; ++i) m = std::max(m, float_bits(static_cast<float>(in[i])) & 0x7fffffffu);
+  return m;
+}
+
+template <typename F>
+void dispatch_half_or_float(DType t, const char* op, F&& f) {
+  switch (t) {
+    case DType::f32: return f(float{});
+    case DType::f16: return f(Half{});
+    case DType::bf16: return f(BFloat16{});
+    default: throw DTypeError(fmt::format("{}: dtype {} is not supported (f32, f16, bf16)", op, dtype_name(t)));
+  }
+}
+
+// A contiguous f32 [1, rows, cols] view of host memory, for cpu::gemm.
+TensorView matrix_view(float* p, int64_t rows, int64_t cols) {
+  TensorView v;
+  v.data = p;
+  v.ndim = 3;
+  v.shape[0] = 1, v.shape[1] = rows, v.shape[2] = cols;
+  v.strides[0] = rows * cols, v.strides[1] = cols, v.strides[2] = 1;
+  return v;
+}
+
+void combine_amax(const TensorView& amax, uint32_t bits) {
+  float* a = static_cast<float*>(amax.data);
+  *a = bits_float(std::max(float_bits(*a) & 0x7fffffffu, bits));
+}
+
+}  // namespace
+
+void amax_into(const TensorView& amax, const TensorView& in) {
+  dispatch_half_or_float(in.dtype, "amax", [&](auto tag) {
+    using T = decltype(tag);
+    combine_amax(amax, abs_max_bits(static_cast<const T*>(in.data), in.numel()));
+  });
+}
+
+void quantize_fp8(const Fp8QuantizeArgs& q) {
+  const int64_t rows = q.in.shape[0], cols = q.in.shape[1];
+  const float scale = *static_cast<const float*>(q.scale.data);
+  const Fp8Format format = format_of(q.out.dtype);
+  auto* out = static_cast<uint8_t*>(q.out.data);
+  auto* out_t = static_cast<uint8_t*>(q.out_t.data);
+  dispatch_half_or_float(q.in.dtype, "quantize_fp8", [&](auto tag) {
+    using T = decltype(tag);
+    const T* in = static_cast<const T*>(q.in.data);
+    parallel_for(rows, 1, units_for_work(kMinElementsPerPiece, cols), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r)
+        for (int64_t c = 0; c < cols; ++c) {
+          const uint8_t code =
+              float_to_fp8_bits(static_cast<float>(in[r * cols + c]) * scale, format, Fp8Saturation::finite);
+          out[r * cols + c] = code;
+          if (out_t) out_t[c * rows + r] = code;
+        }
+    });
+    if (q.amax.data) combine_amax(q.amax, abs_max_bits(in, rows * cols));
+  });
+  *static_cast<float*>(q.scale_inv.data) = 1.0f / scale;
+}
+
+void gemm_fp8(const Fp8GemmArgs& g) {
+  const int64_t m = g.a.shape[0], k = g.a.shape[1], n = g.b.shape[0];
+  // Decoded exactly to f32, then one f32 product with the two scales folded
+  // into alpha, as cuBLASLt folds them: D = (scale_a * scale_b) * (A B).
+  auto decode = [](const TensorView& v) {
+    const Fp8Format format = format_of(v.dtype);
+    const auto* codes = static_cast<const uint8_t*>(v.data);
+    std::vector<float> table(256), values(static_cast<size_t>(v.numel()));
+    for (int c = 0; c < 256; ++c) table[c] = fp8_bits_to_float(static_cast<uint8_t>(c), format);
+    for (size_t i = 0; i < values.size(); ++i) values[i] = table[codes[i]];
+    return values;
+  };
+  std::vector<float> a = decode(g.a), b = decode(g.b);
+  std::vector<float> product(static_cast<size_t>(m * n));
+  GemmArgs f32;
+  f32.a = matrix_view(a.data(), m, k);
+  f32.b = matrix_view(b.data(), k, n);  // b [n, k] read as [k, n] through its strides: b^T
+  f32.b.strides[1] = 1;
+  f32.b.strides[2] = k;
+  f32.out = matrix_view(product.data(), m, n);
+  f32.alpha = *static_cast<const float*>(g.a_scale_inv.data) * *static_cast<const float*>(g.b_scale_inv.data);
+  gemm(f32);
+  dispatch_half_or_float(g.out.dtype, "gemm_fp8", [&](auto tag) {
+    using T = decltype(tag);
+    T* out = static_cast<T*>(g.out.data);
+    const T* bias = static_cast<const T*>(g.bias.data);
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t c = 0; c < n; ++c) {
+        float v = product[r * n + c];
+        if (bias) v += static_cast<float>(bias[c]);
+        out[r * n + c] = static_cast<T>(v);
+      }
+  });
+}
+
+}  // namespace mpt::cpu

@@ -1,0 +1,153 @@
+// FP8 quantization on the GPU: out = fp8(in * scale) with the hardware's
+// saturating conversion (cvt.rn.satfinite, what cuda_fp8.h's
+// __nv_cvt_float_to_fp8 with __NV_SATFINITE becomes on sm_89+), the
+// transpose for the backward products written in the same pass, and the
+// running amax, one atomic per block.
+//
+// Where every size is a multiple of 16 and the pointers are 16-byte aligned
+// (always so for the shapes FP8 GEMMs take), a block quantizes a 64 x 64
+// tile: each thread reads 16 consecutive elements of a row and stores their
+// 16 codes with one 16-byte store, the tile's codes go through shared
+// memory, and each thread then gathers 16 codes of a column for one
+// 16-byte store into the transpose. Other shapes take a plain grid-stride
+// loop.
+#include <cuda_fp8.h>
+
+#include "tensor/cuda/fp8_quantize.h"
+#include "tensor/cuda/kernel_utils.cuh"
+
+namespace mpt::cuda {
+namespace {
+
+constexpr int kTile = 64;
+constexpr int kChunk = 16;  // elements a thread handles at once
+
+__device__ __forceinline__ uint8_t to_fp8(float v, __nv_fp8_interpretation_t format) {
+  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, format));
+}
+
+// |x| as bits: every NaN lies above infinity, so a NaN anywhere wins (the
+// CPU's amax uses the same order).
+__device__ __forceinline__ uint32_t abs_bits(float x) { return __float_as_uint(x) & 0x7fffffffu; }
+
+__device__ __forceinline__ void block_amax(uint32_t bits, float* amax) {
+  __shared__ uint32_t warp_max[kThreads / 32];
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) bits = max(bits, __shfl_xor_sync(0xffffffffu, bits, o));
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (lane == 0) warp_max[warp] = bits;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    uint32_t m = 0;
+    for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) m = max(m, warp_max[w]);
+    atomicMax(reinterpret_cast<uint32_t*>(amax), m);
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) quantize_tiles(const T* __restrict__ in, uint8_t* __restrict__ out,
+                                                            uint8_t* __restrict__ out_t, int64_t rows, int64_t cols,
+                                                            const float* scale_ptr, float* scale_inv, float* amax,
+                                                            __nv_fp8_interpretation_t format) {
+  __shared__ alignas(16) uint8_t tile[kTile][kTile + 16];
+  const float scale = *scale_ptr;
+  const int64_t row0 = static_cast<int64_t>(blockIdx.y) * kTile, col0 = static_cast<int64_t>(blockIdx.x) * kTile;
+  const int r = threadIdx.x / (kTile / kChunk), c = (threadIdx.x % (kTile / kChunk)) * kChunk;
+  uint32_t bits = 0;
+  if (row0 + r < rows && col0 + c < cols) {
+    using P = Pack<T, 16 / sizeof(T)>;
+    P packs[kChunk * sizeof(T) / 16];
+    const auto* src = reinterpret_cast<const P*>(in + (row0 + r) * cols + col0 + c);
+#pragma unroll
+    for (int p = 0; p < static_cast<int>(kChunk * sizeof(T) / 16); ++p) packs[p] = src[p];
+    Pack<uint8_t, kChunk> codes;
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i) {
+      const float v = Element<T>::load(packs[i / (16 / sizeof(T))].v[i % (16 / sizeof(T))]);
+      bits = max(bits, abs_bits(v));
+      codes.v[i] = to_fp8(v * scale, format);
+    }
+    *reinterpret_cast<Pack<uint8_t, kChunk>*>(out + (row0 + r) * cols + col0 + c) = codes;
+    if (out_t) *reinterpret_cast<Pack<uint8_t, kChunk>*>(&tile[r][c]) = codes;
+  }
+  if (out_t) {
+    __syncthreads();
+    // Now r names a column of the tile and c the first of 16 of its rows.
+    if (col0 + r < cols && row0 + c < rows) {
+      Pack<uint8_t, kChunk> codes;
+#pragma unroll
+      for (int i = 0; i < kChunk; ++i) codes.v[i] = tile[c + i][r];
+      *reinterpret_cast<Pack<uint8_t, kChunk>*>(out_t + (col0 + r) * rows + row0 + c) = codes;
+    }
+  }
+  if (amax) block_amax(bits, amax);
+  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *scale_inv = 1.0f / scale;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) quantize_any(const T* __restrict__ in, uint8_t* __restrict__ out,
+                                                          uint8_t* __restrict__ out_t, int64_t rows, int64_t cols,
+                                                          const float* scale_ptr, float* scale_inv, float* amax,
+                                                          __nv_fp8_interpretation_t format) {
+  const float scale = *scale_ptr;
+  uint32_t bits = 0;
+  for (int64_t i = global_thread(); i < rows * cols; i += grid_threads()) {
+    const float v = Element<T>::load(in[i]);
+    bits = max(bits, abs_bits(v));
+    const uint8_t code = to_fp8(v * scale, format);
+    out[i] = code;
+    if (out_t) out_t[(i % cols) * rows + i / cols] = code;
+  }
+  if (amax) block_amax(bits, amax);
+  if (blockIdx.x == 0 && threadIdx.x == 0) *scale_inv = 1.0f / scale;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) amax_kernel(const T* __restrict__ in, int64_t n, float* amax) {
+  uint32_t bits = 0;
+  for (int64_t i = global_thread(); i < n; i += grid_threads()) bits = max(bits, abs_bits(Element<T>::load(in[i])));
+  block_amax(bits, amax);
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+}  // namespace
+
+void launch_quantize_fp8(const Launch& l, const Fp8QuantizeArgs& q) {
+  const int64_t rows = q.in.shape[0], cols = q.in.shape[1];
+  if (rows * cols == 0) return;
+  const __nv_fp8_interpretation_t format = q.out.dtype == DType::e4m3 ? __NV_E4M3 : __NV_E5M2;
+  auto* out = static_cast<uint8_t*>(q.out.data);
+  auto* out_t = static_cast<uint8_t*>(q.out_t.data);
+  const auto* scale = static_cast<const float*>(q.scale.data);
+  auto* scale_inv = static_cast<float*>(q.scale_inv.data);
+  auto* amax = static_cast<float*>(q.amax.data);
+  dispatch_floating<false>(q.in.dtype, "quantize_fp8", [&](auto tag) {
+    using T = decltype(tag);
+    const T* in = static_cast<const T*>(q.in.data);
+    const bool tiles = rows % kChunk == 0 && cols % kChunk == 0 && aligned16(in) && aligned16(out) &&
+                       (!out_t || aligned16(out_t)) && (rows + kTile - 1) / kTile <= 65535;
+    if (tiles) {
+      const dim3 grid(static_cast<unsigned>((cols + kTile - 1) / kTile), static_cast<unsigned>((rows + kTile - 1) / kTile));
+      quantize_tiles<T><<<grid, kThreads, 0, l.stream>>>(in, out, out_t, rows, cols, scale, scale_inv, amax, format);
+      MPT_CUDA_CHECK_LAUNCH("quantize_fp8 (tiles)");
+    } else {
+      quantize_any<T><<<grid_for(l, rows * cols), kThreads, 0, l.stream>>>(in, out, out_t, rows, cols, scale,
+                                                                            scale_inv, amax, format);
+      MPT_CUDA_CHECK_LAUNCH("quantize_fp8");
+    }
+  });
+}
+
+void launch_amax_into(const Launch& l, const TensorView& amax, const TensorView& in) {
+  const int64_t n = in.numel();
+  if (n == 0) return;
+  dispatch_floating<false>(in.dtype, "amax_into", [&](auto tag) {
+    using T = decltype(tag);
+    amax_kernel<T><<<grid_for(l, n), kThreads, 0, l.stream>>>(static_cast<const T*>(in.data), n,
+                                                             static_cast<float*>(amax.data));
+    MPT_CUDA_CHECK_LAUNCH("amax_into");
+  });
+}
+
+}  // namespace mpt::cuda

@@ -1,0 +1,12 @@
+#pragma once
+// Internal: FP8 quantization and amax kernels (tensor/cuda/fp8_quantize.cu).
+#include "tensor/backend.h"
+#include "tensor/cuda/kernels.h"
+
+namespace mpt::cuda {
+
+// Fp8QuantizeArgs as tensor/backend.h says (checked by the caller).
+void launch_quantize_fp8(const Launch& l, const Fp8QuantizeArgs& q);
+void launch_amax_into(const Launch& l, const TensorView& amax, const TensorView& in);
+
+}  // namespace mpt::cuda

@@ -1,0 +1,342 @@
+// FP8 on the CPU: the quantizing op against tensor/fp8.h's scalar
+// conversions, the scaled FP8 product and the FP8 linear layer (forward and
+// backward) against an f64 reference of the same quantized math, the
+// recipes' state (delayed updates against the written rule, checkpoint
+// round trip) and the errors for what FP8 cannot take.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "amp/fp8_linear.h"
+#include "amp/fp8_scaling.h"
+#include "autograd/engine.h"
+#include "autograd/ops.h"
+#include "tensor/fp8.h"
+#include "tensor/ops.h"
+#include "tests/test_util.h"
+
+namespace mpt {
+namespace {
+
+using amp::Fp8Group;
+using testing::error_of;
+using testing::expect_contains;
+using testing::fresh_seed;
+
+Fp8Format format_of(DType t) { return t == DType::e4m3 ? Fp8Format::e4m3 : Fp8Format::e5m2; }
+
+std::vector<uint8_t> codes_of(const Tensor& t) {
+  const auto* p = static_cast<const uint8_t*>(t.data_ptr());
+  return std::vector<uint8_t>(p, p + t.numel());
+}
+
+// Random values over many binades, with specials sprinkled in where asked.
+std::vector<float> spread_values(size_t n, std::mt19937_64& rng, bool specials) {
+  std::uniform_real_distribution<float> mantissa(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> exponent(-14, 10);
+  std::vector<float> v(n);
+  for (auto& x : v) x = std::ldexp(mantissa(rng), exponent(rng));
+  if (specials && n >= 8) {
+    const float inf = std::numeric_limits<float>::infinity();
+    v[1] = inf, v[2] = -inf, v[3] = 1e30f, v[4] = -1e30f, v[5] = 0.0f, v[6] = -0.0f, v[7] = 1e-30f;
+  }
+  return v;
+}
+
+float scalar(const Tensor& t) { return prim::to(t, DType::f32).to_vector<float>()[0]; }
+
+TEST(Fp8Ops, QuantizeIsTheScalarSaturatingConversionOfEachScaledElement) {
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed);
+  std::mt19937_64 rng(seed);
+  for (DType in_dtype : {DType::f32, DType::bf16, DType::f16})
+    for (DType format : {DType::e4m3, DType::e5m2})
+      for (auto [rows, cols] : {std::pair<int64_t, int64_t>{48, 32}, {5, 7}, {1, 1}}) {
+        SCOPED_TRACE(fmt::format("{} -> {}, [{}, {}]", dtype_name(in_dtype), dtype_name(format), rows, cols));
+        const Tensor in = prim::to(from_vector(spread_values(rows * cols, rng, true), {rows, cols}), in_dtype);
+        const float s = std::ldexp(1.0f, static_cast<int>(rng() % 12) - 6) * 1.37f;
+        const Tensor scale = from_vector(std::vector<float>{s}, {1});
+        const Tensor amax = from_vector(std::vector<float>{0.25f}, {1});
+        const prim::Fp8Quantized q = prim::quantize_fp8(in, format, scale, amax, true);
+        ASSERT_EQ(q.data.dtype(), format);
+        ASSERT_EQ(q.data_t.shape(), (Shape{cols, rows}));
+        const std::vector<float> x = prim::to(in, DType::f32).to_vector<float>();
+        const std::vector<uint8_t> codes = codes_of(q.data), codes_t = codes_of(q.data_t);
+        float expected_amax = 0.25f;
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t c = 0; c < cols; ++c) {
+            const float v = x[r * cols + c];
+            const uint8_t want = float_to_fp8_bits(v * s, format_of(format), Fp8Saturation::finite);
+            ASSERT_EQ(codes[r * cols + c], want) << "element " << r << ", " << c << " = " << v;
+            ASSERT_EQ(codes_t[c * rows + r], want);
+            expected_amax = std::max(expected_amax, std::fabs(v));
+          }
+        EXPECT_EQ(scalar(amax), expected_amax);
+        EXPECT_EQ(scalar(q.scale_inv), 1.0f / s);
+      }
+}
+
+TEST(Fp8Ops, AmaxBecomesNanWhereTheTensorHoldsOne) {
+  const Tensor in = from_vector(std::vector<float>{1.0f, -3.0f, NAN, 2.0f}, {2, 2});
+  const Tensor amax = from_vector(std::vector<float>{5.0f}, {1});
+  prim::amax_into(amax, in);
+  EXPECT_TRUE(std::isnan(scalar(amax)));
+  const Tensor amax2 = from_vector(std::vector<float>{5.0f}, {1});
+  prim::amax_into(amax2, from_vector(std::vector<float>{1.0f, -7.5f}, {2}));
+  EXPECT_EQ(scalar(amax2), 7.5f);
+  // A NaN input quantizes to the NaN code, which saturation leaves alone.
+  const prim::Fp8Quantized q = prim::quantize_fp8(in, DType::e4m3, from_vector(std::vector<float>{1.0f}, {1}),
+                                                  Tensor(), false);
+  EXPECT_EQ(codes_of(q.data)[2] & 0x7F, 0x7F);
+}
+
+// Random finite codes of a format (no NaN, no infinity).
+Tensor random_codes(int64_t rows, int64_t cols, DType format, std::mt19937_64& rng) {
+  Tensor t = Tensor::empty({rows, cols}, format);
+  auto* p = static_cast<uint8_t*>(t.data_ptr());
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    uint8_t c;
+    do c = static_cast<uint8_t>(rng());
+    while (!std::isfinite(fp8_bits_to_float(c, format_of(format))));
+    p[i] = c;
+  }
+  return t;
+}
+
+std::vector<double> decoded(const Tensor& t) {
+  std::vector<double> v;
+  for (uint8_t c : codes_of(t)) v.push_back(fp8_bits_to_float(c, format_of(t.dtype())));
+  return v;
+}
+
+TEST(Fp8Ops, GemmIsTheScaledProductOfTheDecodedValues) {
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed);
+  std::mt19937_64 rng(seed);
+  const int64_t m = 32, n = 48, k = 64;
+  for (auto [fa, fb] : {std::pair{DType::e4m3, DType::e4m3}, {DType::e5m2, DType::e4m3}, {DType::e4m3, DType::e5m2}})
+    for (DType out_dtype : {DType::f32, DType::bf16}) {
+      SCOPED_TRACE(fmt::format("{} x {} -> {}", dtype_name(fa), dtype_name(fb), dtype_name(out_dtype)));
+      const Tensor a = random_codes(m, k, fa, rng), b = random_codes(n, k, fb, rng);
+      const float sa = 0.0625f * 1.1f, sb = 3.0f;
+      std::vector<float> bias_values(n);
+      for (auto& v : bias_values) v = static_cast<float>(static_cast<int>(rng() % 200) - 100) / 7.0f;
+      const Tensor bias = prim::to(from_vector(bias_values, {n}), out_dtype);
+      const Tensor out = prim::gemm_fp8(a, from_vector(std::vector<float>{sa}, {1}), b,
+                                        from_vector(std::vector<float>{sb}, {1}), bias, out_dtype, false);
+      ASSERT_EQ(out.shape(), (Shape{m, n}));
+      ASSERT_EQ(out.dtype(), out_dtype);
+      const std::vector<double> da = decoded(a), db = decoded(b), got = out.to_vector<double>(),
+                                bias64 = bias.to_vector<double>();
+      std::vector<double> want(m * n);
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < n; ++j) {
+          double acc = 0;
+          for (int64_t p = 0; p < k; ++p) acc += da[i * k + p] * db[j * k + p];
+          want[i * n + j] = acc * static_cast<double>(sa) * static_cast<double>(sb) + bias64[j];
+        }
+      EXPECT_LT(testing::rel_error(got, want), out_dtype == DType::f32 ? 1e-6 : 4e-3);
+    }
+}
+
+TEST(Fp8Ops, ProductsRefuseWhatFp8CannotTake) {
+  std::mt19937_64 rng(1);
+  const Tensor one = from_vector(std::vector<float>{1.0f}, {1});
+  const Tensor a = random_codes(8, 32, DType::e4m3, rng), b = random_codes(16, 32, DType::e4m3, rng);
+  expect_contains(error_of<ShapeError>([&] { prim::gemm_fp8(a, one, b, one, Tensor(), DType::bf16, false); }),
+                  {"gemm_fp8", "multiple of 16", "m 8"});
+  const Tensor a5 = random_codes(16, 32, DType::e5m2, rng), b5 = random_codes(16, 32, DType::e5m2, rng);
+  expect_contains(error_of<DTypeError>([&] { prim::gemm_fp8(a5, one, b5, one, Tensor(), DType::bf16, false); }),
+                  {"gemm_fp8", "not both e5m2"});
+  const Tensor f = zeros({16, 32});
+  expect_contains(error_of<DTypeError>([&] { prim::gemm_fp8(f, one, b, one, Tensor(), DType::bf16, false); }),
+                  {"gemm_fp8", "float8"});
+  expect_contains(error_of<DTypeError>([&] { prim::quantize_fp8(f, DType::bf16, one, Tensor(), false); }),
+                  {"quantize_fp8", "float8"});
+  expect_contains(error_of<DTypeError>([&] { prim::quantize_fp8(f, DType::e4m3, zeros({1}, DType::f64), Tensor(), false); }),
+                  {"quantize_fp8", "scale"});
+}
+
+// The f64 reference of what a quantized tensor stands for: each element
+// rounded to the format at `scale`, then divided by it again.
+std::vector<double> quantized_values(const std::vector<float>& x, float scale, DType format) {
+  std::vector<double> v;
+  for (float e : x)
+    v.push_back(static_cast<double>(fp8_bits_to_float(float_to_fp8_bits(e * scale, format_of(format),
+                                                                        Fp8Saturation::finite),
+                                                     format_of(format))) /
+                static_cast<double>(scale));
+  return v;
+}
+
+float amax_of(const std::vector<float>& x) {
+  float m = 0;
+  for (float e : x) m = std::max(m, std::fabs(e));
+  return m;
+}
+
+TEST(Fp8Linear, ForwardAndBackwardAreTheQuantizedMathWithCurrentScaling) {
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed);
+  std::mt19937_64 rng(seed);
+  const int64_t rows = 32, in = 48, out = 16;
+  auto scaling = std::make_shared<amp::Fp8Scaling>(amp::Fp8Recipe{amp::Fp8ScalingMode::current}, kCPU);
+  amp::Fp8LinearState state = amp::Fp8LinearState::for_layer(scaling);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  auto randoms = [&](size_t n, float s) {
+    std::vector<float> v(n);
+    for (auto& e : v) e = normal(rng) * s;
+    return v;
+  };
+  const std::vector<float> xv = randoms(rows * in, 3.0f), wv = randoms(out * in, 0.1f), bv = randoms(out, 0.5f),
+                           gv = randoms(rows * out, 1e-3f);
+  Tensor x = from_vector(xv, {2, rows / 2, in}).set_requires_grad(true);
+  Tensor w = from_vector(wv, {out, in}).set_requires_grad(true);
+  Tensor b = from_vector(bv, {out}).set_requires_grad(true);
+  const Tensor y = amp::fp8_linear(x, w, b, state, DType::bf16);
+  ASSERT_EQ(y.shape(), (Shape{2, rows / 2, out}));
+  ASSERT_EQ(y.dtype(), DType::bf16);
+  // The loss sum(y * G): y's gradient is G, rounded to bf16 on its way to y.
+  backward(sum(mul(to(y, DType::f32), from_vector(gv, {2, rows / 2, out}))));
+
+  const float sx = 448.0f / amax_of(xv), sw = 448.0f / amax_of(wv);
+  const std::vector<double> xq = quantized_values(xv, sx, DType::e4m3), wq = quantized_values(wv, sw, DType::e4m3);
+  std::vector<float> g16;
+  for (float g : gv) g16.push_back(static_cast<float>(BFloat16(g)));
+  const float sg = 57344.0f / amax_of(g16);
+  const std::vector<double> gq = quantized_values(g16, sg, DType::e5m2);
+  std::vector<double> y_ref(rows * out), gx_ref(rows * in, 0.0), gw_ref(out * in, 0.0), gb_ref(out, 0.0);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t o = 0; o < out; ++o) {
+      double acc = static_cast<float>(BFloat16(bv[o]));
+      for (int64_t i = 0; i < in; ++i) acc += xq[r * in + i] * wq[o * in + i];
+      y_ref[r * out + o] = acc;
+      for (int64_t i = 0; i < in; ++i) {
+        gx_ref[r * in + i] += gq[r * out + o] * wq[o * in + i];
+        gw_ref[o * in + i] += gq[r * out + o] * xq[r * in + i];
+      }
+      gb_ref[o] += g16[r * out + o];
+    }
+  EXPECT_LT(testing::rel_error(y.to_vector<double>(), y_ref), 4e-3);            // bf16 output
+  EXPECT_LT(testing::rel_error(x.grad().to_vector<double>(), gx_ref), 4e-3);    // bf16 product, then f32
+  EXPECT_LT(testing::rel_error(w.grad().to_vector<double>(), gw_ref), 1e-5);    // f32 product
+  EXPECT_LT(testing::rel_error(b.grad().to_vector<double>(), gb_ref), 1e-5);
+  EXPECT_EQ(x.grad().dtype(), DType::f32);
+  EXPECT_EQ(w.grad().dtype(), DType::f32);
+  // The scales the current recipe used, kept in the slots.
+  const std::vector<float> forward_scales = scaling->scale(Fp8Group::forward).to_vector<float>();
+  EXPECT_EQ(forward_scales[state.input_slot], sx);
+  EXPECT_EQ(forward_scales[state.weight_slot], sw);
+  EXPECT_EQ(scaling->scale(Fp8Group::backward).to_vector<float>()[state.grad_slot], sg);
+}
+
+TEST(Fp8Linear, TheWeightIsQuantizedOncePerChangeOfTheWeight) {
+  auto scaling = std::make_shared<amp::Fp8Scaling>(amp::Fp8Recipe{}, kCPU);
+  amp::Fp8LinearState state = amp::Fp8LinearState::for_layer(scaling);
+  const Tensor w = full({16, 16}, 0.5);
+  const Tensor x = full({16, 16}, 1.0);
+  amp::fp8_linear(x, w, Tensor(), state, DType::bf16);
+  const Tensor first = state.weight_fp8;
+  amp::fp8_linear(x, w, Tensor(), state, DType::bf16);
+  EXPECT_TRUE(state.weight_fp8.is_same(first)) << "an unchanged weight was quantized again";
+  prim::fill_(w, 0.25);
+  w.bump_version();
+  amp::fp8_linear(x, w, Tensor(), state, DType::bf16);
+  EXPECT_FALSE(state.weight_fp8.is_same(first));
+  EXPECT_EQ(prim::to(state.weight_fp8, DType::f32).to_vector<float>()[0], 0.25f);
+}
+
+TEST(Fp8Linear, ShapesFp8CannotTakeRunInBf16) {
+  auto scaling = std::make_shared<amp::Fp8Scaling>(amp::Fp8Recipe{}, kCPU);
+  amp::Fp8LinearState state = amp::Fp8LinearState::for_layer(scaling);
+  std::mt19937_64 rng(7);
+  const Tensor x = from_vector(spread_values(10 * 16, rng, false), {10, 16});  // 10 rows: not a multiple of 16
+  const Tensor w = from_vector(spread_values(16 * 16, rng, false), {16, 16});
+  const Tensor y = amp::fp8_linear(x, w, Tensor(), state, DType::bf16);
+  EXPECT_TRUE(state.warned);
+  const Tensor plain = linear(prim::to(x, DType::bf16), prim::to(w, DType::bf16));
+  EXPECT_EQ(y.to_vector<float>(), plain.to_vector<float>());
+  EXPECT_EQ(scaling->amax(Fp8Group::forward).to_vector<float>()[state.input_slot], 0.0f) << "nothing quantized";
+}
+
+TEST(Fp8Scaling, DelayedUpdatesFollowTheWrittenRule) {
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed);
+  std::mt19937_64 rng(seed);
+  amp::Fp8Recipe recipe;
+  recipe.history_length = 3;
+  recipe.margin = 1.0f;
+  amp::Fp8Scaling scaling(recipe, kCPU);
+  ASSERT_EQ(scaling.add_slots(Fp8Group::forward, 2), 0);
+  ASSERT_EQ(scaling.add_slots(Fp8Group::backward, 1), 0);
+  // The rule replayed on host copies, step by step.
+  std::vector<float> history(3 * 3, 0.0f), scale(3, 1.0f);
+  std::vector<int64_t> recorded(3, 0);
+  const float targets[3] = {amp::fp8_target_max(amp::kE4m3Max, 1), amp::fp8_target_max(amp::kE4m3Max, 1),
+                            amp::fp8_target_max(amp::kE5m2Max, 1)};
+  for (int step = 0; step < 12; ++step) {
+    SCOPED_TRACE(step);
+    float amax[3] = {0, 0, 0};
+    for (int slot = 0; slot < 3; ++slot) {
+      const Fp8Group group = slot < 2 ? Fp8Group::forward : Fp8Group::backward;
+      const int64_t index = slot < 2 ? slot : 0;
+      std::vector<float> v = spread_values(16, rng, false);
+      if (step == 4 && slot == 0) v.assign(16, 0.0f);          // an all-zero tensor
+      if (step == 7 && slot == 1) v[3] = NAN;                   // an overflowed one
+      if (step == 9 && slot == 2) v[0] = INFINITY;
+      const Tensor t = from_vector(v, {4, 4});
+      // Used with the slot's current scale.
+      const float s = scaling.scale(group).to_vector<float>()[index];
+      ASSERT_EQ(s, scale[slot]);
+      const prim::Fp8Quantized q = scaling.quantize(group, index, t, false);
+      EXPECT_EQ(codes_of(q.data)[5], float_to_fp8_bits(v[5] * s, format_of(amp::fp8_format(group)),
+                                                      Fp8Saturation::finite));
+      amax[slot] = scalar(prim::slice(scaling.amax(group), 0, index, index + 1));
+    }
+    scaling.update();
+    for (int slot = 0; slot < 3; ++slot)
+      amp::update_delayed_scaling({targets[slot], 3, amp::AmaxReduction::max}, amax[slot],
+                                  {history.data() + slot * 3, recorded.data() + slot, scale.data() + slot});
+    EXPECT_EQ(scaling.amax(Fp8Group::forward).to_vector<float>(), std::vector<float>(2, 0.0f));
+  }
+  EXPECT_EQ(scaling.history(Fp8Group::forward).to_vector<float>(), std::vector<float>(history.begin(), history.begin() + 6));
+  EXPECT_EQ(scaling.history(Fp8Group::backward).to_vector<float>(), std::vector<float>(history.begin() + 6, history.end()));
+}
+
+TEST(Fp8Scaling, StateRoundTripsAndAMismatchChangesNothing) {
+  amp::Fp8Recipe recipe;
+  recipe.history_length = 4;
+  amp::Fp8Scaling a(recipe, kCPU);
+  a.add_slots(Fp8Group::forward, 2);
+  a.add_slots(Fp8Group::backward, 1);
+  std::mt19937_64 rng(3);
+  for (int step = 0; step < 3; ++step) {
+    a.quantize(Fp8Group::forward, 0, from_vector(spread_values(16, rng, false), {4, 4}), false);
+    a.quantize(Fp8Group::backward, 0, from_vector(spread_values(16, rng, false), {4, 4}), false);
+    a.update();
+  }
+  amp::Fp8Scaling b(recipe, kCPU);
+  b.add_slots(Fp8Group::forward, 2);
+  b.add_slots(Fp8Group::backward, 1);
+  b.load_state(a.state());
+  for (size_t i = 0; i < a.state().size(); ++i)
+    EXPECT_EQ(a.state()[i].second.to_vector<double>(), b.state()[i].second.to_vector<double>()) << a.state()[i].first;
+
+  amp::Fp8Recipe longer = recipe;
+  longer.history_length = 8;
+  amp::Fp8Scaling c(longer, kCPU);
+  c.add_slots(Fp8Group::forward, 2);
+  c.add_slots(Fp8Group::backward, 1);
+  const std::vector<float> before = c.scale(Fp8Group::forward).to_vector<float>();
+  expect_contains(error_of<ValueError>([&] { c.load_state(a.state()); }), {"history", "history length"});
+  EXPECT_EQ(c.scale(Fp8Group::forward).to_vector<float>(), before);
+  expect_contains(error_of<ValueError>([&] { amp::Fp8Scaling(amp::Fp8Recipe{amp::Fp8ScalingMode::delayed, 0}, kCPU); }),
+                  {"history length", "at least 1"});
+}
+
+}  // namespace
+}  // namespace mpt
