@@ -10,6 +10,8 @@
 namespace mpt::amp {
 namespace {
 
+thread_local bool t_fp8_enabled = false;
+
 // x [..., d] as [rows, d].
 Tensor as_rows(const Tensor& x) {
   const int64_t d = x.shape().back();
@@ -31,6 +33,10 @@ void refresh_weight(Fp8LinearState& s, const Tensor& weight) {
 }
 
 }  // namespace
+
+bool fp8_enabled() { return t_fp8_enabled; }
+Fp8Guard::Fp8Guard(bool enabled) : previous_(t_fp8_enabled) { t_fp8_enabled = enabled; }
+Fp8Guard::~Fp8Guard() { t_fp8_enabled = previous_; }
 
 Fp8LinearState Fp8LinearState::for_layer(std::shared_ptr<Fp8Scaling> scaling) {
   Fp8LinearState s;

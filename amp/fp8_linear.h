@@ -44,6 +44,20 @@ struct Fp8LinearState {
   static Fp8LinearState for_layer(std::shared_ptr<Fp8Scaling> scaling);
 };
 
+// Whether layers that have FP8 state run fp8_linear on this thread: on
+// inside an Fp8Guard (MixedPrecision's training forward), off by default.
+bool fp8_enabled();
+class Fp8Guard {
+ public:
+  explicit Fp8Guard(bool enabled);
+  ~Fp8Guard();
+  Fp8Guard(const Fp8Guard&) = delete;
+  Fp8Guard& operator=(const Fp8Guard&) = delete;
+
+ private:
+  bool previous_;
+};
+
 // x [..., in] (f32, f16 or bf16), weight [out, in] (f32 master), bias
 // [out] or undefined; the result [..., out] in out_dtype (bf16 or f16).
 // Gradients reach x, weight and bias as linear()'s do.

@@ -110,7 +110,7 @@ std::vector<std::pair<std::string, Tensor>> Fp8Scaling::state() const {
   return out;
 }
 
-void Fp8Scaling::load_state(const std::vector<std::pair<std::string, Tensor>>& state) {
+void Fp8Scaling::check_state(const std::vector<std::pair<std::string, Tensor>>& state) const {
   const auto mine = this->state();
   check<ValueError>(state.size() == mine.size(), "FP8 scaling state: {} entries given, this run has {}", state.size(),
                     mine.size());
@@ -121,7 +121,11 @@ void Fp8Scaling::load_state(const std::vector<std::pair<std::string, Tensor>>& s
                       "FP8 scaling state: '{}' is {}, this run's is {} (another model, or another history length?)",
                       name, it->second.defined() ? describe(it->second).str() : std::string("undefined"), describe(t));
   }
-  for (const auto& [name, t] : mine) {
+}
+
+void Fp8Scaling::load_state(const std::vector<std::pair<std::string, Tensor>>& state) {
+  check_state(state);
+  for (const auto& [name, t] : this->state()) {
     const auto it = std::find_if(state.begin(), state.end(), [&](const auto& e) { return e.first == name; });
     prim::copy_(t, it->second);
   }

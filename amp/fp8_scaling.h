@@ -74,8 +74,10 @@ class Fp8Scaling {
 
   // Every state tensor by name ("forward.scale", "backward.history", ...).
   std::vector<std::pair<std::string, Tensor>> state() const;
-  // Checks every entry (names, shapes, dtypes; the same recipe's history
-  // length) before copying any: ValueError naming the first that differs.
+  // ValueError naming the first entry that differs from this state's
+  // (names, shapes, dtypes: another model, another history length).
+  void check_state(const std::vector<std::pair<std::string, Tensor>>& state) const;
+  // check_state(), then copies every entry.
   void load_state(const std::vector<std::pair<std::string, Tensor>>& state);
 
  private:

@@ -1,6 +1,8 @@
 #include "models/layers.h"
 
+#include "amp/fp8_linear.h"
 #include "autograd/autocast_hook.h"
+#include "autograd/grad_mode.h"
 #include "models/init.h"
 
 namespace mpt::nn {
@@ -22,13 +24,17 @@ void check_linear_input(const Linear& l, const Tensor& x) {
 }
 }  // namespace
 
+bool Linear::runs_fp8() const { return fp8 && amp::fp8_enabled() && grad_enabled(); }
+
 Tensor Linear::forward(const Tensor& x) {
   check_linear_input(*this, x);
+  if (runs_fp8()) return amp::fp8_linear(x, weight, bias, *fp8);
   return linear(x, weight, bias);
 }
 
 Tensor Linear::forward_relu(const Tensor& x) {
   check_linear_input(*this, x);
+  if (runs_fp8()) return relu(amp::fp8_linear(x, weight, bias, *fp8));
   return linear_relu(x, weight, bias);
 }
 

@@ -7,6 +7,7 @@
 #include <memory>
 #include <optional>
 
+#include "amp/fp8_linear.h"
 #include "autograd/ops.h"
 #include "models/module.h"
 
@@ -21,6 +22,12 @@ class Linear : public Module {
 
   int64_t in_features, out_features;
   Tensor weight, bias;  // bias undefined when built without one
+  // Set (by train::MixedPrecision for Precision::fp8): the products run in
+  // FP8 (amp/fp8_linear.h) in forwards under amp::Fp8Guard with grad on.
+  std::shared_ptr<amp::Fp8LinearState> fp8;
+
+ private:
+  bool runs_fp8() const;
 };
 
 // NCHW convolution with a square kernel. weight [out, in, k, k], bias

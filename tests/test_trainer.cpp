@@ -25,13 +25,13 @@ namespace {
 // first three features).
 class Blobs : public data::Dataset {
  public:
-  Blobs() {
+  explicit Blobs(int64_t features = 12) {
     Generator gen(3);
-    x_ = randn({96, 12}, DType::f32, kCPU, &gen);
+    x_ = randn({96, features}, DType::f32, kCPU, &gen);
     const std::vector<float> v = x_.to_vector<float>();
     std::vector<int64_t> y;
     for (int i = 0; i < 96; ++i) {
-      const float* r = &v[static_cast<size_t>(i) * 12];
+      const float* r = &v[static_cast<size_t>(i * features)];
       y.push_back(r[0] > r[1] ? (r[0] > r[2] ? 0 : 2) : (r[1] > r[2] ? 1 : 2));
     }
     y_ = from_vector(y, {96}, DType::i64);
@@ -131,6 +131,66 @@ TEST(Trainer, ARunRestoredFromItsCheckpointEndsAsAnUnbrokenOne) {
   EXPECT_EQ(weights_of(*resumed), weights_of(*whole));
 }
 
+// fp8: the hidden layer's products in FP8 (sizes of 16), the head in bf16.
+// A run restored from its checkpoint (weights, optimizer and the FP8
+// scales and amax histories) ends as an unbroken one, bit for bit.
+TEST(Trainer, AnFp8RunRestoredFromItsCheckpointEndsAsAnUnbrokenOne) {
+  testing::TempDir dir("trainer-fp8-test");
+  auto data = std::make_shared<Blobs>(16);
+  auto fp8_mlp = [] {
+    Generator gen(11);
+    return nn::make_mlp({.in_features = 16, .hidden = {32}, .num_classes = 3}, &gen);
+  };
+  TrainerOptions o;
+  o.step.precision = Precision::fp8;
+  o.step.fp8.history_length = 4;
+  const FitOptions fit{.epochs = 3, .accumulation = 2, .log_every = 4};
+
+  auto whole = fp8_mlp();
+  auto loader = loader_for(data, 16);
+  auto whole_trainer = trainer_for(whole, o);
+  whole_trainer->fit(loader, fit);
+  // The FP8 layer ran: its input's, weight's and gradient's amaxes entered
+  // the histories.
+  amp::Fp8Scaling* scaling = whole_trainer->precision().fp8_scaling();
+  ASSERT_NE(scaling, nullptr);
+  ASSERT_EQ(scaling->slots(amp::Fp8Group::forward), 2);
+  for (amp::Fp8Group g : {amp::Fp8Group::forward, amp::Fp8Group::backward})
+    for (float amax : scaling->history(g).to_vector<float>()) EXPECT_GT(amax, 0.0f);
+  EXPECT_NE(scaling->scale(amp::Fp8Group::backward).to_vector<float>()[0], 1.0f);
+
+  auto part = fp8_mlp();
+  {
+    auto first = trainer_for(part, o);
+    auto first_loader = loader_for(data, 16);
+    FitOptions stop = fit;
+    stop.stop_after = 4;  // in the middle of the second epoch
+    stop.checkpoint = dir.file("c.safetensors");
+    EXPECT_FALSE(first->fit(first_loader, stop).finished);
+  }
+  auto resumed = fp8_mlp();
+  auto second = trainer_for(resumed, o);
+  second->restore(ckpt::read_checkpoint(dir.file("c.safetensors")));
+  auto second_loader = loader_for(data, 16);
+  EXPECT_TRUE(second->fit(second_loader, fit).finished);
+  EXPECT_EQ(weights_of(*resumed), weights_of(*whole));
+  for (size_t i = 0; i < scaling->state().size(); ++i)
+    EXPECT_EQ(second->precision().fp8_scaling()->state()[i].second.to_vector<double>(),
+              scaling->state()[i].second.to_vector<double>())
+        << scaling->state()[i].first;
+
+  // Not into a run of another precision, and nothing of it changes.
+  TrainerOptions bf16 = o;
+  bf16.step.precision = Precision::bf16;
+  auto other = fp8_mlp();
+  const std::vector<double> before = weights_of(*other);
+  testing::expect_contains(testing::error_of<ValueError>([&] {
+                             trainer_for(other, bf16)->restore(ckpt::read_checkpoint(dir.file("c.safetensors")));
+                           }),
+                           {"FP8 scaling state", "not fp8"});
+  EXPECT_EQ(weights_of(*other), before);
+}
+
 TEST(Trainer, AStopRequestEndsTheRunAfterTheStepWithACheckpoint) {
   testing::TempDir dir("trainer-test");
   auto data = std::make_shared<Blobs>();
@@ -212,7 +272,12 @@ TEST(Trainer, OptionsThatCannotWorkAreRefusedByName) {
   clip.step.max_grad_norm = -1;
   testing::expect_contains(testing::error_of<ValueError>([&] { trainer_for(small_mlp(), clip); }),
                            {"max_grad_norm must be finite and not negative"});
-  EXPECT_THROW(precision_from_name("fp8"), ValueError);
+  EXPECT_THROW(precision_from_name("fp4"), ValueError);
+  TrainerOptions fp8;
+  fp8.step.precision = Precision::fp8;
+  fp8.step.fp8.history_length = 0;
+  testing::expect_contains(testing::error_of<ValueError>([&] { trainer_for(small_mlp(), fp8); }),
+                           {"history length must be at least 1"});
   EXPECT_EQ(planned_steps(12, 3, 5), 9);  // 12 batches: steps of 5, 5 and 2
   EXPECT_EQ(planned_steps(12, 3, 5, 4), 4);
 }

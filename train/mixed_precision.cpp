@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "autograd/engine.h"
+#include "models/layers.h"
 #include "tensor/ops.h"
 
 namespace mpt::train {
@@ -14,8 +15,12 @@ MixedPrecision::MixedPrecision(const StepOptions& options, optim::Optimizer& opt
       precision_(options.precision),
       device_type_(device_type),
       autocast_(options.precision != Precision::fp32),
-      cast_weights_ahead_(options.cast_weights_ahead),
-      autocast_dtype_(options.precision == Precision::bf16 ? DType::bf16 : DType::f16) {
+      // FP8 layers quantize the f32 weights themselves: a bf16 copy of every
+      // weight ahead would be made for the few layers that use one.
+      cast_weights_ahead_(options.cast_weights_ahead && options.precision != Precision::fp8),
+      autocast_dtype_(options.precision == Precision::fp16 ? DType::f16 : DType::bf16),
+      fp8_recipe_(options.fp8) {
+  if (options.precision == Precision::fp8) amp::check_fp8_recipe(options.fp8);
   amp::scale_rule_from(options.scaler);  // the scaler's options are checked whether or not it runs
   const bool scaled = options.loss_scaling == LossScaling::always ||
                       (options.loss_scaling == LossScaling::automatic && options.precision == Precision::fp16);
@@ -30,23 +35,63 @@ void MixedPrecision::unscale() {
   if (scaler_) scaler_->unscale_(optimizer_);
 }
 
+void MixedPrecision::attach_fp8(nn::Module& model, const Device& device) {
+  check<ValueError>(precision_ == Precision::fp8, "attach_fp8: the precision is {}, not fp8", precision_name(precision_));
+  std::vector<nn::Linear*> layers;
+  for (const auto& [name, m] : model.named_modules())
+    if (auto* linear = dynamic_cast<nn::Linear*>(m)) layers.push_back(linear);
+  check<ValueError>(layers.size() >= 2,
+                    "attach_fp8: the model has {} linear layer(s); FP8 runs every one but the last (the output head)",
+                    layers.size());
+  fp8_ = std::make_shared<amp::Fp8Scaling>(fp8_recipe_, device);
+  layers.pop_back();
+  for (nn::Linear* l : layers) l->fp8 = std::make_shared<amp::Fp8LinearState>(amp::Fp8LinearState::for_layer(fp8_));
+}
+
 void MixedPrecision::step() {
   if (!scaler_) {
     optimizer_.step();
-    return;
+  } else {
+    scaler_->step(optimizer_);
+    scaler_->update();
   }
-  scaler_->step(optimizer_);
-  scaler_->update();
+  if (fp8_) {
+    if (fp8_amax_reducer_)
+      for (amp::Fp8Group g : {amp::Fp8Group::forward, amp::Fp8Group::backward}) fp8_amax_reducer_(fp8_->amax(g));
+    fp8_->update();
+  }
 }
 
 OrderedDict<Tensor> MixedPrecision::state_dict() const {
   OrderedDict<Tensor> out;
   if (scaler_)
     for (const auto& [key, value] : scaler_->state_dict()) out.insert("scaler." + key, scalar_tensor(value, DType::f64));
+  if (fp8_)
+    for (const auto& [key, t] : fp8_->state()) out.insert("fp8." + key, t);
   return out;
 }
 
-void MixedPrecision::load_state_dict(const OrderedDict<Tensor>& state) {
+void MixedPrecision::load_state_dict(const OrderedDict<Tensor>& all) {
+  // Everything is checked before anything changes: the FP8 state first,
+  // then the loss scaler's (which checks its own before loading).
+  OrderedDict<Tensor> state;
+  std::vector<std::pair<std::string, Tensor>> fp8_state;
+  for (const auto& [key, t] : all) {
+    if (key.rfind("fp8.", 0) == 0) fp8_state.emplace_back(key.substr(4), t);
+    else state.insert(key, t);
+  }
+  if (fp8_) {
+    check(!fp8_state.empty(), "the checkpoint has no FP8 scaling state, but this run is fp8");
+    fp8_->check_state(fp8_state);
+  } else {
+    check(fp8_state.empty(), "the checkpoint holds FP8 scaling state ({} tensors), but this run ({}) is not fp8",
+          fp8_state.size(), precision_name(precision_));
+  }
+  load_scaler_state(state);
+  if (fp8_) fp8_->load_state(fp8_state);  // checked above: copies only
+}
+
+void MixedPrecision::load_scaler_state(const OrderedDict<Tensor>& state) {
   if (!scaler_) {
     check(state.empty(), "the checkpoint holds loss-scaler state ({} tensors), but this run ({}) has no loss scaler",
           state.size(), precision_name(precision_));

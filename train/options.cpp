@@ -9,14 +9,15 @@ const char* precision_name(Precision precision) {
     case Precision::fp32: return "fp32";
     case Precision::fp16: return "fp16";
     case Precision::bf16: return "bf16";
+    case Precision::fp8: return "fp8";
   }
   return "?";
 }
 
 Precision precision_from_name(const std::string& name) {
-  for (Precision p : {Precision::fp32, Precision::fp16, Precision::bf16})
+  for (Precision p : {Precision::fp32, Precision::fp16, Precision::bf16, Precision::fp8})
     if (name == precision_name(p)) return p;
-  throw ValueError(fmt::format("unknown precision '{}' (fp32, fp16, bf16)", name));
+  throw ValueError(fmt::format("unknown precision '{}' (fp32, fp16, bf16, fp8)", name));
 }
 
 Precision default_precision(const Device& device) { return device.is_cuda() ? Precision::fp16 : Precision::bf16; }

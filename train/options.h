@@ -4,6 +4,7 @@
 // clipping. The names are the ones mpt-train's options take.
 #include <string>
 
+#include "amp/fp8_scaling.h"
 #include "amp/grad_scaler.h"
 #include "tensor/device.h"
 
@@ -13,8 +14,13 @@ enum class Precision {
   fp32,  // everything in f32
   fp16,  // autocast to f16 with f32 master weights, and the loss scaler (f16's range is narrow)
   bf16,  // autocast to bf16 with f32 master weights (it has f32's range: no scaler)
+  // The linear layers' products in FP8 (amp/fp8_linear.h; the model's last
+  // linear layer, its output head, stays in bf16), everything else as in
+  // bf16. FP8 layers run in training forwards (grad on); evaluation runs
+  // them in bf16.
+  fp8,
 };
-const char* precision_name(Precision precision);          // "fp32", "fp16", "bf16"
+const char* precision_name(Precision precision);          // "fp32", "fp16", "bf16", "fp8"
 Precision precision_from_name(const std::string& name);   // ValueError naming the choices
 // What "auto" means: fp16 on a GPU, bf16 on the CPU (which has no f16 arithmetic).
 Precision default_precision(const Device& device);
@@ -46,6 +52,7 @@ struct StepOptions {
   Precision precision = Precision::fp32;
   amp::GradScalerOptions scaler;  // the loss scaler's policy and settings
   LossScaling loss_scaling = LossScaling::automatic;
+  amp::Fp8Recipe fp8;  // the scaling recipe of Precision::fp8
   GraphMode cuda_graph = GraphMode::automatic;
   // Clip the gradients' global 2-norm to this (after unscaling, before the
   // optimizer; on the device, so a captured step keeps it); 0: no clipping.

@@ -102,6 +102,15 @@ Trainer::Trainer(std::shared_ptr<nn::Module> model, std::unique_ptr<optim::Optim
     precision_options.scaler.enabled = false;
   }
   precision_ = std::make_unique<MixedPrecision>(precision_options, *optimizer_, options_.device.type);
+  if (s.precision == Precision::fp8) {
+    // DataParallel's replicas are copies made per step, each of which would
+    // need the scales of the one model.
+    check(!dp_, "Trainer: fp8 runs on one device or under DDP, not DataParallel");
+    precision_->attach_fp8(*model_, options_.device);
+    // Every rank derives its scales from the same (all-reduced) amaxes, so
+    // the replicas quantize alike and stay identical.
+    if (ddp_) precision_->set_fp8_amax_reducer([this](Tensor& amax) { ddp_->group().allreduce(amax, dist::ReduceOp::max)->wait(); });
+  }
   if (options_.overlap_step) ddp_->overlap_step_with(*precision_->scaler());
   if (ddp_ && options_.agree_on_overflow)
     if (amp::GradScaler* scaler = precision_->scaler())

@@ -42,8 +42,17 @@ int main(int argc, char** argv) {
       ->check(non_negative());
 
   app.add_option("--precision", c.precision,
-                 "fp16 (autocast + loss scaler), bf16 (autocast), fp32, or auto (fp16 on a GPU, bf16 on the CPU)")
-      ->check(CLI::IsMember({"auto", "fp16", "bf16", "fp32"}));
+                 "fp16 (autocast + loss scaler), bf16 (autocast), fp32, fp8 (linear layers in FP8 but the output "
+                 "head, bf16 autocast elsewhere), or auto (fp16 on a GPU, bf16 on the CPU)")
+      ->check(CLI::IsMember({"auto", "fp16", "bf16", "fp32", "fp8"}));
+  app.add_option("--fp8-recipe", c.fp8_recipe,
+                 "fp8: per-tensor scaling from an amax history (delayed, Transformer Engine's) or from each "
+                 "tensor's own amax (current)")
+      ->check(CLI::IsMember({"delayed", "current"}));
+  app.add_option("--fp8-history", c.fp8_history, "fp8 delayed: amaxes kept per tensor (the scale uses their maximum)")
+      ->check(positive());
+  app.add_option("--fp8-margin", c.fp8_margin,
+                 "fp8: scale each tensor's amax to the format's maximum / 2^margin (headroom for growth)");
   // The loss scaler runs with fp16 only; its options are checked in every run.
   app.add_option("--scaler", c.scaler,
                  "Loss-scaler policy for fp16: dynamic (PyTorch's; also called torch), hysteresis, static")

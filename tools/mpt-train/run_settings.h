@@ -38,6 +38,9 @@ void for_each_option(Config& c, Visit&& visit) {
   visit("sample-temperature", c.sample_temperature, R::kept, any);
   visit("sample-top-k", c.sample_top_k, R::kept, any);
   visit("precision", c.precision, R::fixed, every_rank);
+  visit("fp8-recipe", c.fp8_recipe, R::fixed, every_rank);
+  visit("fp8-history", c.fp8_history, R::fixed, every_rank);
+  visit("fp8-margin", c.fp8_margin, R::fixed, every_rank);
   visit("scaler", c.scaler, R::fixed, every_rank);
   visit("init-scale", c.scaler_flags.options.init_scale, R::fixed, every_rank);
   visit("growth-factor", c.scaler_flags.options.growth_factor, R::fixed, every_rank);

@@ -21,8 +21,12 @@ struct TrainConfig {
   int64_t sample_top_k = 0;             // gpt: draw among the k likeliest characters only (0: among all)
 
   // Numerics.
-  std::string precision = "auto";       // fp16 (autocast + loss scaler), bf16 (autocast), fp32;
+  std::string precision = "auto";       // fp16 (autocast + loss scaler), bf16 (autocast), fp32, fp8 (FP8
+                                        // linear layers, bf16 elsewhere);
                                         // auto: fp16 on a GPU, bf16 on the CPU (no f16 arithmetic there)
+  std::string fp8_recipe = "delayed";   // fp8: per-tensor scaling, delayed (amax history) or current
+  int64_t fp8_history = 1024;           // fp8 delayed: amaxes kept per tensor
+  double fp8_margin = 0;                // fp8: the scaled amax lands at the format's maximum / 2^margin
   std::string scaler = "dynamic";       // scaler policy (torch's is called dynamic here), with its settings:
   ScalerFlags scaler_flags;             // init scale, growth and backoff factors, growth interval
   double clip_grad_norm = 0;            // clip the gradients' global norm to this (0: no clipping)

@@ -1,0 +1,233 @@
+// FP8 on the GPU against the CPU on fresh random inputs: the quantizing
+// kernels bit for bit (codes, transposes, amax, 1/scale; both formats, every
+// input dtype, tiled and ragged shapes), cuBLASLt's FP8 products against the
+// CPU's decoded f32 products, the FP8 linear layer forward and backward over
+// steps of delayed scaling (the scales bit for bit), and capture in a CUDA
+// graph. Every test skips without a GPU; the products skip on GPUs older
+// than compute capability 8.9, which must refuse them by name.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "amp/fp8_linear.h"
+#include "amp/fp8_scaling.h"
+#include "autograd/engine.h"
+#include "autograd/ops.h"
+#include "tensor/cuda/graph.h"
+#include "tensor/cuda_info.h"
+#include "tensor/fp8.h"
+#include "tensor/ops.h"
+#include "tensor/stream.h"
+#include "tests/test_util.h"
+
+namespace mpt {
+namespace {
+
+using amp::Fp8Group;
+using testing::fresh_seed;
+using testing::rel_error;
+
+const Device kGPU{DeviceType::cuda, 0};
+
+std::vector<uint8_t> bytes_of(const Tensor& t) {
+  const Tensor h = prim::contiguous(prim::to(t, kCPU));
+  const auto* p = static_cast<const uint8_t*>(h.data_ptr());
+  return std::vector<uint8_t>(p, p + h.nbytes());
+}
+
+bool fp8_gemm_capable() {
+  const cuda::DeviceProperties p = cuda::device_properties(0);
+  return p.compute_major > 8 || (p.compute_major == 8 && p.compute_minor >= 9);
+}
+
+#define SKIP_WITHOUT_FP8_GEMM()                                                                       \
+  MPT_SKIP_WITHOUT_CUDA();                                                                            \
+  if (!fp8_gemm_capable()) {                                                                          \
+    const Tensor a = zeros({16, 16}, DType::e4m3, kGPU), one = ones({1}, DType::f32, kGPU);           \
+    testing::expect_contains(testing::error_of<DeviceError>([&] {                                     \
+                               prim::gemm_fp8(a, one, a, one, Tensor(), DType::bf16, false);          \
+                             }),                                                                      \
+                             {"compute capability", "8.9"});                                         \
+    GTEST_SKIP() << "skipped: FP8 products need compute capability 8.9";                              \
+  }
+
+std::vector<float> spread_values(size_t n, std::mt19937_64& rng, bool specials) {
+  std::uniform_real_distribution<float> mantissa(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> exponent(-16, 12);
+  std::vector<float> v(n);
+  for (auto& x : v) x = std::ldexp(mantissa(rng), exponent(rng));
+  if (specials && n >= 9) {
+    const float inf = std::numeric_limits<float>::infinity();
+    v[1] = inf, v[2] = -inf, v[3] = 1e30f, v[4] = -1e30f, v[5] = 0.0f, v[6] = -0.0f, v[7] = 1e-30f, v[8] = NAN;
+  }
+  return v;
+}
+
+TEST(CudaFp8, QuantizeMatchesTheCpuBitForBit) {
+  MPT_SKIP_WITHOUT_CUDA();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed);
+  std::mt19937_64 rng(seed);
+  for (DType in_dtype : {DType::f32, DType::bf16, DType::f16})
+    for (DType format : {DType::e4m3, DType::e5m2})
+      for (auto [rows, cols] : {std::pair<int64_t, int64_t>{128, 192}, {48, 80}, {5, 7}, {1040, 16}})
+        for (bool specials : {false, true}) {
+          SCOPED_TRACE(fmt::format("{} -> {} [{}, {}] specials {}", dtype_name(in_dtype), dtype_name(format), rows,
+                                   cols, specials));
+          const Tensor in = prim::to(from_vector(spread_values(rows * cols, rng, specials), {rows, cols}), in_dtype);
+          const float s = std::ldexp(1.0f, static_cast<int>(rng() % 16) - 8) * 1.37f;
+          const Tensor scale = from_vector(std::vector<float>{s}, {1});
+          const Tensor amax_cpu = from_vector(std::vector<float>{0.5f}, {1});
+          const Tensor amax_gpu = prim::to(amax_cpu, kGPU);
+          const prim::Fp8Quantized c = prim::quantize_fp8(in, format, scale, amax_cpu, true);
+          const prim::Fp8Quantized g =
+              prim::quantize_fp8(prim::to(in, kGPU), format, prim::to(scale, kGPU), amax_gpu, true);
+          ASSERT_EQ(bytes_of(g.data), bytes_of(c.data)) << "codes";
+          ASSERT_EQ(bytes_of(g.data_t), bytes_of(c.data_t)) << "transposed codes";
+          EXPECT_EQ(bytes_of(amax_gpu), bytes_of(amax_cpu)) << "amax";
+          EXPECT_EQ(bytes_of(g.scale_inv), bytes_of(c.scale_inv)) << "1 / scale";
+        }
+}
+
+// Random finite codes of a format.
+Tensor random_codes(int64_t rows, int64_t cols, DType format, std::mt19937_64& rng) {
+  const Fp8Format f = format == DType::e4m3 ? Fp8Format::e4m3 : Fp8Format::e5m2;
+  Tensor t = Tensor::empty({rows, cols}, format);
+  auto* p = static_cast<uint8_t*>(t.data_ptr());
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    uint8_t c;
+    do c = static_cast<uint8_t>(rng());
+    while (!std::isfinite(fp8_bits_to_float(c, f)));
+    p[i] = c;
+  }
+  return t;
+}
+
+TEST(CudaFp8, ProductsMatchTheCpu) {
+  SKIP_WITHOUT_FP8_GEMM();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed);
+  std::mt19937_64 rng(seed);
+  for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{64, 96, 128}, {256, 512, 1024}, {16, 16, 16}})
+    for (auto [fa, fb] : {std::pair{DType::e4m3, DType::e4m3}, {DType::e5m2, DType::e4m3}})
+      for (DType out_dtype : {DType::f32, DType::bf16, DType::f16})
+        for (bool fast : {false, true}) {
+          SCOPED_TRACE(fmt::format("[{}, {}, {}] {} x {} -> {} fast {}", m, n, k, dtype_name(fa), dtype_name(fb),
+                                   dtype_name(out_dtype), fast));
+          // Small codes only, so that sums of k products stay within f16.
+          Tensor a = random_codes(m, k, fa, rng), b = random_codes(n, k, fb, rng);
+          const Tensor sa = from_vector(std::vector<float>{1.0f / 4096}, {1});
+          const Tensor sb = from_vector(std::vector<float>{1.0f / 64}, {1});
+          Tensor bias = prim::to(from_vector(spread_values(n, rng, false), {n}), out_dtype);
+          const Tensor cpu = prim::gemm_fp8(a, sa, b, sb, bias, out_dtype, fast);
+          const Tensor gpu = prim::gemm_fp8(prim::to(a, kGPU), prim::to(sa, kGPU), prim::to(b, kGPU),
+                                            prim::to(sb, kGPU), prim::to(bias, kGPU), out_dtype, fast);
+          const std::vector<double> c = cpu.to_vector<double>(), g = gpu.to_vector<double>();
+          ASSERT_TRUE(testing::all_finite(c));
+          // f32 sums in another order (the FP8 products themselves are
+          // exact in f32); the fast accumulator keeps fewer bits.
+          const double tol = out_dtype == DType::f32 ? (fast ? 1e-3 : 1e-5) : 1e-2;
+          EXPECT_LT(rel_error(g, c), tol);
+        }
+}
+
+// One layer's three products over steps of delayed scaling, on both
+// devices from the same values: outputs and gradients within the products'
+// rounding, scales and histories bit for bit.
+TEST(CudaFp8, LinearOverDelayedScalingStepsMatchesTheCpu) {
+  SKIP_WITHOUT_FP8_GEMM();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed);
+  std::mt19937_64 rng(seed);
+  amp::Fp8Recipe recipe;
+  recipe.history_length = 4;
+  for (amp::Fp8ScalingMode mode : {amp::Fp8ScalingMode::delayed, amp::Fp8ScalingMode::current}) {
+    recipe.scaling = mode;
+    SCOPED_TRACE(amp::fp8_scaling_mode_name(mode));
+    auto cpu_scaling = std::make_shared<amp::Fp8Scaling>(recipe, kCPU);
+    auto gpu_scaling = std::make_shared<amp::Fp8Scaling>(recipe, kGPU);
+    amp::Fp8LinearState cpu_state = amp::Fp8LinearState::for_layer(cpu_scaling);
+    amp::Fp8LinearState gpu_state = amp::Fp8LinearState::for_layer(gpu_scaling);
+    const int64_t rows = 64, in = 96, out = 48;
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    auto randoms = [&](size_t count, float s) {
+      std::vector<float> v(count);
+      for (auto& e : v) e = normal(rng) * s;
+      return v;
+    };
+    Tensor w_cpu = from_vector(randoms(out * in, 0.05f), {out, in}).set_requires_grad(true);
+    Tensor b_cpu = from_vector(randoms(out, 0.1f), {out}).set_requires_grad(true);
+    Tensor w_gpu = prim::to(w_cpu, kGPU).set_requires_grad(true);
+    Tensor b_gpu = prim::to(b_cpu, kGPU).set_requires_grad(true);
+    for (int step = 0; step < 4; ++step) {
+      SCOPED_TRACE(step);
+      const std::vector<float> xv = randoms(rows * in, 2.0f + step), gv = randoms(rows * out, 1e-4f);
+      Tensor x_cpu = from_vector(xv, {rows, in}).set_requires_grad(true);
+      Tensor x_gpu = prim::to(x_cpu, kGPU).set_requires_grad(true);
+      const Tensor y_cpu = amp::fp8_linear(x_cpu, w_cpu, b_cpu, cpu_state);
+      const Tensor y_gpu = amp::fp8_linear(x_gpu, w_gpu, b_gpu, gpu_state);
+      backward(sum(mul(to(y_cpu, DType::f32), from_vector(gv, {rows, out}))));
+      backward(sum(mul(to(y_gpu, DType::f32), from_vector(gv, {rows, out}, kGPU))));
+      EXPECT_LT(rel_error(y_gpu.to_vector<double>(), y_cpu.to_vector<double>()), 1e-2) << "y";
+      EXPECT_LT(rel_error(x_gpu.grad().to_vector<double>(), x_cpu.grad().to_vector<double>()), 1e-2) << "dx";
+      EXPECT_LT(rel_error(w_gpu.grad().to_vector<double>(), w_cpu.grad().to_vector<double>()), 1e-5) << "dW";
+      EXPECT_LT(rel_error(b_gpu.grad().to_vector<double>(), b_cpu.grad().to_vector<double>()), 1e-5) << "db";
+      cpu_scaling->update();
+      gpu_scaling->update();
+      for (size_t i = 0; i < cpu_scaling->state().size(); ++i)
+        EXPECT_EQ(bytes_of(gpu_scaling->state()[i].second), bytes_of(cpu_scaling->state()[i].second))
+            << cpu_scaling->state()[i].first;
+      // A step of plain SGD, the same on both, so the weights' copies renew.
+      for (auto [wc, wg] : {std::pair{&w_cpu, &w_gpu}, {&b_cpu, &b_gpu}}) {
+        prim::copy_(*wc, prim::sub(*wc, prim::mul_scalar(wc->grad(), 0.5)));
+        wc->bump_version();
+        prim::copy_(*wg, prim::to(*wc, kGPU));
+        wg->bump_version();
+        wc->set_grad(Tensor());
+        wg->set_grad(Tensor());
+      }
+    }
+  }
+}
+
+TEST(CudaFp8, QuantizeAndProductReplayInACudaGraph) {
+  SKIP_WITHOUT_FP8_GEMM();
+  std::mt19937_64 rng(fresh_seed());
+  const Stream stream = Stream::create(kGPU);
+  StreamGuard on_stream(stream);
+  amp::Fp8Scaling scaling(amp::Fp8Recipe{}, kGPU);
+  scaling.add_slots(Fp8Group::forward, 2);
+  Tensor x = prim::to(from_vector(spread_values(64 * 32, rng, false), {64, 32}), kGPU);
+  const Tensor w = prim::to(from_vector(spread_values(16 * 32, rng, false), {16, 32}), kGPU);
+  Tensor y;
+  auto step = [&] {
+    const prim::Fp8Quantized xq = scaling.quantize(Fp8Group::forward, 0, x, false);
+    const prim::Fp8Quantized wq = scaling.quantize(Fp8Group::forward, 1, w, false);
+    y = prim::gemm_fp8(xq.data, xq.scale_inv, wq.data, wq.scale_inv, Tensor(), DType::f32, false);
+    scaling.update();
+  };
+  step();  // warm: plans and kernels made outside the capture
+  cuda::Graph graph(0);
+  graph.capture(step);
+  const Tensor captured_y = y;
+  for (int replay = 0; replay < 3; ++replay) {
+    prim::copy_(x, prim::to(from_vector(spread_values(64 * 32, rng, false), {64, 32}), kGPU));
+    const std::vector<float> scales_before = scaling.scale(Fp8Group::forward).to_vector<float>();
+    graph.replay();
+    stream.synchronize();
+    // The same math eagerly, from the scales the replay started with.
+    const Tensor sx = from_vector(std::vector<float>{scales_before[0]}, {1}, kGPU);
+    const Tensor sw = from_vector(std::vector<float>{scales_before[1]}, {1}, kGPU);
+    const prim::Fp8Quantized xq = prim::quantize_fp8(x, DType::e4m3, sx, Tensor(), false);
+    const prim::Fp8Quantized wq = prim::quantize_fp8(w, DType::e4m3, sw, Tensor(), false);
+    const Tensor eager = prim::gemm_fp8(xq.data, xq.scale_inv, wq.data, wq.scale_inv, Tensor(), DType::f32, false);
+    EXPECT_EQ(bytes_of(captured_y), bytes_of(eager)) << "replay " << replay;
+  }
+}
+
+}  // namespace
+}  // namespace mpt
