@@ -22,6 +22,7 @@
 #include "tensor/fp8.h"
 #include "tensor/ops.h"
 #include "tensor/stream.h"
+#include "tests/fp8_test_values.h"
 #include "tests/test_util.h"
 
 namespace mpt {
@@ -29,15 +30,12 @@ namespace {
 
 using amp::Fp8Group;
 using testing::fresh_seed;
+using testing::bytes_of;
+using testing::random_codes;
 using testing::rel_error;
+using testing::spread_values;
 
 const Device kGPU{DeviceType::cuda, 0};
-
-std::vector<uint8_t> bytes_of(const Tensor& t) {
-  const Tensor h = prim::contiguous(prim::to(t, kCPU));
-  const auto* p = static_cast<const uint8_t*>(h.data_ptr());
-  return std::vector<uint8_t>(p, p + h.nbytes());
-}
 
 bool fp8_gemm_capable() {
   const cuda::DeviceProperties p = cuda::device_properties(0);
@@ -54,18 +52,6 @@ bool fp8_gemm_capable() {
                              {"compute capability", "8.9"});                                         \
     GTEST_SKIP() << "skipped: FP8 products need compute capability 8.9";                              \
   }
-
-std::vector<float> spread_values(size_t n, std::mt19937_64& rng, bool specials) {
-  std::uniform_real_distribution<float> mantissa(-1.0f, 1.0f);
-  std::uniform_int_distribution<int> exponent(-16, 12);
-  std::vector<float> v(n);
-  for (auto& x : v) x = std::ldexp(mantissa(rng), exponent(rng));
-  if (specials && n >= 9) {
-    const float inf = std::numeric_limits<float>::infinity();
-    v[1] = inf, v[2] = -inf, v[3] = 1e30f, v[4] = -1e30f, v[5] = 0.0f, v[6] = -0.0f, v[7] = 1e-30f, v[8] = NAN;
-  }
-  return v;
-}
 
 TEST(CudaFp8, QuantizeMatchesTheCpuBitForBit) {
   MPT_SKIP_WITHOUT_CUDA();
@@ -91,20 +77,6 @@ TEST(CudaFp8, QuantizeMatchesTheCpuBitForBit) {
           EXPECT_EQ(bytes_of(amax_gpu), bytes_of(amax_cpu)) << "amax";
           EXPECT_EQ(bytes_of(g.scale_inv), bytes_of(c.scale_inv)) << "1 / scale";
         }
-}
-
-// Random finite codes of a format.
-Tensor random_codes(int64_t rows, int64_t cols, DType format, std::mt19937_64& rng) {
-  const Fp8Format f = format == DType::e4m3 ? Fp8Format::e4m3 : Fp8Format::e5m2;
-  Tensor t = Tensor::empty({rows, cols}, format);
-  auto* p = static_cast<uint8_t*>(t.data_ptr());
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    uint8_t c;
-    do c = static_cast<uint8_t>(rng());
-    while (!std::isfinite(fp8_bits_to_float(c, f)));
-    p[i] = c;
-  }
-  return t;
 }
 
 TEST(CudaFp8, ProductsMatchTheCpu) {

@@ -10,11 +10,13 @@
 #include "autograd/ops.h"
 #include "models/adamw.h"
 #include "models/batch_norm.h"
+#include "models/mlp.h"
 #include "parallel/counting_group.h"
 #include "parallel/distributed_data_parallel.h"
 #include "parallel/thread_ranks.h"
 #include "parallel/tiny_models.h"
 #include "test_util.h"
+#include "train/trainer.h"
 
 using namespace mpt;
 using namespace mpt::dist;
@@ -533,4 +535,39 @@ TEST(Ddp, OverlapStepWithRefusesWhatItCannotOverlap) {
     mpt::testing::expect_contains(mpt::testing::error_of<ValueError>([&] { ddp.overlap_step_with(scaler); }),
                                   {"already"});
   });
+}
+
+// fp8 under DDP: each rank quantizes its own batch, the step's amaxes are
+// all-reduced (max) before the scales are updated, so both ranks keep the
+// same scales and histories (and so the same weights): here rank 1's
+// inputs are 8 times rank 0's, and its amax is the one recorded on both.
+TEST(Ddp, Fp8ScalesAndHistoriesAgreeAcrossRanks) {
+  std::vector<std::vector<std::vector<double>>> states(2);
+  std::vector<std::vector<double>> weights(2);
+  std::vector<float> input_amax(2);
+  with_ranks(2, [&](ProcessGroup& g) {
+    Generator gen(5);
+    auto model = nn::make_mlp({.in_features = 16, .hidden = {32}, .num_classes = 3}, &gen);
+    train::TrainerOptions o;
+    o.step.precision = train::Precision::fp8;
+    o.step.fp8.history_length = 4;
+    o.parallel = train::Parallel::ddp;
+    o.group = borrowed(g);
+    train::Trainer trainer(model, std::make_unique<optim::AdamW>(model->parameters(), optim::AdamWOptions{.lr = 1e-2}),
+                           train::classification(), o);
+    Generator data(100 + g.rank());
+    const Tensor x = randn({16, 16}, DType::f32, kCPU, &data) * (g.rank() == 1 ? 8.0 : 1.0);
+    const Tensor y = from_vector(std::vector<int64_t>(16, g.rank()), {16}, DType::i64);
+    input_amax[g.rank()] = static_cast<float>(prim::amax(prim::unary(UnaryOp::abs, x, 0.0, 0.0)).item());
+    for (int step = 0; step < 3; ++step) trainer.step({data::Batch{x, y}});
+    for (const auto& [name, t] : trainer.precision().fp8_scaling()->state()) states[g.rank()].push_back(t.to_vector<double>());
+    weights[g.rank()] = mpt::testing::flat_parameters(*model);
+  });
+  ASSERT_FALSE(states[0].empty());
+  EXPECT_EQ(states[0], states[1]);
+  EXPECT_EQ(weights[0], weights[1]);
+  // forward.history ([2 slots, 4]): the input's slot holds rank 1's amax.
+  const std::vector<double>& history = states[0][2];
+  ASSERT_EQ(history.size(), 8u);
+  for (int s = 0; s < 3; ++s) EXPECT_EQ(history[s], input_amax[1]) << "step " << s;
 }

@@ -102,35 +102,14 @@ struct PlanKey {
   bool operator==(const PlanKey& o) const { return std::memcmp(this, &o, sizeof(PlanKey)) == 0; }
 };
 
-struct PlanKeyHash {
-  size_t operator()(const PlanKey& k) const {
-    // FNV-1a over the bytes; PlanKey is zero-initialised, so padding is deterministic.
-    const auto* p = reinterpret_cast<const unsigned char*>(&k);
-    uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < sizeof(PlanKey); ++i) h = (h ^ p[i]) * 1099511628211ull;
-    return static_cast<size_t>(h);
-  }
-};
+using PlanKeyHash = KeyBytesHash<PlanKey>;
 
 // Descriptors and the chosen algorithm for one problem. Read-only once
 // built, except the epilogue's vector pointer, set under `epilogue_mutex`
 // for each call.
-struct Plan {
-  cublasLtMatmulDesc_t desc = nullptr;
-  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+struct Plan : LtDescriptors {
   cublasLtMatmulHeuristicResult_t heuristic{};
   mutable std::mutex epilogue_mutex;
-
-  Plan() = default;
-  Plan(const Plan&) = delete;
-  Plan& operator=(const Plan&) = delete;
-  ~Plan() {
-    // Destroy calls only free host memory; their status is of no use here.
-    if (d) (void)cublasLtMatrixLayoutDestroy(d);
-    if (b) (void)cublasLtMatrixLayoutDestroy(b);
-    if (a) (void)cublasLtMatrixLayoutDestroy(a);
-    if (desc) (void)cublasLtMatmulDescDestroy(desc);
-  }
 };
 
 void set_layout_batch(cublasLtMatrixLayout_t layout, int32_t batch, int64_t stride) {
@@ -266,6 +245,14 @@ cublasLtHandle_t lt_handle(int device) {
     MPT_CUBLASLT_CHECK(cublasLtCreate(&handles[device]));
   }
   return handles[device];
+}
+
+LtDescriptors::~LtDescriptors() {
+  // Destroy calls only free host memory; their status is of no use here.
+  if (d) (void)cublasLtMatrixLayoutDestroy(d);
+  if (b) (void)cublasLtMatrixLayoutDestroy(b);
+  if (a) (void)cublasLtMatrixLayoutDestroy(a);
+  if (desc) (void)cublasLtMatmulDescDestroy(desc);
 }
 
 void set_allow_tf32(bool allow) { t_allow_tf32 = allow; }

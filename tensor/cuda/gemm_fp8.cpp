@@ -52,29 +52,11 @@ struct Fp8PlanKey {
   bool operator==(const Fp8PlanKey& o) const { return std::memcmp(this, &o, sizeof(Fp8PlanKey)) == 0; }
 };
 
-struct Fp8PlanKeyHash {
-  size_t operator()(const Fp8PlanKey& k) const {
-    const auto* p = reinterpret_cast<const unsigned char*>(&k);
-    uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < sizeof(Fp8PlanKey); ++i) h = (h ^ p[i]) * 1099511628211ull;
-    return static_cast<size_t>(h);
-  }
-};
-
 // Descriptors and algorithm for one problem; the scale and bias pointers
 // are set for each call under `mutex`.
-struct Fp8Plan {
-  cublasLtMatmulDesc_t desc = nullptr;
-  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+struct Fp8Plan : LtDescriptors {
   cublasLtMatmulHeuristicResult_t heuristic{};
   std::mutex mutex;
-
-  ~Fp8Plan() {
-    if (d) (void)cublasLtMatrixLayoutDestroy(d);
-    if (b) (void)cublasLtMatrixLayoutDestroy(b);
-    if (a) (void)cublasLtMatrixLayoutDestroy(a);
-    if (desc) (void)cublasLtMatmulDescDestroy(desc);
-  }
 };
 
 // FP8 tensor-core products exist from compute capability 8.9 (Ada, Hopper).
@@ -139,7 +121,7 @@ std::unique_ptr<Fp8Plan> build_plan(const Fp8PlanKey& key, cublasLtHandle_t hand
 Fp8Plan& find_plan(const Fp8PlanKey& key, cublasLtHandle_t handle) {
   static std::mutex mutex;
   // Leaked, as gemm.cpp's: plans are destroyed through cuBLASLt, which may be gone at exit.
-  static auto* cache = new std::unordered_map<Fp8PlanKey, std::unique_ptr<Fp8Plan>, Fp8PlanKeyHash>();
+  static auto* cache = new std::unordered_map<Fp8PlanKey, std::unique_ptr<Fp8Plan>, KeyBytesHash<Fp8PlanKey>>();
   std::lock_guard<std::mutex> lock(mutex);
   auto it = cache->find(key);
   if (it == cache->end()) it = cache->emplace(key, build_plan(key, handle)).first;
