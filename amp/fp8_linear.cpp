@@ -38,16 +38,17 @@ bool fp8_enabled() { return t_fp8_enabled; }
 Fp8Guard::Fp8Guard(bool enabled) : previous_(t_fp8_enabled) { t_fp8_enabled = enabled; }
 Fp8Guard::~Fp8Guard() { t_fp8_enabled = previous_; }
 
-Fp8LinearState Fp8LinearState::for_layer(std::shared_ptr<Fp8Scaling> scaling) {
+Fp8LinearState Fp8LinearState::for_layer(std::shared_ptr<Fp8Scaling> scaling, const std::string& name) {
   Fp8LinearState s;
-  s.input_slot = scaling->add_slots(Fp8Group::forward, 2);
+  s.input_slot = scaling->add_slots(Fp8Group::forward, {name + ".input", name + ".weight"});
   s.weight_slot = s.input_slot + 1;
-  s.grad_slot = scaling->add_slots(Fp8Group::backward, 1);
+  s.grad_slot = scaling->add_slots(Fp8Group::backward, {name + ".grad_output"});
   s.scaling = std::move(scaling);
   return s;
 }
 
-Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Fp8LinearState& state, DType out_dtype) {
+Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Fp8LinearState& state, DType out_dtype,
+                  bool relu) {
   const char* op = "fp8_linear";
   check_defined(op, x);
   check_defined(op, weight);
@@ -70,7 +71,9 @@ Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Fp8
                  stderr);
       state.warned = true;
     }
-    return to(linear(to(x, out_dtype), to(weight, out_dtype), bias.defined() ? to(bias, out_dtype) : bias), out_dtype);
+    const Tensor b = bias.defined() ? to(bias, out_dtype) : bias;
+    return relu ? linear_relu(to(x, out_dtype), to(weight, out_dtype), b)
+                : linear(to(x, out_dtype), to(weight, out_dtype), b);
   }
   const bool grad = needs_grad({x, weight, bias});
   refresh_weight(state, weight);
@@ -79,13 +82,19 @@ Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Fp8
   Shape out_shape = x.shape();
   out_shape.back() = out_features;
   Tensor out = prim::reshape(
-      prim::gemm_fp8(xq.data, xq.scale_inv, state.weight_fp8, state.weight_scale_inv, b, out_dtype, true), out_shape);
+      prim::gemm_fp8(xq.data, xq.scale_inv, state.weight_fp8, state.weight_scale_inv, b, out_dtype, true, relu),
+      out_shape);
   if (grad) {
+    // As relu() does: the output is kept (out > 0 exactly where the product
+    // is), detached so that the node does not own its own output.
+    const Tensor kept = relu ? prim::reshape(detach(out), {rows, out_features}) : Tensor();
     record(op, out, {x, weight, bias},
-           [x, weight, bias, out_dtype, scaling = state.scaling, grad_slot = state.grad_slot, x_t = xq.data_t,
+           [x, weight, bias, out_dtype, kept, scaling = state.scaling, grad_slot = state.grad_slot, x_t = xq.data_t,
             x_scale_inv = xq.scale_inv, w_t = state.weight_fp8_t, w_scale_inv = state.weight_scale_inv](const Grads& g) {
+             const bool want_bias = bias.defined() && bias.requires_grad();
              const Tensor g2 = prim::contiguous(as_rows(g[0]));
-             const prim::Fp8Quantized gq = scaling->quantize(Fp8Group::backward, grad_slot, g2, weight.requires_grad());
+             const prim::Fp8Quantized gq =
+                 scaling->quantize(Fp8Group::backward, grad_slot, g2, weight.requires_grad(), kept, want_bias);
              Tensor gx, gw, gb;
              if (x.requires_grad())
                gx = prim::reshape(prim::to(prim::gemm_fp8(gq.data, gq.scale_inv, w_t, w_scale_inv, Tensor(), out_dtype,
@@ -95,8 +104,7 @@ Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Fp8
              if (weight.requires_grad())
                gw = prim::to(prim::gemm_fp8(gq.data_t, gq.scale_inv, x_t, x_scale_inv, Tensor(), DType::f32, false),
                              weight.dtype());
-             if (bias.defined() && bias.requires_grad())
-               gb = prim::to(prim::sum(prim::to(g2, DType::f32), {0}), bias.dtype());
+             if (want_bias) gb = prim::to(gq.column_sums, bias.dtype());
              return Grads{gx, gw, gb};
            });
   }

@@ -23,6 +23,7 @@
 // plain linear() under the caller's autocast instead, said once per layer
 // on stderr.
 #include <memory>
+#include <string>
 
 #include "amp/fp8_scaling.h"
 #include "tensor/tensor.h"
@@ -40,8 +41,9 @@ struct Fp8LinearState {
   uint64_t weight_version = 0;
   bool warned = false;  // about a shape that ran in higher precision
 
-  // Three new slots in `scaling` for one layer.
-  static Fp8LinearState for_layer(std::shared_ptr<Fp8Scaling> scaling);
+  // Three new slots in `scaling` for one layer, named "<name>.input",
+  // "<name>.weight" and "<name>.grad_output".
+  static Fp8LinearState for_layer(std::shared_ptr<Fp8Scaling> scaling, const std::string& name = "linear");
 };
 
 // Whether layers that have FP8 state run fp8_linear on this thread: on
@@ -60,8 +62,11 @@ class Fp8Guard {
 
 // x [..., in] (f32, f16 or bf16), weight [out, in] (f32 master), bias
 // [out] or undefined; the result [..., out] in out_dtype (bf16 or f16).
-// Gradients reach x, weight and bias as linear()'s do.
+// Gradients reach x, weight and bias as linear()'s do. relu: relu() of the
+// result, in the product's epilogue, its backward folded into the
+// quantization of the output gradient (as is the bias gradient, summed in
+// f32 by the same pass).
 Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Fp8LinearState& state,
-                  DType out_dtype = DType::bf16);
+                  DType out_dtype = DType::bf16, bool relu = false);
 
 }  // namespace mpt::amp

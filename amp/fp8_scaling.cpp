@@ -41,7 +41,23 @@ float Fp8Scaling::target_max(Fp8Group group) const {
 
 int64_t Fp8Scaling::add_slots(Fp8Group group, int64_t count) {
   check<ValueError>(count >= 0, "Fp8Scaling::add_slots: count must be non-negative, got {}", count);
+  std::vector<std::string> names;
+  for (int64_t i = 0; i < count; ++i)
+    names.push_back(fmt::format("{}.{}", group == Fp8Group::forward ? "forward" : "backward", slots(group) + i));
+  return add_slots(group, names);
+}
+
+const std::string& Fp8Scaling::slot_name(Fp8Group group, int64_t slot) const {
+  const Group& g = groups_[index(group)];
+  check<ValueError>(slot >= 0 && slot < g.slots, "Fp8Scaling::slot_name: slot {} out of range ({} slots)", slot,
+                    g.slots);
+  return g.names[static_cast<size_t>(slot)];
+}
+
+int64_t Fp8Scaling::add_slots(Fp8Group group, const std::vector<std::string>& names) {
+  const auto count = static_cast<int64_t>(names.size());
   Group& g = groups_[index(group)];
+  g.names.insert(g.names.end(), names.begin(), names.end());
   const int64_t first = g.slots;
   g.amax = prim::cat({g.amax, zeros({count}, DType::f32, device_)}, 0);
   g.history = prim::cat({g.history, zeros({count, recipe_.history_length}, DType::f32, device_)}, 0);
@@ -51,7 +67,8 @@ int64_t Fp8Scaling::add_slots(Fp8Group group, int64_t count) {
   return first;
 }
 
-prim::Fp8Quantized Fp8Scaling::quantize(Fp8Group group, int64_t slot, const Tensor& in, bool with_transpose) {
+prim::Fp8Quantized Fp8Scaling::quantize(Fp8Group group, int64_t slot, const Tensor& in, bool with_transpose,
+                                        const Tensor& relu_mask, bool column_sums) {
   Group& g = groups_[index(group)];
   check<ValueError>(slot >= 0 && slot < g.slots, "Fp8Scaling::quantize: slot {} out of range ({} slots in the {} group)",
                     slot, g.slots, group == Fp8Group::forward ? "forward" : "backward");
@@ -69,7 +86,8 @@ prim::Fp8Quantized Fp8Scaling::quantize(Fp8Group group, int64_t slot, const Tens
     }
     scale.bump_version();
   }
-  return prim::quantize_fp8(in, fp8_format(group), scale, amax, with_transpose);
+  if (observer_) observer_(group, slot, in, scale);
+  return prim::quantize_fp8(in, fp8_format(group), scale, amax, with_transpose, relu_mask, column_sums);
 }
 
 void Fp8Scaling::update() {

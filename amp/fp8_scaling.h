@@ -14,6 +14,7 @@
 // step's running amaxes, to be all-reduced (max) across replicas first so
 // that every replica derives the same scales.
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -50,15 +51,27 @@ class Fp8Scaling {
 
   const Fp8Recipe& recipe() const { return recipe_; }
   const Device& device() const { return device_; }
-  // Adds `count` slots to `group` (scale 1, empty history), returning the
-  // first one's index; earlier slots keep their state.
-  int64_t add_slots(Fp8Group group, int64_t count);
+  // Adds a slot per name to `group` (scale 1, empty history), returning
+  // the first one's index; earlier slots keep their state.
+  int64_t add_slots(Fp8Group group, const std::vector<std::string>& names);
+  int64_t add_slots(Fp8Group group, int64_t count);  // named "<group>.<index>"
   int64_t slots(Fp8Group group) const { return groups_[index(group)].slots; }
+  const std::string& slot_name(Fp8Group group, int64_t slot) const;
+
+  // Called by quantize() with each tensor and the scale (f32 [1]) it is
+  // about to be quantized with: for tools that study the recipes
+  // (fp8_stats.h). Reading either back waits for the device, so an
+  // observed step is not one to capture in a CUDA graph.
+  using Observer = std::function<void(Fp8Group group, int64_t slot, const Tensor& in, const Tensor& scale)>;
+  void set_observer(Observer observer) { observer_ = std::move(observer); }
 
   // `in` [rows, cols] in the group's format with the slot's scale (current
   // scaling: from in's own amax first, kept as the slot's scale); in's
-  // amax joins the slot's running amax.
-  prim::Fp8Quantized quantize(Fp8Group group, int64_t slot, const Tensor& in, bool with_transpose);
+  // amax joins the slot's running amax. relu_mask and column_sums as
+  // prim::quantize_fp8's (current scaling measures the amax of in
+  // unmasked: at least the masked one's, so nothing saturates).
+  prim::Fp8Quantized quantize(Fp8Group group, int64_t slot, const Tensor& in, bool with_transpose,
+                              const Tensor& relu_mask = Tensor(), bool column_sums = false);
 
   // Once per optimizer step: delayed scaling records each slot's running
   // amax in its history and recomputes its scale; both recipes then reset
@@ -84,6 +97,7 @@ class Fp8Scaling {
   struct Group {
     int64_t slots = 0;
     Tensor amax, history, recorded, scale;
+    std::vector<std::string> names;
   };
   static int index(Fp8Group g) { return static_cast<int>(g); }
   float target_max(Fp8Group group) const;
@@ -91,6 +105,7 @@ class Fp8Scaling {
   Fp8Recipe recipe_;
   Device device_;
   Group groups_[2];
+  Observer observer_;
 };
 
 }  // namespace mpt::amp

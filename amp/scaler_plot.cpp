@@ -104,7 +104,7 @@ std::string gnuplot_script(const ScalePlot& plot, const std::string& png_path) {
   // gnuplot's enhanced text (2^{16}).
   script += fmt::format("set title {} noenhanced\n", quoted(plot.title));
   script += "set xlabel \"step\" noenhanced\n";
-  script += "set ylabel \"loss scale (log2)\" noenhanced\n";
+  script += fmt::format("set ylabel \"{} (log2)\" noenhanced\n", plot.y_label);
   script += fmt::format("set xrange [0:{}]\n", x_max);
   script += "set logscale y 2\n";
   script += fmt::format("set yrange [2**{}:2**{}]\n", y_lo, y_hi);

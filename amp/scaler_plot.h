@@ -31,6 +31,7 @@ struct ScalePlot {
   std::string title;  // lines separated by '\n'
   std::vector<ScaleSeries> series;
   int width = 1000, height = 500;  // pixels
+  std::string y_label = "loss scale";  // "(log2)" is added
 };
 
 // The gnuplot script that draws `plot` into the PNG named by the gnuplot

@@ -34,7 +34,7 @@ Tensor Linear::forward(const Tensor& x) {
 
 Tensor Linear::forward_relu(const Tensor& x) {
   check_linear_input(*this, x);
-  if (runs_fp8()) return relu(amp::fp8_linear(x, weight, bias, *fp8));
+  if (runs_fp8()) return amp::fp8_linear(x, weight, bias, *fp8, DType::bf16, /*relu=*/true);
   return linear_relu(x, weight, bias);
 }
 

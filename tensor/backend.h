@@ -75,13 +75,23 @@ void check_gemm_epilogues(const GemmArgs& g);
 // on the device (amp/fp8_scaling.h's recipes keep it there). scale_inv
 // receives 1 / scale, for the GEMM to undo it; amax, where given, the
 // running maximum of |in| (amax_into's rule).
+//
+// For a linear layer's output gradient, two more things ride along: a
+// ReLU's backward (relu_mask, the ReLU's output: each element becomes
+// in * (mask > 0), as relu_backward computes it, before anything else sees
+// it) and the bias gradient (column_sums: the sums over the rows, in f32,
+// in a fixed order: over blocks of kFp8ColumnSumBlock rows in order, then
+// those block sums in order, so that every device gives the same bits).
+inline constexpr int64_t kFp8ColumnSumBlock = 64;
 struct Fp8QuantizeArgs {
-  TensorView out;        // float8 [rows, cols]
-  TensorView out_t;      // null, or float8 [cols, rows]: in's transpose, quantized alike (for backward products)
-  TensorView in;         // [rows, cols]
-  TensorView scale;      // f32 [1]
-  TensorView scale_inv;  // f32 [1], written
-  TensorView amax;       // null, or f32 [1], as amax_into
+  TensorView out;          // float8 [rows, cols]
+  TensorView out_t;        // null, or float8 [cols, rows]: in's transpose, quantized alike (for backward products)
+  TensorView in;           // [rows, cols]
+  TensorView scale;        // f32 [1]
+  TensorView scale_inv;    // f32 [1], written
+  TensorView amax;         // null, or f32 [1], as amax_into
+  TensorView relu_mask;    // null, or [rows, cols] of in's dtype
+  TensorView column_sums;  // null, or f32 [cols], written
 };
 
 // out [m, n] = (a [m, k] . b [n, k]^T) * a_scale_inv * b_scale_inv (+ bias
@@ -92,11 +102,13 @@ struct Fp8QuantizeArgs {
 // fast_accumulation: the GPU's FP8 tensor cores keep the running sums in
 // fewer than f32's bits (no periodic promotion to f32); faster, a little
 // less exact, and what forward products can afford.
+// relu: out = max(out, 0) after the bias (NaN stays NaN, as relu() keeps it).
 struct Fp8GemmArgs {
   TensorView a, b, out;
   TensorView a_scale_inv, b_scale_inv;
   TensorView bias;
   bool fast_accumulation = false;
+  bool relu = false;
 };
 
 // 2-d convolution geometry (NCHW activations, [out, in, kh, kw] weights).

@@ -173,24 +173,29 @@ std::vector<Tensor> attention_backward(const Tensor& q, const Tensor& k, const T
 // FP8 (tensor/backend.h's Fp8QuantizeArgs and Fp8GemmArgs; the recipes
 // that own the scales are amp/fp8_scaling.h's).
 struct Fp8Quantized {
-  Tensor data;       // float8 [rows, cols]
-  Tensor data_t;     // float8 [cols, rows], where asked for
-  Tensor scale_inv;  // f32 [1]: 1 / the scale used
+  Tensor data;         // float8 [rows, cols]
+  Tensor data_t;       // float8 [cols, rows], where asked for
+  Tensor scale_inv;    // f32 [1]: 1 / the scale used
+  Tensor column_sums;  // f32 [cols], where asked for
 };
 // `in` [rows, cols] (f32, f16, bf16) times `scale` (f32 [1], on in's
 // device), saturated to `format` (e4m3 or e5m2); amax (f32 [1]) or
-// undefined: max-combined with max |in|.
+// undefined: max-combined with max |in|. relu_mask (in's shape and dtype,
+// or undefined): a ReLU's output, whose backward applies first
+// (in * (mask > 0)); column_sums: also the f32 sums of the rows (a bias
+// gradient), in Fp8QuantizeArgs's fixed order.
 Fp8Quantized quantize_fp8(const Tensor& in, DType format, const Tensor& scale, const Tensor& amax,
-                          bool with_transpose);
+                          bool with_transpose, const Tensor& relu_mask = Tensor(), bool column_sums = false);
 // amax (f32 [1]) = max(amax, max |in|); NaN once `in` holds one.
 void amax_into(const Tensor& amax, const Tensor& in);
 // Whether an FP8 product of these sizes can run: each a positive multiple
 // of 16, as Hopper's FP8 GEMMs need (checked the same on every device).
 bool fp8_gemm_shape_ok(int64_t m, int64_t n, int64_t k);
 // (a [m, k] . b [n, k]^T) * a_scale_inv * b_scale_inv (+ bias [n]) in
-// out_dtype, accumulated in f32 (fast_accumulation: see Fp8GemmArgs).
+// out_dtype, accumulated in f32 (fast_accumulation: see Fp8GemmArgs), then
+// a ReLU where asked for.
 Tensor gemm_fp8(const Tensor& a, const Tensor& a_scale_inv, const Tensor& b, const Tensor& b_scale_inv,
-                const Tensor& bias, DType out_dtype, bool fast_accumulation);
+                const Tensor& bias, DType out_dtype, bool fast_accumulation, bool relu = false);
 
 }  // namespace prim
 }  // namespace mpt

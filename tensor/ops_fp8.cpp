@@ -40,7 +40,7 @@ void amax_into(const Tensor& amax, const Tensor& in) {
 }
 
 Fp8Quantized quantize_fp8(const Tensor& in, DType format, const Tensor& scale, const Tensor& amax,
-                          bool with_transpose) {
+                          bool with_transpose, const Tensor& relu_mask, bool column_sums) {
   const char* op = "quantize_fp8";
   check_quantizable(op, in);
   check<ShapeError>(in.dim() == 2, "{}: expects a matrix [rows, cols], got {}", op, describe(in));
@@ -48,12 +48,18 @@ Fp8Quantized quantize_fp8(const Tensor& in, DType format, const Tensor& scale, c
                     dtype_name(format));
   check_scalar(op, "scale", scale, in);
   if (amax.defined()) check_scalar(op, "amax", amax, in);
-  const Tensor c = contiguous(in);
+  if (relu_mask.defined()) {
+    check_same_device_and_dtype(op, relu_mask, in);
+    check<ShapeError>(relu_mask.shape() == in.shape(), "{}: relu_mask {} does not match input {}", op,
+                      describe(relu_mask), describe(in));
+  }
+  const Tensor c = contiguous(in), mask = relu_mask.defined() ? contiguous(relu_mask) : Tensor();
   const int64_t rows = in.shape()[0], cols = in.shape()[1];
   Fp8Quantized q;
   q.data = Tensor::empty({rows, cols}, format, in.device());
   if (with_transpose) q.data_t = Tensor::empty({cols, rows}, format, in.device());
   q.scale_inv = Tensor::empty({1}, DType::f32, in.device());
+  if (column_sums) q.column_sums = Tensor::empty({cols}, DType::f32, in.device());
   Fp8QuantizeArgs args;
   args.out = q.data.view();
   args.out_t = view_or_none(q.data_t);
@@ -61,13 +67,16 @@ Fp8Quantized quantize_fp8(const Tensor& in, DType format, const Tensor& scale, c
   args.scale = scale.view();
   args.scale_inv = q.scale_inv.view();
   args.amax = view_or_none(amax);
+  args.relu_mask = view_or_none(mask);
+  args.column_sums = view_or_none(q.column_sums);
+  if (rows == 0 && column_sums) fill_(q.column_sums, 0.0);
   on_device(in.device(), [&](Backend& b) { b.quantize_fp8(args); });
   if (amax.defined()) amax.bump_version();
   return q;
 }
 
 Tensor gemm_fp8(const Tensor& a, const Tensor& a_scale_inv, const Tensor& b, const Tensor& b_scale_inv,
-                const Tensor& bias, DType out_dtype, bool fast_accumulation) {
+                const Tensor& bias, DType out_dtype, bool fast_accumulation, bool relu) {
   const char* op = "gemm_fp8";
   check_same_device(op, a, b);
   check<DTypeError>(is_float8(a.dtype()) && is_float8(b.dtype()) &&
@@ -99,6 +108,7 @@ Tensor gemm_fp8(const Tensor& a, const Tensor& a_scale_inv, const Tensor& b, con
   args.b_scale_inv = b_scale_inv.view();
   args.bias = view_or_none(cbias);
   args.fast_accumulation = fast_accumulation;
+  args.relu = relu;
   on_device(a.device(), [&](Backend& be) { be.gemm_fp8(args); });
   return out;
 }

@@ -155,59 +155,70 @@ float amax_of(const std::vector<float>& x) {
   return m;
 }
 
+// With and without the ReLU (in the product's epilogue forward, folded
+// into the gradient's quantization backward).
 TEST(Fp8Linear, ForwardAndBackwardAreTheQuantizedMathWithCurrentScaling) {
   const uint64_t seed = fresh_seed();
   SCOPED_TRACE(seed);
   std::mt19937_64 rng(seed);
-  const int64_t rows = 32, in = 48, out = 16;
-  auto scaling = std::make_shared<amp::Fp8Scaling>(amp::Fp8Recipe{amp::Fp8ScalingMode::current}, kCPU);
-  amp::Fp8LinearState state = amp::Fp8LinearState::for_layer(scaling);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  auto randoms = [&](size_t n, float s) {
-    std::vector<float> v(n);
-    for (auto& e : v) e = normal(rng) * s;
-    return v;
-  };
-  const std::vector<float> xv = randoms(rows * in, 3.0f), wv = randoms(out * in, 0.1f), bv = randoms(out, 0.5f),
-                           gv = randoms(rows * out, 1e-3f);
-  Tensor x = from_vector(xv, {2, rows / 2, in}).set_requires_grad(true);
-  Tensor w = from_vector(wv, {out, in}).set_requires_grad(true);
-  Tensor b = from_vector(bv, {out}).set_requires_grad(true);
-  const Tensor y = amp::fp8_linear(x, w, b, state, DType::bf16);
-  ASSERT_EQ(y.shape(), (Shape{2, rows / 2, out}));
-  ASSERT_EQ(y.dtype(), DType::bf16);
-  // The loss sum(y * G): y's gradient is G, rounded to bf16 on its way to y.
-  backward(sum(mul(to(y, DType::f32), from_vector(gv, {2, rows / 2, out}))));
+  for (bool relu : {false, true}) {
+    SCOPED_TRACE(relu ? "relu" : "no relu");
+    const int64_t rows = 32, in = 48, out = 16;
+    auto scaling = std::make_shared<amp::Fp8Scaling>(amp::Fp8Recipe{amp::Fp8ScalingMode::current}, kCPU);
+    amp::Fp8LinearState state = amp::Fp8LinearState::for_layer(scaling);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    auto randoms = [&](size_t n, float s) {
+      std::vector<float> v(n);
+      for (auto& e : v) e = normal(rng) * s;
+      return v;
+    };
+    const std::vector<float> xv = randoms(rows * in, 3.0f), wv = randoms(out * in, 0.1f), bv = randoms(out, 0.5f),
+                             gv = randoms(rows * out, 1e-3f);
+    Tensor x = from_vector(xv, {2, rows / 2, in}).set_requires_grad(true);
+    Tensor w = from_vector(wv, {out, in}).set_requires_grad(true);
+    Tensor b = from_vector(bv, {out}).set_requires_grad(true);
+    const Tensor y = amp::fp8_linear(x, w, b, state, DType::bf16, relu);
+    ASSERT_EQ(y.shape(), (Shape{2, rows / 2, out}));
+    ASSERT_EQ(y.dtype(), DType::bf16);
+    // The loss sum(y * G): y's gradient is G, rounded to bf16 on its way to y.
+    backward(sum(mul(to(y, DType::f32), from_vector(gv, {2, rows / 2, out}))));
 
-  const float sx = 448.0f / amax_of(xv), sw = 448.0f / amax_of(wv);
-  const std::vector<double> xq = quantized_values(xv, sx, DType::e4m3), wq = quantized_values(wv, sw, DType::e4m3);
-  std::vector<float> g16;
-  for (float g : gv) g16.push_back(static_cast<float>(BFloat16(g)));
-  const float sg = 57344.0f / amax_of(g16);
-  const std::vector<double> gq = quantized_values(g16, sg, DType::e5m2);
-  std::vector<double> y_ref(rows * out), gx_ref(rows * in, 0.0), gw_ref(out * in, 0.0), gb_ref(out, 0.0);
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t o = 0; o < out; ++o) {
-      double acc = static_cast<float>(BFloat16(bv[o]));
-      for (int64_t i = 0; i < in; ++i) acc += xq[r * in + i] * wq[o * in + i];
-      y_ref[r * out + o] = acc;
-      for (int64_t i = 0; i < in; ++i) {
-        gx_ref[r * in + i] += gq[r * out + o] * wq[o * in + i];
-        gw_ref[o * in + i] += gq[r * out + o] * xq[r * in + i];
-      }
-      gb_ref[o] += g16[r * out + o];
+    const float sx = 448.0f / amax_of(xv), sw = 448.0f / amax_of(wv);
+    const std::vector<double> xq = quantized_values(xv, sx, DType::e4m3), wq = quantized_values(wv, sw, DType::e4m3);
+    // The ReLU's backward masks the gradient where the output is not
+    // positive; current scaling measured the gradient before the mask.
+    const std::vector<double> y_got = y.to_vector<double>();
+    std::vector<float> g16, g16_masked;
+    for (size_t i = 0; i < gv.size(); ++i) {
+      g16.push_back(static_cast<float>(BFloat16(gv[i])));
+      g16_masked.push_back(relu && !(y_got[i] > 0) ? 0.0f : g16.back());
     }
-  EXPECT_LT(testing::rel_error(y.to_vector<double>(), y_ref), 4e-3);            // bf16 output
-  EXPECT_LT(testing::rel_error(x.grad().to_vector<double>(), gx_ref), 4e-3);    // bf16 product, then f32
-  EXPECT_LT(testing::rel_error(w.grad().to_vector<double>(), gw_ref), 1e-5);    // f32 product
-  EXPECT_LT(testing::rel_error(b.grad().to_vector<double>(), gb_ref), 1e-5);
-  EXPECT_EQ(x.grad().dtype(), DType::f32);
-  EXPECT_EQ(w.grad().dtype(), DType::f32);
-  // The scales the current recipe used, kept in the slots.
-  const std::vector<float> forward_scales = scaling->scale(Fp8Group::forward).to_vector<float>();
-  EXPECT_EQ(forward_scales[state.input_slot], sx);
-  EXPECT_EQ(forward_scales[state.weight_slot], sw);
-  EXPECT_EQ(scaling->scale(Fp8Group::backward).to_vector<float>()[state.grad_slot], sg);
+    const float sg = 57344.0f / amax_of(g16);
+    const std::vector<double> gq = quantized_values(g16_masked, sg, DType::e5m2);
+    std::vector<double> y_ref(rows * out), gx_ref(rows * in, 0.0), gw_ref(out * in, 0.0), gb_ref(out, 0.0);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t o = 0; o < out; ++o) {
+        double acc = static_cast<float>(BFloat16(bv[o]));
+        for (int64_t i = 0; i < in; ++i) acc += xq[r * in + i] * wq[o * in + i];
+        y_ref[r * out + o] = relu ? std::max(acc, 0.0) : acc;
+        for (int64_t i = 0; i < in; ++i) {
+          gx_ref[r * in + i] += gq[r * out + o] * wq[o * in + i];
+          gw_ref[o * in + i] += gq[r * out + o] * xq[r * in + i];
+        }
+        gb_ref[o] += g16_masked[r * out + o];
+      }
+    EXPECT_LT(testing::rel_error(y_got, y_ref), 4e-3);                           // bf16 output
+    EXPECT_LT(testing::rel_error(x.grad().to_vector<double>(), gx_ref), 4e-3);  // bf16 product, then f32
+    EXPECT_LT(testing::rel_error(w.grad().to_vector<double>(), gw_ref), 1e-5);  // f32 product
+    EXPECT_LT(testing::rel_error(b.grad().to_vector<double>(), gb_ref), 1e-5);  // f32 sums
+    EXPECT_EQ(x.grad().dtype(), DType::f32);
+    EXPECT_EQ(w.grad().dtype(), DType::f32);
+    // The scales the current recipe used, kept in the slots.
+    const std::vector<float> forward_scales = scaling->scale(Fp8Group::forward).to_vector<float>();
+    EXPECT_EQ(forward_scales[state.input_slot], sx);
+    EXPECT_EQ(forward_scales[state.weight_slot], sw);
+    EXPECT_EQ(scaling->scale(Fp8Group::backward).to_vector<float>()[state.grad_slot], sg);
+  }
 }
 
 TEST(Fp8Linear, TheWeightIsQuantizedOncePerChangeOfTheWeight) {

@@ -37,15 +37,16 @@ void MixedPrecision::unscale() {
 
 void MixedPrecision::attach_fp8(nn::Module& model, const Device& device) {
   check<ValueError>(precision_ == Precision::fp8, "attach_fp8: the precision is {}, not fp8", precision_name(precision_));
-  std::vector<nn::Linear*> layers;
+  std::vector<std::pair<std::string, nn::Linear*>> layers;
   for (const auto& [name, m] : model.named_modules())
-    if (auto* linear = dynamic_cast<nn::Linear*>(m)) layers.push_back(linear);
+    if (auto* linear = dynamic_cast<nn::Linear*>(m)) layers.emplace_back(name, linear);
   check<ValueError>(layers.size() >= 2,
                     "attach_fp8: the model has {} linear layer(s); FP8 runs every one but the last (the output head)",
                     layers.size());
   fp8_ = std::make_shared<amp::Fp8Scaling>(fp8_recipe_, device);
   layers.pop_back();
-  for (nn::Linear* l : layers) l->fp8 = std::make_shared<amp::Fp8LinearState>(amp::Fp8LinearState::for_layer(fp8_));
+  for (const auto& [name, l] : layers)
+    l->fp8 = std::make_shared<amp::Fp8LinearState>(amp::Fp8LinearState::for_layer(fp8_, name));
 }
 
 void MixedPrecision::step() {

@@ -2,6 +2,8 @@
 // are cuda_fp8.h's, bit for bit) and its products as f32 GEMMs of the
 // decoded values, so every FP8 behaviour can be tested without a GPU and
 // compared with it code for code.
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -82,16 +84,40 @@ void quantize_fp8(const Fp8QuantizeArgs& q) {
   dispatch_half_or_float(q.in.dtype, "quantize_fp8", [&](auto tag) {
     using T = decltype(tag);
     const T* in = static_cast<const T*>(q.in.data);
+    const T* mask = static_cast<const T*>(q.relu_mask.data);
+    // The element as the quantization sees it: masked by the ReLU's output
+    // as relu_backward does (in * (mask > 0)), in f32.
+    auto value = [&](int64_t i) {
+      const float v = static_cast<float>(in[i]);
+      return mask ? v * (static_cast<float>(mask[i]) > 0.0f ? 1.0f : 0.0f) : v;
+    };
     parallel_for(rows, 1, units_for_work(kMinElementsPerPiece, cols), [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r)
         for (int64_t c = 0; c < cols; ++c) {
-          const uint8_t code =
-              float_to_fp8_bits(static_cast<float>(in[r * cols + c]) * scale, format, Fp8Saturation::finite);
+          const uint8_t code = float_to_fp8_bits(value(r * cols + c) * scale, format, Fp8Saturation::finite);
           out[r * cols + c] = code;
           if (out_t) out_t[c * rows + r] = code;
         }
     });
-    if (q.amax.data) combine_amax(q.amax, abs_max_bits(in, rows * cols));
+    if (q.amax.data) {
+      uint32_t bits = 0;
+      for (int64_t i = 0; i < rows * cols; ++i) bits = std::max(bits, float_bits(value(i)) & 0x7fffffffu);
+      combine_amax(q.amax, bits);
+    }
+    if (q.column_sums.data) {
+      // Blocks of kFp8ColumnSumBlock rows in order, then the blocks' sums in
+      // order: the GPU's order.
+      float* sums = static_cast<float*>(q.column_sums.data);
+      for (int64_t c = 0; c < cols; ++c) {
+        float total = 0.0f;
+        for (int64_t r0 = 0; r0 < rows; r0 += kFp8ColumnSumBlock) {
+          float block = 0.0f;
+          for (int64_t r = r0; r < std::min(rows, r0 + kFp8ColumnSumBlock); ++r) block += value(r * cols + c);
+          total += block;
+        }
+        sums[c] = total;
+      }
+    }
   });
   *static_cast<float*>(q.scale_inv.data) = 1.0f / scale;
 }
@@ -126,6 +152,7 @@ void gemm_fp8(const Fp8GemmArgs& g) {
       for (int64_t c = 0; c < n; ++c) {
         float v = product[r * n + c];
         if (bias) v += static_cast<float>(bias[c]);
+        if (g.relu && !std::isnan(v)) v = std::max(v, 0.0f);  // NaN stays NaN, as relu() keeps it
         out[r * n + c] = static_cast<T>(v);
       }
   });

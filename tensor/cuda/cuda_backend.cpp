@@ -400,7 +400,11 @@ class CudaBackend final : public Backend {
                                   grad.data);
   }
 
-  void quantize_fp8(const Fp8QuantizeArgs& args) override { launch_quantize_fp8(current_launch(), args); }
+  void quantize_fp8(const Fp8QuantizeArgs& args) override {
+    const Launch l = current_launch();
+    const LaunchScratch scratch(l, quantize_fp8_scratch_bytes(args));
+    launch_quantize_fp8(l, args, scratch.get());
+  }
   void gemm_fp8(const Fp8GemmArgs& args) override { cuda::gemm_fp8(args); }
   void amax_into(const TensorView& amax, const TensorView& in) override {
     launch_amax_into(current_launch(), amax, in);

@@ -45,33 +45,49 @@ __device__ __forceinline__ void block_amax(uint32_t bits, float* amax) {
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kThreads) quantize_tiles(const T* __restrict__ in, uint8_t* __restrict__ out,
-                                                            uint8_t* __restrict__ out_t, int64_t rows, int64_t cols,
-                                                            const float* scale_ptr, float* scale_inv, float* amax,
+__global__ void __launch_bounds__(kThreads) quantize_tiles(const T* __restrict__ in, const T* __restrict__ mask,
+                                                            uint8_t* __restrict__ out, uint8_t* __restrict__ out_t,
+                                                            int64_t rows, int64_t cols, const float* scale_ptr,
+                                                            float* scale_inv, float* amax, float* partial_sums,
                                                             __nv_fp8_interpretation_t format) {
   __shared__ alignas(16) uint8_t tile[kTile][kTile + 16];
+  // The masked values, for the column sums (each column summed by one
+  // thread in row order: the same bits every run).
+  __shared__ float values[kTile][kTile + 1];
   const float scale = *scale_ptr;
   const int64_t row0 = static_cast<int64_t>(blockIdx.y) * kTile, col0 = static_cast<int64_t>(blockIdx.x) * kTile;
   const int r = threadIdx.x / (kTile / kChunk), c = (threadIdx.x % (kTile / kChunk)) * kChunk;
   uint32_t bits = 0;
-  if (row0 + r < rows && col0 + c < cols) {
+  const bool inside = row0 + r < rows && col0 + c < cols;
+  if (inside) {
     using P = Pack<T, 16 / sizeof(T)>;
-    P packs[kChunk * sizeof(T) / 16];
-    const auto* src = reinterpret_cast<const P*>(in + (row0 + r) * cols + col0 + c);
+    constexpr int kPacks = kChunk * sizeof(T) / 16;
+    P packs[kPacks], masks[kPacks];
+    const int64_t at = (row0 + r) * cols + col0 + c;
 #pragma unroll
-    for (int p = 0; p < static_cast<int>(kChunk * sizeof(T) / 16); ++p) packs[p] = src[p];
+    for (int p = 0; p < kPacks; ++p) packs[p] = reinterpret_cast<const P*>(in + at)[p];
+    if (mask) {
+#pragma unroll
+      for (int p = 0; p < kPacks; ++p) masks[p] = reinterpret_cast<const P*>(mask + at)[p];
+    }
     Pack<uint8_t, kChunk> codes;
 #pragma unroll
     for (int i = 0; i < kChunk; ++i) {
-      const float v = Element<T>::load(packs[i / (16 / sizeof(T))].v[i % (16 / sizeof(T))]);
+      float v = Element<T>::load(packs[i / (16 / sizeof(T))].v[i % (16 / sizeof(T))]);
+      // As relu_backward: in * (mask > 0).
+      if (mask) v *= Element<T>::load(masks[i / (16 / sizeof(T))].v[i % (16 / sizeof(T))]) > 0.0f ? 1.0f : 0.0f;
       bits = max(bits, abs_bits(v));
       codes.v[i] = to_fp8(v * scale, format);
+      if (partial_sums) values[r][c + i] = v;
     }
-    *reinterpret_cast<Pack<uint8_t, kChunk>*>(out + (row0 + r) * cols + col0 + c) = codes;
+    *reinterpret_cast<Pack<uint8_t, kChunk>*>(out + at) = codes;
     if (out_t) *reinterpret_cast<Pack<uint8_t, kChunk>*>(&tile[r][c]) = codes;
+  } else if (partial_sums) {
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i) values[r][c + i] = 0.0f;
   }
+  if (out_t || partial_sums) __syncthreads();
   if (out_t) {
-    __syncthreads();
     // Now r names a column of the tile and c the first of 16 of its rows.
     if (col0 + r < cols && row0 + c < rows) {
       Pack<uint8_t, kChunk> codes;
@@ -80,19 +96,31 @@ __global__ void __launch_bounds__(kThreads) quantize_tiles(const T* __restrict__
       *reinterpret_cast<Pack<uint8_t, kChunk>*>(out_t + (col0 + r) * rows + row0 + c) = codes;
     }
   }
+  if (partial_sums && threadIdx.x < kTile && col0 + threadIdx.x < cols) {
+    float sum = 0.0f;
+    for (int i = 0; i < kTile; ++i) sum += values[i][threadIdx.x];
+    partial_sums[static_cast<int64_t>(blockIdx.y) * cols + col0 + threadIdx.x] = sum;
+  }
   if (amax) block_amax(bits, amax);
   if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *scale_inv = 1.0f / scale;
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kThreads) quantize_any(const T* __restrict__ in, uint8_t* __restrict__ out,
-                                                          uint8_t* __restrict__ out_t, int64_t rows, int64_t cols,
-                                                          const float* scale_ptr, float* scale_inv, float* amax,
+__device__ __forceinline__ float masked(const T* in, const T* mask, int64_t i) {
+  const float v = Element<T>::load(in[i]);
+  return mask ? v * (Element<T>::load(mask[i]) > 0.0f ? 1.0f : 0.0f) : v;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) quantize_any(const T* __restrict__ in, const T* __restrict__ mask,
+                                                          uint8_t* __restrict__ out, uint8_t* __restrict__ out_t,
+                                                          int64_t rows, int64_t cols, const float* scale_ptr,
+                                                          float* scale_inv, float* amax,
                                                           __nv_fp8_interpretation_t format) {
   const float scale = *scale_ptr;
   uint32_t bits = 0;
   for (int64_t i = global_thread(); i < rows * cols; i += grid_threads()) {
-    const float v = Element<T>::load(in[i]);
+    const float v = masked(in, mask, i);
     bits = max(bits, abs_bits(v));
     const uint8_t code = to_fp8(v * scale, format);
     out[i] = code;
@@ -100,6 +128,30 @@ __global__ void __launch_bounds__(kThreads) quantize_any(const T* __restrict__ i
   }
   if (amax) block_amax(bits, amax);
   if (blockIdx.x == 0 && threadIdx.x == 0) *scale_inv = 1.0f / scale;
+}
+
+// partial_sums [row blocks, cols]: each block of kTile rows of a column
+// summed in order, by one thread.
+template <typename T>
+__global__ void column_block_sums(const T* __restrict__ in, const T* __restrict__ mask, int64_t rows, int64_t cols,
+                                  float* partial_sums) {
+  const int64_t blocks = (rows + kTile - 1) / kTile;
+  for (int64_t i = global_thread(); i < blocks * cols; i += grid_threads()) {
+    const int64_t b = i / cols, c = i % cols;
+    float sum = 0.0f;
+    for (int64_t r = b * kTile; r < min(rows, (b + 1) * kTile); ++r) sum += masked(in, mask, r * cols + c);
+    partial_sums[i] = sum;
+  }
+}
+
+// column_sums[c] = the partial sums of column c in block order.
+__global__ void finish_column_sums(const float* __restrict__ partial_sums, int64_t blocks, int64_t cols,
+                                   float* column_sums) {
+  for (int64_t c = global_thread(); c < cols; c += grid_threads()) {
+    float sum = 0.0f;
+    for (int64_t b = 0; b < blocks; ++b) sum += partial_sums[b * cols + c];
+    column_sums[c] = sum;
+  }
 }
 
 template <typename T>
@@ -113,7 +165,14 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 }  // namespace
 
-void launch_quantize_fp8(const Launch& l, const Fp8QuantizeArgs& q) {
+size_t quantize_fp8_scratch_bytes(const Fp8QuantizeArgs& q) {
+  if (!q.column_sums.data) return 0;
+  const int64_t rows = q.in.shape[0], cols = q.in.shape[1];
+  return static_cast<size_t>((rows + kTile - 1) / kTile * cols) * sizeof(float);
+}
+
+void launch_quantize_fp8(const Launch& l, const Fp8QuantizeArgs& q, void* scratch) {
+  static_assert(kTile == kFp8ColumnSumBlock, "the column sums' block order is the tiles'");
   const int64_t rows = q.in.shape[0], cols = q.in.shape[1];
   if (rows * cols == 0) return;
   const __nv_fp8_interpretation_t format = q.out.dtype == DType::e4m3 ? __NV_E4M3 : __NV_E5M2;
@@ -122,21 +181,35 @@ void launch_quantize_fp8(const Launch& l, const Fp8QuantizeArgs& q) {
   const auto* scale = static_cast<const float*>(q.scale.data);
   auto* scale_inv = static_cast<float*>(q.scale_inv.data);
   auto* amax = static_cast<float*>(q.amax.data);
+  auto* partial_sums = q.column_sums.data ? static_cast<float*>(scratch) : nullptr;
   dispatch_floating<false>(q.in.dtype, "quantize_fp8", [&](auto tag) {
     using T = decltype(tag);
     const T* in = static_cast<const T*>(q.in.data);
+    const T* mask = static_cast<const T*>(q.relu_mask.data);
     const bool tiles = rows % kChunk == 0 && cols % kChunk == 0 && aligned16(in) && aligned16(out) &&
-                       (!out_t || aligned16(out_t)) && (rows + kTile - 1) / kTile <= 65535;
+                       (!out_t || aligned16(out_t)) && (!mask || aligned16(mask)) &&
+                       (rows + kTile - 1) / kTile <= 65535;
     if (tiles) {
       const dim3 grid(static_cast<unsigned>((cols + kTile - 1) / kTile), static_cast<unsigned>((rows + kTile - 1) / kTile));
-      quantize_tiles<T><<<grid, kThreads, 0, l.stream>>>(in, out, out_t, rows, cols, scale, scale_inv, amax, format);
+      quantize_tiles<T><<<grid, kThreads, 0, l.stream>>>(in, mask, out, out_t, rows, cols, scale, scale_inv, amax,
+                                                         partial_sums, format);
       MPT_CUDA_CHECK_LAUNCH("quantize_fp8 (tiles)");
     } else {
-      quantize_any<T><<<grid_for(l, rows * cols), kThreads, 0, l.stream>>>(in, out, out_t, rows, cols, scale,
+      quantize_any<T><<<grid_for(l, rows * cols), kThreads, 0, l.stream>>>(in, mask, out, out_t, rows, cols, scale,
                                                                             scale_inv, amax, format);
       MPT_CUDA_CHECK_LAUNCH("quantize_fp8");
+      if (partial_sums) {
+        column_block_sums<T><<<grid_for(l, (rows + kTile - 1) / kTile * cols), kThreads, 0, l.stream>>>(
+            in, mask, rows, cols, partial_sums);
+        MPT_CUDA_CHECK_LAUNCH("quantize_fp8 column sums");
+      }
     }
   });
+  if (partial_sums) {
+    finish_column_sums<<<grid_for(l, cols), kThreads, 0, l.stream>>>(partial_sums, (rows + kTile - 1) / kTile, cols,
+                                                                     static_cast<float*>(q.column_sums.data));
+    MPT_CUDA_CHECK_LAUNCH("quantize_fp8 column sums (finish)");
+  }
 }
 
 void launch_amax_into(const Launch& l, const TensorView& amax, const TensorView& in) {

@@ -48,6 +48,7 @@ struct Fp8PlanKey {
   DType a, b, out;
   int64_t m, n, k;
   bool bias;
+  bool relu;
   bool fast_accumulation;
   bool operator==(const Fp8PlanKey& o) const { return std::memcmp(this, &o, sizeof(Fp8PlanKey)) == 0; }
 };
@@ -86,10 +87,14 @@ std::unique_ptr<Fp8Plan> build_plan(const Fp8PlanKey& key, cublasLtHandle_t hand
   MPT_CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_n, sizeof(op_n)));
   const int8_t fast = key.fast_accumulation ? 1 : 0;
   MPT_CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast)));
-  if (key.bias) {
-    const int32_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+  if (key.bias || key.relu) {
+    const int32_t epilogue = key.bias && key.relu ? CUBLASLT_EPILOGUE_RELU_BIAS
+                             : key.bias           ? CUBLASLT_EPILOGUE_BIAS
+                                                  : CUBLASLT_EPILOGUE_RELU;
     MPT_CUBLASLT_CHECK(
         cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+  }
+  if (key.bias) {
     const int32_t bias_type = cuda_type(key.out);
     MPT_CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
                                                       sizeof(bias_type)));
@@ -110,6 +115,8 @@ std::unique_ptr<Fp8Plan> build_plan(const Fp8PlanKey& key, cublasLtHandle_t hand
   int found = 0;
   const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(handle, plan->desc, plan->a, plan->b, plan->d, plan->d,
                                                                pref, 1, &plan->heuristic, &found);
+  // No algorithm with this epilogue: the caller runs it separately.
+  if ((key.bias || key.relu) && (status == CUBLAS_STATUS_NOT_SUPPORTED || found == 0)) return nullptr;
   if (status == CUBLAS_STATUS_NOT_SUPPORTED || found == 0)
     throw CudaError(fmt::format("gemm_fp8: cuBLASLt has no FP8 algorithm for {} [{}, {}] x {} [{}, {}]^T -> {}{}", 
                                 dtype_name(key.a), key.m, key.k, dtype_name(key.b), key.n, key.k,
@@ -118,14 +125,16 @@ std::unique_ptr<Fp8Plan> build_plan(const Fp8PlanKey& key, cublasLtHandle_t hand
   return plan;
 }
 
-Fp8Plan& find_plan(const Fp8PlanKey& key, cublasLtHandle_t handle) {
+// Null where cuBLASLt has no algorithm with the key's epilogue (kept, so
+// that it is asked once).
+Fp8Plan* find_plan(const Fp8PlanKey& key, cublasLtHandle_t handle) {
   static std::mutex mutex;
   // Leaked, as gemm.cpp's: plans are destroyed through cuBLASLt, which may be gone at exit.
   static auto* cache = new std::unordered_map<Fp8PlanKey, std::unique_ptr<Fp8Plan>, KeyBytesHash<Fp8PlanKey>>();
   std::lock_guard<std::mutex> lock(mutex);
   auto it = cache->find(key);
   if (it == cache->end()) it = cache->emplace(key, build_plan(key, handle)).first;
-  return *it->second;
+  return it->second.get();
 }
 
 }  // namespace
@@ -146,12 +155,21 @@ void gemm_fp8(const Fp8GemmArgs& g) {
   key.n = g.b.shape[0];
   key.k = g.a.shape[1];
   // cuBLASLt's FP8 bias epilogue takes a 16-bit bias with a 16-bit output;
-  // an f32 output gets its bias from a separate kernel.
-  const bool bias_separately = g.bias.data && g.out.dtype == DType::f32;
-  key.bias = g.bias.data && !bias_separately;
+  // an f32 output gets its bias (and then its ReLU) from separate kernels.
+  const bool epilogue_separately = g.bias.data && g.out.dtype == DType::f32;
+  key.bias = g.bias.data && !epilogue_separately;
+  key.relu = g.relu && !epilogue_separately;
   key.fast_accumulation = g.fast_accumulation;
   const cublasLtHandle_t handle = lt_handle(device);
-  Fp8Plan& plan = find_plan(key, handle);
+  Fp8Plan* found = find_plan(key, handle);
+  bool bias_separately = epilogue_separately && g.bias.data, relu_separately = epilogue_separately && g.relu;
+  if (!found) {
+    bias_separately = g.bias.data != nullptr;
+    relu_separately = g.relu;
+    key.bias = key.relu = false;
+    found = find_plan(key, handle);
+  }
+  Fp8Plan& plan = *found;
   const cudaStream_t stream = current_cuda_stream(device);
 
   CachingAllocator& allocator = caching_allocator(device);
@@ -184,6 +202,7 @@ void gemm_fp8(const Fp8GemmArgs& g) {
     bias.strides[0] = 0;
     cuda_backend().binary(BinaryOp::add, g.out, g.out, bias);
   }
+  if (relu_separately) cuda_backend().unary(UnaryOp::relu, g.out, g.out, 0.0, 0.0);
 }
 
 }  // namespace mpt::cuda

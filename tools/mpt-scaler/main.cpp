@@ -15,6 +15,7 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <exception>
 #include <filesystem>
@@ -34,6 +35,7 @@
 #include "tools/scaler_flags.h"
 #include "amp/scaler_plot.h"
 #include "tools/mpt-scaler/progress.h"
+#include "tools/mpt-scaler/fp8_lab.h"
 #include "tools/mpt-scaler/sweep_training.h"
 
 using namespace mpt;
@@ -195,6 +197,47 @@ int main(int argc, char** argv) {
       "--plot sweep.png also writes sweep.gp, the gnuplot script that draws it; without gnuplot (apt install\n"
       "gnuplot-nox) the JSON and the script are written, the PNG is not, and the status is 1.");
 
+  // ---- fp8 ----
+  auto* fp8 = app.add_subcommand(
+      "fp8", "train with FP8 linear layers once per amax history length and margin, tracing each FP8 tensor");
+  tools::SweepTrainingConfig fp8_training;
+  std::vector<int64_t> fp8_histories{1, 16, 1024};
+  std::vector<double> fp8_margins{0};
+  std::string fp8_device = "cpu", fp8_recipe = "delayed", fp8_reduction = "max", fp8_out = "fp8.json", fp8_plot,
+              fp8_plot_tensor;
+  fp8->add_option("--model", fp8_training.model, "mlp or cnn (Fashion-MNIST), gpt (fortunes text)")
+      ->check(CLI::IsMember({"mlp", "cnn", "gpt"}))
+      ->capture_default_str();
+  fp8->add_option("--data", fp8_training.data, "as sweep's --data");
+  fp8->add_option("--steps", fp8_training.steps, "training steps of each run")
+      ->check(tools::positive())
+      ->capture_default_str();
+  fp8->add_option("--batch", fp8_training.batch, "a multiple of 16 (FP8 products need one)")
+      ->check(tools::positive())
+      ->capture_default_str();
+  fp8->add_option("--lr", fp8_training.lr)->check(tools::non_negative())->capture_default_str();
+  fp8->add_option("--seed", fp8_training.seed)->capture_default_str();
+  fp8->add_option("--device", fp8_device, "cpu or cuda[:N] (FP8 products need compute capability 8.9)")
+      ->capture_default_str();
+  fp8->add_option("--recipe", fp8_recipe, "delayed (amax history) or current (each tensor's own amax)")
+      ->check(CLI::IsMember({"delayed", "current"}))
+      ->capture_default_str();
+  fp8->add_option("--reduction", fp8_reduction, "delayed: the history's max or its most_recent entry")
+      ->check(CLI::IsMember({"max", "most_recent"}))
+      ->capture_default_str();
+  fp8->add_option("--histories", fp8_histories, "amax history lengths to try (comma-separated; delayed only)")
+      ->delimiter(',')
+      ->check(tools::positive())
+      ->capture_default_str();
+  fp8->add_option("--margins", fp8_margins, "margins to try, in powers of two below the format's maximum")
+      ->delimiter(',')
+      ->capture_default_str();
+  fp8->add_option("--out", fp8_out, "results as JSON: the configuration, and per run and FP8 tensor its traces")
+      ->capture_default_str();
+  fp8->add_option("--plot", fp8_plot, "one tensor's scale in every run as a PNG (with gnuplot)");
+  fp8->add_option("--plot-tensor", fp8_plot_tensor,
+                  "the tensor --plot draws (default: the first layer's output gradient, e.g. layers.0.grad_output)");
+
   // ---- plot ----
   auto* plot = app.add_subcommand("plot", "draw scale trajectories from traces (.jsonl/.csv) as a PNG");
   std::vector<std::string> traces;
@@ -229,8 +272,14 @@ int main(int argc, char** argv) {
       training.autocast_dtype = dtype_from_name(dtype);
       tools::check_sweep_data(training);
       check_png_name("--plot", sweep_plot);
-    } else if (*plot) {
-      check_png_name("--out", plot_out);
+    } else if (*fp8) {
+      fp8_training.device = Device(fp8_device);
+      check(fp8_training.batch % 16 == 0, "mpt-scaler fp8: --batch {} is not a multiple of 16 (FP8 products need one)",
+            fp8_training.batch);
+      if (fp8_recipe == "current") fp8_histories = {1};  // no history to vary
+      for (double m : fp8_margins) check(std::isfinite(m), "mpt-scaler fp8: --margins must be finite, got {}", m);
+      tools::check_sweep_data(fp8_training);
+      check_png_name("--plot", fp8_plot);
     }
   } catch (const Error& e) {  // a value, device name or pattern file that is wrong
     std::fprintf(stderr, "%s%s\n", std::string_view(e.what()).starts_with("mpt-scaler") ? "" : "mpt-scaler: ", e.what());
@@ -239,7 +288,8 @@ int main(int argc, char** argv) {
 
   // Where --plot is given, gnuplot draws the PNG; without it the rest is
   // still written, and the command ends with status 1 after saying so.
-  const bool plotting = (*replay && !replay_plot.empty()) || (*sweep && !sweep_plot.empty()) || *plot;
+  const bool plotting =
+      (*replay && !replay_plot.empty()) || (*sweep && !sweep_plot.empty()) || (*fp8 && !fp8_plot.empty()) || *plot;
   const std::optional<std::string> gnuplot = plotting ? amp::find_gnuplot() : std::nullopt;
   std::string png;                      // the plot asked for, if any
   std::vector<std::string> data_paths;  // what a missing gnuplot's message points to
@@ -353,6 +403,62 @@ int main(int argc, char** argv) {
             settings_text(sweep_flags, policy == "hysteresis"), intervals.size() > 1 ? "s" : "",
             fmt::join(intervals, ", "), unit);
         draw_plot(scale_plot, sweep_plot, gnuplot, outputs);
+      }
+    } else if (*fp8) {
+      check_writable("--out", fp8_out);
+      check_writable("--plot", fp8_plot);
+      if (!fp8_plot.empty()) check_writable("--plot", amp::gnuplot_script_path(fp8_plot));
+      const size_t run_count = fp8_histories.size() * fp8_margins.size();
+      tools::ProgressBar bar("fp8", static_cast<int64_t>(run_count) * fp8_training.steps);
+      const auto runs = tools::sweep_fp8(
+          fp8_training, amp::fp8_scaling_mode_from_name(fp8_recipe),
+          fp8_reduction == "max" ? amp::AmaxReduction::max : amp::AmaxReduction::most_recent, fp8_histories,
+          fp8_margins, [&](size_t run, int64_t step) {
+            bar.update(static_cast<int64_t>(run) * fp8_training.steps + step);
+          });
+      bar.finish();
+      std::printf("%8s %8s %12s  %s\n", "history", "margin", "final_loss", "most saturated / flushed tensor (mean fraction)");
+      nlohmann::ordered_json results = nlohmann::ordered_json::array();
+      for (const auto& run : runs) {
+        const nlohmann::ordered_json r = tools::fp8_run_json(run);
+        std::string worst_saturated, worst_flushed;
+        double saturated = -1, flushed = -1;
+        for (const auto& t : r["tensors"]) {
+          if (t["mean_saturated"].get<double>() > saturated)
+            saturated = t["mean_saturated"], worst_saturated = t["name"];
+          if (t["mean_flushed"].get<double>() > flushed) flushed = t["mean_flushed"], worst_flushed = t["name"];
+        }
+        std::printf("%8lld %8g %12.5f  %s %.3g / %s %.3g\n", static_cast<long long>(run.history_length), run.margin,
+                    run.final_loss, worst_saturated.c_str(), saturated, worst_flushed.c_str(), flushed);
+        results.push_back(r);
+      }
+      const std::string data = tools::sweep_data(fp8_training);
+      const nlohmann::ordered_json config = {
+          {"model", fp8_training.model}, {"data", data},           {"steps", fp8_training.steps},
+          {"batch", fp8_training.batch}, {"lr", fp8_training.lr},  {"seed", fp8_training.seed},
+          {"device", fp8_device},        {"recipe", fp8_recipe},   {"reduction", fp8_reduction},
+          {"histories", fp8_histories},  {"margins", fp8_margins}};
+      write_text(add_output(outputs, fp8_out).temp_path(),
+                 nlohmann::ordered_json{{"config", config}, {"runs", results}}.dump(2) + "\n", "--out");
+      data_paths.push_back(fp8_out);
+      if (!fp8_plot.empty()) {
+        std::string tensor = fp8_plot_tensor;
+        if (tensor.empty())
+          for (const auto& t : runs.front().slots)
+            if (t.name.ends_with(".grad_output")) {
+              tensor = t.name;
+              break;
+            }
+        amp::ScalePlot scale_plot;
+        scale_plot.y_label = "FP8 scale";
+        for (const auto& run : runs) scale_plot.series.push_back(tools::fp8_scale_series(run, tensor));
+        scale_plot.title = fmt::format("mpt-scaler fp8: {} on {}, {} steps, batch {}, lr {}, seed {}, on {}\n{} scaling "
+                                       "({}); the scale of {}",
+                                       fp8_training.model, data, fp8_training.steps, fp8_training.batch,
+                                       fp8_training.lr, fp8_training.seed, fp8_device, fp8_recipe, fp8_reduction,
+                                       tensor);
+        png = fp8_plot;
+        draw_plot(scale_plot, fp8_plot, gnuplot, outputs);
       }
     } else if (*plot) {
       amp::ScalePlot scale_plot;

@@ -32,7 +32,8 @@ void check_sweep_data(const SweepTrainingConfig& c) {
 }
 
 SweepTrainingResult train_for_sweep(const SweepTrainingConfig& c, const amp::GradScalerOptions& scaler,
-                                    const amp::ScalerTraceSink& trace, const std::function<void(int64_t)>& on_step) {
+                                    const amp::ScalerTraceSink& trace, const std::function<void(int64_t)>& on_step,
+                                    const std::function<void(amp::Fp8Scaling&)>& on_fp8) {
   // mpt-train's workloads: the same models, data and loss.
   train::WorkloadOptions workload{.model = c.model, .data = sweep_data(c)};
   if (c.model == "gpt" && !c.device.is_cuda()) {
@@ -52,12 +53,21 @@ SweepTrainingResult train_for_sweep(const SweepTrainingConfig& c, const amp::Gra
   options.step.precision = c.autocast_dtype == DType::bf16 ? train::Precision::bf16 : train::Precision::fp16;
   options.step.scaler = scaler;
   options.step.loss_scaling = train::LossScaling::always;
+  if (c.fp8) {
+    options.step.precision = train::Precision::fp8;
+    options.step.fp8 = *c.fp8;
+    options.step.loss_scaling = train::LossScaling::never;
+  }
   options.step.cuda_graph = train::GraphMode::off;
   options.device = c.device;
   options.rng = &init;
   train::Trainer trainer(w.model, std::make_unique<optim::AdamW>(w.model->parameters(), optim::AdamWOptions{.lr = c.lr, .weight_decay = 0.0}),
                          w.objective, options);
-  trainer.precision().scaler()->set_trace_sink(trace);
+  if (c.fp8) {
+    if (on_fp8) on_fp8(*trainer.precision().fp8_scaling());
+  } else {
+    trainer.precision().scaler()->set_trace_sink(trace);
+  }
   data::DataLoader loader(w.train_set, std::make_shared<data::SequentialOrRandomSampler>(w.train_set->size(), true, c.seed),
                           {.batch_size = c.batch, .num_workers = 1, .prefetch = 4,
                            .pin_memory = c.device.is_cuda()});

@@ -6,8 +6,10 @@
 // scaler.
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 
+#include "amp/fp8_scaling.h"
 #include "amp/grad_scaler.h"
 #include "tensor/device.h"
 #include "tensor/dtype.h"
@@ -26,6 +28,9 @@ struct SweepTrainingConfig {
   double lr = 1e-3;
   Device device = kCPU;
   DType autocast_dtype = DType::f16;
+  // Set: an fp8 run (train::Precision::fp8 with this recipe, no loss
+  // scaler) instead of the scaler's.
+  std::optional<amp::Fp8Recipe> fp8;
   uint64_t seed = 0;
   // gpt: the reference GPT-mini on a GPU; on the CPU a 2-layer, d 128,
   // context 64 version of it, so a sweep of several runs stays short.
@@ -44,10 +49,12 @@ struct SweepTrainingResult {
 };
 
 // Trains once (with train::Trainer) under a loss scaler of `scaler`'s
-// options, its trace going to `trace`. on_step (if set) is called after
-// each step with the steps done.
+// options, its trace going to `trace` (fp8 runs: neither). on_step (if
+// set) is called after each step with the steps done; on_fp8 (fp8 runs)
+// once before the first, with the run's FP8 scaling state.
 SweepTrainingResult train_for_sweep(const SweepTrainingConfig& config, const amp::GradScalerOptions& scaler,
                                     const amp::ScalerTraceSink& trace,
-                                    const std::function<void(int64_t)>& on_step = {});
+                                    const std::function<void(int64_t)>& on_step = {},
+                                    const std::function<void(amp::Fp8Scaling&)>& on_fp8 = {});
 
 }  // namespace mpt::tools
