@@ -13,6 +13,7 @@
 
 #include "amp/fp8_linear.h"
 #include "amp/fp8_scaling.h"
+#include "amp/fp8_stats.h"
 #include "autograd/engine.h"
 #include "autograd/ops.h"
 #include "tensor/fp8.h"
@@ -248,6 +249,27 @@ TEST(Fp8Linear, ShapesFp8CannotTakeRunInBf16) {
   const Tensor plain = linear(prim::to(x, DType::bf16), prim::to(w, DType::bf16));
   EXPECT_EQ(y.to_vector<float>(), plain.to_vector<float>());
   EXPECT_EQ(scaling->amax(Fp8Group::forward).to_vector<float>()[state.input_slot], 0.0f) << "nothing quantized";
+}
+
+TEST(Fp8Scaling, StatsCountSaturatedAndFlushedElements) {
+  // At scale 2 in e4m3: 300 -> 600 saturates (max 448); 1e-4 -> 2e-4 is
+  // below half the smallest subnormal (2^-10) and flushes; 2^-11 -> 2^-10
+  // is exactly half and rounds to even, 0: flushed too; 0 and NaN are
+  // neither.
+  const Tensor x = from_vector(std::vector<float>{300.0f, -1e-4f, std::ldexp(1.0f, -11), 0.0f, NAN, 1.0f, -230.0f, 0.5f},
+                               {2, 4});
+  const amp::Fp8QuantizationStats s = amp::fp8_quantization_stats(x, full({1}, 2.0), DType::e4m3);
+  EXPECT_EQ(s.saturated, 2.0 / 8);  // 300 and -230 (460 > 448)
+  EXPECT_EQ(s.flushed, 2.0 / 8);
+  EXPECT_EQ(s.scale, 2.0);
+  EXPECT_TRUE(std::isnan(s.amax));
+  // The fractions are those of the codes the quantization writes.
+  const prim::Fp8Quantized q = prim::quantize_fp8(x, DType::e4m3, full({1}, 2.0), Tensor(), false);
+  const std::vector<uint8_t> codes = codes_of(q.data);
+  EXPECT_EQ(codes[0], 0x7E);  // 448
+  EXPECT_EQ(codes[1] & 0x7F, 0x00);
+  EXPECT_EQ(codes[2] & 0x7F, 0x00);
+  EXPECT_EQ(codes[6], 0xFE);  // -448
 }
 
 TEST(Fp8Scaling, DelayedUpdatesFollowTheWrittenRule) {

@@ -7,6 +7,8 @@
 // (status 2) that name the flag.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
@@ -112,6 +114,9 @@ TEST_F(MptScaler, ValuesNoRunCouldTakeAreUsageErrorsNamingTheFlag) {
       {"sweep --model mlp --data fortunes", "--model mlp trains on 'fashion-mnist' or a folder"},
       {"plot run.jsonl --width 10", "--width: Value 10 not in range"},
       {"replay --steps 10000000000000", "--steps: Value 10000000000000 not in range"},
+      {"fp8 --batch 10", "--batch 10 is not a multiple of 16"},
+      {"fp8 --recipe late", "--recipe: late not in"},
+      {"fp8 --histories 4,0", "--histories: must be positive, got 0"},
   };
   for (const auto& [args, message] : cases) {
     EXPECT_EQ(run(args), 2) << args << ": " << stderr_;
@@ -347,6 +352,60 @@ TEST_F(MptScaler, ASweepTrainsOnItsDataAndItsJsonHoldsConfigAndTrajectories) {
                            "growth intervals 1, 2 (steps)\" noenhanced"})
     EXPECT_NE(script.find(text), std::string::npos) << text << "\n" << script;
   if (have_gnuplot()) expect_png(read("sweep.png"), 1000, 500);
+}
+
+// The FP8 lab: a run per history length, every FP8 tensor traced step by
+// step, and delayed scaling's rule visible in the traces (with a history
+// of 1, each step's scale is the format's maximum over the previous
+// step's amax).
+TEST_F(MptScaler, AnFp8SweepTracesEveryFp8TensorStepByStep) {
+  {
+    std::ofstream text(file("notes.txt"));
+    for (int i = 0; i < 40; ++i) text << "each tensor gets its own scale from the amaxes it had before.\n";
+  }
+  const int status = run("fp8 --model gpt --data notes.txt --steps 3 --batch 16 --histories 1,2 --margins 0 "
+                         "--seed 7 --out fp8.json --plot fp8.png");
+  ASSERT_EQ(status, have_gnuplot() ? 0 : 1) << stderr_;
+  const auto doc = nlohmann::json::parse(read("fp8.json"));
+  const auto& config = doc.at("config");
+  EXPECT_EQ(config.at("model"), "gpt");
+  EXPECT_EQ(config.at("recipe"), "delayed");
+  EXPECT_EQ(config.at("histories"), nlohmann::json::array({1, 2}));
+  const auto& runs = doc.at("runs");
+  ASSERT_EQ(runs.size(), 2u);
+  for (size_t i = 0; i < runs.size(); ++i) {
+    SCOPED_TRACE(i);
+    EXPECT_EQ(runs[i].at("history_length"), i + 1);
+    EXPECT_TRUE(std::isfinite(runs[i].at("final_loss").get<double>()));
+    const auto& tensors = runs[i].at("tensors");
+    // Two blocks of four linear layers (the head stays in bf16), three
+    // tensors each.
+    ASSERT_EQ(tensors.size(), 24u);
+    for (const auto& t : tensors) {
+      SCOPED_TRACE(t.at("name").get<std::string>());
+      const std::string name = t.at("name");
+      EXPECT_TRUE(name.ends_with(".input") || name.ends_with(".weight") || name.ends_with(".grad_output"));
+      ASSERT_EQ(t.at("scale").size(), 3u);
+      for (size_t step = 0; step < 3; ++step) {
+        EXPECT_GT(t.at("amax")[step].get<double>(), 0.0);
+        EXPECT_GT(t.at("scale")[step].get<double>(), 0.0);
+        for (const char* fraction : {"saturated", "flushed"}) {
+          EXPECT_GE(t.at(fraction)[step].get<double>(), 0.0);
+          EXPECT_LE(t.at(fraction)[step].get<double>(), 1.0);
+        }
+      }
+      EXPECT_EQ(t.at("scale")[0], 1.0) << "no history yet";
+      if (i == 0) {
+        const float target = name.ends_with(".grad_output") ? 57344.0f : 448.0f;
+        EXPECT_EQ(static_cast<float>(t.at("scale")[1].get<double>()),
+                  target / static_cast<float>(t.at("amax")[0].get<double>()));
+      }
+    }
+  }
+  const std::string script = read("fp8.gp");
+  for (const char* text : {"title \"history 1, margin 0\" noenhanced", "title \"history 2, margin 0\" noenhanced",
+                           "FP8 scale (log2)", "the scale of blocks.0.qkv.grad_output"})
+    EXPECT_NE(script.find(text), std::string::npos) << text << "\n" << script;
 }
 
 }  // namespace

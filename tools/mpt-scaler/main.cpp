@@ -272,6 +272,8 @@ int main(int argc, char** argv) {
       training.autocast_dtype = dtype_from_name(dtype);
       tools::check_sweep_data(training);
       check_png_name("--plot", sweep_plot);
+    } else if (*plot) {
+      check_png_name("--out", plot_out);
     } else if (*fp8) {
       fp8_training.device = Device(fp8_device);
       check(fp8_training.batch % 16 == 0, "mpt-scaler fp8: --batch {} is not a multiple of 16 (FP8 products need one)",
