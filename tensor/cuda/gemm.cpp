@@ -141,8 +141,13 @@ std::shared_ptr<const Plan> build_plan(const PlanKey& key, cublasLtHandle_t hand
     set_layout_batch(plan->d, batch, key.stride_d);
   }
 
-  const LtPreference preference;
-  const cublasLtMatmulPreference_t pref = preference.get();
+  cublasLtMatmulPreference_t pref = nullptr;
+  MPT_CUBLASLT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  std::unique_ptr<cublasLtMatmulPreferenceOpaque_t, decltype(&cublasLtMatmulPreferenceDestroy)> pref_owner(
+      pref, &cublasLtMatmulPreferenceDestroy);
+  const uint64_t workspace = kMaxWorkspace;
+  MPT_CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
+                                                        sizeof(workspace)));
   MPT_CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &key.align_a,
                                                         sizeof(key.align_a)));
   MPT_CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &key.align_b,
@@ -241,20 +246,6 @@ cublasLtHandle_t lt_handle(int device) {
   }
   return handles[device];
 }
-
-LtPreference::LtPreference() {
-  MPT_CUBLASLT_CHECK(cublasLtMatmulPreferenceCreate(&pref_));
-  const uint64_t workspace = kMaxWorkspace;
-  try {
-    MPT_CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref_, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                          &workspace, sizeof(workspace)));
-  } catch (...) {
-    (void)cublasLtMatmulPreferenceDestroy(pref_);
-    throw;
-  }
-}
-
-LtPreference::~LtPreference() { (void)cublasLtMatmulPreferenceDestroy(pref_); }
 
 LtDescriptors::~LtDescriptors() {
   // Destroy calls only free host memory; their status is of no use here.

@@ -33,20 +33,6 @@ struct LtDescriptors {
   ~LtDescriptors();
 };
 
-// A matmul preference that allows kMaxWorkspace of workspace, destroyed
-// with it.
-class LtPreference {
- public:
-  LtPreference();
-  ~LtPreference();
-  LtPreference(const LtPreference&) = delete;
-  LtPreference& operator=(const LtPreference&) = delete;
-  cublasLtMatmulPreference_t get() const { return pref_; }
-
- private:
-  cublasLtMatmulPreference_t pref_ = nullptr;
-};
-
 // FNV-1a over a plan key's bytes: keys are zero-initialised (memset), so
 // their padding is deterministic.
 template <typename Key>

@@ -105,8 +105,13 @@ std::unique_ptr<Fp8Plan> build_plan(const Fp8PlanKey& key, cublasLtHandle_t hand
   MPT_CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&plan->b, cuda_type(key.a), key.k, key.m, key.k));
   MPT_CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&plan->d, cuda_type(key.out), key.n, key.m, key.n));
 
-  const LtPreference preference;
-  const cublasLtMatmulPreference_t pref = preference.get();
+  cublasLtMatmulPreference_t pref = nullptr;
+  MPT_CUBLASLT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  std::unique_ptr<cublasLtMatmulPreferenceOpaque_t, decltype(&cublasLtMatmulPreferenceDestroy)> pref_owner(
+      pref, &cublasLtMatmulPreferenceDestroy);
+  const uint64_t workspace = kMaxWorkspace;
+  MPT_CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
+                                                        sizeof(workspace)));
   int found = 0;
   const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(handle, plan->desc, plan->a, plan->b, plan->d, plan->d,
                                                                pref, 1, &plan->heuristic, &found);
