@@ -128,12 +128,22 @@ std::vector<std::pair<std::string, Tensor>> Fp8Scaling::state() const {
   return out;
 }
 
+namespace {
+
+using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+
+NamedTensors::const_iterator find_entry(const NamedTensors& state, const std::string& name) {
+  return std::find_if(state.begin(), state.end(), [&](const auto& e) { return e.first == name; });
+}
+
+}  // namespace
+
 void Fp8Scaling::check_state(const std::vector<std::pair<std::string, Tensor>>& state) const {
   const auto mine = this->state();
   check<ValueError>(state.size() == mine.size(), "FP8 scaling state: {} entries given, this run has {}", state.size(),
                     mine.size());
   for (const auto& [name, t] : mine) {
-    const auto it = std::find_if(state.begin(), state.end(), [&](const auto& e) { return e.first == name; });
+    const auto it = find_entry(state, name);
     check<ValueError>(it != state.end(), "FP8 scaling state: '{}' is missing", name);
     check<ValueError>(it->second.defined() && it->second.shape() == t.shape() && it->second.dtype() == t.dtype(),
                       "FP8 scaling state: '{}' is {}, this run's is {} (another model, or another history length?)",
@@ -143,10 +153,7 @@ void Fp8Scaling::check_state(const std::vector<std::pair<std::string, Tensor>>& 
 
 void Fp8Scaling::load_state(const std::vector<std::pair<std::string, Tensor>>& state) {
   check_state(state);
-  for (const auto& [name, t] : this->state()) {
-    const auto it = std::find_if(state.begin(), state.end(), [&](const auto& e) { return e.first == name; });
-    prim::copy_(t, it->second);
-  }
+  for (const auto& [name, t] : this->state()) prim::copy_(t, find_entry(state, name)->second);
 }
 
 }  // namespace mpt::amp
