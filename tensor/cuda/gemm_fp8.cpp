@@ -118,7 +118,7 @@ std::unique_ptr<Fp8Plan> build_plan(const Fp8PlanKey& key, cublasLtHandle_t hand
   // No algorithm with this epilogue: the caller runs it separately.
   if ((key.bias || key.relu) && (status == CUBLAS_STATUS_NOT_SUPPORTED || found == 0)) return nullptr;
   if (status == CUBLAS_STATUS_NOT_SUPPORTED || found == 0)
-    throw CudaError(fmt::format("gemm_fp8: cuBLASLt has no FP8 algorithm for {} [{}, {}] x {} [{}, {}]^T -> {}{}", 
+    throw CudaError(fmt::format("gemm_fp8: cuBLASLt has no FP8 algorithm for {} [{}, {}] x {} [{}, {}]^T -> {}{}",
                                 dtype_name(key.a), key.m, key.k, dtype_name(key.b), key.n, key.k,
                                 dtype_name(key.out), key.bias ? " with a bias" : ""));
   MPT_CUBLASLT_CHECK(status);
