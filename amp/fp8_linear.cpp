@@ -4,6 +4,7 @@
 
 #include "autograd/function.h"
 #include "autograd/grad_mode.h"
+#include "autograd/grad_utils.h"
 #include "autograd/ops.h"
 #include "tensor/operand_check.h"
 
@@ -11,14 +12,6 @@ namespace mpt::amp {
 namespace {
 
 thread_local bool t_fp8_enabled = false;
-
-// x [..., d] as [rows, d].
-Tensor as_rows(const Tensor& x) {
-  const int64_t d = x.shape().back();
-  int64_t rows = 1;
-  for (size_t i = 0; i + 1 < x.shape().size(); ++i) rows *= x.shape()[i];
-  return prim::reshape(x, {rows, d});
-}
 
 // The weight's FP8 copies, made again only when the weight has changed.
 void refresh_weight(Fp8LinearState& s, const Tensor& weight) {
@@ -50,14 +43,8 @@ Fp8LinearState Fp8LinearState::for_layer(std::shared_ptr<Fp8Scaling> scaling, co
 Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Fp8LinearState& state, DType out_dtype,
                   bool relu) {
   const char* op = "fp8_linear";
-  check_defined(op, x);
-  check_defined(op, weight);
+  check_linear_operands(op, x, weight, bias);
   check<ValueError>(state.scaling != nullptr, "{}: the layer has no FP8 scaling state", op);
-  check<ShapeError>(weight.dim() == 2 && x.dim() >= 1 && x.shape().back() == weight.shape()[1],
-                    "{}: input {} does not match weight {} (expected [..., {}])", op, describe(x), describe(weight),
-                    weight.dim() == 2 ? weight.shape()[1] : -1);
-  check<ShapeError>(!bias.defined() || (bias.dim() == 1 && bias.shape()[0] == weight.shape()[0]),
-                    "{}: bias {} does not match weight {}", op, describe(bias), describe(weight));
   check<DTypeError>(out_dtype == DType::bf16 || out_dtype == DType::f16, "{}: the output must be bf16 or f16, got {}",
                     op, dtype_name(out_dtype));
   const Tensor x2 = as_rows(x);

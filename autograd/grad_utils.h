@@ -1,5 +1,6 @@
 #pragma once
-// Helpers for writing backward rules.
+// Helpers for writing ops and their backward rules (in autograd/ and in
+// the layers above that add ops of their own, such as amp's fp8_linear).
 #include "tensor/ops.h"
 
 namespace mpt {
@@ -20,5 +21,13 @@ Tensor sum_to(const Tensor& g, const Shape& shape);
 // The gradient for `input` from a gradient of the (broadcast, promoted)
 // result: summed to input's shape and cast to input's dtype.
 Tensor grad_for(const Tensor& g, const TensorMeta& input);
+
+// x [..., d] as [rows, d], its leading dimensions folded into rows. Not
+// reshape(x, {-1, d}): where a size is 0 that -1 could be anything.
+Tensor as_rows(const Tensor& x);
+
+// The operand checks of a linear layer's op (`op` names it in errors):
+// x [..., in], weight [out, in], bias [out] or undefined.
+void check_linear_operands(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias);
 
 }  // namespace mpt

@@ -45,19 +45,6 @@ Tensor mean(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
   return out;
 }
 
-namespace {
-
-// x [..., d] as [rows, d], its leading dimensions folded into rows. Not
-// reshape(x, {-1, d}): where a size is 0 that -1 could be anything.
-Tensor as_rows(const Tensor& x) {
-  const int64_t d = x.shape().back();
-  int64_t rows = 1;
-  for (size_t i = 0; i + 1 < x.shape().size(); ++i) rows *= x.shape()[i];
-  return prim::reshape(x, {rows, d});
-}
-
-}  // namespace
-
 Tensor matmul(const Tensor& a, const Tensor& b) {
   if (AutocastOp ac{"matmul", {&a, &b}}) return matmul(ac[0], ac[1]);
   Tensor out = prim::matmul(a, b);
@@ -90,13 +77,7 @@ namespace {
 // The checks and the product of linear() and linear_relu(); `op` names the
 // caller in errors.
 Tensor linear_forward(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias, bool relu) {
-  check_defined(op, x);
-  check_defined(op, weight);
-  check<ShapeError>(weight.dim() == 2 && x.dim() >= 1 && x.shape().back() == weight.shape()[1],
-                    "{}: input {} does not match weight {} (expected [..., {}])", op, describe(x), describe(weight),
-                    weight.dim() == 2 ? weight.shape()[1] : -1);
-  check<ShapeError>(!bias.defined() || (bias.dim() == 1 && bias.shape()[0] == weight.shape()[0]),
-                    "{}: bias {} does not match weight {}", op, describe(bias), describe(weight));
+  check_linear_operands(op, x, weight, bias);
   Shape out_shape = x.shape();
   out_shape.back() = weight.shape()[0];
   // The bias rides in the GEMM's epilogue (prim::linear), and in backward

@@ -8,8 +8,6 @@
 namespace mpt::prim {
 namespace {
 
-TensorView view_or_none(const Tensor& t) { return t.defined() ? t.view() : TensorView{}; }
-
 bool is_half_or_float(DType t) { return t == DType::f32 || t == DType::f16 || t == DType::bf16; }
 
 // A device-held f32 scalar (a scale, its inverse, an amax) beside `like`.

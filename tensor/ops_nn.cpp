@@ -210,10 +210,6 @@ bool fused_layer_norm_available(const Tensor& x, const Tensor& weight, const Ten
   return supported;
 }
 
-namespace {
-TensorView view_or_none(const Tensor& t) { return t.defined() ? t.view() : TensorView{}; }
-}  // namespace
-
 std::vector<Tensor> layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
                                        DType out_dtype) {
   check(fused_layer_norm_available(x, weight, bias, out_dtype), "layer_norm_forward: no fused kernel for {} to {}",
