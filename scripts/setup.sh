@@ -9,6 +9,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config git   # toolchain
   libeigen3-dev                                      # CPU kernels
+  libdnnl-dev                                        # CPU products (oneDNN 2.6)
   libgloo-dev                                        # CPU collectives
   libgtest-dev libgmock-dev libbenchmark-dev         # tests and micro-benchmarks
   libcli11-dev nlohmann-json3-dev libfmt-dev         # tools, metrics, formatting

@@ -26,6 +26,8 @@ class ValueError : public Error { using Error::Error; };
 class OutOfMemoryError : public Error { using Error::Error; };
 // A failed CUDA runtime / cuBLAS / cuDNN / NCCL call.
 class CudaError : public Error { using Error::Error; };
+// A failed call into a library the CPU backend runs its kernels on (oneDNN).
+class LibraryError : public Error { using Error::Error; };
 // A file that could not be read or written, or whose contents are malformed.
 class IOError : public Error { using Error::Error; };
 // A feature that was not compiled into this build.

@@ -1,13 +1,19 @@
-// Matrix products on the CPU through Eigen. Each operand is mapped in place
-// as row- or column-major (whichever its unit stride says); 16-bit floats are
-// widened to f32, multiplied with f32 accumulation and rounded back once,
-// as cuBLAS does with CUBLAS_COMPUTE_32F.
+// Matrix products on the CPU: through oneDNN where it runs them
+// (onednn_matmul.h: f32, and bf16 where the CPU has bf16 arithmetic), else
+// through Eigen. For Eigen each operand is mapped in place as row- or
+// column-major (whichever its unit stride says). 16-bit floats that oneDNN
+// does not take as they are are widened to f32, multiplied with f32
+// accumulation (by oneDNN or Eigen) and rounded back once, as cuBLAS does
+// with CUBLAS_COMPUTE_32F.
 #include <Eigen/Core>
 #include <algorithm>
 #include <memory>
+#include <type_traits>
+#include <vector>
 
 #include "tensor/cpu/cpu_kernels.h"
 #include "tensor/cpu/cpu_threads.h"
+#include "tensor/cpu/onednn_matmul.h"
 
 namespace mpt::cpu {
 namespace {
@@ -143,8 +149,30 @@ Widened widen(const TensorView& v) {
   return w;
 }
 
+// Whether oneDNN may take the product: it computes out = a @ b (+ bias)
+// only, without alpha and beta.
+bool plain_product(const GemmArgs& g) { return g.alpha == 1.0f && g.beta == 0.0f; }
+
+// The relu epilogue on the stored result: oneDNN's relu turns NaN into 0,
+// so it runs here. Rounding to a 16-bit float keeps the sign and NaN, so
+// relu after the rounding gives what relu before it would.
+template <typename T>
+void apply_relu_stored(const GemmArgs& g) {
+  if (!g.relu) return;
+  T* out = static_cast<T*>(g.out.data);
+  const int64_t count = g.out.numel();
+  for (int64_t i = 0; i < count; ++i)
+    if (static_cast<float>(out[i]) <= 0.0f) out[i] = T(0.0f);
+}
+
 template <typename T>
 void gemm_widened(const GemmArgs& g) {
+  // bf16 operands as they are, where oneDNN has bf16 kernels for this CPU.
+  if (plain_product(g) && onednn_matmul(g.a, g.b, g.out, g.bias)) {
+    apply_relu_stored<T>(g);
+    sum_rows_of_a<float, T>(g);
+    return;
+  }
   const Widened a = widen<T>(g.a), b = widen<T>(g.b);
   // The result in f32 (row-major, as the output is); its old values are
   // read only where beta asks for them.
@@ -155,8 +183,24 @@ void gemm_widened(const GemmArgs& g) {
   GemmArgs wide = g;
   wide.a = a.view;
   wide.b = b.view;
-  gemm_native<float>(wide, a.values.get(), b.values.get(), c, a.view.strides[0], b.view.strides[0]);
-  add_bias<float, T>(g, c);
+  // oneDNN on the widened operands, with the bias widened to f32 (added
+  // before the single rounding either way).
+  TensorView c_view = g.out;
+  c_view.data = c;
+  c_view.dtype = DType::f32;
+  std::vector<float> bias_f32;
+  TensorView bias_view;
+  if (g.bias.data) {
+    const T* bias = static_cast<const T*>(g.bias.data);
+    bias_f32.assign(bias, bias + g.bias.shape[0]);
+    bias_view = g.bias;
+    bias_view.data = bias_f32.data();
+    bias_view.dtype = DType::f32;
+  }
+  if (!(plain_product(g) && onednn_matmul(a.view, b.view, c_view, bias_view))) {
+    gemm_native<float>(wide, a.values.get(), b.values.get(), c, a.view.strides[0], b.view.strides[0]);
+    add_bias<float, T>(g, c);
+  }
   apply_relu<float>(g, c);
   sum_rows_of_a<float, T>(g);
   T* out = static_cast<T*>(g.out.data);
@@ -167,6 +211,13 @@ void gemm_widened(const GemmArgs& g) {
 
 template <typename T>
 void gemm_full_precision(const GemmArgs& g) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (plain_product(g) && onednn_matmul(g.a, g.b, g.out, g.bias)) {
+      apply_relu<T>(g, static_cast<T*>(g.out.data));
+      sum_rows_of_a<T, T>(g);
+      return;
+    }
+  }
   gemm_native<T>(g, static_cast<const T*>(g.a.data), static_cast<const T*>(g.b.data), static_cast<T*>(g.out.data),
                  g.a.strides[0], g.b.strides[0]);
   add_bias<T, T>(g, static_cast<T*>(g.out.data));
