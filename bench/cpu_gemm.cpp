@@ -1,7 +1,7 @@
 // The CPU backend's matrix products on the reference models' shapes and on
 // small ones, through oneDNN and through Eigen (the same prim::matmul, with
 // oneDNN turned off for the second), f32 and bf16. What decides where
-// products go (OnednnUse::kWhereFaster, tensor/cpu/onednn_matmul.h).
+// products go (CpuOnednn::kWhereFaster, tensor/backend_settings.h).
 //
 //   build/bench/bench_cpu_gemm --benchmark_filter=mlp
 //
@@ -13,7 +13,7 @@
 #include <algorithm>
 #include <string>
 
-#include "tensor/cpu/onednn_matmul.h"
+#include "tensor/backend_settings.h"
 #include "tensor/ops.h"
 
 namespace mpt {
@@ -32,9 +32,9 @@ void product(benchmark::State& state, int64_t batch, int64_t m, int64_t k, int64
     return transposed ? prim::transpose(t, last - 1, last) : t;
   };
   const Tensor a = matrix(m, k, a_t), b = matrix(k, n, b_t);
-  cpu::set_onednn_use(onednn ? cpu::OnednnUse::kAlways : cpu::OnednnUse::kNever);
+  set_cpu_onednn(onednn ? CpuOnednn::kAlways : CpuOnednn::kNever);
   for (auto _ : state) benchmark::DoNotOptimize(prim::matmul(a, b));
-  cpu::set_onednn_use(cpu::OnednnUse::kWhereFaster);
+  set_cpu_onednn(CpuOnednn::kWhereFaster);
   state.counters["GFLOP/s"] =
       benchmark::Counter(2.0 * static_cast<double>(std::max<int64_t>(batch, 1) * m * k * n), benchmark::Counter::kIsIterationInvariantRate,
                          benchmark::Counter::kIs1000);
@@ -43,7 +43,7 @@ void product(benchmark::State& state, int64_t batch, int64_t m, int64_t k, int64
 void add(const std::string& name, int64_t batch, int64_t m, int64_t k, int64_t n, bool a_t, bool b_t) {
   for (DType dtype : {DType::f32, DType::bf16})
     for (bool onednn : {false, true}) {
-      if (onednn && !cpu::onednn_built()) continue;
+      if (onednn && !cpu_onednn_usable()) continue;
       const std::string full = name + "/" + dtype_name(dtype) + (onednn ? "/onednn" : "/eigen");
       benchmark::RegisterBenchmark(full.c_str(), [=](benchmark::State& s) { product(s, batch, m, k, n, a_t, b_t, dtype, onednn); })
           ->Unit(benchmark::kMicrosecond)->UseRealTime();

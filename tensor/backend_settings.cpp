@@ -1,6 +1,7 @@
 #include "tensor/backend_settings.h"
 
 #include "tensor/cpu/cpu_threads.h"
+#include "tensor/cpu/onednn_matmul.h"
 #include "tensor/cuda/attention_cudnn.h"
 #include "tensor/cuda/conv_cudnn.h"
 #include "tensor/cuda/gemm.h"
@@ -16,5 +17,8 @@ bool cudnn_attention() { return cuda::cudnn_attention(); }
 std::string last_attention_kernel(bool backward) { return cuda::last_attention_kernel(backward); }
 int cpu_threads() { return cpu::cpu_threads(); }
 int usable_cpus() { return cpu::usable_cpus(); }
+void set_cpu_onednn(CpuOnednn use) { cpu::set_onednn_use(use); }
+CpuOnednn cpu_onednn() { return cpu::onednn_use(); }
+bool cpu_onednn_usable(std::string* reason) { return cpu::onednn_usable(reason); }
 
 }  // namespace mpt

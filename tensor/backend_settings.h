@@ -34,4 +34,15 @@ std::string last_attention_kernel(bool backward = false);
 int cpu_threads();
 int usable_cpus();
 
+// CPU: which matrix products run on oneDNN where this build has it
+// (tensor/cpu/onednn_matmul.h says why): kWhereFaster (the default), kAlways
+// (every product oneDNN takes), kNever (Eigen runs them all). Process-wide;
+// no effect without oneDNN. cpu_onednn_usable: whether this build has
+// oneDNN and can run it here with its threads tied to the backend's (else
+// why not, in `reason`).
+enum class CpuOnednn { kNever, kWhereFaster, kAlways };
+void set_cpu_onednn(CpuOnednn use);
+CpuOnednn cpu_onednn();
+bool cpu_onednn_usable(std::string* reason = nullptr);
+
 }  // namespace mpt

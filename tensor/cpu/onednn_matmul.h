@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 
+#include "tensor/backend_settings.h"
 #include "tensor/tensor_view.h"
 
 namespace mpt::cpu {
@@ -21,8 +22,9 @@ namespace mpt::cpu {
 // kernels at run time, Eigen is built for AVX2; on AVX2 its f32 GEMM is no
 // faster than Eigen's, and half as fast on some of the MLP's shapes).
 // kAlways runs every product it takes on oneDNN (the tests' setting);
-// kNever none (measurements' baseline).
-enum class OnednnUse { kNever, kWhereFaster, kAlways };
+// kNever none (measurements' baseline). Set through set_cpu_onednn
+// (backend_settings.h) from outside tensor/.
+using OnednnUse = CpuOnednn;
 
 // Below this many multiply-adds Eigen is faster even on one thread: the
 // primitive lookup and oneDNN's memory objects cost more than its kernel
