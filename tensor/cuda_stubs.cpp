@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "tensor/cpu/host_block_cache.h"
 #include "tensor/cuda/attention_cudnn.h"
 #include "tensor/cuda/conv_cudnn.h"
 #include "tensor/cuda/gemm.h"
@@ -67,10 +68,13 @@ float Event::elapsed_ms(const Event&) const {
 
 MemoryStats memory_stats(const Device& device) {
   require_cpu(device);
-  return {};
+  return host_cache::stats();
 }
-void reset_peak_memory_stats(const Device& device) { require_cpu(device); }
-void empty_cache() {}
+void reset_peak_memory_stats(const Device& device) {
+  require_cpu(device);
+  host_cache::reset_peak();
+}
+void empty_cache() { host_cache::empty(); }
 void record_stream(void*, const Stream& stream) { require_cpu(stream.device()); }
 
 std::shared_ptr<Storage> cuda_storage(size_t, const Device& device) {

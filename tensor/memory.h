@@ -1,5 +1,6 @@
 #pragma once
-// Statistics and control of the CUDA caching allocator.
+// Statistics and control of the CUDA caching allocator and, for the CPU
+// device, of the host block cache (tensor/cpu/host_block_cache.h).
 #include <cstdint>
 
 #include "tensor/device.h"
@@ -19,7 +20,8 @@ struct MemoryStats {
 
 MemoryStats memory_stats(const Device& device);
 void reset_peak_memory_stats(const Device& device);
-// Returns every cached, unused block of every device to the driver.
+// Returns every cached, unused block of every device to the driver, and
+// the host cache's to the system.
 void empty_cache();
 // Makes the block behind `ptr` safe to reuse only after the work now queued
 // on `stream` (a stream other than the one it was allocated on) is done.

@@ -22,7 +22,7 @@ class Storage {
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
 
-  // nbytes on `device`, from the CPU aligned allocator or the CUDA caching
+  // nbytes on `device`, from the host block cache (tensor/cpu/host_block_cache.h) or the CUDA caching
   // allocator (on the device's current stream).
   static std::shared_ptr<Storage> allocate(size_t nbytes, const Device& device);
 
@@ -44,9 +44,5 @@ class Storage {
   Deleter deleter_;
   std::atomic<uint64_t> version_{0};
 };
-
-// 64-byte aligned host memory (cache lines, AVX-512 loads).
-void* cpu_allocate(size_t nbytes);
-void cpu_free(void* p);
 
 }  // namespace mpt

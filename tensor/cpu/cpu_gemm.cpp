@@ -13,6 +13,7 @@
 
 #include "tensor/cpu/cpu_kernels.h"
 #include "tensor/cpu/cpu_threads.h"
+#include "tensor/cpu/host_block_cache.h"
 #include "tensor/cpu/onednn_matmul.h"
 
 namespace mpt::cpu {
@@ -120,14 +121,14 @@ constexpr int64_t kConvertGrain = 1 << 14;
 // of the copy. A dense view keeps its layout and takes one linear pass
 // (which vectorizes); any other is gathered into row-major order.
 struct Widened {
-  std::unique_ptr<float[]> values;
+  host_cache::Buffer<float> values;
   TensorView view;
 };
 
 template <typename T>
 Widened widen(const TensorView& v) {
   const int64_t n = v.numel();
-  Widened w{std::unique_ptr<float[]>(new float[static_cast<size_t>(n)]), v};
+  Widened w{host_cache::make_buffer<float>(static_cast<size_t>(n)), v};
   w.view.data = w.values.get();
   w.view.dtype = DType::f32;
   const T* p = static_cast<const T*>(v.data);
@@ -177,8 +178,8 @@ void gemm_widened(const GemmArgs& g) {
   // The result in f32 (row-major, as the output is); its old values are
   // read only where beta asks for them.
   const int64_t count = g.out.numel();
-  const std::unique_ptr<float[]> result =
-      g.beta != 0.0f ? widen<T>(g.out).values : std::unique_ptr<float[]>(new float[static_cast<size_t>(count)]);
+  const host_cache::Buffer<float> result =
+      g.beta != 0.0f ? widen<T>(g.out).values : host_cache::make_buffer<float>(static_cast<size_t>(count));
   float* c = result.get();
   GemmArgs wide = g;
   wide.a = a.view;

@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "tensor/cpu/host_block_cache.h"
 #include "tensor/cuda/check.h"
 #include "tensor/cuda/event_pool.h"
 #include "tensor/cuda/runtime.h"
@@ -403,19 +404,20 @@ CachingAllocator& caching_allocator(int device) {
 namespace mpt {
 
 MemoryStats memory_stats(const Device& device) {
-  if (device.is_cpu()) return {};
+  if (device.is_cpu()) return host_cache::stats();
   check_device_available(device);
   const cuda::CachingAllocator* a = cuda::existing_allocator(device.index);
   return a ? a->stats() : MemoryStats{};
 }
 
 void reset_peak_memory_stats(const Device& device) {
-  if (device.is_cpu()) return;
+  if (device.is_cpu()) return host_cache::reset_peak();
   check_device_available(device);
   if (cuda::CachingAllocator* a = cuda::existing_allocator(device.index)) a->reset_peak();
 }
 
 void empty_cache() {
+  host_cache::empty();
   for (int d = 0; d < cuda::kMaxDevices; ++d)
     if (cuda::CachingAllocator* a = cuda::existing_allocator(d)) a->empty_cache();
 }
