@@ -284,11 +284,17 @@ class GlooProcessGroup : public ProcessGroup {
       const std::string text = fmt::format("Gloo {} on rank {} of {} (timeout {} ms): {}; {}", what, rank(), size(),
                                            timeout_.count(), msg, peers_at_fault(own_timeout));
       broken_ = text;
-      // Rank 0's store goes when its process ends: keep it a moment for the
-      // others to ask who left (after a timeout, the others timed out at
-      // about the same moment and have asked as long as this rank did, so
-      // a second covers the ones that started a little later).
-      linger_for_departures(*store_, rank(), size(), std::chrono::seconds(own_timeout ? 1 : 2));
+      // Rank 0's store goes when its process ends: keep it for the others
+      // to ask who left, until they have all left. After a timeout, the
+      // others timed out at about the same moment and have asked as long as
+      // this rank did, so a second covers the ones that started a little
+      // later. After a broken connection, a survivor may notice the death
+      // only at its own timeout (Gloo now and then misses a closed
+      // connection), so the store stays up to the collectives' timeout and
+      // a little more; without it, that survivor found the store gone and
+      // blamed rank 0.
+      const Millis linger = own_timeout ? Millis(1000) : timeout_ + Millis(2000);
+      linger_for_departures(*store_, rank(), size(), linger);
       if (is_timeout(msg)) throw TimeoutError(text);
       throw DistributedError(text);
     }
