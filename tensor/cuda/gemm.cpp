@@ -17,6 +17,7 @@
 // or RELU_BIAS). Where cuBLASLt has no algorithm with the epilogue, the
 // product runs plain and the epilogue as separate kernels.
 #include "tensor/cuda/gemm.h"
+#include "tensor/cuda/lt_common.h"
 
 #include <cublasLt.h>
 

@@ -1,10 +1,7 @@
 #pragma once
-// Matrix products on CUDA through cuBLASLt.
-#include <cublasLt.h>
-
-#include <cstddef>
-#include <cstdint>
-
+// Matrix products on CUDA through cuBLASLt. Included by CPU-only builds too
+// (the stubs and the settings), so it names no CUDA type: the cuBLASLt
+// internals the GEMM files share are in lt_common.h.
 #include "tensor/backend.h"
 
 namespace mpt::cuda {
@@ -21,33 +18,5 @@ void gemm(const GemmArgs& args);
 // Fp8GemmArgs as tensor/backend.h says (checked by the caller); throws
 // DeviceError on a GPU older than compute capability 8.9.
 void gemm_fp8(const Fp8GemmArgs& args);
-
-// cuBLASLt's descriptors of one problem, destroyed together.
-struct LtDescriptors {
-  cublasLtMatmulDesc_t desc = nullptr;
-  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
-
-  LtDescriptors() = default;
-  LtDescriptors(const LtDescriptors&) = delete;
-  LtDescriptors& operator=(const LtDescriptors&) = delete;
-  ~LtDescriptors();
-};
-
-// FNV-1a over a plan key's bytes: keys are zero-initialised (memset), so
-// their padding is deterministic.
-template <typename Key>
-struct KeyBytesHash {
-  size_t operator()(const Key& k) const {
-    const auto* p = reinterpret_cast<const unsigned char*>(&k);
-    uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < sizeof(Key); ++i) h = (h ^ p[i]) * 1099511628211ull;
-    return static_cast<size_t>(h);
-  }
-};
-
-// The cuBLASLt handle of a device (made at first use, kept until exit).
-cublasLtHandle_t lt_handle(int device);
-// What NVIDIA recommends for Hopper; most algorithms need far less.
-inline constexpr uint64_t kMaxWorkspace = uint64_t(32) << 20;
 
 }  // namespace mpt::cuda

@@ -25,6 +25,7 @@
 #include "tensor/cuda/check.h"
 #include "tensor/cuda/cuda_backend.h"
 #include "tensor/cuda/gemm.h"
+#include "tensor/cuda/lt_common.h"
 #include "tensor/cuda/runtime.h"
 #include "tensor/cuda_info.h"
 #include "tensor/error.h"
