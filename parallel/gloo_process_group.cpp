@@ -130,6 +130,7 @@ class GlooProcessGroup : public ProcessGroup {
     // The n-th group this rank creates meets the n-th group of the others.
     const int64_t index = store->add(fmt::format("mpt/gloo/groups_of_rank/{}", rank), 1);
     const std::string prefix = fmt::format("mpt/gloo/{}/", index);
+    scope_ = prefix;
     try {
       auto device = gloo::transport::tcp::CreateDevice(attr);
       auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
@@ -146,6 +147,10 @@ class GlooProcessGroup : public ProcessGroup {
           rank, size, attr.hostname, attr.iface, store->describe(), timeout_.count(), e.what()));
     }
   }
+
+  // Rank 0's store may be lingering for this rank after a failure: it
+  // needs no answer from it any more.
+  ~GlooProcessGroup() override { note_finished(*store_, scope_, rank()); }
 
   std::string backend_name() const override { return "gloo"; }
 
@@ -284,17 +289,18 @@ class GlooProcessGroup : public ProcessGroup {
       const std::string text = fmt::format("Gloo {} on rank {} of {} (timeout {} ms): {}; {}", what, rank(), size(),
                                            timeout_.count(), msg, peers_at_fault(own_timeout));
       broken_ = text;
+      note_finished(*store_, scope_, rank());
       // Rank 0's store goes when its process ends: keep it for the others
-      // to ask who left, until they have all left. After a timeout, the
-      // others timed out at about the same moment and have asked as long as
-      // this rank did, so a second covers the ones that started a little
-      // later. After a broken connection, a survivor may notice the death
-      // only at its own timeout (Gloo now and then misses a closed
-      // connection), so the store stays up to the collectives' timeout and
-      // a little more; without it, that survivor found the store gone and
-      // blamed rank 0.
+      // to ask who left, until each has left, asked or closed its group
+      // (note_finished). After a timeout, the others timed out at about the
+      // same moment and have asked as long as this rank did, so a second
+      // covers the ones that started a little later. After a broken
+      // connection, a survivor may notice the death only at its own timeout
+      // (Gloo now and then misses a closed connection), so the store stays
+      // up to the collectives' timeout and a little more; without that, such
+      // a survivor found the store gone and blamed rank 0.
       const Millis linger = own_timeout ? Millis(1000) : timeout_ + Millis(2000);
-      linger_for_departures(*store_, rank(), size(), linger);
+      linger_for_departures(*store_, scope_, rank(), size(), linger);
       if (is_timeout(msg)) throw TimeoutError(text);
       throw DistributedError(text);
     }
@@ -322,6 +328,7 @@ class GlooProcessGroup : public ProcessGroup {
 
   std::shared_ptr<dist::Store> store_;
   Millis timeout_;
+  std::string scope_;  // this group's keys in the store
   std::shared_ptr<gloo::Context> context_;
   uint32_t tag_ = 0;
   std::optional<std::string> broken_;  // the first failure (communication thread only)

@@ -114,6 +114,18 @@ namespace {
 
 std::string alive_key(int rank) { return fmt::format("mpt/alive/{}", rank); }
 std::string gave_up_key(int rank) { return fmt::format("mpt/gave_up/{}", rank); }
+std::string finished_key(const std::string& scope, int rank) { return fmt::format("{}finished/{}", scope, rank); }
+
+// Adds `value` to a counter of the TcpStore within `grace`; a store out of
+// reach means there is nobody to tell.
+void add_if_reachable(Store& store, const std::string& key, int64_t value, Millis grace) {
+  auto* tcp = dynamic_cast<TcpStore*>(&store);
+  if (tcp == nullptr) return;
+  try {
+    tcp->add_within(key, value, grace);
+  } catch (const std::exception&) {
+  }
+}
 
 }  // namespace
 
@@ -162,25 +174,25 @@ std::string describe_departures(Store& store, int world_size, Millis grace) {
   }
 }
 
-void note_gave_up(Store& store, int rank, Millis grace) {
-  auto* tcp = dynamic_cast<TcpStore*>(&store);
-  if (tcp == nullptr) return;
-  try {
-    tcp->add_within(gave_up_key(rank), 1, grace);
-  } catch (const std::exception&) {
-    // The store is out of reach: there is nobody to tell.
-  }
+void note_gave_up(Store& store, int rank, Millis grace) { add_if_reachable(store, gave_up_key(rank), 1, grace); }
+
+void note_finished(Store& store, const std::string& scope, int rank, Millis grace) {
+  add_if_reachable(store, finished_key(scope, rank), 1, grace);
 }
 
-void linger_for_departures(Store& store, int rank, int world_size, Millis grace) {
+void linger_for_departures(Store& store, const std::string& scope, int rank, int world_size, Millis grace) {
   auto* tcp = dynamic_cast<TcpStore*>(&store);
   if (tcp == nullptr || !tcp->hosts_server()) return;
   const auto until = std::chrono::steady_clock::now() + grace;
   try {
     while (std::chrono::steady_clock::now() < until) {
       const std::vector<int> gone = departed_ranks(store, world_size, grace);
-      if (static_cast<int>(gone.size()) >= world_size - 1)
-        return;
+      int done = 0;
+      for (int r = 0; r < world_size; ++r)
+        if (r != rank && (std::find(gone.begin(), gone.end(), r) != gone.end() ||
+                          tcp->add_within(finished_key(scope, r), 0, grace) > 0))
+          ++done;
+      if (done >= world_size - 1) return;
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
   } catch (const std::exception&) {

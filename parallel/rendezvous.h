@@ -84,9 +84,16 @@ std::string describe_departures(Store& store, int world_size, Millis grace = std
 // Waits at most `grace`; never throws.
 void note_gave_up(Store& store, int rank, Millis grace = std::chrono::seconds(2));
 
+// Records in the store that `rank` needs it no more to explain a failure of
+// the group named by `scope` (a key prefix): it has asked who left, or
+// closed its process group. Waits at most `grace`; never throws.
+void note_finished(Store& store, const std::string& scope, int rank, Millis grace = std::chrono::milliseconds(500));
+
 // After a failure on the rank whose process hosts the store: waits until
-// every other rank has left, at most `grace`, so that the others can still
-// ask the store who left first. Returns at once elsewhere.
-void linger_for_departures(Store& store, int rank, int world_size, Millis grace = std::chrono::seconds(2));
+// every other rank has left or finished (note_finished in `scope`), at
+// most `grace`, so that the others can still ask the store who left first.
+// Returns at once elsewhere.
+void linger_for_departures(Store& store, const std::string& scope, int rank, int world_size,
+                           Millis grace = std::chrono::seconds(2));
 
 }  // namespace mpt::dist
