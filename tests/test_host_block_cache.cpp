@@ -73,6 +73,12 @@ TEST_F(HostBlockCache, SizeClassesAreAtMostAnEighthOverTheRequest) {
   EXPECT_EQ(host_cache::rounded_size(100), 128u);
 }
 
+TEST_F(HostBlockCache, ARequestTooLargeToRoundIsRefused) {
+  const MemoryStats before = memory_stats(kCPU);
+  EXPECT_THROW(host_cache::allocate(~size_t{0} - 8), OutOfMemoryError);
+  EXPECT_EQ(memory_stats(kCPU).allocated_bytes, before.allocated_bytes);
+}
+
 TEST_F(HostBlockCache, TheLimitBoundsWhatIsKeptAndZeroKeepsNothing) {
   host_cache::set_limit(20 * kMiB);
   const MemoryStats before = memory_stats(kCPU);

@@ -1,13 +1,13 @@
 #include "tensor/cpu/host_block_cache.h"
 
 #include <algorithm>
-#include <bit>
 #include <cstdlib>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
 
 #include "tensor/error.h"
+#include "tensor/size_class.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #define MPT_HOST_CACHE_ASAN 1
@@ -26,20 +26,16 @@ namespace {
 
 constexpr size_t kAlign = 64;
 
-void poison(void* p, size_t n) {
 #ifdef MPT_HOST_CACHE_ASAN
-  ASAN_POISON_MEMORY_REGION(p, n);
+void poison(void* p, size_t n) { ASAN_POISON_MEMORY_REGION(p, n); }
+void unpoison(void* p, size_t n) { ASAN_UNPOISON_MEMORY_REGION(p, n); }
 #else
-  (void)p, (void)n;
+void poison(void*, size_t) {}
+void unpoison(void*, size_t) {}
 #endif
-}
 
-void unpoison(void* p, size_t n) {
-#ifdef MPT_HOST_CACHE_ASAN
-  ASAN_UNPOISON_MEMORY_REGION(p, n);
-#else
-  (void)p, (void)n;
-#endif
+[[noreturn]] void throw_out_of_memory(size_t nbytes) {
+  throw OutOfMemoryError(fmt::format("cpu: could not allocate {} bytes of host memory", nbytes));
 }
 
 size_t aligned_size(size_t nbytes) { return (std::max<size_t>(nbytes, 1) + kAlign - 1) / kAlign * kAlign; }
@@ -92,7 +88,7 @@ class Cache {
       std::lock_guard lock(mutex_);
       stats_.allocated_bytes -= size;
       stats_.reserved_bytes -= size;
-      throw OutOfMemoryError(fmt::format("cpu: could not allocate {} bytes of host memory", nbytes));
+      throw_out_of_memory(nbytes);
     }
     return p;
   }
@@ -188,19 +184,15 @@ Cache& cache() {
 }  // namespace
 
 size_t rounded_size(size_t nbytes) {
-  if (nbytes < kMinCachedBytes) return aligned_size(nbytes);
-  // Eight classes per power of two: 1 MB, 1.125 MB, ... 1.875 MB, 2 MB, 2.25 MB, ...
-  const size_t step = std::bit_floor(nbytes) / 8;
-  return (nbytes + step - 1) / step * step;
+  return nbytes < kMinCachedBytes ? aligned_size(nbytes) : eighth_power_of_two_class(nbytes);
 }
 
 void* allocate(size_t nbytes) {
-  if (nbytes < kMinCachedBytes) {
-    void* p = system_allocate(nbytes);
-    if (p == nullptr) throw OutOfMemoryError(fmt::format("cpu: could not allocate {} bytes of host memory", nbytes));
-    return p;
-  }
-  return cache().allocate(nbytes);
+  if (nbytes > kMaxAllocationRequest) throw_out_of_memory(nbytes);
+  if (nbytes >= kMinCachedBytes) return cache().allocate(nbytes);
+  void* p = system_allocate(nbytes);
+  if (p == nullptr) throw_out_of_memory(nbytes);
+  return p;
 }
 
 void release(void* p, size_t nbytes) {

@@ -2,7 +2,6 @@
 
 #include <array>
 #include <atomic>
-#include <bit>
 
 #include <fmt/format.h>
 
@@ -13,6 +12,7 @@
 #include "tensor/device_guard.h"
 #include "tensor/device_memory.h"
 #include "tensor/error.h"
+#include "tensor/size_class.h"
 #include "tensor/storage.h"
 
 namespace mpt::cuda {
@@ -20,9 +20,6 @@ namespace {
 
 constexpr size_t kMinBlock = 512;
 constexpr size_t kSmallLimit = size_t(1) << 20;
-// No device has anywhere near this; refusing early keeps the rounding
-// arithmetic clear of overflow.
-constexpr size_t kMaxRequest = size_t(1) << 62;
 
 std::string human_bytes(uint64_t n) {
   static const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
@@ -39,13 +36,12 @@ std::string human_bytes(uint64_t n) {
 
 size_t CachingAllocator::size_class(size_t nbytes) {
   if (nbytes < kSmallLimit) return nbytes <= kMinBlock ? kMinBlock : (nbytes + kMinBlock - 1) / kMinBlock * kMinBlock;
-  const size_t step = std::bit_floor(nbytes) / 8;
-  return (nbytes + step - 1) / step * step;
+  return eighth_power_of_two_class(nbytes);
 }
 
 void* CachingAllocator::allocate(size_t nbytes, cudaStream_t stream) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (nbytes > kMaxRequest) throw_out_of_memory(nbytes, nbytes);
+  if (nbytes > kMaxAllocationRequest) throw_out_of_memory(nbytes, nbytes);
   const size_t size = size_class(nbytes);
   const int pool = in_capture(stream) ? capture_pool_ : 0;
   // Event queries are not allowed while a capture is open.
