@@ -1,10 +1,12 @@
 // Tensor basics: layout, views sharing storage, host round trips, errors.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <limits>
 #include <sstream>
 
 #include "tensor/cuda_info.h"
+#include "tensor/environment.h"
 #include "tensor/gpu_timeline.h"
 #include "tensor/ops.h"
 #include "tensor/pinned.h"
@@ -254,6 +256,29 @@ TEST(CudaInfo, GpusBeforeAmpereAreNamedUnsupported) {
   }
   for (const auto& [major, minor] : {std::pair{8, 0}, std::pair{8, 6}, std::pair{8, 9}, std::pair{9, 0}, std::pair{12, 0}})
     EXPECT_EQ(cuda::unsupported_compute_capability(major, minor), "") << major << "." << minor;
+}
+
+TEST(Environment, WholeNumbersAreReadWithinTheirRangeAndAnythingElseIsNamed) {
+  const char* name = "MPT_TEST_WHOLE_NUMBER";
+  ::unsetenv(name);
+  EXPECT_EQ(whole_number_from_environment(name, 0, 10), std::nullopt);
+  ::setenv(name, "", 1);
+  EXPECT_EQ(whole_number_from_environment(name, 0, 10), std::nullopt);
+  ::setenv(name, "7", 1);
+  EXPECT_EQ(whole_number_from_environment(name, 0, 10), 7);
+  ::setenv(name, "0", 1);
+  EXPECT_EQ(whole_number_from_environment(name, 0, 10), 0);
+  for (const char* bad : {"11", "-1", "7x", "many"}) {
+    ::setenv(name, bad, 1);
+    try {
+      whole_number_from_environment(name, 0, 10);
+      ADD_FAILURE() << bad << " was taken";
+    } catch (const ValueError& e) {
+      EXPECT_EQ(std::string(e.what()),
+                std::string("MPT_TEST_WHOLE_NUMBER must be a whole number from 0 to 10, got '") + bad + "'");
+    }
+  }
+  ::unsetenv(name);
 }
 
 }  // namespace

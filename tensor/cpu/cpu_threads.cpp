@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
-#include <cstdlib>
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -14,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "tensor/environment.h"
 #include "tensor/error.h"
 
 namespace mpt::cpu {
@@ -27,13 +27,7 @@ int usable_cpus() {
 namespace {
 
 int threads_from_environment() {
-  if (const char* text = std::getenv("MPT_CPU_THREADS"); text != nullptr && *text != '\0') {
-    char* end = nullptr;
-    const long n = std::strtol(text, &end, 10);
-    check(*end == '\0' && n >= 1 && n <= 1024, "MPT_CPU_THREADS must be a whole number from 1 to 1024, got '{}'",
-          text);
-    return static_cast<int>(n);
-  }
+  if (const auto n = whole_number_from_environment("MPT_CPU_THREADS", 1, 1024)) return static_cast<int>(*n);
   return usable_cpus();
 }
 

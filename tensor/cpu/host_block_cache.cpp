@@ -6,6 +6,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "tensor/environment.h"
 #include "tensor/error.h"
 #include "tensor/size_class.h"
 
@@ -50,13 +51,8 @@ size_t limit_from_environment() {
 #else
   constexpr size_t kDefaultMb = 4096;
 #endif
-  const char* text = std::getenv("MPT_CPU_CACHE_MB");
-  if (text == nullptr || *text == '\0') return kDefaultMb << 20;
-  char* end = nullptr;
-  const long long mb = std::strtoll(text, &end, 10);
-  check(*end == '\0' && mb >= 0 && mb <= (1LL << 30), "MPT_CPU_CACHE_MB must be a whole number of megabytes (0 turns "
-        "the host cache off), got '{}'", text);
-  return static_cast<size_t>(mb) << 20;
+  const auto mb = whole_number_from_environment("MPT_CPU_CACHE_MB", 0, 1LL << 30);
+  return static_cast<size_t>(mb.value_or(kDefaultMb)) << 20;
 }
 
 class Cache {
