@@ -1,5 +1,6 @@
 #include "tensor/backend_settings.h"
 
+#include "tensor/cpu/cpu_kernels.h"
 #include "tensor/cpu/cpu_threads.h"
 #include "tensor/cpu/onednn_matmul.h"
 #include "tensor/cuda/attention_cudnn.h"
@@ -20,5 +21,7 @@ int usable_cpus() { return cpu::usable_cpus(); }
 void set_cpu_onednn(CpuOnednn use) { cpu::set_onednn_use(use); }
 CpuOnednn cpu_onednn() { return cpu::onednn_use(); }
 bool cpu_onednn_usable(std::string* reason) { return cpu::onednn_usable(reason); }
+void set_cpu_fused_kernels(bool on) { cpu::set_fused_kernels(on); }
+bool cpu_fused_kernels() { return cpu::fused_kernels(); }
 
 }  // namespace mpt

@@ -200,7 +200,7 @@ Tensor max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const 
 }
 
 bool fused_layer_norm_available(const Tensor& x, const Tensor& weight, const Tensor& bias, DType out_dtype) {
-  if (!x.defined() || x.dim() < 1 || !x.device().is_cuda()) return false;
+  if (!x.defined() || x.dim() < 1) return false;
   for (const Tensor* p : {&weight, &bias})
     if (p->defined() && (p->dtype() != x.dtype() || p->device() != x.device() || p->shape() != Shape{x.shape().back()}))
       return false;
@@ -318,7 +318,7 @@ std::vector<Tensor> batch_norm_backward(const Tensor& grad_out, const Tensor& x,
 }
 
 bool fused_cross_entropy_available(const Tensor& logits) {
-  if (!logits.defined() || logits.dim() != 2 || !logits.device().is_cuda()) return false;
+  if (!logits.defined() || logits.dim() != 2) return false;
   bool supported = false;
   on_device(logits.device(), [&](Backend& b) { supported = b.fused_cross_entropy_supported(logits.dtype()); });
   return supported;

@@ -2,6 +2,7 @@
 // arithmetic in cpu_elementwise.cpp, cpu_reduce.cpp and cpu_gemm.cpp.
 #include "tensor/cpu/cpu_backend.h"
 
+#include <atomic>
 #include <cstring>
 
 #include "tensor/cpu/cpu_kernels.h"
@@ -135,12 +136,46 @@ class CpuBackend final : public Backend {
                            const Pool2dParams&) override {
     cpu::max_pool2d_backward(grad_x, grad_out, indices);
   }
+  // Fused layer norm and cross-entropy: f64 is left to the composed path
+  // (cpu_kernels.h says why), as is everything while they are switched off.
+  bool fused_layer_norm_supported(DType dtype, DType out_dtype, int64_t d) const override {
+    return cpu::fused_kernels() && cpu::fused_layer_norm_supported(dtype, out_dtype, d);
+  }
+  void layer_norm_forward(const TensorView& out, const TensorView& mean, const TensorView& rstd, const TensorView& x,
+                          const TensorView& weight, const TensorView& bias, double eps) override {
+    cpu::layer_norm_forward(out, mean, rstd, x, weight, bias, eps);
+  }
+  void layer_norm_backward(const TensorView& grad_x, const TensorView& grad_weight, const TensorView& grad_bias,
+                           const TensorView& grad_out, const TensorView& grad_x_more, const TensorView& x,
+                           const TensorView& weight, const TensorView& mean, const TensorView& rstd) override {
+    cpu::layer_norm_backward(grad_x, grad_weight, grad_bias, grad_out, grad_x_more, x, weight, mean, rstd);
+  }
+  bool fused_cross_entropy_supported(DType dtype) const override {
+    return cpu::fused_kernels() && cpu::fused_cross_entropy_supported(dtype);
+  }
+  void cross_entropy_forward(const TensorView& loss, const TensorView& lse, const TensorView& valid,
+                             const TensorView& logits, const TensorView& target, int64_t ignore_index) override {
+    cpu::cross_entropy_forward(loss, lse, valid, logits, target, ignore_index);
+  }
+  void cross_entropy_backward(const TensorView& grad, const TensorView& logits, const TensorView& target,
+                              const TensorView& lse, const TensorView& row_scale) override {
+    cpu::cross_entropy_backward(grad, logits, target, lse, row_scale);
+  }
   void quantize_fp8(const Fp8QuantizeArgs& args) override { cpu::quantize_fp8(args); }
   void gemm_fp8(const Fp8GemmArgs& args) override { cpu::gemm_fp8(args); }
   void amax_into(const TensorView& amax, const TensorView& in) override { cpu::amax_into(amax, in); }
 };
 
+// Read by every *_supported call, so relaxed atomic loads: a program sets it
+// between steps (a benchmark, say), not while ops run.
+std::atomic<bool> fused_kernels_on{true};
+
 }  // namespace
+
+namespace cpu {
+void set_fused_kernels(bool on) { fused_kernels_on.store(on, std::memory_order_relaxed); }
+bool fused_kernels() { return fused_kernels_on.load(std::memory_order_relaxed); }
+}  // namespace cpu
 
 Backend& cpu_backend() {
   static CpuBackend backend;

@@ -41,16 +41,6 @@ uint32_t abs_max_bits(const T* in, int64_t n) {
   return m;
 }
 
-template <typename F>
-void dispatch_half_or_float(DType t, const char* op, F&& f) {
-  switch (t) {
-    case DType::f32: return f(float{});
-    case DType::f16: return f(Half{});
-    case DType::bf16: return f(BFloat16{});
-    default: throw DTypeError(fmt::format("{}: dtype {} is not supported (f32, f16, bf16)", op, dtype_name(t)));
-  }
-}
-
 // A contiguous f32 [1, rows, cols] view of host memory, for cpu::gemm.
 TensorView matrix_view(float* p, int64_t rows, int64_t cols) {
   TensorView v;

@@ -51,6 +51,17 @@ inline void dispatch_float(DType t, const char* op, F&& f) {
   }
 }
 
+// Calls f(T{}) for the 16-bit floats and f32 (the fused kernels' dtypes).
+template <typename F>
+inline void dispatch_half_or_float(DType t, const char* op, F&& f) {
+  switch (t) {
+    case DType::f32: return f(float{});
+    case DType::f16: return f(Half{});
+    case DType::bf16: return f(BFloat16{});
+    default: throw DTypeError(fmt::format("{}: dtype {} is not supported (f32, f16, bf16)", op, dtype_name(t)));
+  }
+}
+
 using mpt::dispatch_all;
 
 // Visits every innermost row of `shape`, handing the row's starting
@@ -117,5 +128,24 @@ void max_pool2d_backward(const TensorView& grad_x, const TensorView& grad_out, c
 void quantize_fp8(const Fp8QuantizeArgs& args);
 void gemm_fp8(const Fp8GemmArgs& args);
 void amax_into(const TensorView& amax, const TensorView& in);
+// Fused layer norm (cpu_layer_norm.cpp) and softmax cross-entropy
+// (cpu_cross_entropy.cpp): the Backend methods' contracts, for f32, f16
+// and bf16 (f64 takes the composed path, whose math the gradient checks
+// hold to finite differences).
+bool fused_layer_norm_supported(DType dtype, DType out_dtype, int64_t d);
+void layer_norm_forward(const TensorView& out, const TensorView& mean, const TensorView& rstd, const TensorView& x,
+                        const TensorView& weight, const TensorView& bias, double eps);
+void layer_norm_backward(const TensorView& grad_x, const TensorView& grad_weight, const TensorView& grad_bias,
+                         const TensorView& grad_out, const TensorView& grad_x_more, const TensorView& x,
+                         const TensorView& weight, const TensorView& mean, const TensorView& rstd);
+bool fused_cross_entropy_supported(DType dtype);
+void cross_entropy_forward(const TensorView& loss, const TensorView& lse, const TensorView& valid,
+                           const TensorView& logits, const TensorView& target, int64_t ignore_index);
+void cross_entropy_backward(const TensorView& grad, const TensorView& logits, const TensorView& target,
+                            const TensorView& lse, const TensorView& row_scale);
+// Whether the backend offers the fused layer norm and cross-entropy
+// (set_cpu_fused_kernels in tensor/backend_settings.h; on by default).
+void set_fused_kernels(bool on);
+bool fused_kernels();
 
 }  // namespace mpt::cpu
