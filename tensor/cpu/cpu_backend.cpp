@@ -164,6 +164,17 @@ class CpuBackend final : public Backend {
   void quantize_fp8(const Fp8QuantizeArgs& args) override { cpu::quantize_fp8(args); }
   void gemm_fp8(const Fp8GemmArgs& args) override { cpu::gemm_fp8(args); }
   void amax_into(const TensorView& amax, const TensorView& in) override { cpu::amax_into(amax, in); }
+  bool fused_attention_supported(DType dtype, int64_t) const override { return cpu::attention_supported(dtype); }
+  void attention_forward(const TensorView& out, const TensorView& lse, const TensorView& q, const TensorView& k,
+                         const TensorView& v, bool causal, double scale) override {
+    cpu::attention_forward(out, lse, q, k, v, causal, scale);
+  }
+  void attention_backward(const TensorView& grad_q, const TensorView& grad_k, const TensorView& grad_v,
+                          const TensorView& delta, const TensorView& q, const TensorView& k, const TensorView& v,
+                          const TensorView& out, const TensorView& lse, const TensorView& grad_out, bool causal,
+                          double scale) override {
+    cpu::attention_backward(grad_q, grad_k, grad_v, delta, q, k, v, out, lse, grad_out, causal, scale);
+  }
 };
 
 // Read by every *_supported call, so relaxed atomic loads: a program sets it

@@ -147,5 +147,14 @@ void cross_entropy_backward(const TensorView& grad, const TensorView& logits, co
 // (set_cpu_fused_kernels in tensor/backend_settings.h; on by default).
 void set_fused_kernels(bool on);
 bool fused_kernels();
+// Fused attention (cpu_attention.cpp): Backend::attention_forward's and
+// attention_backward's contracts, for f32, f16 and bf16.
+bool attention_supported(DType dtype);
+void attention_forward(const TensorView& out, const TensorView& lse, const TensorView& q, const TensorView& k,
+                       const TensorView& v, bool causal, double scale);
+void attention_backward(const TensorView& grad_q, const TensorView& grad_k, const TensorView& grad_v,
+                        const TensorView& delta, const TensorView& q, const TensorView& k, const TensorView& v,
+                        const TensorView& out, const TensorView& lse, const TensorView& grad_out, bool causal,
+                        double scale);
 
 }  // namespace mpt::cpu
