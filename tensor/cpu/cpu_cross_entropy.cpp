@@ -49,15 +49,19 @@ void forward_typed(int64_t rows, int64_t classes, float* loss, float* lse, float
                    const int64_t* target, int64_t ignore_index) {
   parallel_for(rows, 1, units_for_work(kMinElementsPerPiece, classes), [&](int64_t begin, int64_t end) {
     std::vector<float> buf(std::is_same_v<T, float> ? 0 : static_cast<size_t>(classes));
+    std::vector<float> exps(static_cast<size_t>(classes));
     for (int64_t row = begin; row < end; ++row) {
       const float* x = widen_row(logits + row * classes, classes, buf.data());
-      // A NaN does not win the maximum (the comparison is false) but makes
-      // the sum NaN, and with it the loss: what a loss scaler looks for.
-      float m = -kInf;
-      for (int64_t i = 0; i < classes; ++i) m = x[i] > m ? x[i] : m;
+      // A NaN does not win the maximum but makes the sum NaN, and with it
+      // the loss: what a loss scaler looks for.
+      const float m = row_max(x, classes);
+      // The exponentials in a loop of their own: a call inside the sum's
+      // loop would make it keep its partial sums in memory across calls.
+      float* e = exps.data();
+      for (int64_t i = 0; i < classes; ++i) e[i] = std::exp(x[i] - m);
       // A -inf logit adds nothing, even where the maximum is -inf too
       // (where -inf - -inf would be NaN).
-      const float s = row_sum(classes, [x, m](int64_t i) { return x[i] == -kInf ? 0.0f : std::exp(x[i] - m); });
+      const float s = row_sum(classes, [x, e](int64_t i) { return x[i] == -kInf ? 0.0f : e[i]; });
       const float row_lse = m + std::log(s);
       const int64_t t = target[row];
       const bool counts = t != ignore_index;

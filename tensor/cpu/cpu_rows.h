@@ -5,6 +5,7 @@
 // so that the loops over it are plain f32 loops the compiler vectorizes.
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <type_traits>
 
 #include "tensor/half.h"
@@ -54,6 +55,22 @@ float row_sum(int64_t n, Term&& term) {
     total += static_cast<double>(((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7])));
   }
   return static_cast<float>(total);
+}
+
+// The largest of x[0..n) (n >= 1) in eight interleaved running maxima, so
+// that the loop vectorizes. A NaN never wins (the comparison is false);
+// -inf where every element is NaN or -inf.
+inline float row_max(const float* x, int64_t n) {
+  constexpr int64_t kLanes = 8;
+  float lane[kLanes];
+  for (float& l : lane) l = -std::numeric_limits<float>::infinity();
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes)
+    for (int64_t l = 0; l < kLanes; ++l) lane[l] = x[j + l] > lane[l] ? x[j + l] : lane[l];
+  for (int64_t l = 0; j < n; ++j, ++l) lane[l] = x[j] > lane[l] ? x[j] : lane[l];
+  float m = lane[0];
+  for (int64_t l = 1; l < kLanes; ++l) m = lane[l] > m ? lane[l] : m;
+  return m;
 }
 
 }  // namespace mpt::cpu
