@@ -45,10 +45,10 @@ void set_cpu_onednn(CpuOnednn use);
 CpuOnednn cpu_onednn();
 bool cpu_onednn_usable(std::string* reason = nullptr);
 
-// CPU: the fused layer norm and softmax cross-entropy kernels for f32, f16
-// and bf16 (on by default; off, autograd composes both from element-wise
-// ops and reductions, as it always does for f64). Process-wide, for
-// measuring one against the other.
+// CPU: the fused layer norm, softmax cross-entropy and attention kernels
+// for f32, f16 and bf16 (on by default; off, autograd composes them from
+// element-wise ops, reductions and products, as it always does for f64).
+// Process-wide, for measuring one against the other.
 void set_cpu_fused_kernels(bool on);
 bool cpu_fused_kernels();
 

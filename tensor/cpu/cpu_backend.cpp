@@ -164,7 +164,9 @@ class CpuBackend final : public Backend {
   void quantize_fp8(const Fp8QuantizeArgs& args) override { cpu::quantize_fp8(args); }
   void gemm_fp8(const Fp8GemmArgs& args) override { cpu::gemm_fp8(args); }
   void amax_into(const TensorView& amax, const TensorView& in) override { cpu::amax_into(amax, in); }
-  bool fused_attention_supported(DType dtype, int64_t) const override { return cpu::attention_supported(dtype); }
+  bool fused_attention_supported(DType dtype, int64_t) const override {
+    return cpu::fused_kernels() && cpu::attention_supported(dtype);
+  }
   void attention_forward(const TensorView& out, const TensorView& lse, const TensorView& q, const TensorView& k,
                          const TensorView& v, bool causal, double scale) override {
     cpu::attention_forward(out, lse, q, k, v, causal, scale);

@@ -143,7 +143,7 @@ void cross_entropy_forward(const TensorView& loss, const TensorView& lse, const 
                            const TensorView& logits, const TensorView& target, int64_t ignore_index);
 void cross_entropy_backward(const TensorView& grad, const TensorView& logits, const TensorView& target,
                             const TensorView& lse, const TensorView& row_scale);
-// Whether the backend offers the fused layer norm and cross-entropy
+// Whether the backend offers the fused layer norm, cross-entropy and attention
 // (set_cpu_fused_kernels in tensor/backend_settings.h; on by default).
 void set_fused_kernels(bool on);
 bool fused_kernels();
