@@ -17,7 +17,8 @@ void check_index_range(const char* op, const Tensor& indices, int64_t bound, std
   }
   for (int64_t v : indices.to_vector<int64_t>()) {
     if (ignore && v == *ignore) continue;
-    check(v >= 0 && v < bound, "{}: index {} is out of range [0, {}){}", op, v, bound,
+    if (v >= 0 && v < bound) continue;  // the message is made only for a failure
+    check(false, "{}: index {} is out of range [0, {}){}", op, v, bound,
           ignore ? fmt::format(" (ignore_index is {})", *ignore) : std::string());
   }
 }

@@ -92,17 +92,29 @@ void apply_relu(const GemmArgs& g, Acc* out) {
 // in double: over a batch of millions of rows an f32 running sum drifts
 // (as prim::sum's blocks avoid), and the bias gradient would then depend
 // on whether the weight wants one too.
+//
+// a is usually the transposed view of the output gradient (a weight
+// gradient's dY^T), whose rows are strided: walked row by row, each sum
+// would step across the whole gradient once (a cache miss an element). So
+// each thread takes a range of rows and walks k in the outer loop, reading
+// stretches of the gradient's own rows; every sum still adds its elements
+// in order of k, so the result is the same either way.
 template <typename Acc, typename T>
 void sum_rows_of_a(const GemmArgs& g) {
   if (!g.bias_grad.data) return;
   const T* a = static_cast<const T*>(g.a.data);
   T* sums = static_cast<T*>(g.bias_grad.data);
-  for (int64_t i = 0; i < g.a.shape[1]; ++i) {
-    double acc = 0;
-    for (int64_t k = 0; k < g.a.shape[2]; ++k)
-      acc += static_cast<double>(static_cast<Acc>(a[i * g.a.strides[1] + k * g.a.strides[2]]));
-    sums[i] = static_cast<T>(static_cast<Acc>(acc));
-  }
+  const int64_t rows = g.a.shape[1], ks = g.a.shape[2], row_stride = g.a.strides[1], k_stride = g.a.strides[2];
+  constexpr int64_t kRowGrain = 64;
+  parallel_for(rows, kRowGrain, units_for_work(int64_t{1} << 20, kRowGrain * ks), [&](int64_t begin, int64_t end) {
+    std::vector<double> acc(static_cast<size_t>(end - begin), 0.0);
+    for (int64_t k = 0; k < ks; ++k) {
+      const T* column = a + k * k_stride;
+      for (int64_t i = begin; i < end; ++i)
+        acc[i - begin] += static_cast<double>(static_cast<Acc>(column[i * row_stride]));
+    }
+    for (int64_t i = begin; i < end; ++i) sums[i] = static_cast<T>(static_cast<Acc>(acc[i - begin]));
+  });
 }
 
 // Whether a [batch, rows, cols] view's matrices are dense blocks (row- or
