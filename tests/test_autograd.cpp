@@ -23,6 +23,7 @@ namespace mpt {
 namespace {
 
 using testing::expect_gradients_match;
+using testing::round_to;
 using testing::host_f64;
 using testing::layer_norm_ref;
 using testing::LayerNormRef;
@@ -473,16 +474,6 @@ TEST(AutogradForward, SixteenBitSoftmaxStaysWithinAFewUlpsOfF64) {
 }
 
 // ---- layer norm against its definition in f64 ----------------------------------------
-
-// v rounded to dt (f32, f16 or bf16; anything else as is).
-double round_to(double v, DType dt) {
-  switch (dt) {
-    case DType::f32: return static_cast<float>(v);
-    case DType::f16: return static_cast<float>(Half(v));
-    case DType::bf16: return static_cast<float>(BFloat16(v));
-    default: return v;
-  }
-}
 
 // Each value of `got` (a norm computed in f32 and rounded once to dt) is the
 // exact norm rounded to dt, or the value of dt on its other side where the

@@ -29,6 +29,7 @@ namespace mpt {
 namespace {
 
 using testing::host_f64;
+using testing::round_to;
 using testing::layer_norm_ref;
 using testing::LayerNormRef;
 using testing::rel_error;
@@ -41,15 +42,6 @@ double unit_roundoff(DType dt) {
     case DType::f16: return std::ldexp(1.0, -11);
     case DType::f32: return std::ldexp(1.0, -24);
     default: return 0;
-  }
-}
-
-double round_to(double v, DType dt) {
-  switch (dt) {
-    case DType::f32: return static_cast<float>(v);
-    case DType::f16: return static_cast<float>(Half(v));
-    case DType::bf16: return static_cast<float>(BFloat16(v));
-    default: return v;
   }
 }
 

@@ -10,6 +10,7 @@
 #include <random>
 #include <vector>
 
+#include "tensor/half.h"
 #include "tensor/ops.h"
 
 namespace mpt::testing {
@@ -78,6 +79,16 @@ inline void expect_contains(const std::string& s, const std::vector<std::string>
 }
 
 inline std::vector<double> host_f64(const Tensor& t) { return t.to_vector<double>(); }
+
+// v rounded to dt (f32, f16 or bf16; anything else as is).
+inline double round_to(double v, DType dt) {
+  switch (dt) {
+    case DType::f32: return static_cast<float>(v);
+    case DType::f16: return static_cast<float>(Half(v));
+    case DType::bf16: return static_cast<float>(BFloat16(v));
+    default: return v;
+  }
+}
 
 // Every element finite; else which is not. rel_error below passes NaN
 // against NaN, so a check whose values must be finite asserts this too.

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "tensor/cpu/cpu_kernels.h"
+#include "tensor/cpu/cpu_rows.h"
 #include "tensor/cpu/cpu_threads.h"
 #include "tensor/cpu/fast_math.h"
 
@@ -32,20 +33,9 @@ using ConstBlock = Eigen::Map<const Matrix>;
 // within a core's L2 cache beside the block's share of k and v.
 constexpr int64_t kQueryBlock = 64;
 
-// Sums and maxima over 8 lanes: a loop the compiler vectorises without
-// reordering a single running sum (which it may not do for floats).
+// Sums over 8 lanes: a loop the compiler vectorises without reordering a
+// single running sum (which it may not do for floats).
 constexpr int kLanes = 8;
-
-float lane_max(const float* x, int64_t n) {
-  float m[kLanes];
-  std::fill(m, m + kLanes, -std::numeric_limits<float>::infinity());
-  int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes)
-    for (int l = 0; l < kLanes; ++l) m[l] = x[j + l] > m[l] ? x[j + l] : m[l];
-  float out = *std::max_element(m, m + kLanes);
-  for (; j < n; ++j) out = x[j] > out ? x[j] : out;
-  return out;
-}
 
 // x[j] = exp(x[j] - shift) for j < n, returning their sum.
 float exp_shifted_sum(float* x, int64_t n, float shift) {
@@ -148,7 +138,7 @@ void forward_typed(const TensorView& out, const TensorView& lse, const TensorVie
       for (int64_t r = 0; r < rows; ++r) {
         float* row = s.scores.data() + r * keys;
         const int64_t seen = p.keys_seen(i0 + r);
-        const float max = lane_max(row, seen);
+        const float max = row_max(row, seen);
         const float sum = exp_shifted_sum(row, seen, max);
         const float inverse = 1.0f / sum;
         for (int64_t j = 0; j < seen; ++j) row[j] *= inverse;

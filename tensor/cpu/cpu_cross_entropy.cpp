@@ -102,7 +102,10 @@ bool fused_cross_entropy_supported(DType dtype) {
 
 void cross_entropy_forward(const TensorView& loss, const TensorView& lse, const TensorView& valid,
                            const TensorView& logits, const TensorView& target, int64_t ignore_index) {
-  const auto [rows, classes] = check_operands("cross_entropy", logits, target, lse);
+  // Named copies, not a structured binding: the lambda below captures them
+  // (which clang 14, the sanitizer build's compiler, does not allow).
+  const std::pair<int64_t, int64_t> shape = check_operands("cross_entropy", logits, target, lse);
+  const int64_t rows = shape.first, classes = shape.second;
   for (const TensorView* t : {&loss, &valid})
     check<ShapeError>(t->dtype == DType::f32 && t->numel() == rows && t->is_contiguous(),
                       "CPU cross_entropy: loss and valid must be contiguous f32 [{}], got {} {}", rows,
@@ -117,7 +120,8 @@ void cross_entropy_forward(const TensorView& loss, const TensorView& lse, const 
 
 void cross_entropy_backward(const TensorView& grad, const TensorView& logits, const TensorView& target,
                             const TensorView& lse, const TensorView& row_scale) {
-  const auto [rows, classes] = check_operands("cross_entropy backward", logits, target, lse);
+  const std::pair<int64_t, int64_t> shape = check_operands("cross_entropy backward", logits, target, lse);
+  const int64_t rows = shape.first, classes = shape.second;
   check<ShapeError>(grad.dtype == logits.dtype && grad.numel() == logits.numel() && grad.is_contiguous(),
                     "CPU cross_entropy backward: gradient {} {} does not match logits {} {}", dtype_name(grad.dtype),
                     shape_of(grad), dtype_name(logits.dtype), shape_of(logits));

@@ -23,7 +23,9 @@ namespace mpt::cpu {
 MPT_FAST_MATH_INLINE float exp_f32(float x) {
   constexpr float kLog2e = 1.44269504088896341f;
   constexpr float kLn2High = 0.693359375f, kLn2Low = -2.12194440e-4f;
-  const float xc = x < -104.0f ? -104.0f : (x > 88.8f ? 88.8f : x);
+  // NaN goes through as 0 (its integer conversion below would be undefined)
+  // and comes back at the end.
+  const float xc = x < -104.0f ? -104.0f : (x > 88.8f ? 88.8f : (x == x ? x : 0.0f));
   const float n = std::floor(xc * kLog2e + 0.5f);
   const float r = xc - n * kLn2High - n * kLn2Low;
   float p = 1.9875691500e-4f;
