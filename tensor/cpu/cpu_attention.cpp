@@ -9,12 +9,11 @@
 //
 // The backward pass recomputes each block's probabilities from the forward's
 // log-sum-exp, as flash attention does on a GPU, instead of keeping them.
-// Blocks of queries that a causal mask hides every key of are never touched:
-// about half the products of a square causal attention.
+// Keys that a causal mask hides from a whole block of queries are never
+// touched: about half the products of a square causal attention.
 #include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <vector>
 
 #include "tensor/cpu/cpu_kernels.h"
