@@ -32,26 +32,11 @@ using ConstBlock = Eigen::Map<const Matrix>;
 // within a core's L2 cache beside the block's share of k and v.
 constexpr int64_t kQueryBlock = 64;
 
-// Sums over 8 lanes: a loop the compiler vectorises without reordering a
-// single running sum (which it may not do for floats).
-constexpr int kLanes = 8;
-
-// x[j] = exp(x[j] - shift) for j < n, returning their sum.
+// x[j] = exp(x[j] - shift) for j < n, returning their sum (the
+// exponentials in a loop of their own, so that both loops vectorise).
 float exp_shifted_sum(float* x, int64_t n, float shift) {
-  float s[kLanes] = {};
-  int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes)
-    for (int l = 0; l < kLanes; ++l) {
-      x[j + l] = exp_f32(x[j + l] - shift);
-      s[l] += x[j + l];
-    }
-  float out = 0.0f;
-  for (int l = 0; l < kLanes; ++l) out += s[l];
-  for (; j < n; ++j) {
-    x[j] = exp_f32(x[j] - shift);
-    out += x[j];
-  }
-  return out;
+  for (int64_t j = 0; j < n; ++j) x[j] = exp_f32(x[j] - shift);
+  return row_sum(n, [x](int64_t j) { return x[j]; });
 }
 
 // One [B, H, T, D] view's (b, h) slice: row i at row(i).
