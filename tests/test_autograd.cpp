@@ -689,13 +689,14 @@ TEST(AutogradForward, MaxPool2dMatchesNaiveLoops) {
 // A batch large enough that the CPU shares its images (convolution) and
 // planes (pooling) out over threads: the forward results and, through
 // backward of sum(y * r), the gradients of input and weight against naive
-// f64 loops (the weight's gradient sums every thread's images). On one CPU
-// nothing is split and the same checks hold.
+// f64 loops (the weight's gradient sums every thread's images). 50 images
+// of 16x16 make 13 groups of 4 side by side in one product (cpu_conv.cpp),
+// the last of 2. On one CPU nothing is split and the same checks hold.
 TEST(AutogradForward, ConvolutionAndPoolingSplitOverThreadsMatchNaiveLoops) {
   const uint64_t seed = testing::fresh_seed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   Generator gen(seed);
-  const int64_t N = 48, C = 8, H = 16, W = 16, O = 16, K = 3;
+  const int64_t N = 50, C = 8, H = 16, W = 16, O = 16, K = 3;
   const Conv2dParams p{.pad_h = 1, .pad_w = 1};
   Tensor x = randn({N, C, H, W}, DType::f32, kCPU, &gen).set_requires_grad(true);
   Tensor w = randn({O, C, K, K}, DType::f32, kCPU, &gen).set_requires_grad(true);

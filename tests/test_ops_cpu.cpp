@@ -506,31 +506,36 @@ TEST_F(OpsCpu, MaxPool2dPicksTheFirstMaximumAndNaN) {
     for (DType dt : {DType::f32, DType::bf16}) {
       SCOPED_TRACE(fmt::format("{} kernel {}x{} stride ({}, {}) pad ({}, {})", dtype_name(dt), p.kernel_h, p.kernel_w,
                                p.stride_h, p.stride_w, p.pad_h, p.pad_w));
-      const int64_t planes = 96 * 16, h = 13, w = 14;
-      std::vector<double> xv = small_integers({planes, h, w});
-      for (size_t i = 5; i < xv.size(); i += 613) xv[i] = NAN;
-      const Tensor x = from_vector(xv, {96, 16, h, w}, dt);
-      const auto [out, indices] = prim::max_pool2d(x, p);
-      const int64_t ho = out.shape()[2], wo = out.shape()[3];
-      const std::vector<double> got = host_f64(out);
-      const std::vector<int64_t> got_at = indices.to_vector<int64_t>();
-      for (int64_t pl = 0; pl < planes; ++pl)
-        for (int64_t oy = 0; oy < ho; ++oy)
-          for (int64_t ox = 0; ox < wo; ++ox) {
-            int64_t best = -1;
-            for (int64_t ky = 0; ky < p.kernel_h; ++ky)
-              for (int64_t kx = 0; kx < p.kernel_w; ++kx) {
-                const int64_t y = oy * p.stride_h - p.pad_h + ky, xx = ox * p.stride_w - p.pad_w + kx;
-                if (y < 0 || y >= h || xx < 0 || xx >= w) continue;
-                const double v = xv[static_cast<size_t>(pl * h * w + y * w + xx)];
-                const double b = best < 0 ? 0 : xv[static_cast<size_t>(pl * h * w + best)];
-                if (best < 0 || (!std::isnan(b) && (v > b || std::isnan(v)))) best = y * w + xx;
-              }
-            const auto k = static_cast<size_t>((pl * ho + oy) * wo + ox);
-            ASSERT_EQ(got_at[k], best) << "plane " << pl << " output (" << oy << ", " << ox << ")";
-            const double want = xv[static_cast<size_t>(pl * h * w + best)];
-            ASSERT_TRUE(got[k] == want || (std::isnan(got[k]) && std::isnan(want))) << got[k] << " against " << want;
-          }
+      for (int64_t w : {14, 15}) {
+        SCOPED_TRACE(fmt::format("width {}", w));
+        const int64_t planes = 96 * 16, h = 13;
+        std::vector<double> xv = small_integers({planes, h, w});
+        // NaNs alone, and two in one window (the first one's index wins).
+        for (size_t i = 5; i < xv.size(); i += 613) xv[i] = NAN;
+        for (size_t i = 300; i + 1 < xv.size(); i += 1229) xv[i] = xv[i + 1] = NAN;
+        const Tensor x = from_vector(xv, {96, 16, h, w}, dt);
+        const auto [out, indices] = prim::max_pool2d(x, p);
+        const int64_t ho = out.shape()[2], wo = out.shape()[3];
+        const std::vector<double> got = host_f64(out);
+        const std::vector<int64_t> got_at = indices.to_vector<int64_t>();
+        for (int64_t pl = 0; pl < planes; ++pl)
+          for (int64_t oy = 0; oy < ho; ++oy)
+            for (int64_t ox = 0; ox < wo; ++ox) {
+              int64_t best = -1;
+              for (int64_t ky = 0; ky < p.kernel_h; ++ky)
+                for (int64_t kx = 0; kx < p.kernel_w; ++kx) {
+                  const int64_t y = oy * p.stride_h - p.pad_h + ky, xx = ox * p.stride_w - p.pad_w + kx;
+                  if (y < 0 || y >= h || xx < 0 || xx >= w) continue;
+                  const double v = xv[static_cast<size_t>(pl * h * w + y * w + xx)];
+                  const double b = best < 0 ? 0 : xv[static_cast<size_t>(pl * h * w + best)];
+                  if (best < 0 || (!std::isnan(b) && (v > b || std::isnan(v)))) best = y * w + xx;
+                }
+              const auto k = static_cast<size_t>((pl * ho + oy) * wo + ox);
+              ASSERT_EQ(got_at[k], best) << "plane " << pl << " output (" << oy << ", " << ox << ")";
+              const double want = xv[static_cast<size_t>(pl * h * w + best)];
+              ASSERT_TRUE(got[k] == want || (std::isnan(got[k]) && std::isnan(want))) << got[k] << " against " << want;
+            }
+      }
     }
   }
 }

@@ -35,6 +35,46 @@ void pool_window_element(const T* plane, int64_t first, int64_t stride, int64_t 
   }
 }
 
+// The common 2x2 window with stride 2 and no padding, one output row of a
+// plane. Each window's four elements are compared in the order the general
+// path takes them (row by row), by plain `>` first: without NaNs that is
+// beats_max, and the loop vectorizes (the NaN rule's extra tests keep
+// GCC's vectorizer off it). A row that holds a NaN is done again with
+// beats_max. `which` (wo entries) is scratch: the winner's place in its
+// window, 0 to 3.
+template <typename T, typename C>
+void pool_2x2_row(const T* plane, int64_t w, int64_t oy, int64_t wo, T* __restrict out, int64_t* __restrict at,
+                  int32_t* __restrict which) {
+  const int64_t top = 2 * oy * w;
+  const T* r0 = plane + top;
+  const T* r1 = r0 + w;
+  int32_t any_nan = 0;
+  for (int64_t ox = 0; ox < wo; ++ox) {
+    const C a = load<T, C>(r0 + 2 * ox), b = load<T, C>(r0 + 2 * ox + 1);
+    const C c = load<T, C>(r1 + 2 * ox), d = load<T, C>(r1 + 2 * ox + 1);
+    const bool t1 = b > a;
+    const C m1 = t1 ? b : a;
+    const bool t2 = c > m1;
+    const C m2 = t2 ? c : m1;
+    const bool t3 = d > m2;
+    store<T, C>(out + ox, t3 ? d : m2);
+    which[ox] = t3 ? 3 : t2 ? 2 : t1 ? 1 : 0;
+    any_nan |= (a != a) | (b != b) | (c != c) | (d != d);
+  }
+  if (any_nan) {
+    for (int64_t ox = 0; ox < wo; ++ox) {
+      const C v[4] = {load<T, C>(r0 + 2 * ox), load<T, C>(r0 + 2 * ox + 1), load<T, C>(r1 + 2 * ox),
+                      load<T, C>(r1 + 2 * ox + 1)};
+      int32_t best = 0;
+      for (int32_t e = 1; e < 4; ++e)
+        if (beats_max(v[e], v[best])) best = e;
+      store<T, C>(out + ox, v[best]);
+      which[ox] = best;
+    }
+  }
+  for (int64_t ox = 0; ox < wo; ++ox) at[ox] = top + 2 * ox + (which[ox] & 1) + (which[ox] >> 1) * w;
+}
+
 }  // namespace
 
 void index_select_rows(const TensorView& out, const TensorView& table, const TensorView& idx) {
@@ -113,7 +153,17 @@ void max_pool2d_forward(const TensorView& out, const TensorView& indices, const 
         }
       }
     };
+    const bool plain_2x2 = p.kernel_h == 2 && p.kernel_w == 2 && p.stride_h == 2 && p.stride_w == 2 && p.pad_h == 0 &&
+                           p.pad_w == 0;
     parallel_for(planes, 1, min_planes_per_thread(ho * wo * p.kernel_h * p.kernel_w), [&](int64_t first, int64_t last) {
+      if (plain_2x2) {
+        std::vector<int32_t> which(static_cast<size_t>(wo));
+        for (int64_t pl = first; pl < last; ++pl)
+          for (int64_t oy = 0; oy < ho; ++oy)
+            pool_2x2_row<T, C>(in + pl * h * w, w, oy, wo, o + (pl * ho + oy) * wo, ix + (pl * ho + oy) * wo,
+                               which.data());
+        return;
+      }
       std::vector<C> best(static_cast<size_t>(wo));
       std::vector<int64_t> best_at(static_cast<size_t>(wo));
       for (int64_t pl = first; pl < last; ++pl) pool_plane(pl, best, best_at);
