@@ -6,6 +6,7 @@
 // threads' sums in order.
 #include <Eigen/Core>
 #include <algorithm>
+#include <memory>
 #include <mutex>
 #include <utility>
 #include <vector>
@@ -88,7 +89,16 @@ void im2col(const T* image, const Geometry& g, C* cols, int64_t ld) {
       return;
     }
     std::fill(dst, dst + r.begin, C{0});
-    for (int64_t ox = r.begin; ox < r.end; ++ox) dst[ox] = load<T, C>(image + (r.first + ox * r.stride));
+    // From the first column inside the image (r.first itself may lie before it).
+    const T* src = image + (r.first + r.begin * r.stride);
+    C* inside = dst + r.begin;
+    const int64_t count = r.end - r.begin;
+    if (r.stride == 1) {
+      // Unit stride (the usual convolution): a copy that vectorizes.
+      for (int64_t i = 0; i < count; ++i) inside[i] = load<T, C>(src + i);
+    } else {
+      for (int64_t i = 0; i < count; ++i) inside[i] = load<T, C>(src + i * r.stride);
+    }
     std::fill(dst + r.end, dst + g.wo, C{0});
   });
 }
@@ -115,6 +125,13 @@ Groups groups_of(const Geometry& g) {
 // Groups a thread takes at least: a share worth handing to another thread.
 int64_t min_groups_per_thread(const Geometry& g, const Groups& groups) {
   return units_for_work(kMinMultiplyAddsPerPiece, g.o * g.col_rows() * g.col_cols() * groups.size);
+}
+
+// A thread's working memory, left uninitialised (every element is written
+// before it is read).
+template <typename C>
+std::unique_ptr<C[]> scratch(int64_t count) {
+  return std::unique_ptr<C[]>(new C[static_cast<size_t>(count)]);
 }
 
 // A group's [o, ho*wo] planes of an NCHW tensor, side by side in `dst` (o
@@ -152,14 +169,14 @@ void conv2d_forward(const TensorView& out, const TensorView& x, const TensorView
     const Mat<C> wm = load_matrix<T, C>(static_cast<const T*>(w.data), g.o, g.col_rows());
     const int64_t image_size = g.c * g.h * g.w, out_size = g.o * g.col_cols();
     parallel_for(groups.count, 1, min_groups_per_thread(g, groups), [&](int64_t begin, int64_t end) {
-      std::vector<C> cols(static_cast<size_t>(g.col_rows() * g.col_cols() * groups.size));
-      std::vector<C> result(static_cast<size_t>(g.o * g.col_cols() * groups.size));
+      const std::unique_ptr<C[]> cols = scratch<C>(g.col_rows() * g.col_cols() * groups.size);
+      const std::unique_ptr<C[]> result = scratch<C>(g.o * g.col_cols() * groups.size);
       for (int64_t gi = begin; gi < end; ++gi) {
         const int64_t first = groups.first(gi), images = groups.images(gi, g.n), width = images * g.col_cols();
         for (int64_t j = 0; j < images; ++j)
-          im2col<T, C>(static_cast<const T*>(x.data) + (first + j) * image_size, g, cols.data() + j * g.col_cols(), width);
-        MatMap<C>(result.data(), g.o, width).noalias() = wm * MatMap<C>(cols.data(), g.col_rows(), width);
-        scatter_planes<T, C>(result.data(), g, images, static_cast<T*>(out.data) + first * out_size);
+          im2col<T, C>(static_cast<const T*>(x.data) + (first + j) * image_size, g, cols.get() + j * g.col_cols(), width);
+        MatMap<C>(result.get(), g.o, width).noalias() = wm * MatMap<C>(cols.get(), g.col_rows(), width);
+        scatter_planes<T, C>(result.get(), g, images, static_cast<T*>(out.data) + first * out_size);
       }
     });
   });
@@ -175,23 +192,29 @@ void conv2d_backward_data(const TensorView& grad_x, const TensorView& grad_out, 
     const Mat<C> wt = load_matrix<T, C>(static_cast<const T*>(w.data), g.o, g.col_rows()).transpose();
     const int64_t image_size = g.c * g.h * g.w, out_size = g.o * g.col_cols();
     parallel_for(groups.count, 1, min_groups_per_thread(g, groups), [&](int64_t begin, int64_t end) {
-      std::vector<C> go(static_cast<size_t>(g.o * g.col_cols() * groups.size));
-      std::vector<C> cols(static_cast<size_t>(g.col_rows() * g.col_cols() * groups.size));
-      std::vector<C> image(static_cast<size_t>(image_size));
+      const std::unique_ptr<C[]> go = scratch<C>(g.o * g.col_cols() * groups.size);
+      const std::unique_ptr<C[]> cols = scratch<C>(g.col_rows() * g.col_cols() * groups.size);
+      const std::unique_ptr<C[]> image = scratch<C>(image_size);
       for (int64_t gi = begin; gi < end; ++gi) {
         const int64_t first = groups.first(gi), images = groups.images(gi, g.n), width = images * g.col_cols();
-        gather_planes<T, C>(static_cast<const T*>(grad_out.data) + first * out_size, g, images, go.data());
-        MatMap<C>(cols.data(), g.col_rows(), width).noalias() = wt * MatMap<C>(go.data(), g.o, width);
+        gather_planes<T, C>(static_cast<const T*>(grad_out.data) + first * out_size, g, images, go.get());
+        MatMap<C>(cols.get(), g.col_rows(), width).noalias() = wt * MatMap<C>(go.get(), g.o, width);
         for (int64_t j = 0; j < images; ++j) {
-          std::fill(image.begin(), image.end(), C{0});
-          const C* image_cols = cols.data() + j * g.col_cols();
+          std::fill(image.get(), image.get() + image_size, C{0});
+          const C* image_cols = cols.get() + j * g.col_cols();
           for_each_patch_run(g, [&](const PatchRun& r) {
             if (!r.inside) return;
-            const C* src = image_cols + r.row * width + r.oy * g.wo;
-            for (int64_t ox = r.begin; ox < r.end; ++ox) image[r.first + ox * r.stride] += src[ox];
+            const C* src = image_cols + r.row * width + r.oy * g.wo + r.begin;
+            C* dst = image.get() + (r.first + r.begin * r.stride);
+            const int64_t count = r.end - r.begin;
+            if (r.stride == 1) {
+              for (int64_t i = 0; i < count; ++i) dst[i] += src[i];
+            } else {
+              for (int64_t i = 0; i < count; ++i) dst[i * r.stride] += src[i];
+            }
           });
           T* dst = static_cast<T*>(grad_x.data) + (first + j) * image_size;
-          for (size_t k = 0; k < image.size(); ++k) store<T, C>(dst + k, image[k]);
+          for (int64_t k = 0; k < image_size; ++k) store<T, C>(dst + k, image[k]);
         }
       }
     });
@@ -212,14 +235,14 @@ void conv2d_backward_weight(const TensorView& grad_w, const TensorView& x, const
     std::mutex sums_mutex;
     parallel_for(groups.count, 1, min_groups_per_thread(g, groups), [&](int64_t begin, int64_t end) {
       Mat<C> acc = Mat<C>::Zero(g.o, g.col_rows());
-      std::vector<C> go(static_cast<size_t>(g.o * g.col_cols() * groups.size));
-      std::vector<C> cols(static_cast<size_t>(g.col_rows() * g.col_cols() * groups.size));
+      const std::unique_ptr<C[]> go = scratch<C>(g.o * g.col_cols() * groups.size);
+      const std::unique_ptr<C[]> cols = scratch<C>(g.col_rows() * g.col_cols() * groups.size);
       for (int64_t gi = begin; gi < end; ++gi) {
         const int64_t first = groups.first(gi), images = groups.images(gi, g.n), width = images * g.col_cols();
         for (int64_t j = 0; j < images; ++j)
-          im2col<T, C>(static_cast<const T*>(x.data) + (first + j) * image_size, g, cols.data() + j * g.col_cols(), width);
-        gather_planes<T, C>(static_cast<const T*>(grad_out.data) + first * out_size, g, images, go.data());
-        acc.noalias() += MatMap<C>(go.data(), g.o, width) * MatMap<C>(cols.data(), g.col_rows(), width).transpose();
+          im2col<T, C>(static_cast<const T*>(x.data) + (first + j) * image_size, g, cols.get() + j * g.col_cols(), width);
+        gather_planes<T, C>(static_cast<const T*>(grad_out.data) + first * out_size, g, images, go.get());
+        acc.noalias() += MatMap<C>(go.get(), g.o, width) * MatMap<C>(cols.get(), g.col_rows(), width).transpose();
       }
       const std::lock_guard<std::mutex> lock(sums_mutex);
       sums.emplace_back(begin, std::move(acc));
