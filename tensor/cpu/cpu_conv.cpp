@@ -106,8 +106,9 @@ void im2col(const T* image, const Geometry& g, C* cols, int64_t ld) {
 // Images go through the products in groups whose column matrices lie side
 // by side: one product [o, c*kh*kw] x [c*kh*kw, images * ho*wo] for the
 // group instead of one an image. A 14x14 image has only 196 columns, and
-// Eigen's product runs at about half its speed that narrow; a group is at
-// least kGroupColumns wide.
+// Eigen's product is slower that narrow (cnn's second layer: 13-15 ms a
+// batch one image at a time, 10-11 ms in groups; docs/PERFORMANCE.md); a
+// group is at least kGroupColumns wide.
 constexpr int64_t kGroupColumns = 1024;
 
 // The groups of a batch: `size` images each, the last one fewer.
