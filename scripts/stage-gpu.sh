@@ -28,6 +28,16 @@ if [[ -e $stage/libgloo.so.0 ]]; then
     cp -aL "$dep" "$stage/"
   done
 fi
+# Nor oneDNN (Debian's libdnnl2), which the CPU backend links where the
+# build found it, nor the OpenMP runtime it was built with.
+for lib in /usr/lib/x86_64-linux-gnu/libdnnl.so.2*; do
+  [[ -e $lib ]] && cp -aL "$lib" "$stage/"
+done
+if [[ -e $stage/libdnnl.so.2 ]]; then
+  ldd "$stage/libdnnl.so.2" | awk '/libgomp/ {print $3}' | while read -r dep; do
+    cp -aL "$dep" "$stage/"
+  done
+fi
 # The PyTorch reference benchmark, which lives beside the checkout.
 [[ -d ../shared/reference ]] && cp -a ../shared/reference "$stage/reference"
 # The data sets of Debian's dataset-fashion-mnist and fortunes-min, which
