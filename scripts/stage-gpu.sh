@@ -30,7 +30,7 @@ if [[ -e $stage/libgloo.so.0 ]]; then
 fi
 # Nor oneDNN (Debian's libdnnl2), which the CPU backend links where the
 # build found it, nor the OpenMP runtime it was built with.
-for lib in /usr/lib/x86_64-linux-gnu/libdnnl.so.2*; do
+for lib in /usr/lib/x86_64-linux-gnu/libdnnl.so.2; do
   [[ -e $lib ]] && cp -aL "$lib" "$stage/"
 done
 if [[ -e $stage/libdnnl.so.2 ]]; then
