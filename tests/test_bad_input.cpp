@@ -3,7 +3,7 @@
 // indices, NaN and out-of-range options. Every row must raise the right
 // mpt::Error subclass with a message that names the op and the offending
 // shape or value; a row that crashes fails on its own (each row is its own
-// test case).
+// test case), and again with oneDNN running every CPU product.
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -21,6 +21,7 @@
 #include "models/mlp.h"
 #include "models/sampler.h"
 #include "models/sgd.h"
+#include "tensor/backend_settings.h"
 #include "test_util.h"
 
 using namespace mpt;
@@ -429,8 +430,7 @@ void PrintTo(const BadInput& r, std::ostream* os) { *os << r.name; }
 
 class BadInputTest : public ::testing::TestWithParam<BadInput> {};
 
-TEST_P(BadInputTest, RaisesAClearError) {
-  const BadInput& r = GetParam();
+void expect_clear_error(const BadInput& r) {
   try {
     r.call();
     ADD_FAILURE() << r.name << ": accepted without an error";
@@ -441,6 +441,22 @@ TEST_P(BadInputTest, RaisesAClearError) {
   } catch (const std::exception& e) {
     ADD_FAILURE() << r.name << ": raised a " << typeid(e).name() << " instead of an mpt::Error: " << e.what();
   }
+}
+
+TEST_P(BadInputTest, RaisesAClearError) { expect_clear_error(GetParam()); }
+
+// The same rows with oneDNN taking every CPU product it can, where the
+// build has it: the checks come before any backend, so bad input never
+// reaches oneDNN and the errors are the same.
+TEST_P(BadInputTest, RaisesTheSameErrorWithOnednnOnEveryProduct) {
+  std::string why;
+  if (!cpu_onednn_usable(&why)) GTEST_SKIP() << "skipped: " << why;
+  struct Restore {
+    CpuOnednn before = cpu_onednn();
+    ~Restore() { set_cpu_onednn(before); }
+  } restore;
+  set_cpu_onednn(CpuOnednn::kAlways);
+  expect_clear_error(GetParam());
 }
 
 INSTANTIATE_TEST_SUITE_P(PublicApi, BadInputTest, ::testing::ValuesIn(table()),
