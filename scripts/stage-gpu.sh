@@ -18,26 +18,25 @@ for d in "$build"/tools/*/; do
   mkdir -p "$stage/tools/$name"
   cp -a "$d/$name" "$stage/tools/$name/"
 done
-# Not installed on the GPU machine: Gloo and the libraries it pulls in
-# (hiredis, ibverbs, netlink); the C and C++ runtimes are there.
-for lib in /usr/lib/libgloo.so* /usr/lib/x86_64-linux-gnu/libgloo.so*; do
-  [[ -e $lib ]] && cp -aL "$lib" "$stage/"
-done
-if [[ -e $stage/libgloo.so.0 ]]; then
-  ldd "$stage/libgloo.so.0" | awk '/hiredis|ibverbs|libnl/ {print $3}' | while read -r dep; do
+# Libraries the GPU machine lacks (its C and C++ runtimes are there): a
+# library's files, then those of its dependencies whose names match `deps`.
+#   copy_library <soname> <deps pattern> <files...>
+copy_library() {
+  local soname=$1 deps=$2 lib dep
+  shift 2
+  for lib in "$@"; do
+    if [[ -e $lib ]]; then cp -aL "$lib" "$stage/"; fi
+  done
+  [[ -e $stage/$soname ]] || return 0
+  ldd "$stage/$soname" | awk -v deps="$deps" '$0 ~ deps {print $3}' | while read -r dep; do
     cp -aL "$dep" "$stage/"
   done
-fi
-# Nor oneDNN (Debian's libdnnl2), which the CPU backend links where the
-# build found it, nor the OpenMP runtime it was built with.
-for lib in /usr/lib/x86_64-linux-gnu/libdnnl.so.2; do
-  [[ -e $lib ]] && cp -aL "$lib" "$stage/"
-done
-if [[ -e $stage/libdnnl.so.2 ]]; then
-  ldd "$stage/libdnnl.so.2" | awk '/libgomp/ {print $3}' | while read -r dep; do
-    cp -aL "$dep" "$stage/"
-  done
-fi
+}
+# Gloo and what it pulls in (hiredis, ibverbs, netlink).
+copy_library libgloo.so.0 'hiredis|ibverbs|libnl' /usr/lib/libgloo.so* /usr/lib/x86_64-linux-gnu/libgloo.so*
+# oneDNN (Debian's libdnnl2), which the CPU backend links where the build
+# found it, and the OpenMP runtime it was built with.
+copy_library libdnnl.so.2 'libgomp' /usr/lib/x86_64-linux-gnu/libdnnl.so.2
 # The PyTorch reference benchmark, which lives beside the checkout.
 [[ -d ../shared/reference ]] && cp -a ../shared/reference "$stage/reference"
 # The data sets of Debian's dataset-fashion-mnist and fortunes-min, which
