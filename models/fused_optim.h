@@ -81,8 +81,9 @@ struct SGDScalars {
 // On the current device's current stream; dtype f32, f16 or bf16.
 void sgd(DType dtype, const std::vector<SGDTensor>& tensors, const SGDScalars& s);
 
-// The same updates for tensors in host memory, on the calling thread
-// (without the device-step mode: no step, hyper or found_inf pointers).
+// The same updates for tensors in host memory, a large tensor split over
+// the CPU backend's threads (without the device-step mode: no step, hyper
+// or found_inf pointers).
 void adamw_on_host(DType dtype, const std::vector<AdamWTensor>& tensors, const AdamWScalars& s);
 void sgd_on_host(DType dtype, const std::vector<SGDTensor>& tensors, const SGDScalars& s);
 

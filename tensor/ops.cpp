@@ -181,7 +181,7 @@ void scaled_copy_list_(const std::vector<Tensor>& dsts, const std::vector<Tensor
     check_same_device("scaled_copy_list_", dst, src);
     check_no_float8("scaled_copy_list_", dst);  // a scaled cast to float8 is the recipes' own, saturating one
     check_no_float8("scaled_copy_list_", src);
-    const bool listed = dst.device() == dsts.front().device() && dst.device().is_cuda() && dst.dtype() == dst_dtype &&
+    const bool listed = dst.device() == dsts.front().device() && dst.dtype() == dst_dtype &&
                         src.dtype() == src_dtype && listable(dst_dtype) && listable(src_dtype) &&
                         dst.is_contiguous() && src.is_contiguous();
     if (listed) {

@@ -39,7 +39,8 @@ void copy_(const Tensor& dst, const Tensor& src);  // any devices and dtypes; sr
 // f32 for 16-bit types (f64 where either side is f64) and rounded once: a
 // scale of 1 casts bit for bit as copy_ does. On a GPU, the contiguous pairs
 // with the first pair's two dtypes (f32, f16 or bf16) go in one kernel
-// launch; the others one at a time.
+// launch; on the CPU they are split over its threads as one range of
+// elements. The others go one at a time.
 void scaled_copy_list_(const std::vector<Tensor>& dsts, const std::vector<Tensor>& srcs, double scale);
 void fill_(const Tensor& dst, double value);
 

@@ -8,7 +8,9 @@
 
 #include <dirent.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "tensor/cpu/cpu_threads.h"
@@ -139,6 +141,27 @@ TEST_F(CpuOnednn, LinearBiasAndReluKeepNaN) {
       }
       expect_close(got, expected, in + 1);
     }
+  }
+}
+
+// The relu epilogue (on the stored 16-bit result, by its bits, split over
+// the threads) gives relu() of the product without it, bit for bit: NaN
+// kept, -0 and negatives made +0, over an output large enough to split.
+TEST_F(CpuOnednn, ReluEpilogueIsReluOfTheProductBitForBit) {
+  SCOPED_TRACE(trace());
+  for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const int64_t rows = 2 * cpu::kMinElementsPerPiece / 80 + 37, in = 64, out = 80;
+    Tensor x = randn({rows, in}, dt);
+    const Tensor w = randn({out, in}, dt), bias = randn({out}, dt);
+    prim::fill_(prim::slice(x, 0, 3, 4), std::numeric_limits<double>::quiet_NaN());
+    prim::fill_(prim::slice(x, 0, rows - 2, rows - 1), 0.0);  // a row of bias alone, some of it negative
+    const Tensor got = prim::linear(x, w, bias, true);
+    const Tensor want = prim::unary(UnaryOp::relu, prim::linear(x, w, bias, false));
+    EXPECT_EQ(std::memcmp(got.data_ptr(), want.data_ptr(), got.nbytes()), 0);
+    const std::vector<double> g = host_f64(got);
+    EXPECT_TRUE(std::isnan(g[3 * out])) << "relu must keep NaN";
+    EXPECT_TRUE(std::all_of(g.begin(), g.end(), [](double v) { return std::isnan(v) || !std::signbit(v); }));
   }
 }
 

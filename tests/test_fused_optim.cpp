@@ -110,7 +110,8 @@ void expect_adamw_rounds_as_written(const Device& device) {
   SCOPED_TRACE(::testing::Message() << "seed " << seed << " on " << device.str());
   Generator gen(seed);
   const double lr = 3e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.05;
-  const int64_t n = 40000;
+  // Large enough to be split over the CPU threads, with a ragged last piece.
+  const int64_t n = 3 * 65536 + 1001;
   const Tensor start = randn({n}, DType::f32, kCPU, &gen);
   Tensor param = prim::to(start, device).set_requires_grad(true);
   optim::AdamW adamw({param}, optim::AdamWOptions{lr, beta1, beta2, eps, weight_decay});

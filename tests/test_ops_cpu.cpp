@@ -12,7 +12,9 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <functional>
+#include <random>
 #include <thread>
 #include <tuple>
 
@@ -706,6 +708,86 @@ TEST_F(OpsCpu, OperandsOnDifferentDevicesAreRefused) {
   // Copies between them work.
   prim::copy_(b, full({2}, 3.0));
   EXPECT_EQ(host_f64(prim::to(b, kCPU)), (std::vector<double>{3, 3}));
+}
+
+// A tensor of random bit patterns: NaNs of both signs, infinities,
+// subnormals and zeros turn up among them.
+Tensor random_bits(DType dt, int64_t n, std::mt19937_64& rng) {
+  const Tensor t = Tensor::empty({n}, dt);
+  auto* bytes = static_cast<unsigned char*>(t.data_ptr());
+  for (size_t i = 0; i < t.nbytes(); ++i) bytes[i] = static_cast<unsigned char>(rng());
+  return t;
+}
+
+// The index of the first element whose bytes differ (elements `stride`
+// apart in `b`), or -1.
+int64_t first_differing(const Tensor& a, const Tensor& b, int64_t stride) {
+  const size_t size = dtype_size(a.dtype());
+  const auto* pa = static_cast<const unsigned char*>(a.data_ptr());
+  const auto* pb = static_cast<const unsigned char*>(b.data_ptr());
+  for (int64_t i = 0; i < a.numel(); ++i)
+    if (std::memcmp(pa + i * size, pb + i * stride * size, size) != 0) return i;
+  return -1;
+}
+
+const DType kCastDTypes[] = {DType::f32, DType::f16, DType::bf16};
+
+// Dense casts between f32, f16 and bf16 run split over the threads in
+// loops that vectorize; a copy into a strided destination goes element by
+// element through the generic loop. Every pair must agree bit for bit on
+// every kind of value (signalling NaNs stay signalling in both).
+TEST(CpuCasts, DenseCastsMatchTheElementLoopBitForBit) {
+  const uint64_t seed = testing::fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937_64 rng(seed);
+  const int64_t n = 5 * cpu::kMinElementsPerPiece + 777;  // several pieces, a ragged last one
+  for (DType from : kCastDTypes)
+    for (DType to : kCastDTypes) {
+      if (from == to) continue;
+      SCOPED_TRACE(fmt::format("{} -> {}", dtype_name(from), dtype_name(to)));
+      const Tensor src = random_bits(from, n, rng);
+      const Tensor dense = Tensor::empty({n}, to);
+      prim::copy_(dense, src);
+      const Tensor every_other = Tensor::empty({2 * n}, to);
+      prim::copy_(prim::slice(every_other, 0, 0, 2 * n, 2), src);
+      EXPECT_EQ(first_differing(dense, every_other, 2), -1);
+    }
+}
+
+// scaled_copy_list_ on the CPU: each element is x * scale in f32, rounded
+// once to the destination (a scale of 1 casts as copy_ does), over a list
+// of tensors small and large whose elements are split over the threads as
+// one range (pieces start and end inside tensors, some tensors are empty).
+TEST(CpuCasts, ScaledCopyListRoundsEachProductOnce) {
+  const uint64_t seed = testing::fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937_64 rng(seed);
+  const std::vector<int64_t> sizes = {0, 1, 1000, 70001, 0, 3 * cpu::kMinElementsPerPiece + 5, 17};
+  for (DType from : kCastDTypes)
+    for (DType to : kCastDTypes)
+      for (double scale : {1.0, 0.25, 65536.0 * 3}) {
+        SCOPED_TRACE(fmt::format("{} -> {}, scale {}", dtype_name(from), dtype_name(to), scale));
+        std::vector<Tensor> srcs, dsts;
+        for (int64_t size : sizes) {
+          srcs.push_back(random_bits(from, size, rng));
+          dsts.push_back(Tensor::empty({size}, to));
+        }
+        prim::scaled_copy_list_(dsts, srcs, scale);
+        for (size_t t = 0; t < sizes.size(); ++t) {
+          Tensor expected = Tensor::empty({sizes[t]}, to);
+          if (scale == 1.0) {
+            prim::copy_(expected, srcs[t]);
+          } else {
+            // The product in f32 on the host, rounded once by the host's cast.
+            const Tensor product = Tensor::empty({sizes[t]}, DType::f32);
+            prim::copy_(product, srcs[t]);
+            float* p = product.data<float>();
+            for (int64_t i = 0; i < sizes[t]; ++i) p[i] *= static_cast<float>(scale);
+            prim::copy_(expected, product);
+          }
+          EXPECT_EQ(first_differing(dsts[t], expected, 1), -1) << "tensor " << t << " of " << sizes[t];
+        }
+      }
 }
 
 }  // namespace

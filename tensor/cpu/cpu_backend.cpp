@@ -65,6 +65,7 @@ class CpuBackend final : public Backend {
       std::memcpy(dst.data, src.data, static_cast<size_t>(dst.numel()) * dtype_size(dst.dtype));
       return;
     }
+    if (cpu::cast_dense(dst, src)) return;
     dispatch_all(dst.dtype, [&](auto dtag) {
       dispatch_all(src.dtype, [&](auto stag) {
         using D = decltype(dtag);
@@ -76,6 +77,11 @@ class CpuBackend final : public Backend {
         });
       });
     });
+  }
+
+  void scaled_copy_list(const std::vector<TensorView>& dsts, const std::vector<TensorView>& srcs,
+                        double scale) override {
+    cpu::scaled_copy_list(dsts, srcs, scale);
   }
 
   void unary(UnaryOp op, const TensorView& out, const TensorView& in, double alpha, double beta) override {

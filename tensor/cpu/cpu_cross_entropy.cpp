@@ -27,7 +27,7 @@ namespace mpt::cpu {
 namespace {
 
 // About 16K exponentials make a piece worth a thread.
-constexpr int64_t kMinElementsPerPiece = int64_t{1} << 14;
+constexpr int64_t kMinLogitsPerPiece = int64_t{1} << 14;
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
@@ -52,7 +52,7 @@ std::pair<int64_t, int64_t> check_operands(const char* op, const TensorView& log
 template <typename T>
 void forward_typed(int64_t rows, int64_t classes, float* loss, float* lse, float* valid, const T* logits,
                    const int64_t* target, int64_t ignore_index) {
-  parallel_for(rows, 1, units_for_work(kMinElementsPerPiece, classes), [&](int64_t begin, int64_t end) {
+  parallel_for(rows, 1, units_for_work(kMinLogitsPerPiece, classes), [&](int64_t begin, int64_t end) {
     std::vector<float> buf(std::is_same_v<T, float> ? 0 : static_cast<size_t>(classes));
     for (int64_t row = begin; row < end; ++row) {
       const float* x = widen_row(logits + row * classes, classes, buf.data());
@@ -77,7 +77,7 @@ void forward_typed(int64_t rows, int64_t classes, float* loss, float* lse, float
 template <typename T>
 void backward_typed(int64_t rows, int64_t classes, T* grad, const T* logits, const int64_t* target, const float* lse,
                     const float* row_scale) {
-  parallel_for(rows, 1, units_for_work(kMinElementsPerPiece, classes), [&](int64_t begin, int64_t end) {
+  parallel_for(rows, 1, units_for_work(kMinLogitsPerPiece, classes), [&](int64_t begin, int64_t end) {
     const size_t n = std::is_same_v<T, float> ? 0 : static_cast<size_t>(classes);
     std::vector<float> xbuf(n), gbuf(n);
     for (int64_t row = begin; row < end; ++row) {

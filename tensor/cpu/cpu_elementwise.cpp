@@ -50,18 +50,6 @@ template <typename C>
   return static_cast<C>(0.5) * gelu_one_plus_erf(x) + x * gelu_gaussian(x) * static_cast<C>(kInvSqrt2Pi);
 }
 
-// Dense work of at least this many elements a piece is split over the
-// threads: below it the handoff costs more than the loop.
-constexpr int64_t kMinElementsPerPiece = int64_t{1} << 16;
-constexpr int64_t kElementGrain = 1024;  // pieces of whole cache lines
-
-// f(begin, end) over [0, n) in pieces, for operands that are all dense.
-template <typename F>
-void dense_pieces(int64_t n, F&& f) {
-  if (n < 2 * kMinElementsPerPiece) return f(int64_t{0}, n);
-  parallel_for(n, kElementGrain, kMinElementsPerPiece / kElementGrain, f);
-}
-
 // The rows' loops, with the common strides spelled out as constants so
 // that the compiler vectorizes them: every operand dense, or one operand
 // a single value broadcast along the row (a bias, a scale).
@@ -71,7 +59,7 @@ void unary_loop(const TensorView& out, const TensorView& in, F f) {
   auto* o = static_cast<T*>(out.data);
   const auto* x = static_cast<const T*>(in.data);
   if (out.is_contiguous() && in.is_contiguous())
-    return dense_pieces(out.numel(), [&](int64_t begin, int64_t end) {
+    return parallel_for_elements(out.numel(), [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) store<T, C>(o + i, f(load<T, C>(x + i)));
     });
   for_each_row<2>(out, {out.strides, in.strides}, [&](auto off, int64_t n, auto st) {
@@ -92,7 +80,7 @@ void binary_loop(const TensorView& out, const TensorView& a, const TensorView& b
   const auto* pa = static_cast<const T*>(a.data);
   const auto* pb = static_cast<const T*>(b.data);
   if (out.is_contiguous() && a.is_contiguous() && b.is_contiguous())
-    return dense_pieces(out.numel(), [&](int64_t begin, int64_t end) {
+    return parallel_for_elements(out.numel(), [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) store<T, C>(o + i, f(load<T, C>(pa + i), load<T, C>(pb + i)));
     });
   for_each_row<3>(out, {out.strides, a.strides, b.strides}, [&](auto off, int64_t n, auto st) {

@@ -14,9 +14,6 @@
 namespace mpt::cpu {
 namespace {
 
-// Elements worth handing to another thread in these memory-bound loops.
-constexpr int64_t kMinElementsPerPiece = int64_t{1} << 16;
-
 Fp8Format format_of(DType t) { return t == DType::e4m3 ? Fp8Format::e4m3 : Fp8Format::e5m2; }
 
 uint32_t float_bits(float f) {

@@ -83,9 +83,9 @@ void add_bias(const GemmArgs& g, Acc* out) {
 template <typename Acc>
 void apply_relu(const GemmArgs& g, Acc* out) {
   if (!g.relu) return;
-  const int64_t count = g.out.numel();
-  for (int64_t i = 0; i < count; ++i)
-    if (out[i] <= 0) out[i] = 0;
+  parallel_for_elements(g.out.numel(), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) out[i] = out[i] <= 0 ? Acc{0} : out[i];
+  });
 }
 
 // The bias-gradient epilogue: bias_grad[i] = sum over k of a[i, k], added
@@ -168,14 +168,18 @@ bool plain_product(const GemmArgs& g) { return g.alpha == 1.0f && g.beta == 0.0f
 
 // The relu epilogue on the stored result: oneDNN's relu turns NaN into 0,
 // so it runs here. Rounding to a 16-bit float keeps the sign and NaN, so
-// relu after the rounding gives what relu before it would.
+// relu after the rounding gives what relu before it would. On the bits,
+// so that it vectorizes: a value is at most 0 where it is +0 or its bits
+// lie from -0 to -infinity (above those are the negative NaNs).
 template <typename T>
 void apply_relu_stored(const GemmArgs& g) {
   if (!g.relu) return;
-  T* out = static_cast<T*>(g.out.data);
-  const int64_t count = g.out.numel();
-  for (int64_t i = 0; i < count; ++i)
-    if (static_cast<float>(out[i]) <= 0.0f) out[i] = T(0.0f);
+  constexpr uint16_t kNegativeInfinity = std::is_same_v<T, BFloat16> ? 0xff80 : 0xfc00;
+  auto* bits = static_cast<uint16_t*>(g.out.data);
+  parallel_for_elements(g.out.numel(), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i)
+      bits[i] = bits[i] >= 0x8000 && bits[i] <= kNegativeInfinity ? uint16_t{0} : bits[i];
+  });
 }
 
 template <typename T>

@@ -112,6 +112,12 @@ void for_each_row(const TensorView& shape, const std::array<const int64_t*, N>& 
   }
 }
 
+// dst = src converted, where both are contiguous of two different dtypes
+// among f32, f16 and bf16 (else false, nothing done).
+bool cast_dense(const TensorView& dst, const TensorView& src);
+// Backend::scaled_copy_list (backend.h).
+void scaled_copy_list(const std::vector<TensorView>& dsts, const std::vector<TensorView>& srcs, double scale);
+
 void unary(UnaryOp op, const TensorView& out, const TensorView& in, double alpha, double beta);
 void binary(BinaryOp op, const TensorView& out, const TensorView& a, const TensorView& b);
 void reduce(ReduceOp op, const TensorView& out, const TensorView& in, int64_t outer, int64_t k, int64_t inner);

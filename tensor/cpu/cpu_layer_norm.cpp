@@ -20,9 +20,6 @@
 namespace mpt::cpu {
 namespace {
 
-// About 64K elements of a row loop make a piece worth a thread.
-constexpr int64_t kMinElementsPerPiece = int64_t{1} << 16;
-
 ShapeDescription shape_of(const TensorView& v) { return ShapeDescription(v.shape, static_cast<size_t>(v.ndim)); }
 
 // x viewed as [rows, d], and the checks every pass makes on it: x

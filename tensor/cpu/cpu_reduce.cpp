@@ -137,8 +137,6 @@ struct Reduction {
 template <typename T, ReduceOp Op>
 void reduce_typed(const TensorView& out, const TensorView& in, int64_t outer, int64_t k, int64_t inner) {
   const Reduction<T, Op> r{static_cast<const T*>(in.data), out.data, k, inner};
-  // About 64K elements read make a piece worth a thread.
-  constexpr int64_t kMinElementsPerPiece = int64_t{1} << 16;
   if (inner == 1) {
     parallel_for(outer, 1, units_for_work(kMinElementsPerPiece, k), [&](int64_t b, int64_t e) { r.runs(b, e); });
   } else if (outer >= cpu_threads()) {

@@ -40,4 +40,17 @@ int usable_cpus();
 void parallel_for(int64_t count, int64_t grain, int64_t min_grains_per_piece,
                   const std::function<void(int64_t begin, int64_t end)>& f);
 
+// Element-wise work of at least this many elements a piece is split over
+// the threads: below it the handoff costs more than the loop.
+constexpr int64_t kMinElementsPerPiece = int64_t{1} << 16;
+constexpr int64_t kElementGrain = 1024;  // pieces of whole cache lines
+
+// f(begin, end) over [0, n) elements of dense operands, in pieces as above
+// (on the calling thread alone where n is too small to split).
+template <typename F>
+void parallel_for_elements(int64_t n, F&& f) {
+  if (n < 2 * kMinElementsPerPiece) return f(int64_t{0}, n);
+  parallel_for(n, kElementGrain, kMinElementsPerPiece / kElementGrain, f);
+}
+
 }  // namespace mpt::cpu
