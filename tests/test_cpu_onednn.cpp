@@ -165,6 +165,48 @@ TEST_F(CpuOnednn, ReluEpilogueIsReluOfTheProductBitForBit) {
   }
 }
 
+// bf16 convolutions run their products on oneDNN's bf16 kernels (bf16
+// columns, f32 sums): forward, data and weight gradients within what f32
+// accumulation and the result's rounding allow of the exact f64 result, in
+// groups of images with a ragged last one (13 images of 16x16: groups of 4).
+TEST_F(CpuOnednn, Bf16ConvolutionsMeetTheF64Reference) {
+  SCOPED_TRACE(trace());
+  const Conv2dParams p{.pad_h = 1, .pad_w = 1};
+  const Tensor x = randn({13, 8, 16, 16}, DType::bf16), w = randn({16, 8, 3, 3}, DType::bf16);
+  const Tensor dy = randn({13, 16, 16, 16}, DType::bf16);
+  const auto f64 = [](const Tensor& t) { return prim::to(t, DType::f64); };
+  const auto f64_abs = [&](const Tensor& t) { return abs_of(f64(t)); };
+  // Each group's product on oneDNN: 4 groups a call.
+  auto each_group_on_onednn = [](auto&& f) {
+    const int64_t before = cpu::onednn_matmul_stats().products;
+    Tensor out = f();
+    EXPECT_EQ(cpu::onednn_matmul_stats().products - before, 4) << "products run on oneDNN";
+    return out;
+  };
+  {
+    SCOPED_TRACE("forward");
+    const Tensor got = each_group_on_onednn([&] { return prim::conv2d(x, w, p); });
+    expect_close(got, {host_f64(prim::conv2d(f64(x), f64(w), p)), host_f64(prim::conv2d(f64_abs(x), f64_abs(w), p))},
+                 8 * 9);
+  }
+  {
+    SCOPED_TRACE("data gradient");
+    const Tensor got = each_group_on_onednn([&] { return prim::conv2d_backward_data(dy, w, x.shape(), p); });
+    expect_close(got,
+                 {host_f64(prim::conv2d_backward_data(f64(dy), f64(w), x.shape(), p)),
+                  host_f64(prim::conv2d_backward_data(f64_abs(dy), f64_abs(w), x.shape(), p))},
+                 16 * 9);
+  }
+  {
+    SCOPED_TRACE("weight gradient");
+    const Tensor got = each_group_on_onednn([&] { return prim::conv2d_backward_weight(x, dy, w.shape(), p); });
+    expect_close(got,
+                 {host_f64(prim::conv2d_backward_weight(f64(x), f64(dy), w.shape(), p)),
+                  host_f64(prim::conv2d_backward_weight(f64_abs(x), f64_abs(dy), w.shape(), p))},
+                 13 * 16 * 16);
+  }
+}
+
 // The same inputs give the same bits every time (resumed runs repeat
 // their steps exactly): the pieces depend only on the shapes and
 // cpu_threads(), and each piece's primitive runs on one thread.

@@ -1,18 +1,23 @@
-// 2-d convolution on the CPU: im2col, then one GEMM (Eigen) per group of
-// images. The backward passes use the same column matrix: data =
-// col2im(W^T g), weight = sum over groups of g cols^T. 16-bit floats
-// compute in f32. Groups are shared out over the CPU's threads
+// 2-d convolution on the CPU: im2col, then one GEMM per group of images.
+// The backward passes use the same column matrix: data = col2im(W^T g),
+// weight = sum over groups of g cols^T. The products run in f32 on Eigen,
+// or for bf16 tensors on oneDNN's bf16 kernels where it takes them (a CPU
+// with bf16 arithmetic: about twice as fast, docs/PERFORMANCE.md): the
+// columns then stay bf16, whose products are exact in f32 as the widened
+// ones are, and sum in f32. Groups are shared out over the CPU's threads
 // (cpu_threads.h); the weight gradient sums each thread's groups, then the
 // threads' sums in order.
 #include <Eigen/Core>
 #include <algorithm>
 #include <memory>
 #include <mutex>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "tensor/cpu/cpu_kernels.h"
 #include "tensor/cpu/cpu_threads.h"
+#include "tensor/cpu/onednn_matmul.h"
 
 namespace mpt::cpu {
 namespace {
@@ -78,6 +83,17 @@ void store_matrix(T* p, const Mat<C>& m) {
   for (int64_t i = 0; i < m.size(); ++i) store<T, C>(p + i, m.data()[i]);
 }
 
+// An element of T as C: converted, or copied as it is where they are the
+// same type (bf16 columns for oneDNN).
+template <typename T, typename C>
+C element_as(const T* p) {
+  if constexpr (std::is_same_v<T, C>) {
+    return *p;
+  } else {
+    return load<T, C>(p);
+  }
+}
+
 // One image's column matrix into `cols`, whose rows are `ld` wide: the
 // image's ho * wo columns start at cols (a group's images lie side by side).
 template <typename T, typename C>
@@ -85,21 +101,21 @@ void im2col(const T* image, const Geometry& g, C* cols, int64_t ld) {
   for_each_patch_run(g, [&](const PatchRun& r) {
     C* dst = cols + r.row * ld + r.oy * g.wo;
     if (!r.inside) {
-      std::fill(dst, dst + g.wo, C{0});
+      std::fill(dst, dst + g.wo, C{});
       return;
     }
-    std::fill(dst, dst + r.begin, C{0});
+    std::fill(dst, dst + r.begin, C{});
     // From the first column inside the image (r.first itself may lie before it).
     const T* src = image + (r.first + r.begin * r.stride);
     C* inside = dst + r.begin;
     const int64_t count = r.end - r.begin;
     if (r.stride == 1) {
       // Unit stride (the usual convolution): a copy that vectorizes.
-      for (int64_t i = 0; i < count; ++i) inside[i] = load<T, C>(src + i);
+      for (int64_t i = 0; i < count; ++i) inside[i] = element_as<T, C>(src + i);
     } else {
-      for (int64_t i = 0; i < count; ++i) inside[i] = load<T, C>(src + i * r.stride);
+      for (int64_t i = 0; i < count; ++i) inside[i] = element_as<T, C>(src + i * r.stride);
     }
-    std::fill(dst + r.end, dst + g.wo, C{0});
+    std::fill(dst + r.end, dst + g.wo, C{});
   });
 }
 
@@ -144,7 +160,7 @@ void gather_planes(const T* src, const Geometry& g, int64_t images, C* dst) {
     for (int64_t oc = 0; oc < g.o; ++oc) {
       const T* from = src + (j * g.o + oc) * plane;
       C* to = dst + oc * width + j * plane;
-      for (int64_t k = 0; k < plane; ++k) to[k] = load<T, C>(from + k);
+      for (int64_t k = 0; k < plane; ++k) to[k] = element_as<T, C>(from + k);
     }
 }
 
@@ -159,6 +175,33 @@ void scatter_planes(const C* src, const Geometry& g, int64_t images, T* dst) {
     }
 }
 
+// Whether a group's products go to oneDNN's bf16 kernels: T is bf16 and
+// oneDNN would take a product of m x k by a full group's n columns (a
+// ragged last group it declines goes through Eigen).
+template <typename T>
+bool bf16_products(const Geometry& g, const Groups& groups, int64_t m, int64_t k) {
+  if constexpr (!std::is_same_v<T, BFloat16>) {
+    return false;
+  } else {
+    return onednn_chosen(DType::bf16, DType::f32, 1, m, groups.size * g.col_cols(), k);
+  }
+}
+
+// out (f32, [m, n], contiguous) = a @ b on oneDNN's bf16 kernels, the bf16
+// operands laid out as matrix_view() describes them; false where it
+// declines.
+bool bf16_product(const TensorView& a, const TensorView& b, float* out) {
+  return onednn_matmul(a, b, matrix_view(out, DType::f32, a.shape[1], b.shape[2], b.shape[2], 1), TensorView{});
+}
+
+// Row-major [rows, cols] bf16 memory, and its transpose.
+TensorView bf16_rows(const void* p, int64_t rows, int64_t cols) {
+  return matrix_view(const_cast<void*>(p), DType::bf16, rows, cols, cols, 1);
+}
+TensorView bf16_transposed(const void* p, int64_t rows, int64_t cols) {
+  return matrix_view(const_cast<void*>(p), DType::bf16, cols, rows, 1, cols);
+}
+
 }  // namespace
 
 void conv2d_forward(const TensorView& out, const TensorView& x, const TensorView& w, const Conv2dParams& p) {
@@ -169,13 +212,27 @@ void conv2d_forward(const TensorView& out, const TensorView& x, const TensorView
     const Groups groups = groups_of(g);
     const Mat<C> wm = load_matrix<T, C>(static_cast<const T*>(w.data), g.o, g.col_rows());
     const int64_t image_size = g.c * g.h * g.w, out_size = g.o * g.col_cols();
+    const bool on_bf16 = bf16_products<T>(g, groups, g.o, g.col_rows());
     parallel_for(groups.count, 1, min_groups_per_thread(g, groups), [&](int64_t begin, int64_t end) {
       const std::unique_ptr<C[]> cols = scratch<C>(g.col_rows() * g.col_cols() * groups.size);
       const std::unique_ptr<C[]> result = scratch<C>(g.o * g.col_cols() * groups.size);
+      const std::unique_ptr<T[]> cols_16 = scratch<T>(on_bf16 ? g.col_rows() * g.col_cols() * groups.size : 0);
       for (int64_t gi = begin; gi < end; ++gi) {
         const int64_t first = groups.first(gi), images = groups.images(gi, g.n), width = images * g.col_cols();
+        const T* group_x = static_cast<const T*>(x.data) + first * image_size;
+        if constexpr (std::is_same_v<T, BFloat16>) {
+          if (on_bf16) {
+            for (int64_t j = 0; j < images; ++j)
+              im2col<T, T>(group_x + j * image_size, g, cols_16.get() + j * g.col_cols(), width);
+            if (bf16_product(bf16_rows(w.data, g.o, g.col_rows()), bf16_rows(cols_16.get(), g.col_rows(), width),
+                             result.get())) {
+              scatter_planes<T, C>(result.get(), g, images, static_cast<T*>(out.data) + first * out_size);
+              continue;
+            }
+          }
+        }
         for (int64_t j = 0; j < images; ++j)
-          im2col<T, C>(static_cast<const T*>(x.data) + (first + j) * image_size, g, cols.get() + j * g.col_cols(), width);
+          im2col<T, C>(group_x + j * image_size, g, cols.get() + j * g.col_cols(), width);
         MatMap<C>(result.get(), g.o, width).noalias() = wm * MatMap<C>(cols.get(), g.col_rows(), width);
         scatter_planes<T, C>(result.get(), g, images, static_cast<T*>(out.data) + first * out_size);
       }
@@ -192,14 +249,27 @@ void conv2d_backward_data(const TensorView& grad_x, const TensorView& grad_out, 
     const Groups groups = groups_of(g);
     const Mat<C> wt = load_matrix<T, C>(static_cast<const T*>(w.data), g.o, g.col_rows()).transpose();
     const int64_t image_size = g.c * g.h * g.w, out_size = g.o * g.col_cols();
+    const bool on_bf16 = bf16_products<T>(g, groups, g.col_rows(), g.o);
     parallel_for(groups.count, 1, min_groups_per_thread(g, groups), [&](int64_t begin, int64_t end) {
       const std::unique_ptr<C[]> go = scratch<C>(g.o * g.col_cols() * groups.size);
       const std::unique_ptr<C[]> cols = scratch<C>(g.col_rows() * g.col_cols() * groups.size);
       const std::unique_ptr<C[]> image = scratch<C>(image_size);
+      const std::unique_ptr<T[]> go_16 = scratch<T>(on_bf16 ? g.o * g.col_cols() * groups.size : 0);
       for (int64_t gi = begin; gi < end; ++gi) {
         const int64_t first = groups.first(gi), images = groups.images(gi, g.n), width = images * g.col_cols();
-        gather_planes<T, C>(static_cast<const T*>(grad_out.data) + first * out_size, g, images, go.get());
-        MatMap<C>(cols.get(), g.col_rows(), width).noalias() = wt * MatMap<C>(go.get(), g.o, width);
+        const T* group_grad_out = static_cast<const T*>(grad_out.data) + first * out_size;
+        bool done = false;
+        if constexpr (std::is_same_v<T, BFloat16>) {
+          if (on_bf16) {
+            gather_planes<T, T>(group_grad_out, g, images, go_16.get());
+            done = bf16_product(bf16_transposed(w.data, g.o, g.col_rows()), bf16_rows(go_16.get(), g.o, width),
+                                cols.get());
+          }
+        }
+        if (!done) {
+          gather_planes<T, C>(group_grad_out, g, images, go.get());
+          MatMap<C>(cols.get(), g.col_rows(), width).noalias() = wt * MatMap<C>(go.get(), g.o, width);
+        }
         for (int64_t j = 0; j < images; ++j) {
           std::fill(image.get(), image.get() + image_size, C{0});
           const C* image_cols = cols.get() + j * g.col_cols();
@@ -234,15 +304,33 @@ void conv2d_backward_weight(const TensorView& grad_w, const TensorView& x, const
     // in order, so a split gives the same bits every run.
     std::vector<std::pair<int64_t, Mat<C>>> sums;
     std::mutex sums_mutex;
+    const bool on_bf16 = bf16_products<T>(g, groups, g.o, g.col_rows());
     parallel_for(groups.count, 1, min_groups_per_thread(g, groups), [&](int64_t begin, int64_t end) {
       Mat<C> acc = Mat<C>::Zero(g.o, g.col_rows());
       const std::unique_ptr<C[]> go = scratch<C>(g.o * g.col_cols() * groups.size);
       const std::unique_ptr<C[]> cols = scratch<C>(g.col_rows() * g.col_cols() * groups.size);
+      const std::unique_ptr<T[]> go_16 = scratch<T>(on_bf16 ? g.o * g.col_cols() * groups.size : 0);
+      const std::unique_ptr<T[]> cols_16 = scratch<T>(on_bf16 ? g.col_rows() * g.col_cols() * groups.size : 0);
+      Mat<C> group_sum(on_bf16 ? g.o : 0, on_bf16 ? g.col_rows() : 0);
       for (int64_t gi = begin; gi < end; ++gi) {
         const int64_t first = groups.first(gi), images = groups.images(gi, g.n), width = images * g.col_cols();
+        const T* group_x = static_cast<const T*>(x.data) + first * image_size;
+        const T* group_grad_out = static_cast<const T*>(grad_out.data) + first * out_size;
+        if constexpr (std::is_same_v<T, BFloat16>) {
+          if (on_bf16) {
+            for (int64_t j = 0; j < images; ++j)
+              im2col<T, T>(group_x + j * image_size, g, cols_16.get() + j * g.col_cols(), width);
+            gather_planes<T, T>(group_grad_out, g, images, go_16.get());
+            if (bf16_product(bf16_rows(go_16.get(), g.o, width), bf16_transposed(cols_16.get(), g.col_rows(), width),
+                             group_sum.data())) {
+              acc += group_sum;
+              continue;
+            }
+          }
+        }
         for (int64_t j = 0; j < images; ++j)
-          im2col<T, C>(static_cast<const T*>(x.data) + (first + j) * image_size, g, cols.get() + j * g.col_cols(), width);
-        gather_planes<T, C>(static_cast<const T*>(grad_out.data) + first * out_size, g, images, go.get());
+          im2col<T, C>(group_x + j * image_size, g, cols.get() + j * g.col_cols(), width);
+        gather_planes<T, C>(group_grad_out, g, images, go.get());
         acc.noalias() += MatMap<C>(go.get(), g.o, width) * MatMap<C>(cols.get(), g.col_rows(), width).transpose();
       }
       const std::lock_guard<std::mutex> lock(sums_mutex);

@@ -38,16 +38,6 @@ uint32_t abs_max_bits(const T* in, int64_t n) {
   return m;
 }
 
-// A contiguous f32 [1, rows, cols] view of host memory, for cpu::gemm.
-TensorView matrix_view(float* p, int64_t rows, int64_t cols) {
-  TensorView v;
-  v.data = p;
-  v.ndim = 3;
-  v.shape[0] = 1, v.shape[1] = rows, v.shape[2] = cols;
-  v.strides[0] = rows * cols, v.strides[1] = cols, v.strides[2] = 1;
-  return v;
-}
-
 void combine_amax(const TensorView& amax, uint32_t bits) {
   float* a = static_cast<float*>(amax.data);
   *a = bits_float(std::max(float_bits(*a) & 0x7fffffffu, bits));
@@ -124,11 +114,9 @@ void gemm_fp8(const Fp8GemmArgs& g) {
   std::vector<float> a = decode(g.a), b = decode(g.b);
   std::vector<float> product(static_cast<size_t>(m * n));
   GemmArgs f32;
-  f32.a = matrix_view(a.data(), m, k);
-  f32.b = matrix_view(b.data(), k, n);  // b [n, k] read as [k, n] through its strides: b^T
-  f32.b.strides[1] = 1;
-  f32.b.strides[2] = k;
-  f32.out = matrix_view(product.data(), m, n);
+  f32.a = matrix_view(a.data(), DType::f32, m, k, k, 1);
+  f32.b = matrix_view(b.data(), DType::f32, k, n, 1, k);  // b [n, k] read as [k, n] through its strides: b^T
+  f32.out = matrix_view(product.data(), DType::f32, m, n, n, 1);
   f32.alpha = *static_cast<const float*>(g.a_scale_inv.data) * *static_cast<const float*>(g.b_scale_inv.data);
   gemm(f32);
   dispatch_half_or_float(g.out.dtype, "gemm_fp8", [&](auto tag) {

@@ -112,6 +112,20 @@ void for_each_row(const TensorView& shape, const std::array<const int64_t*, N>& 
   }
 }
 
+// A [1, rows, cols] view of host memory whose element (r, c) lies at
+// data + r * row_stride + c * col_stride (a transpose swaps the strides):
+// the operand layout of gemm() and onednn_matmul().
+inline TensorView matrix_view(void* data, DType dtype, int64_t rows, int64_t cols, int64_t row_stride,
+                              int64_t col_stride) {
+  TensorView v;
+  v.data = data;
+  v.dtype = dtype;
+  v.ndim = 3;
+  v.shape[0] = 1, v.shape[1] = rows, v.shape[2] = cols;
+  v.strides[0] = rows * cols, v.strides[1] = row_stride, v.strides[2] = col_stride;
+  return v;
+}
+
 // dst = src converted, where both are contiguous of two different dtypes
 // among f32, f16 and bf16 (else false, nothing done).
 bool cast_dense(const TensorView& dst, const TensorView& src);

@@ -57,7 +57,6 @@ void pool_2x2_row(const T* plane, int64_t w, int64_t oy, int64_t wo, T* __restri
     const bool t2 = c > m1;
     const C m2 = t2 ? c : m1;
     const bool t3 = d > m2;
-    store<T, C>(out + ox, t3 ? d : m2);
     which[ox] = t3 ? 3 : t2 ? 2 : t1 ? 1 : 0;
     any_nan |= (a != a) | (b != b) | (c != c) | (d != d);
   }
@@ -68,11 +67,17 @@ void pool_2x2_row(const T* plane, int64_t w, int64_t oy, int64_t wo, T* __restri
       int32_t best = 0;
       for (int32_t e = 1; e < 4; ++e)
         if (beats_max(v[e], v[best])) best = e;
-      store<T, C>(out + ox, v[best]);
       which[ox] = best;
     }
   }
-  for (int64_t ox = 0; ox < wo; ++ox) at[ox] = top + 2 * ox + (which[ox] & 1) + (which[ox] >> 1) * w;
+  // The winners copied as they are: a 16-bit float stored back from f32
+  // would go through the rounding's NaN test, which kept the comparisons'
+  // loop scalar for bf16.
+  for (int64_t ox = 0; ox < wo; ++ox) {
+    const int32_t e = which[ox];
+    out[ox] = (e >> 1 ? r1 : r0)[2 * ox + (e & 1)];
+    at[ox] = top + 2 * ox + (e & 1) + (e >> 1) * w;
+  }
 }
 
 }  // namespace

@@ -270,19 +270,23 @@ OnednnMatmulStats onednn_matmul_stats() {
   return s;
 }
 
-bool onednn_matmul(const TensorView& a, const TensorView& b, const TensorView& out, const TensorView& bias) {
+bool onednn_chosen(DType in, DType out, int64_t batch, int64_t m, int64_t n, int64_t k) {
   const OnednnUse how = use;
   if (how == OnednnUse::kNever || !onednn::usable()) return false;
   auto takes = [](DType t) { return t == DType::f32 || t == DType::bf16; };
-  if (!takes(a.dtype) || b.dtype != a.dtype || !takes(out.dtype) ||
-      (bias.data != nullptr && bias.dtype != DType::f32 && bias.dtype != out.dtype))
-    return false;
-  const int64_t batch = out.shape[0], m = out.shape[1], n = out.shape[2], k = a.shape[2];
+  if (!takes(in) || !takes(out)) return false;
   if (how == OnednnUse::kWhereFaster) {
     const double work =
         static_cast<double>(batch) * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
     if (work < static_cast<double>(kOnednnMinMultiplyAdds) || (batch == 1 && !beyond_avx2())) return false;
   }
+  return true;
+}
+
+bool onednn_matmul(const TensorView& a, const TensorView& b, const TensorView& out, const TensorView& bias) {
+  if (b.dtype != a.dtype || (bias.data != nullptr && bias.dtype != DType::f32 && bias.dtype != out.dtype)) return false;
+  const int64_t batch = out.shape[0], m = out.shape[1], n = out.shape[2], k = a.shape[2];
+  if (!onednn_chosen(a.dtype, out.dtype, batch, m, n, k)) return false;
   const Product product{a, b, out, bias};
   try {
     if (batch >= cpu_threads()) {

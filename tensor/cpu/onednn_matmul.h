@@ -44,6 +44,12 @@ constexpr int64_t kOnednnMinMultiplyAdds = int64_t{1} << 20;
 // oneDNN throws (onednn::rethrow) naming the shapes.
 bool onednn_matmul(const TensorView& a, const TensorView& b, const TensorView& out, const TensorView& bias);
 
+// Whether onednn_matmul() would hand a product of these operand and
+// output dtypes and sizes to oneDNN under the current OnednnUse (oneDNN
+// may still decline it when it makes the primitive): for callers that
+// lay out their operands differently for it (convolutions' bf16 columns).
+bool onednn_chosen(DType in, DType out, int64_t batch, int64_t m, int64_t n, int64_t k);
+
 // Whether this build has oneDNN and it can run here with its threads tied
 // to the backend's (else why not, in `reason`).
 bool onednn_built();

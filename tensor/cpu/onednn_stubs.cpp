@@ -5,6 +5,7 @@
 namespace mpt::cpu {
 
 bool onednn_matmul(const TensorView&, const TensorView&, const TensorView&, const TensorView&) { return false; }
+bool onednn_chosen(DType, DType, int64_t, int64_t, int64_t, int64_t) { return false; }
 bool onednn_built() { return false; }
 bool onednn_usable(std::string* reason) {
   if (reason != nullptr) *reason = "this build of mptrain has no oneDNN (libdnnl-dev 2.x)";
