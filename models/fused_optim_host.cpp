@@ -8,9 +8,9 @@
 #include <cmath>
 
 #include "models/fused_optim.h"
-#include "tensor/host_parallel.h"
 #include "tensor/error.h"
 #include "tensor/half.h"
+#include "tensor/host_parallel.h"
 
 namespace mpt::optim::fused {
 namespace {

@@ -2,8 +2,8 @@
 // over the CPU's threads.
 #include <algorithm>
 #include <cstring>
-#include <type_traits>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "tensor/cpu/cpu_kernels.h"
