@@ -38,15 +38,54 @@ void pool_window_element(const T* plane, int64_t first, int64_t stride, int64_t 
 }
 
 // The common 2x2 window with stride 2 and no padding, one output row of a
-// plane. Each window's four elements are compared in the order the general
-// path takes them (row by row), by plain `>` first: without NaNs that is
-// beats_max, and the loop vectorizes (the NaN rule's extra tests keep
-// GCC's vectorizer off it). A row that holds a NaN is done again with
-// beats_max. `which` (wo entries) is scratch: the winner's place in its
-// window, 0 to 3.
+// plane (bf16: pool_2x2_row_by_place). Each window's four elements are
+// compared in the order the general path takes them (row by row), by
+// plain `>` first: without NaNs that is beats_max, and the loop vectorizes
+// (the NaN rule's extra tests keep GCC's vectorizer off it). The winner
+// and its index are written in that same loop: read back in a second loop
+// from what the vector loop had just stored, they stalled on every load
+// (bench_cpu_conv, f32 pool1: 3.4 -> 1.0-1.2 ms). A row that holds a NaN
+// is done again with beats_max.
 template <typename T, typename C>
-void pool_2x2_row(const T* plane, int64_t w, int64_t oy, int64_t wo, T* __restrict out, int64_t* __restrict at,
-                  int32_t* __restrict which) {
+void pool_2x2_row(const T* plane, int64_t w, int64_t oy, int64_t wo, T* __restrict out, int64_t* __restrict at) {
+  const int64_t top = 2 * oy * w;
+  const T* r0 = plane + top;
+  const T* r1 = r0 + w;
+  int32_t any_nan = 0;
+  for (int64_t ox = 0; ox < wo; ++ox) {
+    const C a = load<T, C>(r0 + 2 * ox), b = load<T, C>(r0 + 2 * ox + 1);
+    const C c = load<T, C>(r1 + 2 * ox), d = load<T, C>(r1 + 2 * ox + 1);
+    const bool t1 = b > a;
+    const C m1 = t1 ? b : a;
+    const bool t2 = c > m1;
+    const C m2 = t2 ? c : m1;
+    const bool t3 = d > m2;
+    store<T, C>(out + ox, t3 ? d : m2);  // a value read from T: exact
+    at[ox] = top + 2 * ox + (t3 ? w + 1 : t2 ? w : t1 ? 1 : 0);
+    any_nan |= (a != a) | (b != b) | (c != c) | (d != d);
+  }
+  if (any_nan) {
+    for (int64_t ox = 0; ox < wo; ++ox) {
+      const int64_t offsets[4] = {0, 1, w, w + 1};
+      const T* window = r0 + 2 * ox;
+      int32_t best = 0;
+      for (int32_t e = 1; e < 4; ++e)
+        if (beats_max(load<T, C>(window + offsets[e]), load<T, C>(window + offsets[best]))) best = e;
+      out[ox] = window[offsets[best]];
+      at[ox] = top + 2 * ox + offsets[best];
+    }
+  }
+}
+
+// pool_2x2_row for bf16: the comparisons in one loop, noting each
+// winner's place in its window (`which`, wo entries of scratch), then the
+// winners copied and their indices written in another. Written in the
+// comparisons' loop as for f32, the mix of 16-, 32- and 64-bit values kept
+// it scalar and slower on cnn's 7-wide rows (bench_cpu_conv, pool2: 1.6 ->
+// 2.3 ms).
+template <typename T, typename C>
+void pool_2x2_row_by_place(const T* plane, int64_t w, int64_t oy, int64_t wo, T* __restrict out,
+                           int64_t* __restrict at, int32_t* __restrict which) {
   const int64_t top = 2 * oy * w;
   const T* r0 = plane + top;
   const T* r1 = r0 + w;
@@ -178,9 +217,16 @@ void max_pool2d_forward(const TensorView& out, const TensorView& indices, const 
       if (plain_2x2) {
         std::vector<int32_t> which(static_cast<size_t>(wo));
         for (int64_t pl = first; pl < last; ++pl)
-          for (int64_t oy = 0; oy < ho; ++oy)
-            pool_2x2_row<T, C>(in + pl * h * w, w, oy, wo, o + (pl * ho + oy) * wo, ix + (pl * ho + oy) * wo,
-                               which.data());
+          for (int64_t oy = 0; oy < ho; ++oy) {
+            const T* plane = in + pl * h * w;
+            T* out_row = o + (pl * ho + oy) * wo;
+            int64_t* at_row = ix + (pl * ho + oy) * wo;
+            if constexpr (std::is_same_v<T, BFloat16>) {
+              pool_2x2_row_by_place<T, C>(plane, w, oy, wo, out_row, at_row, which.data());
+            } else {
+              pool_2x2_row<T, C>(plane, w, oy, wo, out_row, at_row);
+            }
+          }
         return;
       }
       std::vector<C> best(static_cast<size_t>(wo));
