@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 
 #include "tensor/cpu/cpu_threads.h"
@@ -176,34 +177,33 @@ TEST_F(CpuOnednn, Bf16ConvolutionsMeetTheF64Reference) {
   const Tensor dy = randn({13, 16, 16, 16}, DType::bf16);
   const auto f64 = [](const Tensor& t) { return prim::to(t, DType::f64); };
   const auto f64_abs = [&](const Tensor& t) { return abs_of(f64(t)); };
-  // Each group's product on oneDNN: 4 groups a call.
-  auto each_group_on_onednn = [](auto&& f) {
-    const int64_t before = cpu::onednn_matmul_stats().products;
-    Tensor out = f();
-    EXPECT_EQ(cpu::onednn_matmul_stats().products - before, 4) << "products run on oneDNN";
-    return out;
+  // Each pass as a function of its inputs: in bf16 (4 groups, each
+  // product counted on oneDNN), in f64, and in f64 on the magnitudes.
+  struct Pass {
+    const char* name;
+    std::function<Tensor(const Tensor& x, const Tensor& w, const Tensor& dy)> run;
+    int64_t terms;  // products summed into each result
   };
-  {
-    SCOPED_TRACE("forward");
-    const Tensor got = each_group_on_onednn([&] { return prim::conv2d(x, w, p); });
-    expect_close(got, {host_f64(prim::conv2d(f64(x), f64(w), p)), host_f64(prim::conv2d(f64_abs(x), f64_abs(w), p))},
-                 8 * 9);
-  }
-  {
-    SCOPED_TRACE("data gradient");
-    const Tensor got = each_group_on_onednn([&] { return prim::conv2d_backward_data(dy, w, x.shape(), p); });
-    expect_close(got,
-                 {host_f64(prim::conv2d_backward_data(f64(dy), f64(w), x.shape(), p)),
-                  host_f64(prim::conv2d_backward_data(f64_abs(dy), f64_abs(w), x.shape(), p))},
-                 16 * 9);
-  }
-  {
-    SCOPED_TRACE("weight gradient");
-    const Tensor got = each_group_on_onednn([&] { return prim::conv2d_backward_weight(x, dy, w.shape(), p); });
-    expect_close(got,
-                 {host_f64(prim::conv2d_backward_weight(f64(x), f64(dy), w.shape(), p)),
-                  host_f64(prim::conv2d_backward_weight(f64_abs(x), f64_abs(dy), w.shape(), p))},
-                 13 * 16 * 16);
+  const Pass passes[] = {
+      {"forward", [&](const Tensor& x_, const Tensor& w_, const Tensor&) { return prim::conv2d(x_, w_, p); }, 8 * 9},
+      {"data gradient",
+       [&](const Tensor&, const Tensor& w_, const Tensor& dy_) {
+         return prim::conv2d_backward_data(dy_, w_, x.shape(), p);
+       },
+       16 * 9},
+      {"weight gradient",
+       [&](const Tensor& x_, const Tensor&, const Tensor& dy_) {
+         return prim::conv2d_backward_weight(x_, dy_, w.shape(), p);
+       },
+       13 * 16 * 16}};
+  for (const Pass& pass : passes) {
+    SCOPED_TRACE(pass.name);
+    const int64_t before = cpu::onednn_matmul_stats().products;
+    const Tensor got = pass.run(x, w, dy);
+    EXPECT_EQ(cpu::onednn_matmul_stats().products - before, 4) << "products run on oneDNN";
+    const Reference want{host_f64(pass.run(f64(x), f64(w), f64(dy))),
+                         host_f64(pass.run(f64_abs(x), f64_abs(w), f64_abs(dy)))};
+    expect_close(got, want, pass.terms);
   }
 }
 

@@ -119,6 +119,14 @@ void im2col(const T* image, const Geometry& g, C* cols, int64_t ld) {
   });
 }
 
+// The column matrices of `images` images from `group_x` on, side by side
+// in `cols` (rows images * ho*wo wide).
+template <typename T, typename C>
+void im2col_group(const T* group_x, const Geometry& g, int64_t images, C* cols) {
+  const int64_t image_size = g.c * g.h * g.w, width = images * g.col_cols();
+  for (int64_t j = 0; j < images; ++j) im2col<T, C>(group_x + j * image_size, g, cols + j * g.col_cols(), width);
+}
+
 // Images go through the products in groups whose column matrices lie side
 // by side: one product [o, c*kh*kw] x [c*kh*kw, images * ho*wo] for the
 // group instead of one an image. A 14x14 image has only 196 columns, and
@@ -222,8 +230,7 @@ void conv2d_forward(const TensorView& out, const TensorView& x, const TensorView
         const T* group_x = static_cast<const T*>(x.data) + first * image_size;
         if constexpr (std::is_same_v<T, BFloat16>) {
           if (on_bf16) {
-            for (int64_t j = 0; j < images; ++j)
-              im2col<T, T>(group_x + j * image_size, g, cols_16.get() + j * g.col_cols(), width);
+            im2col_group<T, T>(group_x, g, images, cols_16.get());
             if (bf16_product(bf16_rows(w.data, g.o, g.col_rows()), bf16_rows(cols_16.get(), g.col_rows(), width),
                              result.get())) {
               scatter_planes<T, C>(result.get(), g, images, static_cast<T*>(out.data) + first * out_size);
@@ -231,8 +238,7 @@ void conv2d_forward(const TensorView& out, const TensorView& x, const TensorView
             }
           }
         }
-        for (int64_t j = 0; j < images; ++j)
-          im2col<T, C>(group_x + j * image_size, g, cols.get() + j * g.col_cols(), width);
+        im2col_group<T, C>(group_x, g, images, cols.get());
         MatMap<C>(result.get(), g.o, width).noalias() = wm * MatMap<C>(cols.get(), g.col_rows(), width);
         scatter_planes<T, C>(result.get(), g, images, static_cast<T*>(out.data) + first * out_size);
       }
@@ -318,8 +324,7 @@ void conv2d_backward_weight(const TensorView& grad_w, const TensorView& x, const
         const T* group_grad_out = static_cast<const T*>(grad_out.data) + first * out_size;
         if constexpr (std::is_same_v<T, BFloat16>) {
           if (on_bf16) {
-            for (int64_t j = 0; j < images; ++j)
-              im2col<T, T>(group_x + j * image_size, g, cols_16.get() + j * g.col_cols(), width);
+            im2col_group<T, T>(group_x, g, images, cols_16.get());
             gather_planes<T, T>(group_grad_out, g, images, go_16.get());
             if (bf16_product(bf16_rows(go_16.get(), g.o, width), bf16_transposed(cols_16.get(), g.col_rows(), width),
                              group_sum.data())) {
@@ -328,8 +333,7 @@ void conv2d_backward_weight(const TensorView& grad_w, const TensorView& x, const
             }
           }
         }
-        for (int64_t j = 0; j < images; ++j)
-          im2col<T, C>(group_x + j * image_size, g, cols.get() + j * g.col_cols(), width);
+        im2col_group<T, C>(group_x, g, images, cols.get());
         gather_planes<T, C>(group_grad_out, g, images, go.get());
         acc.noalias() += MatMap<C>(go.get(), g.o, width) * MatMap<C>(cols.get(), g.col_rows(), width).transpose();
       }

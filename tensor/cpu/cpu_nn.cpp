@@ -37,8 +37,23 @@ void pool_window_element(const T* plane, int64_t first, int64_t stride, int64_t 
   }
 }
 
+// A 2x2 window's element `place` (0 to 3, row by row) as an offset from
+// its top-left element, in a plane `w` wide.
+inline int64_t place_offset(int32_t place, int64_t w) { return (place & 1) + (place >> 1) * w; }
+
+// The place of the window's maximum by beats_max (a NaN wins, a tie keeps
+// the earlier element): the rule for rows that hold a NaN.
+template <typename T, typename C>
+int32_t window_max_place(const T* window, int64_t w) {
+  auto value = [&](int32_t place) { return load<T, C>(window + place_offset(place, w)); };
+  int32_t best = 0;
+  for (int32_t place = 1; place < 4; ++place)
+    if (beats_max(value(place), value(best))) best = place;
+  return best;
+}
+
 // The common 2x2 window with stride 2 and no padding, one output row of a
-// plane (bf16: pool_2x2_row_by_place). Each window's four elements are
+// plane (bf16: pool_2x2_row_bf16). Each window's four elements are
 // compared in the order the general path takes them (row by row), by
 // plain `>` first: without NaNs that is beats_max, and the loop vectorizes
 // (the NaN rule's extra tests keep GCC's vectorizer off it). The winner
@@ -66,13 +81,9 @@ void pool_2x2_row(const T* plane, int64_t w, int64_t oy, int64_t wo, T* __restri
   }
   if (any_nan) {
     for (int64_t ox = 0; ox < wo; ++ox) {
-      const int64_t offsets[4] = {0, 1, w, w + 1};
-      const T* window = r0 + 2 * ox;
-      int32_t best = 0;
-      for (int32_t e = 1; e < 4; ++e)
-        if (beats_max(load<T, C>(window + offsets[e]), load<T, C>(window + offsets[best]))) best = e;
-      out[ox] = window[offsets[best]];
-      at[ox] = top + 2 * ox + offsets[best];
+      const int64_t offset = place_offset(window_max_place<T, C>(r0 + 2 * ox, w), w);
+      out[ox] = r0[2 * ox + offset];
+      at[ox] = top + 2 * ox + offset;
     }
   }
 }
@@ -82,54 +93,38 @@ void pool_2x2_row(const T* plane, int64_t w, int64_t oy, int64_t wo, T* __restri
 // winners copied and their indices written in another. Written in the
 // comparisons' loop as for f32, the mix of 16-, 32- and 64-bit values kept
 // it scalar and slower on cnn's 7-wide rows (bench_cpu_conv, pool2: 1.6 ->
-// 2.3 ms).
-template <typename T, typename C>
-void pool_2x2_row_by_place(const T* plane, int64_t w, int64_t oy, int64_t wo, T* __restrict out,
-                           int64_t* __restrict at, int32_t* __restrict which) {
+// 2.3 ms). Copied as they are, the winners keep their bits: stored back
+// from f32 they would go through the rounding's NaN test, which kept the
+// comparisons' loop scalar too.
+void pool_2x2_row_bf16(const BFloat16* plane, int64_t w, int64_t oy, int64_t wo, BFloat16* __restrict out,
+                       int64_t* __restrict at, int32_t* __restrict which) {
   const int64_t top = 2 * oy * w;
-  const T* r0 = plane + top;
-  const T* r1 = r0 + w;
+  const BFloat16* r0 = plane + top;
+  const BFloat16* r1 = r0 + w;
   int32_t any_nan = 0;
   for (int64_t ox = 0; ox < wo; ++ox) {
-    C a, b, c, d;
-    if constexpr (std::is_same_v<T, BFloat16>) {
-      // Each pair of neighbours as one 32-bit word, low half first: a
-      // unit-stride load that vectorizes, where 16-bit loads two apart do
-      // not (a bf16 value is the top half of its f32).
-      uint32_t top, bottom;
-      std::memcpy(&top, r0 + 2 * ox, sizeof top);
-      std::memcpy(&bottom, r1 + 2 * ox, sizeof bottom);
-      a = bits_float(top << 16), b = bits_float(top & 0xffff0000u);
-      c = bits_float(bottom << 16), d = bits_float(bottom & 0xffff0000u);
-    } else {
-      a = load<T, C>(r0 + 2 * ox), b = load<T, C>(r0 + 2 * ox + 1);
-      c = load<T, C>(r1 + 2 * ox), d = load<T, C>(r1 + 2 * ox + 1);
-    }
+    // Each pair of neighbours as one 32-bit word, low half first: a
+    // unit-stride load that vectorizes, where 16-bit loads two apart do not
+    // (a bf16 value is the top half of its f32).
+    uint32_t top_pair, bottom_pair;
+    std::memcpy(&top_pair, r0 + 2 * ox, sizeof top_pair);
+    std::memcpy(&bottom_pair, r1 + 2 * ox, sizeof bottom_pair);
+    const float a = bits_float(top_pair << 16), b = bits_float(top_pair & 0xffff0000u);
+    const float c = bits_float(bottom_pair << 16), d = bits_float(bottom_pair & 0xffff0000u);
     const bool t1 = b > a;
-    const C m1 = t1 ? b : a;
+    const float m1 = t1 ? b : a;
     const bool t2 = c > m1;
-    const C m2 = t2 ? c : m1;
+    const float m2 = t2 ? c : m1;
     const bool t3 = d > m2;
     which[ox] = t3 ? 3 : t2 ? 2 : t1 ? 1 : 0;
     any_nan |= (a != a) | (b != b) | (c != c) | (d != d);
   }
-  if (any_nan) {
-    for (int64_t ox = 0; ox < wo; ++ox) {
-      const C v[4] = {load<T, C>(r0 + 2 * ox), load<T, C>(r0 + 2 * ox + 1), load<T, C>(r1 + 2 * ox),
-                      load<T, C>(r1 + 2 * ox + 1)};
-      int32_t best = 0;
-      for (int32_t e = 1; e < 4; ++e)
-        if (beats_max(v[e], v[best])) best = e;
-      which[ox] = best;
-    }
-  }
-  // The winners copied as they are: a 16-bit float stored back from f32
-  // would go through the rounding's NaN test, which kept the comparisons'
-  // loop scalar for bf16.
+  if (any_nan)
+    for (int64_t ox = 0; ox < wo; ++ox) which[ox] = window_max_place<BFloat16, float>(r0 + 2 * ox, w);
   for (int64_t ox = 0; ox < wo; ++ox) {
-    const int32_t e = which[ox];
-    out[ox] = (e >> 1 ? r1 : r0)[2 * ox + (e & 1)];
-    at[ox] = top + 2 * ox + (e & 1) + (e >> 1) * w;
+    const int64_t offset = place_offset(which[ox], w);
+    out[ox] = r0[2 * ox + offset];
+    at[ox] = top + 2 * ox + offset;
   }
 }
 
@@ -222,7 +217,7 @@ void max_pool2d_forward(const TensorView& out, const TensorView& indices, const 
             T* out_row = o + (pl * ho + oy) * wo;
             int64_t* at_row = ix + (pl * ho + oy) * wo;
             if constexpr (std::is_same_v<T, BFloat16>) {
-              pool_2x2_row_by_place<T, C>(plane, w, oy, wo, out_row, at_row, which.data());
+              pool_2x2_row_bf16(plane, w, oy, wo, out_row, at_row, which.data());
             } else {
               pool_2x2_row<T, C>(plane, w, oy, wo, out_row, at_row);
             }
