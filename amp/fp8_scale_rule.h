@@ -74,18 +74,41 @@ struct DelayedScalingState {
   float* scale = nullptr;       // starts at 1
 };
 
+// Whether delayed scaling records an amax (inf and NaN it does not).
+MPT_HOST_DEVICE inline bool fp8_amax_recordable(float amax) { return amax >= 0.0f && amax <= 3.4028235e38f; }
+
+// The larger of `reduced` and the history entries begin, begin + step, ...
+// (below history_length), leaving out `skip`: one reader's share of the max
+// reduction (the GPU splits a history over a warp's lanes; the maximum does
+// not depend on the order).
+MPT_HOST_DEVICE inline float fp8_history_max(const float* history, int64_t history_length, int64_t begin,
+                                             int64_t step, int64_t skip, float reduced) {
+  for (int64_t i = begin; i < history_length; i += step)
+    if (i != skip && history[i] > reduced) reduced = history[i];
+  return reduced;
+}
+
+// Records a recordable amax in place of the oldest entry and recomputes the
+// scale; `others_max` is the maximum of the other entries and the amax
+// (fp8_history_max from the amax, skipping the entry replaced), read only
+// under the max reduction.
+MPT_HOST_DEVICE inline void record_delayed_amax(const DelayedScalingRule& rule, float amax, float others_max,
+                                                DelayedScalingState s) {
+  s.history[*s.recorded % rule.history_length] = amax;
+  *s.recorded += 1;
+  const float reduced = rule.reduction == AmaxReduction::max ? others_max : amax;
+  *s.scale = fp8_scale_for_amax(reduced, rule.target_max, *s.scale);
+}
+
 // Records one step's amax and recomputes the scale from the history.
 // Returns whether the amax was recorded (false for inf or NaN).
 MPT_HOST_DEVICE inline bool update_delayed_scaling(const DelayedScalingRule& rule, float amax,
                                                    DelayedScalingState s) {
-  if (!(amax >= 0.0f) || !(amax <= 3.4028235e38f)) return false;
+  if (!fp8_amax_recordable(amax)) return false;
   const int64_t n = rule.history_length;
-  s.history[*s.recorded % n] = amax;
-  *s.recorded += 1;
-  float reduced = amax;
-  if (rule.reduction == AmaxReduction::max)
-    for (int64_t i = 0; i < n; ++i) reduced = s.history[i] > reduced ? s.history[i] : reduced;
-  *s.scale = fp8_scale_for_amax(reduced, rule.target_max, *s.scale);
+  const float others_max =
+      rule.reduction == AmaxReduction::max ? fp8_history_max(s.history, n, 0, 1, *s.recorded % n, amax) : amax;
+  record_delayed_amax(rule, amax, others_max, s);
   return true;
 }
 

@@ -7,8 +7,12 @@ set -euo pipefail
 build=${1:-build}
 stage=${2:-build-stage}
 rm -rf "$stage"
-mkdir -p "$stage/tests" "$stage/tools"
+mkdir -p "$stage/tests" "$stage/tools" "$stage/bench"
 cp -a "$build"/libmptrain.so* "$stage/"
+# The GPU's own benchmarks (scripts/fp8_vs_torch.py runs bench_fp8_gemm).
+for b in "$build"/bench/bench_fp8_gemm "$build"/bench/bench_gemm_candidates; do
+  [[ -f $b && -x $b ]] && cp -a "$b" "$stage/bench/"
+done
 for t in "$build"/tests/test_* "$build"/tests/*_worker "$build"/tests/parallel/*; do
   [[ -f $t && -x $t ]] && cp -a "$t" "$stage/tests/"
 done
@@ -46,5 +50,5 @@ if [[ ${MPT_STAGE_DATA:-0} == 1 ]]; then
   cp /usr/share/datasets/fashion-mnist/*.gz /usr/share/games/fortunes/fortunes "$stage/data/"
 fi
 # Symbol tables are not needed there, and the copy must stay small.
-strip --strip-unneeded "$stage"/tests/* "$stage"/tools/*/* "$stage"/libmptrain.so.* 2>/dev/null || true
+strip --strip-unneeded "$stage"/tests/* "$stage"/tools/*/* "$stage"/bench/* "$stage"/libmptrain.so.* 2>/dev/null || true
 du -sh "$stage"

@@ -7,6 +7,7 @@
 // than compute capability 8.9, which must refuse them by name.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -192,6 +193,54 @@ TEST(CudaFp8, LinearOverDelayedScalingStepsMatchesTheCpu) {
         wg->set_grad(Tensor());
       }
     }
+  }
+}
+
+// Delayed scaling's per-step update on the GPU (a warp per tensor sharing
+// the history's max) against the CPU's loop, bit for bit: histories
+// shorter and longer than a warp, both reductions, slots spread over
+// several blocks, and amaxes of 0, inf and NaN among the random ones.
+TEST(CudaFp8, DelayedUpdateMatchesTheCpuBitForBit) {
+  MPT_SKIP_WITHOUT_CUDA();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed);
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> exponent(-30.0f, 30.0f);
+  std::uniform_int_distribution<int> pick(0, 19);
+  const float specials[] = {0.0f, std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()};
+  for (const auto& [history, reduction] : {std::pair{int64_t{5}, amp::AmaxReduction::max},
+                                           {int64_t{37}, amp::AmaxReduction::max},
+                                           {int64_t{1024}, amp::AmaxReduction::max},
+                                           {int64_t{70}, amp::AmaxReduction::most_recent}}) {
+    SCOPED_TRACE(history);
+    amp::Fp8Recipe recipe;
+    recipe.history_length = history;
+    recipe.reduction = reduction;
+    recipe.margin = 1.0f;
+    amp::Fp8Scaling cpu(recipe, kCPU), gpu(recipe, kGPU);
+    const int64_t slots = 9;  // three blocks of warps, the last one part full
+    for (amp::Fp8Scaling* s : {&cpu, &gpu}) {
+      s->add_slots(Fp8Group::forward, slots);
+      s->add_slots(Fp8Group::backward, 2);
+    }
+    for (int step = 0; step < 90; ++step) {
+      for (Fp8Group group : {Fp8Group::forward, Fp8Group::backward}) {
+        std::vector<float> amax(static_cast<size_t>(cpu.slots(group)));
+        for (float& a : amax) {
+          const int p = pick(rng);
+          a = p < 3 ? specials[p] : std::exp2(exponent(rng));
+        }
+        prim::copy_(cpu.amax(group), from_vector(amax, {cpu.slots(group)}));
+        prim::copy_(gpu.amax(group), from_vector(amax, {gpu.slots(group)}, kGPU));
+      }
+      cpu.update();
+      gpu.update();
+    }
+    for (size_t i = 0; i < cpu.state().size(); ++i)
+      EXPECT_EQ(bytes_of(gpu.state()[i].second), bytes_of(cpu.state()[i].second)) << cpu.state()[i].first;
+    // The rule ran: some scales moved away from 1.
+    const std::vector<float> scales = cpu.scale(Fp8Group::forward).to_vector<float>();
+    EXPECT_TRUE(std::any_of(scales.begin(), scales.end(), [](float s) { return s != 1.0f; }));
   }
 }
 
