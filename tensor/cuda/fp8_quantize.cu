@@ -144,12 +144,25 @@ __global__ void column_block_sums(const T* __restrict__ in, const T* __restrict_
   }
 }
 
-// column_sums[c] = the partial sums of column c in block order.
+// column_sums[c] = the partial sums of column c in block order. A thread
+// per column, so the threads are few (768 for GPT-2's 768 columns) and each
+// reads hundreds of partial sums: loaded kBatch at a time ahead of their
+// adds, so that the loads overlap instead of each waiting on the memory in
+// turn (50 us a call before, for 256 blocks of rows).
 __global__ void finish_column_sums(const float* __restrict__ partial_sums, int64_t blocks, int64_t cols,
                                    float* column_sums) {
+  constexpr int kBatch = 16;
   for (int64_t c = global_thread(); c < cols; c += grid_threads()) {
     float sum = 0.0f;
-    for (int64_t b = 0; b < blocks; ++b) sum += partial_sums[b * cols + c];
+    int64_t b = 0;
+    for (; b + kBatch <= blocks; b += kBatch) {
+      float batch[kBatch];
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) batch[i] = partial_sums[(b + i) * cols + c];
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) sum += batch[i];
+    }
+    for (; b < blocks; ++b) sum += partial_sums[b * cols + c];
     column_sums[c] = sum;
   }
 }
