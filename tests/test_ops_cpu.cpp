@@ -754,6 +754,48 @@ TEST(CpuCasts, DenseCastsMatchTheElementLoopBitForBit) {
     }
 }
 
+// 16-bit GELU (both forms) runs through tables of every input's result:
+// for each of the 65536 bit patterns, forward and backward must give the
+// bits of the f32 rule on the widened operands, rounded once (NaN as NaN),
+// as the computation they replace did; a strided view still computes.
+TEST(CpuElementwise, SixteenBitGeluIsTheF32RuleRoundedOnceForEveryInput) {
+  const uint64_t seed = testing::fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937_64 rng(seed);
+  const int64_t n = int64_t{1} << 16;
+  // The same bits, or NaN in both.
+  auto expect_same = [n](const Tensor& got, const Tensor& want, const char* what) {
+    const auto* a = static_cast<const uint16_t*>(got.data_ptr());
+    const auto* b = static_cast<const uint16_t*>(want.data_ptr());
+    const std::vector<float> a32 = prim::to(got, DType::f32).to_vector<float>();
+    const std::vector<float> b32 = prim::to(want, DType::f32).to_vector<float>();
+    int64_t differing = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const auto k = static_cast<size_t>(i);
+      if (a[i] != b[i] && !(std::isnan(a32[k]) && std::isnan(b32[k])) && differing++ < 5)
+        ADD_FAILURE() << what << ", input bits " << i << ": " << a[i] << " against " << b[i];
+    }
+    EXPECT_EQ(differing, 0) << what;
+  };
+  for (DType dt : {DType::bf16, DType::f16})
+    for (auto [forward, backward] : {std::pair{UnaryOp::gelu_erf, BinaryOp::gelu_erf_backward},
+                                     {UnaryOp::gelu_tanh, BinaryOp::gelu_tanh_backward}}) {
+      SCOPED_TRACE(fmt::format("{} {}", dtype_name(dt), unary_op_name(forward)));
+      const Tensor x = Tensor::empty({n}, dt);
+      auto* bits = static_cast<uint16_t*>(x.data_ptr());
+      for (int64_t i = 0; i < n; ++i) bits[i] = static_cast<uint16_t>(i);
+      const Tensor g = prim::to(prim::mul_scalar(randn({n}), 3.0), dt);
+      const Tensor x32 = prim::to(x, DType::f32), g32 = prim::to(g, DType::f32);
+      const Tensor y = prim::unary(forward, x);
+      expect_same(y, prim::to(prim::unary(forward, x32), dt), "forward");
+      expect_same(prim::binary(backward, g, x), prim::to(prim::binary(backward, g32, x32), dt), "backward");
+      // Every other element of a longer tensor: the computing loop.
+      const Tensor spread = Tensor::empty({2 * n}, dt);
+      prim::copy_(prim::slice(spread, 0, 0, 2 * n, 2), x);
+      expect_same(prim::contiguous(prim::unary(forward, prim::slice(spread, 0, 0, 2 * n, 2))), y, "strided forward");
+    }
+}
+
 // scaled_copy_list_ on the CPU: each element is x * scale in f32, rounded
 // once to the destination (a scale of 1 casts as copy_ does), over a list
 // of tensors small and large whose elements are split over the threads as

@@ -2,7 +2,9 @@
 // functor; the strided loop is shared. 16-bit floats compute in f32. Dense
 // operands of many elements are split over the backend's threads.
 #include <cmath>
+#include <cstdint>
 #include <type_traits>
+#include <vector>
 
 #include "tensor/cpu/cpu_kernels.h"
 #include "tensor/cpu/cpu_threads.h"
@@ -48,6 +50,78 @@ template <typename C>
 template <typename C>
 [[gnu::always_inline]] inline C gelu_erf_grad(C x) {
   return static_cast<C>(0.5) * gelu_one_plus_erf(x) + x * gelu_gaussian(x) * static_cast<C>(kInvSqrt2Pi);
+}
+
+// GELU of a 16-bit input is a function of its 65536 bit patterns: tables
+// of the f32 rule's rounded result (forward) and of its f32 derivative
+// (backward, still multiplied by the gradient in f32), made once per dtype
+// and form by the very functions the loops call, so a lookup gives the
+// bits the computation would (the build has no contraction,
+// -ffp-contract=off). A lookup costs a few cycles where erf's polynomial
+// and exponentials cost tens (bench_cpu_attention's gelu).
+template <typename T>
+struct GeluTables {
+  std::vector<uint16_t> value;  // bits of gelu(x) in T
+  std::vector<float> slope;     // gelu'(x) in f32
+};
+
+template <typename T, bool kTanh>
+const GeluTables<T>& gelu_tables() {
+  static const GeluTables<T> tables = [] {
+    GeluTables<T> t;
+    t.value.resize(size_t{1} << 16);
+    t.slope.resize(size_t{1} << 16);
+    for (uint32_t bits = 0; bits < (uint32_t{1} << 16); ++bits) {
+      const T x = T::from_bits(static_cast<uint16_t>(bits));
+      const float xf = load<T, float>(&x);
+      T y;
+      store<T, float>(&y, kTanh ? gelu_tanh(xf) : gelu_erf(xf));
+      t.value[bits] = y.bits;
+      t.slope[bits] = kTanh ? gelu_tanh_grad(xf) : gelu_erf_grad(xf);
+    }
+    return t;
+  }();
+  return tables;
+}
+
+// Dense 16-bit GELU through the tables; false (nothing done) for other
+// dtypes, ops or layouts.
+template <typename T>
+bool gelu_by_table(UnaryOp op, const TensorView& out, const TensorView& in) {
+  if constexpr (!std::is_same_v<T, BFloat16> && !std::is_same_v<T, Half>) {
+    return false;
+  } else {
+    if ((op != UnaryOp::gelu_erf && op != UnaryOp::gelu_tanh) || !out.is_contiguous() || !in.is_contiguous())
+      return false;
+    const uint16_t* table = (op == UnaryOp::gelu_tanh ? gelu_tables<T, true>() : gelu_tables<T, false>()).value.data();
+    auto* o = static_cast<T*>(out.data);
+    const auto* x = static_cast<const T*>(in.data);
+    parallel_for_elements(out.numel(), [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) o[i].bits = table[x[i].bits];
+    });
+    return true;
+  }
+}
+
+// The same for the backward ops, out = grad * gelu'(x) rounded once.
+template <typename T>
+bool gelu_backward_by_table(BinaryOp op, const TensorView& out, const TensorView& grad, const TensorView& in) {
+  if constexpr (!std::is_same_v<T, BFloat16> && !std::is_same_v<T, Half>) {
+    return false;
+  } else {
+    if ((op != BinaryOp::gelu_erf_backward && op != BinaryOp::gelu_tanh_backward) || !out.is_contiguous() ||
+        !grad.is_contiguous() || !in.is_contiguous())
+      return false;
+    const float* slope =
+        (op == BinaryOp::gelu_tanh_backward ? gelu_tables<T, true>() : gelu_tables<T, false>()).slope.data();
+    auto* o = static_cast<T*>(out.data);
+    const auto* g = static_cast<const T*>(grad.data);
+    const auto* x = static_cast<const T*>(in.data);
+    parallel_for_elements(out.numel(), [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) store<T, float>(o + i, load<T, float>(g + i) * slope[x[i].bits]);
+    });
+    return true;
+  }
 }
 
 // The rows' loops, with the common strides spelled out as constants so
@@ -109,6 +183,7 @@ void unary(UnaryOp op, const TensorView& out, const TensorView& in, double alpha
     using T = decltype(tag);
     using C = typename ComputeType<T>::type;
     const C a = static_cast<C>(alpha), b = static_cast<C>(beta);
+    if (gelu_by_table<T>(op, out, in)) return;
     auto run = [&](auto f) { unary_loop<T>(out, in, f); };
     switch (op) {
       case UnaryOp::neg: return run([](C x) { return -x; });
@@ -138,6 +213,7 @@ void binary(BinaryOp op, const TensorView& out, const TensorView& a, const Tenso
     using T = decltype(tag);
     using C = typename ComputeType<T>::type;
     constexpr C one = 1, zero = 0;
+    if (gelu_backward_by_table<T>(op, out, a, b)) return;
     auto run = [&](auto f) { binary_loop<T>(out, a, b, f); };
     switch (op) {
       case BinaryOp::add: return run([](C x, C y) { return x + y; });
