@@ -35,11 +35,19 @@ struct Fp8LinearState {
   int64_t input_slot = -1, weight_slot = -1;  // forward group
   int64_t grad_slot = -1;                     // backward group
   // The weight's FP8 copies ([out, in] and [in, out]) and 1 / their scale,
-  // made from the weight whose storage and version are recorded here.
+  // made from the weight whose storage and version are recorded here: by
+  // fp8_linear when the weight has changed since, or in place by an
+  // optimizer's step that updates the weight (optim::Optimizer::
+  // write_fp8_copies), which then calls copies_made_from().
   Tensor weight_fp8, weight_fp8_t, weight_scale_inv;
   const void* weight_storage = nullptr;
   uint64_t weight_version = 0;
   bool warned = false;  // about a shape that ran in higher precision
+
+  void copies_made_from(const Tensor& weight) {
+    weight_storage = weight.storage().get();
+    weight_version = weight.version();
+  }
 
   // Three new slots in `scaling` for one layer, named "<name>.input",
   // "<name>.weight" and "<name>.grad_output".

@@ -64,6 +64,7 @@ class Fp8Scaling {
   // observed step is not one to capture in a CUDA graph.
   using Observer = std::function<void(Fp8Group group, int64_t slot, const Tensor& in, const Tensor& scale)>;
   void set_observer(Observer observer) { observer_ = std::move(observer); }
+  bool observed() const { return static_cast<bool>(observer_); }
 
   // `in` [rows, cols] in the group's format with the slot's scale (current
   // scaling: from in's own amax first, kept as the slot's scale); in's

@@ -1,7 +1,9 @@
 #include "models/adamw.h"
 
 #include <cmath>
+#include <cstdint>
 
+#include "amp/fp8_linear.h"
 #include "models/fused_optim.h"
 #include "tensor/device_guard.h"
 #include "tensor/ops.h"
@@ -25,6 +27,7 @@ AdamW::AdamW(std::vector<ParamGroup> groups, const AdamWOptions& options)
     : Optimizer("AdamW", std::move(groups), options.lr, options.weight_decay), options_(validated(options)) {}
 
 void AdamW::update_group(const Group& group, std::vector<ParamUpdate>& batch) {
+  fp8_written_.clear();  // after_update() stamps what this call writes
   const double b1 = options_.beta1, b2 = options_.beta2;
   for (ParamUpdate& u : batch) {
     OrderedDict<Tensor>& s = u.state->buffers;
@@ -77,7 +80,38 @@ void AdamW::update_group(const Group& group, std::vector<ParamUpdate>& batch) {
       return;
     }
     DeviceGuard guard(device);
-    fused::adamw(batch.front().param.dtype(), tensors, scalars);
+    // Weights whose FP8 copies this step writes take a launch each.
+    std::vector<fused::AdamWTensor> plain;
+    for (size_t i = 0; i < batch.size(); ++i) {
+      const void* key = batch[i].param.impl_ptr().get();
+      const auto it = fp8_copies_.find(key);
+      if (it == fp8_copies_.end()) {
+        plain.push_back(tensors[i]);
+        continue;
+      }
+      const amp::Fp8LinearState& layer = *it->second;
+      amp::Fp8Scaling& scaling = *layer.scaling;
+      const int64_t rows = batch[i].param.shape()[0], cols = batch[i].param.shape()[1];
+      const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+      check(layer.weight_fp8.shape() == Shape{rows, cols} && layer.weight_fp8_t.shape() == Shape{cols, rows} &&
+                aligned(tensors[i].param) && aligned(tensors[i].grad) && aligned(tensors[i].exp_avg) &&
+                aligned(tensors[i].exp_avg_sq) && aligned(layer.weight_fp8.data_ptr()) &&
+                aligned(layer.weight_fp8_t.data_ptr()) && rows / 64 < 65535,
+            "AdamW: the FP8 copies of {} are {} and {} (the sizes' transposes, every operand 16-byte aligned)",
+            describe(batch[i].param), describe(layer.weight_fp8), describe(layer.weight_fp8_t));
+      const fused::QuantizedCopyTarget target{
+          layer.weight_fp8.data_ptr(),
+          layer.weight_fp8_t.data_ptr(),
+          static_cast<const float*>(scaling.scale(amp::Fp8Group::forward).data_ptr()) + layer.weight_slot,
+          static_cast<float*>(layer.weight_scale_inv.data_ptr()),
+          static_cast<float*>(scaling.amax(amp::Fp8Group::forward).data_ptr()) + layer.weight_slot,
+          rows,
+          cols,
+          amp::fp8_format(amp::Fp8Group::forward) == DType::e5m2};
+      fused::adamw_quantized(tensors[i], target, scalars);
+      fp8_written_.insert(key);
+    }
+    if (!plain.empty()) fused::adamw(batch.front().param.dtype(), plain, scalars);
     if (device_steps) fused::advance_steps(steps, scalars.found_inf);
     return;
   }
@@ -110,6 +144,24 @@ void AdamW::update_group(const Group& group, std::vector<ParamUpdate>& batch) {
     for (const auto& [stored, computed] : {std::pair{u.param, p}, {m_stored, m}, {v_stored, v}})
       if (!stored.is_same(computed)) prim::copy_(stored, computed);
   }
+}
+
+bool AdamW::write_fp8_copies(const Tensor& param, std::shared_ptr<amp::Fp8LinearState> layer) {
+  const bool weight_fits = param.defined() && param.device().is_cuda() && param.dtype() == DType::f32 &&
+                           param.dim() == 2 && param.is_contiguous() && param.shape()[0] % 16 == 0 &&
+                           param.shape()[1] % 16 == 0;
+  const bool layer_fits = layer && layer->scaling && layer->scaling->recipe().scaling == amp::Fp8ScalingMode::delayed &&
+                          !layer->scaling->observed() && layer->scaling->device() == param.device() &&
+                          layer->weight_fp8.defined() && layer->weight_fp8_t.defined() &&
+                          layer->weight_scale_inv.defined();
+  if (!fused() || !fused::available() || !weight_fits || !layer_fits) return false;
+  fp8_copies_[param.impl_ptr().get()] = std::move(layer);
+  return true;
+}
+
+void AdamW::after_update(const std::vector<ParamUpdate>& batch) {
+  for (const ParamUpdate& u : batch)
+    if (fp8_written_.erase(u.param.impl_ptr().get())) fp8_copies_.at(u.param.impl_ptr().get())->copies_made_from(u.param);
 }
 
 }  // namespace mpt::optim

@@ -10,6 +10,10 @@ void adamw(DType, const std::vector<AdamWTensor>&, const AdamWScalars&) {
   throw NotAvailableError("fused AdamW: this build of mptrain has no CUDA support");
 }
 
+void adamw_quantized(const AdamWTensor&, const QuantizedCopyTarget&, const AdamWScalars&) {
+  throw NotAvailableError("fused AdamW: this build of mptrain has no CUDA support");
+}
+
 void advance_steps(const std::vector<float*>&, const float*) {
   throw NotAvailableError("fused AdamW: this build of mptrain has no CUDA support");
 }

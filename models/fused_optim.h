@@ -52,6 +52,26 @@ struct AdamWScalars {
 
 // On the current device's current stream; dtype f32, f16 or bf16.
 void adamw(DType dtype, const std::vector<AdamWTensor>& tensors, const AdamWScalars& s);
+
+// Where adamw_quantized() writes the FP8 copies of an updated f32 weight
+// [rows, cols] (both multiples of 16, fewer than 65535 * 64 rows; every
+// pointer, the tensor's four too, 16-byte aligned: the caller checks):
+// codes of w * scale as prim::quantize_fp8 makes them, row-major and
+// transposed, 1 / scale, and |w|'s maximum joined into *amax.
+struct QuantizedCopyTarget {
+  void* data;    // [rows, cols]
+  void* data_t;  // [cols, rows]
+  const float* scale;
+  float* scale_inv;
+  float* amax;
+  int64_t rows, cols;
+  bool e5m2;  // else E4M3
+};
+// adamw() for one f32 parameter, writing its FP8 copies in the same pass
+// (in a step that found_inf skips, the copies of the unchanged values):
+// the update's bits are adamw()'s, the copies' those of quantize_fp8 on
+// the updated parameter. CUDA only.
+void adamw_quantized(const AdamWTensor& tensor, const QuantizedCopyTarget& copy, const AdamWScalars& s);
 // Adds one to each step count (f32 [1] each), unless found_inf (when not
 // null) is nonzero: the step that adamw() just took or skipped on the device.
 void advance_steps(const std::vector<float*>& steps, const float* found_inf);

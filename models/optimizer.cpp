@@ -201,7 +201,14 @@ void Optimizer::step() {
     // The rules write through their own kernels: the versions say so, for
     // autograd's saved tensors and autocast's cached casts.
     for (const ParamUpdate& u : batch) u.param.bump_version();
+    if (!batch.empty()) after_update(batch);
   }
+}
+
+bool Optimizer::write_fp8_copies(const Tensor& param, std::shared_ptr<amp::Fp8LinearState> layer) {
+  (void)param;
+  (void)layer;
+  return false;
 }
 
 void Optimizer::step_skipping_if(const Tensor& found_inf) {

@@ -19,6 +19,7 @@
 // in order (PyTorch's numbering). Only parameters that have state appear.
 // Other hyper-parameters (momentum, betas, eps) belong to the constructor
 // and are not saved. The buffers are the live tensors; clone to snapshot.
+#include <memory>
 #include <optional>
 #include <string>
 #include <unordered_set>
@@ -27,6 +28,10 @@
 #include "amp/scalable_optimizer.h"
 #include "models/ordered_dict.h"
 #include "tensor/tensor.h"
+
+namespace mpt::amp {
+struct Fp8LinearState;
+}
 
 namespace mpt::optim {
 
@@ -103,6 +108,16 @@ class Optimizer : public amp::ScalableOptimizer {
   bool steps_in_parts() const override { return true; }
   void step_part(const std::vector<Tensor>& only, const Tensor& found_inf) override;
 
+  // FP8 training (train::MixedPrecision): asks the step to write `layer`'s
+  // weight copies (amp::Fp8LinearState) from `param`, its weight, in the
+  // pass that updates it where the rule has one (AdamW's fused CUDA step),
+  // so that the f32 weight is read once a step instead of twice. Returns
+  // whether it will; where not, the layer makes them at its next forward,
+  // as it does for any step that did not write them. The copies take the
+  // scale the layer's slot holds when the step runs: delayed scaling's
+  // update() comes first.
+  virtual bool write_fp8_copies(const Tensor& param, std::shared_ptr<amp::Fp8LinearState> layer);
+
   // On by default: on CUDA a group updates in one multi-tensor kernel, on the
   // CPU in one loop per parameter (models/fused_optim.h), wherever it is
   // f32, f16 or bf16; off, every device uses the raw-op rule (for
@@ -133,6 +148,8 @@ class Optimizer : public amp::ScalableOptimizer {
 
   // Applies the rule to every parameter of `batch` (all of group `group`).
   virtual void update_group(const Group& group, std::vector<ParamUpdate>& batch) = 0;
+  // Called by step() after update_group(batch) and the versions' bump.
+  virtual void after_update(const std::vector<ParamUpdate>& batch) { (void)batch; }
   // Names of the per-parameter buffers the rule keeps (for load checks).
   virtual std::vector<std::string> buffer_names() const = 0;
   // Whether a parameter's first update makes its buffers, so that a state

@@ -19,6 +19,9 @@
 #include "amp/fp8_scaling.h"
 #include "autograd/engine.h"
 #include "autograd/ops.h"
+#include "models/adamw.h"
+#include "models/layers.h"
+#include "models/mlp.h"
 #include "tensor/cuda/graph.h"
 #include "tensor/cuda_info.h"
 #include "tensor/fp8.h"
@@ -26,6 +29,7 @@
 #include "tensor/stream.h"
 #include "tests/fp8_test_values.h"
 #include "tests/test_util.h"
+#include "train/mixed_precision.h"
 
 namespace mpt {
 namespace {
@@ -241,6 +245,59 @@ TEST(CudaFp8, DelayedUpdateMatchesTheCpuBitForBit) {
     // The rule ran: some scales moved away from 1.
     const std::vector<float> scales = cpu.scale(Fp8Group::forward).to_vector<float>();
     EXPECT_TRUE(std::any_of(scales.begin(), scales.end(), [](float s) { return s != 1.0f; }));
+  }
+}
+
+// FP8 training on the GPU (train::MixedPrecision, delayed scaling): with
+// the weights' FP8 copies written by AdamW's step and with the copies made
+// at each forward, the same weights and scaling state bit for bit, with
+// host and with device step counts; right after a step the copies are
+// current only in the first.
+TEST(CudaFp8, CopiesWrittenByTheOptimizerTrainAsCopiesMadeInTheForward) {
+  SKIP_WITHOUT_FP8_GEMM();
+  struct Run {
+    std::vector<std::vector<uint8_t>> weights, scaling;
+    int current_after_step = 0;
+  };
+  auto train = [](bool in_optimizer, bool capturable) {
+    Generator gen(7);
+    std::shared_ptr<nn::Sequential> model = nn::make_mlp({.in_features = 32, .hidden = {64, 48}, .num_classes = 3}, &gen);
+    model->to(kGPU);
+    optim::AdamW optimizer(model->parameters(), optim::AdamWOptions{1e-2, 0.9, 0.99, 1e-8, 0.1});
+    optimizer.set_capturable(capturable);
+    train::StepOptions options;
+    options.precision = train::Precision::fp8;
+    options.fp8.history_length = 4;
+    options.fp8_copies_in_optimizer = in_optimizer;
+    train::MixedPrecision precision(options, optimizer, DeviceType::cuda);
+    precision.attach_fp8(*model, kGPU);
+    std::mt19937_64 rng(9);
+    Generator data(9);
+    Run run;
+    for (int step = 0; step < 5; ++step) {
+      const Tensor x = prim::to(randn({64, 32}, DType::f32, kCPU, &data), kGPU);
+      std::vector<int64_t> labels(64);
+      for (int64_t& l : labels) l = static_cast<int64_t>(rng() % 3);
+      const Tensor y = from_vector(labels, {64}, DType::i64, kGPU);
+      const Tensor loss = precision.forward([&] { return cross_entropy(to(model->forward(x), DType::f32), y); });
+      precision.backward(loss);
+      precision.step();
+      optimizer.zero_grad();
+      for (const auto& [name, m] : model->named_modules())
+        if (auto* linear = dynamic_cast<nn::Linear*>(m); linear && linear->fp8)
+          run.current_after_step += linear->fp8->weight_version == linear->weight.version();
+    }
+    for (const Tensor& p : model->parameters()) run.weights.push_back(bytes_of(p));
+    for (const auto& [name, t] : precision.fp8_scaling()->state()) run.scaling.push_back(bytes_of(t));
+    return run;
+  };
+  for (bool capturable : {false, true}) {
+    SCOPED_TRACE(capturable ? "capturable" : "host steps");
+    const Run fused = train(true, capturable), lazy = train(false, capturable);
+    EXPECT_EQ(fused.weights, lazy.weights);
+    EXPECT_EQ(fused.scaling, lazy.scaling);
+    EXPECT_EQ(fused.current_after_step, 2 * 5) << "both FP8 layers' copies written by every step";
+    EXPECT_EQ(lazy.current_after_step, 0);
   }
 }
 

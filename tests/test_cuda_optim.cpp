@@ -8,16 +8,23 @@
 #include <cmath>
 #include <functional>
 #include <memory>
+#include <random>
 
+#include "amp/fp8_linear.h"
+#include "amp/fp8_scaling.h"
 #include "models/adamw.h"
 #include "models/sgd.h"
+#include "tensor/ops.h"
+#include "tests/fp8_test_values.h"
 #include "tests/optimizer_check.h"
 #include "tests/test_util.h"
 
 namespace mpt {
 namespace {
 
+using amp::Fp8Group;
 using testing::awkward_shapes;
+using testing::bytes_of;
 using testing::host_f64;
 using testing::MakeOptimizer;
 using testing::rel_error;
@@ -181,6 +188,85 @@ void expect_device_skips_change_nothing(const MakeOptimizer& make, double tol) {
   // Back to host counts: they carry the device's.
   a->set_capturable(false);
   EXPECT_EQ(a->state(0).step, 2);
+}
+
+// AdamW's fused CUDA step writing an FP8 layer's weight copies: the
+// update bit for bit the multi-tensor kernel's, the copies those
+// quantize_fp8 makes of the updated weight (codes, transpose, 1 / scale,
+// the amax joined into the slot's), and the layer's copies marked as made
+// from the weight; with host and device step counts, and in a step the
+// loss scaler skips on the device (the weight unchanged, its copies made
+// with the slot's scale all the same). Ragged tiles: 80 columns.
+TEST(CudaOptim, AdamWWritesFp8WeightCopiesAsQuantizeWould) {
+  MPT_SKIP_WITHOUT_CUDA();
+  const uint64_t seed = testing::fresh_seed();
+  SCOPED_TRACE(seed);
+  std::mt19937_64 rng(seed);
+  const int64_t rows = 192, cols = 80;
+  for (bool capturable : {false, true}) {
+    SCOPED_TRACE(capturable ? "capturable" : "host steps");
+    Generator gen(rng());
+    const Tensor w0 = prim::to(randn({rows, cols}, DType::f32, kCPU, &gen), kGPU);
+    Tensor w_fused = prim::contiguous(prim::mul_scalar(w0, 1.0)).set_requires_grad(true);
+    Tensor w_plain = prim::contiguous(prim::mul_scalar(w0, 1.0)).set_requires_grad(true);
+    const optim::AdamWOptions options{1e-2, 0.9, 0.99, 1e-8, 0.1};
+    optim::AdamW fused({w_fused}, options), plain({w_plain}, options);
+    fused.set_capturable(capturable);
+    plain.set_capturable(capturable);
+
+    auto scaling = std::make_shared<amp::Fp8Scaling>(amp::Fp8Recipe{}, kGPU);
+    auto layer = std::make_shared<amp::Fp8LinearState>(amp::Fp8LinearState::for_layer(scaling, "w"));
+    layer->weight_fp8 = Tensor::empty({rows, cols}, DType::e4m3, kGPU);
+    layer->weight_fp8_t = Tensor::empty({cols, rows}, DType::e4m3, kGPU);
+    layer->weight_scale_inv = Tensor::empty({1}, DType::f32, kGPU);
+    ASSERT_TRUE(fused.write_fp8_copies(w_fused, layer));
+    // Not for a weight whose sizes FP8 products cannot take.
+    Tensor odd = prim::to(randn({rows, 20}), kGPU).set_requires_grad(true);
+    optim::AdamW other({odd}, options);
+    EXPECT_FALSE(other.write_fp8_copies(odd, layer));
+
+    const Tensor amax_plain = prim::to(from_vector(std::vector<float>{0.0f}, {1}), kGPU);
+    for (int step = 0; step < 3; ++step) {
+      SCOPED_TRACE(step);
+      // A scale for the weight's slot, and an amax to join (half the time
+      // above the weight's).
+      const float scale = std::ldexp(1.0f, static_cast<int>(rng() % 8)) * 1.37f;
+      const float earlier_amax = rng() % 2 ? 1e3f : 1e-3f;
+      prim::copy_(prim::slice(scaling->scale(Fp8Group::forward), 0, layer->weight_slot, layer->weight_slot + 1),
+                  full({1}, scale, DType::f32, kGPU));
+      prim::copy_(prim::slice(scaling->amax(Fp8Group::forward), 0, layer->weight_slot, layer->weight_slot + 1),
+                  full({1}, earlier_amax, DType::f32, kGPU));
+      prim::copy_(amax_plain, full({1}, earlier_amax, DType::f32, kGPU));
+      const Tensor g = prim::to(randn({rows, cols}, DType::f32, kCPU, &gen), kGPU);
+      w_fused.set_grad(prim::mul_scalar(g, 1.0));
+      w_plain.set_grad(prim::mul_scalar(g, 1.0));
+      const bool skipped = capturable && step == 1;
+      const std::vector<uint8_t> before = bytes_of(w_fused);
+      if (capturable) {
+        const Tensor found_inf = full({1}, skipped ? 1.0 : 0.0, DType::f32, kGPU);
+        fused.step_skipping_if(found_inf);
+        plain.step_skipping_if(found_inf);
+      } else {
+        fused.step();
+        plain.step();
+      }
+      EXPECT_EQ(bytes_of(w_fused), bytes_of(w_plain)) << "weight";
+      for (const char* buffer : {"exp_avg", "exp_avg_sq"})
+        EXPECT_EQ(bytes_of(fused.state(0).buffers.at(buffer)), bytes_of(plain.state(0).buffers.at(buffer))) << buffer;
+      if (skipped) EXPECT_EQ(bytes_of(w_fused), before) << "a skipped step changes nothing";
+      else EXPECT_NE(bytes_of(w_fused), before) << "the step updated the weight";
+      const prim::Fp8Quantized q = prim::quantize_fp8(w_plain, DType::e4m3, full({1}, scale, DType::f32, kGPU),
+                                                      amax_plain, true);
+      EXPECT_EQ(bytes_of(layer->weight_fp8), bytes_of(q.data)) << "codes";
+      EXPECT_EQ(bytes_of(layer->weight_fp8_t), bytes_of(q.data_t)) << "transposed codes";
+      EXPECT_EQ(bytes_of(layer->weight_scale_inv), bytes_of(q.scale_inv)) << "1 / scale";
+      EXPECT_EQ(bytes_of(prim::slice(scaling->amax(Fp8Group::forward), 0, layer->weight_slot, layer->weight_slot + 1)),
+                bytes_of(amax_plain))
+          << "amax";
+      EXPECT_EQ(layer->weight_version, w_fused.version()) << "copies marked as made from this weight";
+      EXPECT_EQ(layer->weight_storage, w_fused.storage().get());
+    }
+  }
 }
 
 TEST(CudaOptim, CapturableAdamWSkipsOnTheDevice) {

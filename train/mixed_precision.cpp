@@ -19,7 +19,8 @@ MixedPrecision::MixedPrecision(const StepOptions& options, optim::Optimizer& opt
       // weight ahead would be made for the few layers that use one.
       cast_weights_ahead_(options.cast_weights_ahead && options.precision != Precision::fp8),
       autocast_dtype_(options.precision == Precision::fp16 ? DType::f16 : DType::bf16),
-      fp8_recipe_(options.fp8) {
+      fp8_recipe_(options.fp8),
+      fp8_copies_in_optimizer_(options.fp8_copies_in_optimizer) {
   if (options.precision == Precision::fp8) amp::check_fp8_recipe(options.fp8);
   amp::scale_rule_from(options.scaler);  // the scaler's options are checked whether or not it runs
   const bool scaled = options.loss_scaling == LossScaling::always ||
@@ -45,21 +46,33 @@ void MixedPrecision::attach_fp8(nn::Module& model, const Device& device) {
                     layers.size());
   fp8_ = std::make_shared<amp::Fp8Scaling>(fp8_recipe_, device);
   layers.pop_back();
-  for (const auto& [name, l] : layers)
+  fp8_layers_.clear();
+  for (const auto& [name, l] : layers) {
     l->fp8 = std::make_shared<amp::Fp8LinearState>(amp::Fp8LinearState::for_layer(fp8_, name));
+    fp8_layers_.push_back({l->weight, l->fp8});
+  }
 }
 
 void MixedPrecision::step() {
+  // The FP8 scales first: the step's amaxes are all in, and an optimizer
+  // that writes the weights' FP8 copies in its own pass makes them with the
+  // scales the next forward would have used.
+  if (fp8_) {
+    if (fp8_amax_reducer_)
+      for (amp::Fp8Group g : {amp::Fp8Group::forward, amp::Fp8Group::backward}) fp8_amax_reducer_(fp8_->amax(g));
+    fp8_->update();
+    if (fp8_copies_in_optimizer_)
+      for (Fp8Layer& l : fp8_layers_)
+        if (!l.offered && l.state->weight_fp8.defined()) {
+          optimizer_.write_fp8_copies(l.weight, l.state);
+          l.offered = true;
+        }
+  }
   if (!scaler_) {
     optimizer_.step();
   } else {
     scaler_->step(optimizer_);
     scaler_->update();
-  }
-  if (fp8_) {
-    if (fp8_amax_reducer_)
-      for (amp::Fp8Group g : {amp::Fp8Group::forward, amp::Fp8Group::backward}) fp8_amax_reducer_(fp8_->amax(g));
-    fp8_->update();
   }
 }
 

@@ -87,6 +87,15 @@ class MixedPrecision {
   std::optional<amp::GradScaler> scaler_;
   amp::Fp8Recipe fp8_recipe_;
   std::shared_ptr<amp::Fp8Scaling> fp8_;
+  // The FP8 layers' weights and states, and whether each was offered to
+  // the optimizer (once its copies exist: after its first forward).
+  struct Fp8Layer {
+    Tensor weight;
+    std::shared_ptr<amp::Fp8LinearState> state;
+    bool offered = false;
+  };
+  std::vector<Fp8Layer> fp8_layers_;
+  bool fp8_copies_in_optimizer_;
   std::function<void(Tensor&)> fp8_amax_reducer_;
 };
 

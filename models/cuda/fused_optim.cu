@@ -5,6 +5,7 @@
 // one tensor. Longer lists take several launches.
 #include "models/fused_optim.h"
 
+#include "tensor/cuda/fp8_codes.cuh"
 #include "tensor/cuda/kernel_utils.cuh"
 #include "tensor/cuda/multi_tensor.cuh"
 #include "tensor/cuda/runtime.h"
@@ -35,32 +36,46 @@ __device__ __forceinline__ void store(void* p, int64_t i, float v) {
   static_cast<T*>(p)[i] = cuda::Element<T>::store(v);
 }
 
+// An update's per-tensor factors: from the host, or (device-step mode)
+// from the parameter's count on the device and the group's hyper-parameters.
+struct AdamWFactors {
+  float step_size, inv_bc2_sqrt, decay;
+};
+
+__device__ __forceinline__ AdamWFactors adamw_factors(const AdamWTensor& t, const AdamWScalars& s) {
+  AdamWFactors f{t.step_size, t.inv_bc2_sqrt, s.decay};
+  if (t.step) {
+    // Bias corrections in double, as the host computes them, from this update's t.
+    const double step = *t.step + 1.0;
+    const float lr = s.hyper[kLr];
+    f.decay = s.hyper[kDecay];
+    f.step_size = static_cast<float>(lr / (1.0 - pow(s.correction_beta1, step)));
+    f.inv_bc2_sqrt = static_cast<float>(1.0 / sqrt(1.0 - pow(s.correction_beta2, step)));
+  }
+  return f;
+}
+
+// One element's update, every rounding spelled out (fma.rn and mul.rn are
+// never contracted): the compiler cannot fuse the update's multiplies and
+// adds differently from one build to the next, so its bits do not depend
+// on what compiled it (tests/test_fused_optim.cpp holds the same rule on
+// the host, and models/fused_optim_host.cpp computes it there).
+__device__ __forceinline__ float adamw_update(const AdamWScalars& s, const AdamWFactors& f, float p, float g, float& m,
+                                              float& v) {
+  m = __fmaf_rn(s.beta1, m, __fmul_rn(s.one_minus_beta1, g));
+  v = __fmaf_rn(s.beta2, v, __fmul_rn(__fmul_rn(s.one_minus_beta2, g), g));
+  const float denom = __fmaf_rn(__fsqrt_rn(v), f.inv_bc2_sqrt, s.eps);
+  return __fmaf_rn(p, f.decay, -__fdiv_rn(__fmul_rn(f.step_size, m), denom));
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kThreads) adamw_kernel(TensorList<AdamWTensor> list, AdamWScalars s) {
   if (s.found_inf && *s.found_inf != 0.0f) return;  // the loss scaler skips this step
   const cuda::BlockChunk c = cuda::this_block_chunk(list.blocks, [&](int slot) { return list.tensors[slot].numel; });
   const AdamWTensor& t = list.tensors[c.slot];
-  float step_size = t.step_size, inv_bc2_sqrt = t.inv_bc2_sqrt, decay = s.decay;
-  if (t.step) {
-    // Bias corrections in double, as the host computes them, from this update's t.
-    const double step = *t.step + 1.0;
-    const float lr = s.hyper[kLr];
-    decay = s.hyper[kDecay];
-    step_size = static_cast<float>(lr / (1.0 - pow(s.correction_beta1, step)));
-    inv_bc2_sqrt = static_cast<float>(1.0 / sqrt(1.0 - pow(s.correction_beta2, step)));
-  }
+  const AdamWFactors f = adamw_factors(t, s);
   const int64_t begin = c.begin, end = c.begin + c.count;
-  // Every rounding spelled out (fma.rn and mul.rn are never contracted):
-  // the compiler cannot fuse the update's multiplies and adds differently
-  // from one build to the next, so its bits do not depend on what compiled
-  // it (tests/test_fused_optim.cpp holds the same rule on the host, and
-  // models/fused_optim_host.cpp computes it there).
-  auto update = [&](float p, float g, float& m, float& v) {
-    m = __fmaf_rn(s.beta1, m, __fmul_rn(s.one_minus_beta1, g));
-    v = __fmaf_rn(s.beta2, v, __fmul_rn(__fmul_rn(s.one_minus_beta2, g), g));
-    const float denom = __fmaf_rn(__fsqrt_rn(v), inv_bc2_sqrt, s.eps);
-    return __fmaf_rn(p, decay, -__fdiv_rn(__fmul_rn(step_size, m), denom));
-  };
+  auto update = [&](float p, float g, float& m, float& v) { return adamw_update(s, f, p, g, m, v); };
   // 16-byte packs of all four operands when they allow it (they start
   // aligned from the caching allocator, and chunks are whole packs): four
   // streams of wide loads keep more bytes in flight than element loads.
@@ -97,6 +112,74 @@ __global__ void __launch_bounds__(kThreads) adamw_kernel(TensorList<AdamWTensor>
     store<T>(t.exp_avg_sq, i, v);
     store<T>(t.param, i, p);
   }
+}
+
+// adamw_quantized: one f32 weight [rows, cols] in 64 x 64 tiles, a block a
+// tile, as fp8_quantize.cu's quantize_tiles lays them out: each thread
+// updates 16 consecutive elements of a row, stores their codes with one
+// 16-byte store, and after the tile's codes are in shared memory gathers
+// 16 codes of a column for the transpose.
+constexpr int kCopyTile = 64, kCopyChunk = 16, kCopyThreads = kCopyTile * kCopyTile / kCopyChunk;
+static_assert(kCopyThreads == cuda::kThreads, "block_amax sizes its shared memory for cuda::kThreads");
+
+__global__ void __launch_bounds__(kCopyThreads)
+    adamw_quantized_kernel(AdamWTensor t, QuantizedCopyTarget q, AdamWScalars s) {
+  __shared__ alignas(16) uint8_t tile[kCopyTile][kCopyTile + 16];
+  const bool skip = s.found_inf && *s.found_inf != 0.0f;  // the copies are made all the same
+  const AdamWFactors f = adamw_factors(t, s);
+  const float scale = *q.scale;
+  const __nv_fp8_interpretation_t format = q.e5m2 ? __NV_E5M2 : __NV_E4M3;
+  const int64_t row0 = static_cast<int64_t>(blockIdx.y) * kCopyTile, col0 = static_cast<int64_t>(blockIdx.x) * kCopyTile;
+  const int r = threadIdx.x / (kCopyTile / kCopyChunk), c = (threadIdx.x % (kCopyTile / kCopyChunk)) * kCopyChunk;
+  uint32_t bits = 0;
+  if (row0 + r < q.rows && col0 + c < q.cols) {
+    using P = cuda::Pack<float, 4>;
+    constexpr int kPacks = kCopyChunk / 4;
+    const int64_t at = (row0 + r) * q.cols + col0 + c;
+    auto* param = reinterpret_cast<P*>(static_cast<float*>(t.param) + at);
+    const auto* grad = reinterpret_cast<const P*>(static_cast<const float*>(t.grad) + at);
+    auto* exp_avg = reinterpret_cast<P*>(static_cast<float*>(t.exp_avg) + at);
+    auto* exp_avg_sq = reinterpret_cast<P*>(static_cast<float*>(t.exp_avg_sq) + at);
+    P p[kPacks], g[kPacks], m[kPacks], v[kPacks];
+#pragma unroll
+    for (int k = 0; k < kPacks; ++k) p[k] = param[k];
+    if (!skip) {
+#pragma unroll
+      for (int k = 0; k < kPacks; ++k) {
+        g[k] = grad[k];
+        m[k] = exp_avg[k];
+        v[k] = exp_avg_sq[k];
+      }
+#pragma unroll
+      for (int k = 0; k < kPacks; ++k) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) p[k].v[e] = adamw_update(s, f, p[k].v[e], g[k].v[e], m[k].v[e], v[k].v[e]);
+        param[k] = p[k];
+        exp_avg[k] = m[k];
+        exp_avg_sq[k] = v[k];
+      }
+    }
+    cuda::Pack<uint8_t, kCopyChunk> codes;
+#pragma unroll
+    for (int i = 0; i < kCopyChunk; ++i) {
+      const float w = p[i / 4].v[i % 4];
+      bits = max(bits, cuda::abs_bits(w));
+      codes.v[i] = cuda::to_fp8(w * scale, format);
+    }
+    *reinterpret_cast<cuda::Pack<uint8_t, kCopyChunk>*>(static_cast<uint8_t*>(q.data) + at) = codes;
+    *reinterpret_cast<cuda::Pack<uint8_t, kCopyChunk>*>(&tile[r][c]) = codes;
+  }
+  __syncthreads();
+  // Now r names a column of the tile and c the first of 16 of its rows.
+  if (col0 + r < q.cols && row0 + c < q.rows) {
+    cuda::Pack<uint8_t, kCopyChunk> codes;
+#pragma unroll
+    for (int i = 0; i < kCopyChunk; ++i) codes.v[i] = tile[c + i][r];
+    *reinterpret_cast<cuda::Pack<uint8_t, kCopyChunk>*>(static_cast<uint8_t*>(q.data_t) + (col0 + r) * q.rows + row0 +
+                                                        c) = codes;
+  }
+  cuda::block_amax(bits, q.amax);
+  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *q.scale_inv = 1.0f / scale;
 }
 
 template <typename T>
@@ -162,6 +245,15 @@ void adamw(DType dtype, const std::vector<AdamWTensor>& tensors, const AdamWScal
       MPT_CUDA_CHECK_LAUNCH("adamw_kernel");
     });
   });
+}
+
+void adamw_quantized(const AdamWTensor& tensor, const QuantizedCopyTarget& copy, const AdamWScalars& s) {
+  // The caller checked the sizes and alignments (models/adamw.cpp).
+  if (tensor.numel == 0) return;
+  const dim3 grid(static_cast<unsigned>((copy.cols + kCopyTile - 1) / kCopyTile),
+                  static_cast<unsigned>((copy.rows + kCopyTile - 1) / kCopyTile));
+  adamw_quantized_kernel<<<grid, kCopyThreads, 0, cuda::current_cuda_stream()>>>(tensor, copy, s);
+  MPT_CUDA_CHECK_LAUNCH("adamw_quantized_kernel");
 }
 
 void advance_steps(const std::vector<float*>& steps, const float* found_inf) {

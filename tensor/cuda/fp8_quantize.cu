@@ -13,6 +13,7 @@
 // loop.
 #include <cuda_fp8.h>
 
+#include "tensor/cuda/fp8_codes.cuh"
 #include "tensor/cuda/fp8_quantize.h"
 #include "tensor/cuda/kernel_utils.cuh"
 
@@ -21,28 +22,6 @@ namespace {
 
 constexpr int kTile = 64;
 constexpr int kChunk = 16;  // elements a thread handles at once
-
-__device__ __forceinline__ uint8_t to_fp8(float v, __nv_fp8_interpretation_t format) {
-  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, format));
-}
-
-// |x| as bits: every NaN lies above infinity, so a NaN anywhere wins (the
-// CPU's amax uses the same order).
-__device__ __forceinline__ uint32_t abs_bits(float x) { return __float_as_uint(x) & 0x7fffffffu; }
-
-__device__ __forceinline__ void block_amax(uint32_t bits, float* amax) {
-  __shared__ uint32_t warp_max[kThreads / 32];
-#pragma unroll
-  for (int o = 16; o > 0; o /= 2) bits = max(bits, __shfl_xor_sync(0xffffffffu, bits, o));
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  if (lane == 0) warp_max[warp] = bits;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    uint32_t m = 0;
-    for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) m = max(m, warp_max[w]);
-    atomicMax(reinterpret_cast<uint32_t*>(amax), m);
-  }
-}
 
 // A block quantizes kTiles tiles stacked along the rows, its loads for all
 // of them issued before any is used: a 16-bit tile alone gave a thread 32
