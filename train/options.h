@@ -55,8 +55,9 @@ struct StepOptions {
   amp::Fp8Recipe fp8;  // the scaling recipe of Precision::fp8
   // fp8: the optimizer's step writes the weights' FP8 copies where it can
   // (optim::Optimizer::write_fp8_copies), instead of a pass of their own at
-  // the next forward. The same bits either way.
-  bool fp8_copies_in_optimizer = true;
+  // the next forward: the same bits either way, one read of the f32 weights
+  // a step fewer. Off by default.
+  bool fp8_copies_in_optimizer = false;
   GraphMode cuda_graph = GraphMode::automatic;
   // Clip the gradients' global 2-norm to this (after unscaling, before the
   // optimizer; on the device, so a captured step keeps it); 0: no clipping.
