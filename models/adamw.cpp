@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <utility>
 
 #include "amp/fp8_linear.h"
 #include "models/fused_optim.h"
@@ -16,6 +17,29 @@ const AdamWOptions& validated(const AdamWOptions& o) {
   check(o.beta2 >= 0 && o.beta2 < 1, "AdamW: invalid beta2 {} (must be in [0, 1))", o.beta2);
   check(std::isfinite(o.eps) && o.eps >= 0, "AdamW: invalid eps {} (must be >= 0)", o.eps);
   return o;
+}
+
+// Where adamw_quantized() writes `layer`'s copies of `param`, checked:
+// the copies' shapes are the weight's and its transpose, every operand is
+// 16-byte aligned, and the rows fit its grid.
+fused::QuantizedCopyTarget fp8_copy_target(const amp::Fp8LinearState& layer, const Tensor& param,
+                                           const fused::AdamWTensor& t) {
+  amp::Fp8Scaling& scaling = *layer.scaling;
+  const int64_t rows = param.shape()[0], cols = param.shape()[1];
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  check(layer.weight_fp8.shape() == Shape{rows, cols} && layer.weight_fp8_t.shape() == Shape{cols, rows} &&
+            aligned(t.param) && aligned(t.grad) && aligned(t.exp_avg) && aligned(t.exp_avg_sq) &&
+            aligned(layer.weight_fp8.data_ptr()) && aligned(layer.weight_fp8_t.data_ptr()) && rows / 64 < 65535,
+        "AdamW: the FP8 copies of {} are {} and {} (the sizes' transposes, every operand 16-byte aligned)",
+        describe(param), describe(layer.weight_fp8), describe(layer.weight_fp8_t));
+  return {layer.weight_fp8.data_ptr(),
+          layer.weight_fp8_t.data_ptr(),
+          static_cast<const float*>(scaling.scale(amp::Fp8Group::forward).data_ptr()) + layer.weight_slot,
+          static_cast<float*>(layer.weight_scale_inv.data_ptr()),
+          static_cast<float*>(scaling.amax(amp::Fp8Group::forward).data_ptr()) + layer.weight_slot,
+          rows,
+          cols,
+          amp::fp8_format(amp::Fp8Group::forward) == DType::e5m2};
 }
 
 }  // namespace
@@ -80,36 +104,18 @@ void AdamW::update_group(const Group& group, std::vector<ParamUpdate>& batch) {
       return;
     }
     DeviceGuard guard(device);
-    // Weights whose FP8 copies this step writes take a launch each.
+    // Weights whose FP8 copies this step writes take a launch each; their
+    // targets are all checked before anything is launched.
     std::vector<fused::AdamWTensor> plain;
+    std::vector<std::pair<size_t, fused::QuantizedCopyTarget>> quantized;
     for (size_t i = 0; i < batch.size(); ++i) {
-      const void* key = batch[i].param.impl_ptr().get();
-      const auto it = fp8_copies_.find(key);
-      if (it == fp8_copies_.end()) {
-        plain.push_back(tensors[i]);
-        continue;
-      }
-      const amp::Fp8LinearState& layer = *it->second;
-      amp::Fp8Scaling& scaling = *layer.scaling;
-      const int64_t rows = batch[i].param.shape()[0], cols = batch[i].param.shape()[1];
-      const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-      check(layer.weight_fp8.shape() == Shape{rows, cols} && layer.weight_fp8_t.shape() == Shape{cols, rows} &&
-                aligned(tensors[i].param) && aligned(tensors[i].grad) && aligned(tensors[i].exp_avg) &&
-                aligned(tensors[i].exp_avg_sq) && aligned(layer.weight_fp8.data_ptr()) &&
-                aligned(layer.weight_fp8_t.data_ptr()) && rows / 64 < 65535,
-            "AdamW: the FP8 copies of {} are {} and {} (the sizes' transposes, every operand 16-byte aligned)",
-            describe(batch[i].param), describe(layer.weight_fp8), describe(layer.weight_fp8_t));
-      const fused::QuantizedCopyTarget target{
-          layer.weight_fp8.data_ptr(),
-          layer.weight_fp8_t.data_ptr(),
-          static_cast<const float*>(scaling.scale(amp::Fp8Group::forward).data_ptr()) + layer.weight_slot,
-          static_cast<float*>(layer.weight_scale_inv.data_ptr()),
-          static_cast<float*>(scaling.amax(amp::Fp8Group::forward).data_ptr()) + layer.weight_slot,
-          rows,
-          cols,
-          amp::fp8_format(amp::Fp8Group::forward) == DType::e5m2};
+      const auto it = fp8_copies_.find(batch[i].param.impl_ptr().get());
+      if (it == fp8_copies_.end()) plain.push_back(tensors[i]);
+      else quantized.emplace_back(i, fp8_copy_target(*it->second, batch[i].param, tensors[i]));
+    }
+    for (const auto& [i, target] : quantized) {
       fused::adamw_quantized(tensors[i], target, scalars);
-      fp8_written_.insert(key);
+      fp8_written_.insert(batch[i].param.impl_ptr().get());
     }
     if (!plain.empty()) fused::adamw(batch.front().param.dtype(), plain, scalars);
     if (device_steps) fused::advance_steps(steps, scalars.found_inf);

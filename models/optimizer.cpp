@@ -205,12 +205,6 @@ void Optimizer::step() {
   }
 }
 
-bool Optimizer::write_fp8_copies(const Tensor& param, std::shared_ptr<amp::Fp8LinearState> layer) {
-  (void)param;
-  (void)layer;
-  return false;
-}
-
 void Optimizer::step_skipping_if(const Tensor& found_inf) {
   if (!capturable_) {
     ScalableOptimizer::step_skipping_if(found_inf);

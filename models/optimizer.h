@@ -116,7 +116,9 @@ class Optimizer : public amp::ScalableOptimizer {
   // as it does for any step that did not write them. The copies take the
   // scale the layer's slot holds when the step runs: delayed scaling's
   // update() comes first.
-  virtual bool write_fp8_copies(const Tensor& param, std::shared_ptr<amp::Fp8LinearState> layer);
+  virtual bool write_fp8_copies(const Tensor& /*param*/, std::shared_ptr<amp::Fp8LinearState> /*layer*/) {
+    return false;
+  }
 
   // On by default: on CUDA a group updates in one multi-tensor kernel, on the
   // CPU in one loop per parameter (models/fused_optim.h), wherever it is

@@ -119,12 +119,13 @@ __global__ void __launch_bounds__(kThreads) adamw_kernel(TensorList<AdamWTensor>
 // updates 16 consecutive elements of a row, stores their codes with one
 // 16-byte store, and after the tile's codes are in shared memory gathers
 // 16 codes of a column for the transpose.
-constexpr int kCopyTile = 64, kCopyChunk = 16, kCopyThreads = kCopyTile * kCopyTile / kCopyChunk;
+constexpr int kCopyTile = cuda::kFp8Tile, kCopyChunk = cuda::kFp8Chunk;
+constexpr int kCopyThreads = kCopyTile * kCopyTile / kCopyChunk;
 static_assert(kCopyThreads == cuda::kThreads, "block_amax sizes its shared memory for cuda::kThreads");
 
 __global__ void __launch_bounds__(kCopyThreads)
     adamw_quantized_kernel(AdamWTensor t, QuantizedCopyTarget q, AdamWScalars s) {
-  __shared__ alignas(16) uint8_t tile[kCopyTile][kCopyTile + 16];
+  __shared__ alignas(16) cuda::Fp8TileCodes tile;
   const bool skip = s.found_inf && *s.found_inf != 0.0f;  // the copies are made all the same
   const AdamWFactors f = adamw_factors(t, s);
   const float scale = *q.scale;
@@ -170,14 +171,7 @@ __global__ void __launch_bounds__(kCopyThreads)
     *reinterpret_cast<cuda::Pack<uint8_t, kCopyChunk>*>(&tile[r][c]) = codes;
   }
   __syncthreads();
-  // Now r names a column of the tile and c the first of 16 of its rows.
-  if (col0 + r < q.cols && row0 + c < q.rows) {
-    cuda::Pack<uint8_t, kCopyChunk> codes;
-#pragma unroll
-    for (int i = 0; i < kCopyChunk; ++i) codes.v[i] = tile[c + i][r];
-    *reinterpret_cast<cuda::Pack<uint8_t, kCopyChunk>*>(static_cast<uint8_t*>(q.data_t) + (col0 + r) * q.rows + row0 +
-                                                        c) = codes;
-  }
+  cuda::store_transposed_chunk(tile, r, c, row0, col0, q.rows, q.cols, static_cast<uint8_t*>(q.data_t));
   cuda::block_amax(bits, q.amax);
   if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *q.scale_inv = 1.0f / scale;
 }

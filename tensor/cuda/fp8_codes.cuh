@@ -10,6 +10,27 @@
 
 namespace mpt::cuda {
 
+// The tiles the FP8 kernels write codes in: 64 x 64 elements, a thread for
+// each 16 consecutive elements of a row (256 threads a tile), the tile's
+// codes staged in shared memory, rows padded by 16 bytes, for the
+// transpose.
+constexpr int kFp8Tile = 64;
+constexpr int kFp8Chunk = 16;
+using Fp8TileCodes = uint8_t[kFp8Tile][kFp8Tile + 16];
+
+// Once the tile's codes are in `tile` (after a __syncthreads): the thread
+// with row r and first column c of the tile writes column r's codes in rows
+// c to c + 15 into out_t, the [cols, rows] transpose of the [rows, cols]
+// matrix whose tile starts at (row0, col0), with one 16-byte store.
+__device__ __forceinline__ void store_transposed_chunk(const Fp8TileCodes& tile, int r, int c, int64_t row0,
+                                                       int64_t col0, int64_t rows, int64_t cols, uint8_t* out_t) {
+  if (col0 + r >= cols || row0 + c >= rows) return;
+  Pack<uint8_t, kFp8Chunk> codes;
+#pragma unroll
+  for (int i = 0; i < kFp8Chunk; ++i) codes.v[i] = tile[c + i][r];
+  *reinterpret_cast<Pack<uint8_t, kFp8Chunk>*>(out_t + (col0 + r) * rows + row0 + c) = codes;
+}
+
 // v's code in `format`, rounded to nearest even and saturated to the
 // largest finite value (NaN stays NaN).
 __device__ __forceinline__ uint8_t to_fp8(float v, __nv_fp8_interpretation_t format) {

@@ -20,8 +20,8 @@
 namespace mpt::cuda {
 namespace {
 
-constexpr int kTile = 64;
-constexpr int kChunk = 16;  // elements a thread handles at once
+constexpr int kTile = kFp8Tile;
+constexpr int kChunk = kFp8Chunk;  // elements a thread handles at once
 
 // A block quantizes kTiles tiles stacked along the rows, its loads for all
 // of them issued before any is used: a 16-bit tile alone gave a thread 32
@@ -38,7 +38,7 @@ __global__ void __launch_bounds__(kThreads) quantize_tiles(const T* __restrict__
                                                             __nv_fp8_interpretation_t format) {
   using P = Pack<T, 16 / sizeof(T)>;
   constexpr int kPerPack = 16 / sizeof(T), kPacks = kChunk / kPerPack;
-  __shared__ alignas(16) uint8_t tile[kTiles][kTile][kTile + 16];
+  __shared__ alignas(16) Fp8TileCodes tile[kTiles];
   // The masked values of one tile, for its column sums (each column summed
   // by one thread in row order: the same bits every run).
   __shared__ float values[kSums ? kTile : 1][kTile + 1];
@@ -82,15 +82,7 @@ __global__ void __launch_bounds__(kThreads) quantize_tiles(const T* __restrict__
       for (int i = 0; i < kChunk; ++i) values[r][c + i] = 0.0f;
     }
     if (out_t || kSums) __syncthreads();
-    if (out_t) {
-      // Now r names a column of the tile and c the first of 16 of its rows.
-      if (col0 + r < cols && row0 + c < rows) {
-        Pack<uint8_t, kChunk> codes;
-#pragma unroll
-        for (int i = 0; i < kChunk; ++i) codes.v[i] = tile[t][c + i][r];
-        *reinterpret_cast<Pack<uint8_t, kChunk>*>(out_t + (col0 + r) * rows + row0 + c) = codes;
-      }
-    }
+    if (out_t) store_transposed_chunk(tile[t], r, c, row0, col0, rows, cols, out_t);
     if constexpr (kSums) {
       if (threadIdx.x < kTile && col0 + threadIdx.x < cols) {
         float sum = 0.0f;
