@@ -26,6 +26,7 @@
 #include <string>
 
 #include "amp/fp8_scaling.h"
+#include "autograd/ops.h"
 #include "tensor/tensor.h"
 
 namespace mpt::amp {
@@ -76,5 +77,23 @@ class Fp8Guard {
 // f32 by the same pass).
 Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Fp8LinearState& state,
                   DType out_dtype = DType::bf16, bool relu = false);
+
+// One linear layer's parameters and FP8 state, for fp8_mlp.
+struct Fp8LayerOperands {
+  Tensor weight, bias;  // as fp8_linear's
+  Fp8LinearState* state = nullptr;
+};
+
+// out(gelu(fc(x))), both layers in FP8: the value, the gradients and the
+// scaling state of fp8_linear(gelu(fp8_linear(x, fc), approx), out), bit
+// for bit, with GELU folded into the quantizations on either side of it,
+// as Transformer Engine's fused MLP does. Forward, GELU is the prologue of
+// the quantization of out's input (GELU's output is never stored in 16
+// bits); backward, GELU's backward is the prologue of the quantization of
+// fc's output gradient (its 16-bit result is never stored either). That
+// saves two passes over [rows, hidden] each way. Shapes FP8 products cannot
+// take run as the two fp8_linear calls, each with its fallback.
+Tensor fp8_mlp(const Tensor& x, const Fp8LayerOperands& fc, const Fp8LayerOperands& out, GeluApprox approx,
+               DType out_dtype = DType::bf16);
 
 }  // namespace mpt::amp

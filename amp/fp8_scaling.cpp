@@ -68,15 +68,19 @@ int64_t Fp8Scaling::add_slots(Fp8Group group, const std::vector<std::string>& na
 }
 
 prim::Fp8Quantized Fp8Scaling::quantize(Fp8Group group, int64_t slot, const Tensor& in, bool with_transpose,
-                                        const Tensor& relu_mask, bool column_sums) {
+                                        Fp8Prologue prologue, const Tensor& aux, bool column_sums) {
   Group& g = groups_[index(group)];
   check<ValueError>(slot >= 0 && slot < g.slots, "Fp8Scaling::quantize: slot {} out of range ({} slots in the {} group)",
                     slot, g.slots, group == Fp8Group::forward ? "forward" : "backward");
   check<DeviceError>(in.device() == device_, "Fp8Scaling::quantize: {} is not on the scaling state's device {}",
                      describe(in), device_.str());
+  const bool current = recipe_.scaling == Fp8ScalingMode::current;
+  if ((current || observer_) && prologue != Fp8Prologue::none)
+    return quantize(group, slot, prim::fp8_prologue(prologue, in, aux), with_transpose, Fp8Prologue::none, Tensor(),
+                    column_sums);
   Tensor scale = prim::slice(g.scale, 0, slot, slot + 1);
   const Tensor amax = prim::slice(g.amax, 0, slot, slot + 1);
-  if (recipe_.scaling == Fp8ScalingMode::current) {
+  if (current) {
     const Tensor own = zeros({1}, DType::f32, device_);
     prim::amax_into(own, in);
     if (device_.is_cuda()) {
@@ -87,7 +91,7 @@ prim::Fp8Quantized Fp8Scaling::quantize(Fp8Group group, int64_t slot, const Tens
     scale.bump_version();
   }
   if (observer_) observer_(group, slot, in, scale);
-  return prim::quantize_fp8(in, fp8_format(group), scale, amax, with_transpose, relu_mask, column_sums);
+  return prim::quantize_fp8(in, fp8_format(group), scale, amax, with_transpose, prologue, aux, column_sums);
 }
 
 void Fp8Scaling::update() {

@@ -68,11 +68,14 @@ class Fp8Scaling {
 
   // `in` [rows, cols] in the group's format with the slot's scale (current
   // scaling: from in's own amax first, kept as the slot's scale); in's
-  // amax joins the slot's running amax. relu_mask and column_sums as
-  // prim::quantize_fp8's (current scaling measures the amax of in
-  // unmasked: at least the masked one's, so nothing saturates).
+  // amax joins the slot's running amax. prologue, aux and column_sums as
+  // prim::quantize_fp8's: `in` is then the prologue's result. Under
+  // current scaling, or with an observer, that result is computed first by
+  // its own pass (the scale and the observer need all of it before the
+  // quantization starts); else the quantization applies it as it reads.
   prim::Fp8Quantized quantize(Fp8Group group, int64_t slot, const Tensor& in, bool with_transpose,
-                              const Tensor& relu_mask = Tensor(), bool column_sums = false);
+                              Fp8Prologue prologue = Fp8Prologue::none, const Tensor& aux = Tensor(),
+                              bool column_sums = false);
 
   // Once per optimizer step: delayed scaling records each slot's running
   // amax in its history and recomputes its scale; both recipes then reset

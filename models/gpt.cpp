@@ -30,7 +30,7 @@ Tensor GPTBlock::forward(const Tensor& x) {
   const Tensor y = scaled_dot_product_attention(qkv_parts[0], qkv_parts[1], qkv_parts[2], /*causal=*/true);
   const Tensor h = x_skip + (*proj)(reshape(transpose(y, 1, 2), {B, T, C}));
   const auto [h_skip, m] = ln2->forward_with_skip("linear", h);
-  return h_skip + (*out)(gelu((*fc)(m)));
+  return h_skip + linear_gelu_linear(*fc, *out, m);
 }
 
 Tensor GPTBlock::forward_cached(const Tensor& x, Tensor& keys, Tensor& values, int64_t past, int64_t capacity) {
@@ -51,7 +51,7 @@ Tensor GPTBlock::forward_cached(const Tensor& x, Tensor& keys, Tensor& values, i
   const Tensor y = scaled_dot_product_attention(qkv_parts[0], k, v, /*causal=*/true);
   const Tensor h = x_skip + (*proj)(reshape(transpose(y, 1, 2), {B, n, C}));
   const auto [h_skip, m] = ln2->forward_with_skip("linear", h);
-  return h_skip + (*out)(gelu((*fc)(m)));
+  return h_skip + linear_gelu_linear(*fc, *out, m);
 }
 
 GPT::GPT(const GPTOptions& o, Generator* gen) : Module("GPT"), options(o) {

@@ -38,6 +38,13 @@ Tensor Linear::forward_relu(const Tensor& x) {
   return linear_relu(x, weight, bias);
 }
 
+Tensor linear_gelu_linear(Linear& fc, Linear& out, const Tensor& x, GeluApprox approx) {
+  check_linear_input(fc, x);
+  if (fc.runs_fp8() && out.runs_fp8())
+    return amp::fp8_mlp(x, {fc.weight, fc.bias, fc.fp8.get()}, {out.weight, out.bias, out.fp8.get()}, approx);
+  return out(gelu(fc(x), approx));
+}
+
 // ---- Conv2d -------------------------------------------------------------------------------
 
 Conv2d::Conv2d(int64_t in, int64_t out, int64_t k, int64_t stride, int64_t padding, bool with_bias, Generator* gen)

@@ -26,9 +26,13 @@ class Linear : public Module {
   // FP8 (amp/fp8_linear.h) in forwards under amp::Fp8Guard with grad on.
   std::shared_ptr<amp::Fp8LinearState> fp8;
 
- private:
-  bool runs_fp8() const;
+  bool runs_fp8() const;  // fp8 set, inside an amp::Fp8Guard, grad mode on
 };
+
+// out(gelu(fc(x))), a transformer's MLP: where both layers run in FP8, as
+// one amp::fp8_mlp (GELU folded into the FP8 quantizations around it),
+// else as the three ops.
+Tensor linear_gelu_linear(Linear& fc, Linear& out, const Tensor& x, GeluApprox approx = GeluApprox::none);
 
 // NCHW convolution with a square kernel. weight [out, in, k, k], bias
 // [out]; both U(-1/sqrt(in*k*k), 1/sqrt(in*k*k)).

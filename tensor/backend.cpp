@@ -119,6 +119,37 @@ void Backend::attention_backward(const TensorView&, const TensorView&, const Ten
   not_available("fused attention backward");
 }
 void Backend::quantize_fp8(const Fp8QuantizeArgs&) { not_available("FP8 quantization"); }
+
+bool fp8_prologue_has_aux(Fp8Prologue p) {
+  return p == Fp8Prologue::relu_backward || p == Fp8Prologue::gelu_erf_backward || p == Fp8Prologue::gelu_tanh_backward;
+}
+
+UnaryOp fp8_prologue_unary(Fp8Prologue p) {
+  check(p == Fp8Prologue::gelu_erf || p == Fp8Prologue::gelu_tanh, "fp8_prologue_unary: {} is not a unary op",
+        fp8_prologue_name(p));
+  return p == Fp8Prologue::gelu_erf ? UnaryOp::gelu_erf : UnaryOp::gelu_tanh;
+}
+
+BinaryOp fp8_prologue_binary(Fp8Prologue p) {
+  switch (p) {
+    case Fp8Prologue::relu_backward: return BinaryOp::relu_backward;
+    case Fp8Prologue::gelu_erf_backward: return BinaryOp::gelu_erf_backward;
+    case Fp8Prologue::gelu_tanh_backward: return BinaryOp::gelu_tanh_backward;
+    default: throw Error(fmt::format("fp8_prologue_binary: {} is not a binary op", fp8_prologue_name(p)));
+  }
+}
+
+const char* fp8_prologue_name(Fp8Prologue p) {
+  switch (p) {
+    case Fp8Prologue::none: return "none";
+    case Fp8Prologue::relu_backward: return "relu_backward";
+    case Fp8Prologue::gelu_erf: return "gelu_erf";
+    case Fp8Prologue::gelu_tanh: return "gelu_tanh";
+    case Fp8Prologue::gelu_erf_backward: return "gelu_erf_backward";
+    case Fp8Prologue::gelu_tanh_backward: return "gelu_tanh_backward";
+  }
+  return "?";
+}
 void Backend::gemm_fp8(const Fp8GemmArgs&) { not_available("FP8 GEMM"); }
 void Backend::amax_into(const TensorView&, const TensorView&) { not_available("amax"); }
 

@@ -76,13 +76,26 @@ void check_gemm_epilogues(const GemmArgs& g);
 // receives 1 / scale, for the GEMM to undo it; amax, where given, the
 // running maximum of |in| (amax_into's rule).
 //
-// For a linear layer's output gradient, two more things ride along: a
-// ReLU's backward (relu_mask, the ReLU's output: each element becomes
-// in * (mask > 0), as relu_backward computes it, before anything else sees
-// it) and the bias gradient (column_sums: the sums over the rows, in f32,
-// in a fixed order: over blocks of kFp8ColumnSumBlock rows in order, then
-// those block sums in order, so that every device gives the same bits).
+// An element-wise op can ride along, applied to each element before
+// anything else sees it (the prologue): the op that produced `in` or the
+// backward of the op that follows it, folded into the quantization so that
+// its own result is never written. Each value is the op's own, computed in
+// f32 and rounded to in's dtype as the op alone would store it:
+//   relu_backward       aux > 0 ? in : 0        (aux: the ReLU's output)
+//   gelu_erf, gelu_tanh gelu(in)                 (no aux)
+//   gelu_*_backward     in * gelu'(aux)          (aux: GELU's input)
+// A linear layer's output gradient also gives its bias gradient
+// (column_sums: the sums over the rows, in f32, in a fixed order: over
+// blocks of kFp8ColumnSumBlock rows in order, then those block sums in
+// order, so that every device gives the same bits).
 inline constexpr int64_t kFp8ColumnSumBlock = 64;
+enum class Fp8Prologue : uint8_t { none, relu_backward, gelu_erf, gelu_tanh, gelu_erf_backward, gelu_tanh_backward };
+// Whether the prologue reads aux; the element-wise op that computes it
+// alone (UnaryOp for gelu_erf and gelu_tanh, BinaryOp for the rest).
+bool fp8_prologue_has_aux(Fp8Prologue p);
+UnaryOp fp8_prologue_unary(Fp8Prologue p);
+BinaryOp fp8_prologue_binary(Fp8Prologue p);
+const char* fp8_prologue_name(Fp8Prologue p);
 struct Fp8QuantizeArgs {
   TensorView out;          // float8 [rows, cols]
   TensorView out_t;        // null, or float8 [cols, rows]: in's transpose, quantized alike (for backward products)
@@ -90,7 +103,8 @@ struct Fp8QuantizeArgs {
   TensorView scale;        // f32 [1]
   TensorView scale_inv;    // f32 [1], written
   TensorView amax;         // null, or f32 [1], as amax_into
-  TensorView relu_mask;    // null, or [rows, cols] of in's dtype
+  TensorView aux;          // null, or [rows, cols] of in's dtype: see Fp8Prologue
+  Fp8Prologue prologue = Fp8Prologue::none;
   TensorView column_sums;  // null, or f32 [cols], written
 };
 

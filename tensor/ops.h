@@ -181,12 +181,16 @@ struct Fp8Quantized {
 };
 // `in` [rows, cols] (f32, f16, bf16) times `scale` (f32 [1], on in's
 // device), saturated to `format` (e4m3 or e5m2); amax (f32 [1]) or
-// undefined: max-combined with max |in|. relu_mask (in's shape and dtype,
-// or undefined): a ReLU's output, whose backward applies first
-// (in * (mask > 0)); column_sums: also the f32 sums of the rows (a bias
-// gradient), in Fp8QuantizeArgs's fixed order.
+// undefined: max-combined with max |in|. prologue: an element-wise op
+// applied to `in` first (Fp8Prologue; aux, in's shape and dtype, where it
+// takes one), the scale, amax and sums then of its result; column_sums:
+// also the f32 sums of the rows (a bias gradient), in Fp8QuantizeArgs's
+// fixed order.
 Fp8Quantized quantize_fp8(const Tensor& in, DType format, const Tensor& scale, const Tensor& amax,
-                          bool with_transpose, const Tensor& relu_mask = Tensor(), bool column_sums = false);
+                          bool with_transpose, Fp8Prologue prologue = Fp8Prologue::none, const Tensor& aux = Tensor(),
+                          bool column_sums = false);
+// The prologue's result on its own: what quantize_fp8 quantizes.
+Tensor fp8_prologue(Fp8Prologue prologue, const Tensor& in, const Tensor& aux);
 // amax (f32 [1]) = max(amax, max |in|); NaN once `in` holds one.
 void amax_into(const Tensor& amax, const Tensor& in);
 // Whether an FP8 product of these sizes can run: each a positive multiple

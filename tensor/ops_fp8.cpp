@@ -37,8 +37,14 @@ void amax_into(const Tensor& amax, const Tensor& in) {
   amax.bump_version();
 }
 
+Tensor fp8_prologue(Fp8Prologue prologue, const Tensor& in, const Tensor& aux) {
+  if (prologue == Fp8Prologue::none) return in;
+  return fp8_prologue_has_aux(prologue) ? binary(fp8_prologue_binary(prologue), in, aux)
+                                        : unary(fp8_prologue_unary(prologue), in);
+}
+
 Fp8Quantized quantize_fp8(const Tensor& in, DType format, const Tensor& scale, const Tensor& amax,
-                          bool with_transpose, const Tensor& relu_mask, bool column_sums) {
+                          bool with_transpose, Fp8Prologue prologue, const Tensor& aux, bool column_sums) {
   const char* op = "quantize_fp8";
   check_quantizable(op, in);
   check<ShapeError>(in.dim() == 2, "{}: expects a matrix [rows, cols], got {}", op, describe(in));
@@ -46,12 +52,15 @@ Fp8Quantized quantize_fp8(const Tensor& in, DType format, const Tensor& scale, c
                     dtype_name(format));
   check_scalar(op, "scale", scale, in);
   if (amax.defined()) check_scalar(op, "amax", amax, in);
-  if (relu_mask.defined()) {
-    check_same_device_and_dtype(op, relu_mask, in);
-    check<ShapeError>(relu_mask.shape() == in.shape(), "{}: relu_mask {} does not match input {}", op,
-                      describe(relu_mask), describe(in));
+  const bool takes_aux = fp8_prologue_has_aux(prologue);
+  check<ValueError>(takes_aux == aux.defined(), "{}: the {} prologue {}", op, fp8_prologue_name(prologue),
+                    takes_aux ? "needs an aux tensor" : "takes no aux tensor");
+  if (takes_aux) {
+    check_same_device_and_dtype(op, aux, in);
+    check<ShapeError>(aux.shape() == in.shape(), "{}: aux {} of the {} prologue does not match input {}", op,
+                      describe(aux), fp8_prologue_name(prologue), describe(in));
   }
-  const Tensor c = contiguous(in), mask = relu_mask.defined() ? contiguous(relu_mask) : Tensor();
+  const Tensor c = contiguous(in), a = takes_aux ? contiguous(aux) : Tensor();
   const int64_t rows = in.shape()[0], cols = in.shape()[1];
   Fp8Quantized q;
   q.data = Tensor::empty({rows, cols}, format, in.device());
@@ -65,7 +74,8 @@ Fp8Quantized quantize_fp8(const Tensor& in, DType format, const Tensor& scale, c
   args.scale = scale.view();
   args.scale_inv = q.scale_inv.view();
   args.amax = view_or_none(amax);
-  args.relu_mask = view_or_none(mask);
+  args.aux = view_or_none(a);
+  args.prologue = prologue;
   args.column_sums = view_or_none(q.column_sums);
   if (rows == 0 && column_sums) fill_(q.column_sums, 0.0);
   on_device(in.device(), [&](Backend& b) { b.quantize_fp8(args); });

@@ -2,8 +2,9 @@
 // kernels bit for bit (codes, transposes, amax, 1/scale; both formats, every
 // input dtype, tiled and ragged shapes), cuBLASLt's FP8 products against the
 // CPU's decoded f32 products, the FP8 linear layer forward and backward over
-// steps of delayed scaling (the scales bit for bit), and capture in a CUDA
-// graph. Every test skips without a GPU; the products skip on GPUs older
+// steps of delayed scaling (the scales bit for bit), the prologues folded
+// into the quantization and the fused MLP against their unfused ops on the
+// GPU bit for bit, and capture in a CUDA graph. Every test skips without a GPU; the products skip on GPUs older
 // than compute capability 8.9, which must refuse them by name.
 #include <gtest/gtest.h>
 
@@ -27,6 +28,7 @@
 #include "tensor/fp8.h"
 #include "tensor/ops.h"
 #include "tensor/stream.h"
+#include "tests/fp8_mlp_run.h"
 #include "tests/fp8_test_values.h"
 #include "tests/test_util.h"
 #include "train/mixed_precision.h"
@@ -75,13 +77,17 @@ TEST(CudaFp8, QuantizeMatchesTheCpuBitForBit) {
           const Tensor scale = from_vector(std::vector<float>{s}, {1});
           const Tensor amax_cpu = from_vector(std::vector<float>{0.5f}, {1});
           const Tensor amax_gpu = prim::to(amax_cpu, kGPU);
-          // Half the time with a ReLU's output as mask, and the column sums.
+          // Half the time with a ReLU's backward as prologue (its output as
+          // aux), and the column sums. (GELU's prologues go through erf and
+          // tanh, whose last bits the two devices' libraries need not share:
+          // ProloguesGiveTheCodesOfTheOpThenTheQuantization.)
           const bool masked = rng() % 2 == 0;
+          const Fp8Prologue prologue = masked ? Fp8Prologue::relu_backward : Fp8Prologue::none;
           const Tensor mask = masked ? prim::to(from_vector(spread_values(rows * cols, rng, false), {rows, cols}), in_dtype)
                                      : Tensor();
-          const prim::Fp8Quantized c = prim::quantize_fp8(in, format, scale, amax_cpu, true, mask, true);
+          const prim::Fp8Quantized c = prim::quantize_fp8(in, format, scale, amax_cpu, true, prologue, mask, true);
           const prim::Fp8Quantized g = prim::quantize_fp8(prim::to(in, kGPU), format, prim::to(scale, kGPU), amax_gpu,
-                                                          true, masked ? prim::to(mask, kGPU) : Tensor(), true);
+                                                          true, prologue, masked ? prim::to(mask, kGPU) : Tensor(), true);
           ASSERT_EQ(bytes_of(g.data), bytes_of(c.data)) << "codes";
           ASSERT_EQ(bytes_of(g.data_t), bytes_of(c.data_t)) << "transposed codes";
           // NaN's payload differs (the GPU widens a 16-bit NaN to 0x7FFFFFFF).
@@ -94,6 +100,58 @@ TEST(CudaFp8, QuantizeMatchesTheCpuBitForBit) {
             if (!(std::isnan(sums_c[i]) && std::isnan(sums_g[i])))
               ASSERT_EQ(std::bit_cast<uint32_t>(sums_g[i]), std::bit_cast<uint32_t>(sums_c[i])) << "column sum " << i;
         }
+}
+
+// Each prologue folded into the quantizing kernels gives, bit for bit, the
+// codes, amax and column sums of the element-wise kernel's pass followed by
+// the plain quantization: every input dtype, tiled and ragged shapes.
+TEST(CudaFp8, ProloguesGiveTheCodesOfTheOpThenTheQuantization) {
+  MPT_SKIP_WITHOUT_CUDA();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed);
+  std::mt19937_64 rng(seed);
+  for (Fp8Prologue p : {Fp8Prologue::relu_backward, Fp8Prologue::gelu_erf, Fp8Prologue::gelu_tanh,
+                        Fp8Prologue::gelu_erf_backward, Fp8Prologue::gelu_tanh_backward})
+    for (DType dtype : {DType::f32, DType::bf16, DType::f16})
+      for (auto [rows, cols] : {std::pair<int64_t, int64_t>{256, 192}, {4160, 32}, {5, 7}}) {
+        SCOPED_TRACE(fmt::format("{} {} [{}, {}]", fp8_prologue_name(p), dtype_name(dtype), rows, cols));
+        auto values = [&](bool specials) {
+          return prim::to(prim::to(from_vector(spread_values(rows * cols, rng, specials), {rows, cols}), dtype), kGPU);
+        };
+        const Tensor in = values(true), aux = fp8_prologue_has_aux(p) ? values(false) : Tensor();
+        const Tensor scale = full({1}, 0.75, DType::f32, kGPU);
+        const Tensor amax_fused = zeros({1}, DType::f32, kGPU), amax_plain = zeros({1}, DType::f32, kGPU);
+        const prim::Fp8Quantized fused = prim::quantize_fp8(in, DType::e5m2, scale, amax_fused, true, p, aux, true);
+        const prim::Fp8Quantized plain = prim::quantize_fp8(prim::fp8_prologue(p, in, aux), DType::e5m2, scale,
+                                                            amax_plain, true, Fp8Prologue::none, Tensor(), true);
+        ASSERT_EQ(bytes_of(fused.data), bytes_of(plain.data)) << "codes";
+        ASSERT_EQ(bytes_of(fused.data_t), bytes_of(plain.data_t)) << "transposed codes";
+        EXPECT_EQ(bytes_of(amax_fused), bytes_of(amax_plain)) << "amax";
+        EXPECT_EQ(bytes_of(fused.column_sums), bytes_of(plain.column_sums)) << "column sums";
+      }
+}
+
+// The fused MLP against fp8_linear, gelu, fp8_linear on the GPU, bit for
+// bit: outputs, the five gradients and the scaling state over steps of
+// both recipes, both GELU forms, GPT-2 small's MLP proportions, and a shape
+// that falls back to 16 bits.
+TEST(CudaFp8, MlpMatchesTheTwoLayersAndGeluBitForBit) {
+  SKIP_WITHOUT_FP8_GEMM();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed);
+  for (amp::Fp8ScalingMode mode : {amp::Fp8ScalingMode::delayed, amp::Fp8ScalingMode::current})
+    for (GeluApprox approx : {GeluApprox::none, GeluApprox::tanh})
+      for (testing::Fp8MlpShape shape : {testing::Fp8MlpShape{512, 192, 768, 192}, {10, 32, 64, 16}}) {
+        SCOPED_TRACE(fmt::format("{} {} rows {}", amp::fp8_scaling_mode_name(mode),
+                                 approx == GeluApprox::none ? "erf" : "tanh", shape.rows));
+        amp::Fp8Recipe recipe;
+        recipe.scaling = mode;
+        recipe.history_length = 4;
+        const auto fused = testing::fp8_mlp_run(kGPU, true, recipe, approx, shape, seed, 3);
+        const auto composed = testing::fp8_mlp_run(kGPU, false, recipe, approx, shape, seed, 3);
+        ASSERT_EQ(fused.size(), composed.size());
+        for (size_t i = 0; i < fused.size(); ++i) EXPECT_EQ(fused[i], composed[i]) << "entry " << i;
+      }
 }
 
 TEST(CudaFp8, ProductsMatchTheCpu) {

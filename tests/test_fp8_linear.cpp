@@ -18,6 +18,7 @@
 #include "autograd/ops.h"
 #include "tensor/fp8.h"
 #include "tensor/ops.h"
+#include "tests/fp8_mlp_run.h"
 #include "tests/fp8_test_values.h"
 #include "tests/test_util.h"
 
@@ -187,14 +188,15 @@ TEST(Fp8Linear, ForwardAndBackwardAreTheQuantizedMathWithCurrentScaling) {
     const float sx = 448.0f / amax_of(xv), sw = 448.0f / amax_of(wv);
     const std::vector<double> xq = quantized_values(xv, sx, DType::e4m3), wq = quantized_values(wv, sw, DType::e4m3);
     // The ReLU's backward masks the gradient where the output is not
-    // positive; current scaling measured the gradient before the mask.
+    // positive; current scaling measures what it quantizes: the masked
+    // gradient.
     const std::vector<double> y_got = y.to_vector<double>();
     std::vector<float> g16, g16_masked;
     for (size_t i = 0; i < gv.size(); ++i) {
       g16.push_back(static_cast<float>(BFloat16(gv[i])));
       g16_masked.push_back(relu && !(y_got[i] > 0) ? 0.0f : g16.back());
     }
-    const float sg = 57344.0f / amax_of(g16);
+    const float sg = 57344.0f / amax_of(g16_masked);
     const std::vector<double> gq = quantized_values(g16_masked, sg, DType::e5m2);
     std::vector<double> y_ref(rows * out), gx_ref(rows * in, 0.0), gw_ref(out * in, 0.0), gb_ref(out, 0.0);
     for (int64_t r = 0; r < rows; ++r)
@@ -249,6 +251,76 @@ TEST(Fp8Linear, ShapesFp8CannotTakeRunInBf16) {
   const Tensor plain = linear(prim::to(x, DType::bf16), prim::to(w, DType::bf16));
   EXPECT_EQ(y.to_vector<float>(), plain.to_vector<float>());
   EXPECT_EQ(scaling->amax(Fp8Group::forward).to_vector<float>()[state.input_slot], 0.0f) << "nothing quantized";
+}
+
+// Each prologue folded into the quantization gives the codes, amax and
+// sums of the op's own pass followed by the plain quantization.
+TEST(Fp8Ops, APrologueIsTheOpThenTheQuantization) {
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed);
+  std::mt19937_64 rng(seed);
+  for (Fp8Prologue p : {Fp8Prologue::relu_backward, Fp8Prologue::gelu_erf, Fp8Prologue::gelu_tanh,
+                        Fp8Prologue::gelu_erf_backward, Fp8Prologue::gelu_tanh_backward})
+    for (DType dtype : {DType::f32, DType::bf16, DType::f16}) {
+      SCOPED_TRACE(fmt::format("{} {}", fp8_prologue_name(p), dtype_name(dtype)));
+      const Tensor in = prim::to(from_vector(spread_values(96 * 40, rng, true), {96, 40}), dtype);
+      const Tensor aux = fp8_prologue_has_aux(p)
+                             ? prim::to(from_vector(spread_values(96 * 40, rng, false), {96, 40}), dtype)
+                             : Tensor();
+      const Tensor scale = full({1}, 0.75), amax_fused = zeros({1}), amax_plain = zeros({1});
+      const prim::Fp8Quantized fused = prim::quantize_fp8(in, DType::e5m2, scale, amax_fused, true, p, aux, true);
+      const prim::Fp8Quantized plain =
+          prim::quantize_fp8(prim::fp8_prologue(p, in, aux), DType::e5m2, scale, amax_plain, true, Fp8Prologue::none,
+                             Tensor(), true);
+      EXPECT_EQ(codes_of(fused.data), codes_of(plain.data));
+      EXPECT_EQ(codes_of(fused.data_t), codes_of(plain.data_t));
+      EXPECT_EQ(codes_of(amax_fused), codes_of(amax_plain));
+      EXPECT_EQ(codes_of(fused.column_sums), codes_of(plain.column_sums));
+    }
+  // The ReLU's backward selects, as relu_backward does: a non-finite
+  // gradient where the output is not positive becomes 0, not NaN.
+  const Tensor g = from_vector(std::vector<float>{INFINITY, NAN, 2.0f, -3.0f}, {2, 2});
+  const Tensor relu_out = from_vector(std::vector<float>{0.0f, -1.0f, 1.0f, 0.5f}, {2, 2});
+  const prim::Fp8Quantized q =
+      prim::quantize_fp8(g, DType::e4m3, full({1}, 1.0), Tensor(), false, Fp8Prologue::relu_backward, relu_out);
+  EXPECT_EQ(prim::to(q.data, DType::f32).to_vector<float>(), (std::vector<float>{0.0f, 0.0f, 2.0f, -3.0f}));
+  // A prologue without its second operand, or one given to none.
+  const Tensor one = full({1}, 1.0);
+  expect_contains(error_of<ValueError>([&] {
+                    prim::quantize_fp8(g, DType::e4m3, one, Tensor(), false, Fp8Prologue::gelu_erf_backward);
+                  }),
+                  {"quantize_fp8", "gelu_erf_backward", "needs an aux tensor"});
+  expect_contains(error_of<ValueError>([&] {
+                    prim::quantize_fp8(g, DType::e4m3, one, Tensor(), false, Fp8Prologue::none, g);
+                  }),
+                  {"quantize_fp8", "none", "takes no aux tensor"});
+  expect_contains(error_of<ShapeError>([&] {
+                    prim::quantize_fp8(g, DType::e4m3, one, Tensor(), false, Fp8Prologue::relu_backward,
+                                       zeros({4, 1}));
+                  }),
+                  {"quantize_fp8", "aux", "[4, 1]"});
+}
+
+// fp8_mlp is fp8_linear, gelu, fp8_linear, bit for bit: over steps of
+// delayed scaling (each step's scales from the last one's amaxes) and of
+// current scaling, for both GELU forms, and for a shape FP8 products cannot
+// take (10 rows: both layers fall back to 16 bits).
+TEST(Fp8Linear, MlpIsTheTwoLayersAndGeluBitForBit) {
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed);
+  for (amp::Fp8ScalingMode mode : {amp::Fp8ScalingMode::delayed, amp::Fp8ScalingMode::current})
+    for (GeluApprox approx : {GeluApprox::none, GeluApprox::tanh})
+      for (testing::Fp8MlpShape shape : {testing::Fp8MlpShape{64, 32, 128, 48}, {10, 32, 64, 16}}) {
+        SCOPED_TRACE(fmt::format("{} {} rows {}", amp::fp8_scaling_mode_name(mode),
+                                 approx == GeluApprox::none ? "erf" : "tanh", shape.rows));
+        amp::Fp8Recipe recipe;
+        recipe.scaling = mode;
+        recipe.history_length = 4;
+        const auto fused = testing::fp8_mlp_run(kCPU, true, recipe, approx, shape, seed, 3);
+        const auto composed = testing::fp8_mlp_run(kCPU, false, recipe, approx, shape, seed, 3);
+        ASSERT_EQ(fused.size(), composed.size());
+        for (size_t i = 0; i < fused.size(); ++i) EXPECT_EQ(fused[i], composed[i]) << "entry " << i;
+      }
 }
 
 TEST(Fp8Scaling, StatsCountSaturatedAndFlushedElements) {

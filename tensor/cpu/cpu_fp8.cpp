@@ -60,14 +60,21 @@ void quantize_fp8(const Fp8QuantizeArgs& q) {
   auto* out_t = static_cast<uint8_t*>(q.out_t.data);
   dispatch_half_or_float(q.in.dtype, "quantize_fp8", [&](auto tag) {
     using T = decltype(tag);
+    // The prologue's result, by the element-wise kernels that compute the op
+    // alone: the same values, rounded the same.
+    std::vector<T> applied;
     const T* in = static_cast<const T*>(q.in.data);
-    const T* mask = static_cast<const T*>(q.relu_mask.data);
-    // The element as the quantization sees it: masked by the ReLU's output
-    // as relu_backward does (in * (mask > 0)), in f32.
-    auto value = [&](int64_t i) {
-      const float v = static_cast<float>(in[i]);
-      return mask ? v * (static_cast<float>(mask[i]) > 0.0f ? 1.0f : 0.0f) : v;
-    };
+    if (q.prologue != Fp8Prologue::none) {
+      applied.resize(static_cast<size_t>(rows * cols));
+      TensorView result = q.in;
+      result.data = applied.data();
+      if (fp8_prologue_has_aux(q.prologue))
+        binary(fp8_prologue_binary(q.prologue), result, q.in, q.aux);
+      else
+        unary(fp8_prologue_unary(q.prologue), result, q.in, 0.0, 0.0);
+      in = applied.data();
+    }
+    auto value = [&](int64_t i) { return static_cast<float>(in[i]); };
     parallel_for(rows, 1, units_for_work(kMinElementsPerPiece, cols), [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r)
         for (int64_t c = 0; c < cols; ++c) {
@@ -76,11 +83,7 @@ void quantize_fp8(const Fp8QuantizeArgs& q) {
           if (out_t) out_t[c * rows + r] = code;
         }
     });
-    if (q.amax.data) {
-      uint32_t bits = 0;
-      for (int64_t i = 0; i < rows * cols; ++i) bits = std::max(bits, float_bits(value(i)) & 0x7fffffffu);
-      combine_amax(q.amax, bits);
-    }
+    if (q.amax.data) combine_amax(q.amax, abs_max_bits(in, rows * cols));
     if (q.column_sums.data) {
       // Blocks of kFp8ColumnSumBlock rows in order, then the blocks' sums in
       // order: the GPU's order.

@@ -3,22 +3,18 @@
 // than a template parameter: 8 kernels instead of 8 x 36, for compile time.
 // The formulas are those of tensor/cpu/cpu_elementwise.cpp, written the same
 // way so that both round alike.
+#include "tensor/cuda/gelu_math.cuh"
 #include "tensor/cuda/kernel_utils.cuh"
 
 namespace mpt::cuda {
 namespace {
 
-// The precise (not the fast-math) CUDA functions, by argument type.
-__device__ __forceinline__ float m_exp(float x) { return expf(x); }
-__device__ __forceinline__ double m_exp(double x) { return exp(x); }
+// The precise (not the fast-math) CUDA functions, by argument type (exp,
+// tanh and erf in gelu_math.cuh).
 __device__ __forceinline__ float m_log(float x) { return logf(x); }
 __device__ __forceinline__ double m_log(double x) { return log(x); }
 __device__ __forceinline__ float m_sqrt(float x) { return sqrtf(x); }
 __device__ __forceinline__ double m_sqrt(double x) { return sqrt(x); }
-__device__ __forceinline__ float m_tanh(float x) { return tanhf(x); }
-__device__ __forceinline__ double m_tanh(double x) { return tanh(x); }
-__device__ __forceinline__ float m_erf(float x) { return erff(x); }
-__device__ __forceinline__ double m_erf(double x) { return erf(x); }
 __device__ __forceinline__ float m_sin(float x) { return sinf(x); }
 __device__ __forceinline__ double m_sin(double x) { return sin(x); }
 __device__ __forceinline__ float m_cos(float x) { return cosf(x); }
@@ -27,26 +23,6 @@ __device__ __forceinline__ float m_abs(float x) { return fabsf(x); }
 __device__ __forceinline__ double m_abs(double x) { return fabs(x); }
 __device__ __forceinline__ float m_pow(float x, float y) { return powf(x, y); }
 __device__ __forceinline__ double m_pow(double x, double y) { return pow(x, y); }
-
-constexpr double kSqrt2OverPi = 0.79788456080286535588;  // sqrt(2 / pi)
-constexpr double kGeluCubic = 0.044715;
-constexpr double kInvSqrt2 = 0.70710678118654752440;     // 1 / sqrt(2)
-constexpr double kInvSqrt2Pi = 0.39894228040143267794;   // 1 / sqrt(2 pi)
-
-// d/dx of 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3).
-template <typename C>
-__device__ __forceinline__ C gelu_tanh_grad(C x) {
-  const C x2 = x * x;
-  const C t = m_tanh(C(kSqrt2OverPi) * (x + C(kGeluCubic) * x2 * x));
-  const C du = C(kSqrt2OverPi) * (C(1) + C(3 * kGeluCubic) * x2);
-  return C(0.5) * (C(1) + t) + C(0.5) * x * (C(1) - t * t) * du;
-}
-
-// d/dx of x Phi(x) = Phi(x) + x phi(x).
-template <typename C>
-__device__ __forceinline__ C gelu_erf_grad(C x) {
-  return C(0.5) * (C(1) + m_erf(x * C(kInvSqrt2))) + x * m_exp(C(-0.5) * x * x) * C(kInvSqrt2Pi);
-}
 
 template <typename C>
 __device__ __forceinline__ C unary_value(UnaryOp op, C x, C alpha, C beta) {
@@ -59,9 +35,8 @@ __device__ __forceinline__ C unary_value(UnaryOp op, C x, C alpha, C beta) {
     case UnaryOp::tanh: return m_tanh(x);
     case UnaryOp::sigmoid: return C(1) / (C(1) + m_exp(-x));
     case UnaryOp::relu: return x > C(0) ? x : (x == x ? C(0) : x);  // NaN stays NaN
-    case UnaryOp::gelu_tanh:
-      return C(0.5) * x * (C(1) + m_tanh(C(kSqrt2OverPi) * (x + C(kGeluCubic) * x * x * x)));
-    case UnaryOp::gelu_erf: return C(0.5) * x * (C(1) + m_erf(x * C(kInvSqrt2)));
+    case UnaryOp::gelu_tanh: return gelu_tanh_value(x);
+    case UnaryOp::gelu_erf: return gelu_erf_value(x);
     case UnaryOp::abs: return m_abs(x);
     case UnaryOp::sin: return m_sin(x);
     case UnaryOp::cos: return m_cos(x);

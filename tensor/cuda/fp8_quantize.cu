@@ -11,10 +11,17 @@
 // memory, and each thread then gathers 16 codes of a column for one
 // 16-byte store into the transpose. Other shapes take a plain grid-stride
 // loop.
+//
+// A prologue (Fp8Prologue: a ReLU's backward, GELU either way) is applied
+// to each element as it is loaded, with the element-wise kernels' own
+// formulas (gelu_math.cuh; this file builds with --fmad=false, as theirs
+// does) and rounded to the input's dtype as they would store it: the same
+// codes as the op's pass followed by quantization, without the op's pass.
 #include <cuda_fp8.h>
 
 #include "tensor/cuda/fp8_codes.cuh"
 #include "tensor/cuda/fp8_quantize.h"
+#include "tensor/cuda/gelu_math.cuh"
 #include "tensor/cuda/kernel_utils.cuh"
 
 namespace mpt::cuda {
@@ -22,6 +29,23 @@ namespace {
 
 constexpr int kTile = kFp8Tile;
 constexpr int kChunk = kFp8Chunk;  // elements a thread handles at once
+
+// The element that the quantization sees: `in` after the prologue (aux:
+// the prologue's second operand, where it has one), rounded to T.
+template <typename T>
+__device__ __forceinline__ float prologue_value(Fp8Prologue prologue, T in, T aux) {
+  const float x = Element<T>::load(in);
+  auto rounded = [](float v) { return Element<T>::load(Element<T>::store(v)); };
+  switch (prologue) {
+    case Fp8Prologue::none: return x;
+    case Fp8Prologue::relu_backward: return Element<T>::load(aux) > 0.0f ? x : 0.0f;
+    case Fp8Prologue::gelu_erf: return rounded(gelu_erf_value(x));
+    case Fp8Prologue::gelu_tanh: return rounded(gelu_tanh_value(x));
+    case Fp8Prologue::gelu_erf_backward: return rounded(x * gelu_erf_grad(Element<T>::load(aux)));
+    case Fp8Prologue::gelu_tanh_backward: return rounded(x * gelu_tanh_grad(Element<T>::load(aux)));
+  }
+  return x;
+}
 
 // A block quantizes kTiles tiles stacked along the rows, its loads for all
 // of them issued before any is used: a 16-bit tile alone gave a thread 32
@@ -31,15 +55,15 @@ constexpr int kChunk = kFp8Chunk;  // elements a thread handles at once
 // column sums stay per tile of kTile rows (kFp8ColumnSumBlock), whatever
 // kTiles is.
 template <typename T, int kTiles, bool kSums>
-__global__ void __launch_bounds__(kThreads) quantize_tiles(const T* __restrict__ in, const T* __restrict__ mask,
-                                                            uint8_t* __restrict__ out, uint8_t* __restrict__ out_t,
-                                                            int64_t rows, int64_t cols, const float* scale_ptr,
-                                                            float* scale_inv, float* amax, float* partial_sums,
-                                                            __nv_fp8_interpretation_t format) {
+__global__ void __launch_bounds__(kThreads) quantize_tiles(const T* __restrict__ in, const T* __restrict__ aux,
+                                                            Fp8Prologue prologue, uint8_t* __restrict__ out,
+                                                            uint8_t* __restrict__ out_t, int64_t rows, int64_t cols,
+                                                            const float* scale_ptr, float* scale_inv, float* amax,
+                                                            float* partial_sums, __nv_fp8_interpretation_t format) {
   using P = Pack<T, 16 / sizeof(T)>;
   constexpr int kPerPack = 16 / sizeof(T), kPacks = kChunk / kPerPack;
   __shared__ alignas(16) Fp8TileCodes tile[kTiles];
-  // The masked values of one tile, for its column sums (each column summed
+  // The values of one tile, for its column sums (each column summed
   // by one thread in row order: the same bits every run).
   __shared__ float values[kSums ? kTile : 1][kTile + 1];
   const float scale = *scale_ptr;
@@ -48,15 +72,15 @@ __global__ void __launch_bounds__(kThreads) quantize_tiles(const T* __restrict__
   const int r = threadIdx.x / (kTile / kChunk), c = (threadIdx.x % (kTile / kChunk)) * kChunk;
   auto inside = [&](int t) { return (first_tile + t) * kTile + r < rows && col0 + c < cols; };
   auto at = [&](int t) { return ((first_tile + t) * kTile + r) * cols + col0 + c; };
-  P packs[kTiles][kPacks], masks[kTiles][kPacks];
+  P packs[kTiles][kPacks], aux_packs[kTiles][kPacks];
 #pragma unroll
   for (int t = 0; t < kTiles; ++t)
     if (inside(t)) {
 #pragma unroll
       for (int p = 0; p < kPacks; ++p) packs[t][p] = reinterpret_cast<const P*>(in + at(t))[p];
-      if (mask) {
+      if (aux) {
 #pragma unroll
-        for (int p = 0; p < kPacks; ++p) masks[t][p] = reinterpret_cast<const P*>(mask + at(t))[p];
+        for (int p = 0; p < kPacks; ++p) aux_packs[t][p] = reinterpret_cast<const P*>(aux + at(t))[p];
       }
     }
   uint32_t bits = 0;
@@ -68,9 +92,8 @@ __global__ void __launch_bounds__(kThreads) quantize_tiles(const T* __restrict__
       Pack<uint8_t, kChunk> codes;
 #pragma unroll
       for (int i = 0; i < kChunk; ++i) {
-        float v = Element<T>::load(packs[t][i / kPerPack].v[i % kPerPack]);
-        // As relu_backward: in * (mask > 0).
-        if (mask) v *= Element<T>::load(masks[t][i / kPerPack].v[i % kPerPack]) > 0.0f ? 1.0f : 0.0f;
+        const float v = prologue_value(prologue, packs[t][i / kPerPack].v[i % kPerPack],
+                                       aux ? aux_packs[t][i / kPerPack].v[i % kPerPack] : T{});
         bits = max(bits, abs_bits(v));
         codes.v[i] = to_fp8(v * scale, format);
         if constexpr (kSums) values[r][c + i] = v;
@@ -97,21 +120,20 @@ __global__ void __launch_bounds__(kThreads) quantize_tiles(const T* __restrict__
 }
 
 template <typename T>
-__device__ __forceinline__ float masked(const T* in, const T* mask, int64_t i) {
-  const float v = Element<T>::load(in[i]);
-  return mask ? v * (Element<T>::load(mask[i]) > 0.0f ? 1.0f : 0.0f) : v;
+__device__ __forceinline__ float value_at(const T* in, const T* aux, Fp8Prologue prologue, int64_t i) {
+  return prologue_value(prologue, in[i], aux ? aux[i] : T{});
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kThreads) quantize_any(const T* __restrict__ in, const T* __restrict__ mask,
-                                                          uint8_t* __restrict__ out, uint8_t* __restrict__ out_t,
-                                                          int64_t rows, int64_t cols, const float* scale_ptr,
-                                                          float* scale_inv, float* amax,
+__global__ void __launch_bounds__(kThreads) quantize_any(const T* __restrict__ in, const T* __restrict__ aux,
+                                                          Fp8Prologue prologue, uint8_t* __restrict__ out,
+                                                          uint8_t* __restrict__ out_t, int64_t rows, int64_t cols,
+                                                          const float* scale_ptr, float* scale_inv, float* amax,
                                                           __nv_fp8_interpretation_t format) {
   const float scale = *scale_ptr;
   uint32_t bits = 0;
   for (int64_t i = global_thread(); i < rows * cols; i += grid_threads()) {
-    const float v = masked(in, mask, i);
+    const float v = value_at(in, aux, prologue, i);
     bits = max(bits, abs_bits(v));
     const uint8_t code = to_fp8(v * scale, format);
     out[i] = code;
@@ -124,13 +146,13 @@ __global__ void __launch_bounds__(kThreads) quantize_any(const T* __restrict__ i
 // partial_sums [row blocks, cols]: each block of kTile rows of a column
 // summed in order, by one thread.
 template <typename T>
-__global__ void column_block_sums(const T* __restrict__ in, const T* __restrict__ mask, int64_t rows, int64_t cols,
-                                  float* partial_sums) {
+__global__ void column_block_sums(const T* __restrict__ in, const T* __restrict__ aux, Fp8Prologue prologue,
+                                  int64_t rows, int64_t cols, float* partial_sums) {
   const int64_t blocks = (rows + kTile - 1) / kTile;
   for (int64_t i = global_thread(); i < blocks * cols; i += grid_threads()) {
     const int64_t b = i / cols, c = i % cols;
     float sum = 0.0f;
-    for (int64_t r = b * kTile; r < min(rows, (b + 1) * kTile); ++r) sum += masked(in, mask, r * cols + c);
+    for (int64_t r = b * kTile; r < min(rows, (b + 1) * kTile); ++r) sum += value_at(in, aux, prologue, r * cols + c);
     partial_sums[i] = sum;
   }
 }
@@ -197,37 +219,41 @@ void launch_quantize_fp8(const Launch& l, const Fp8QuantizeArgs& q, void* scratc
   dispatch_floating<false>(q.in.dtype, "quantize_fp8", [&](auto tag) {
     using T = decltype(tag);
     const T* in = static_cast<const T*>(q.in.data);
-    const T* mask = static_cast<const T*>(q.relu_mask.data);
+    const T* aux = static_cast<const T*>(q.aux.data);
     // Two tiles a block for 16-bit inputs (see quantize_tiles), one for f32.
     constexpr int kTiles = sizeof(T) == 2 ? 2 : 1;
     const int64_t row_tiles = (rows + kTile - 1) / kTile;
     const bool tiles = rows % kChunk == 0 && cols % kChunk == 0 && aligned16(in) && aligned16(out) &&
-                       (!out_t || aligned16(out_t)) && (!mask || aligned16(mask)) &&
+                       (!out_t || aligned16(out_t)) && (!aux || aligned16(aux)) &&
                        (row_tiles + kTiles - 1) / kTiles <= 65535;
     if (tiles) {
       const dim3 grid(static_cast<unsigned>((cols + kTile - 1) / kTile),
                       static_cast<unsigned>((row_tiles + kTiles - 1) / kTiles));
       if (partial_sums)
-        quantize_tiles<T, kTiles, true><<<grid, kThreads, 0, l.stream>>>(in, mask, out, out_t, rows, cols, scale,
-                                                                          scale_inv, amax, partial_sums, format);
+        quantize_tiles<T, kTiles, true><<<grid, kThreads, 0, l.stream>>>(
+            in, aux, q.prologue, out, out_t, rows, cols, scale, scale_inv, amax, partial_sums, format);
       else
-        quantize_tiles<T, kTiles, false><<<grid, kThreads, 0, l.stream>>>(in, mask, out, out_t, rows, cols, scale,
-                                                                           scale_inv, amax, nullptr, format);
+        quantize_tiles<T, kTiles, false><<<grid, kThreads, 0, l.stream>>>(
+            in, aux, q.prologue, out, out_t, rows, cols, scale, scale_inv, amax, nullptr, format);
       MPT_CUDA_CHECK_LAUNCH("quantize_fp8 (tiles)");
     } else {
-      quantize_any<T><<<grid_for(l, rows * cols), kThreads, 0, l.stream>>>(in, mask, out, out_t, rows, cols, scale,
-                                                                            scale_inv, amax, format);
+      quantize_any<T><<<grid_for(l, rows * cols), kThreads, 0, l.stream>>>(in, aux, q.prologue, out, out_t, rows,
+                                                                            cols, scale, scale_inv, amax, format);
       MPT_CUDA_CHECK_LAUNCH("quantize_fp8");
       if (partial_sums) {
         column_block_sums<T><<<grid_for(l, (rows + kTile - 1) / kTile * cols), kThreads, 0, l.stream>>>(
-            in, mask, rows, cols, partial_sums);
+            in, aux, q.prologue, rows, cols, partial_sums);
         MPT_CUDA_CHECK_LAUNCH("quantize_fp8 column sums");
       }
     }
   });
   if (partial_sums) {
-    finish_column_sums<<<grid_for(l, cols), kThreads, 0, l.stream>>>(partial_sums, (rows + kTile - 1) / kTile, cols,
-                                                                     static_cast<float*>(q.column_sums.data));
+    // A warp a block: the columns are few (768 to 3072 for GPT-2 small), and
+    // blocks of kThreads put them all on a handful of SMs, whose loads then
+    // queue (14 us a call under Nsight Compute).
+    constexpr int kWarp = 32;
+    finish_column_sums<<<grid_for(l, cols, kWarp), kWarp, 0, l.stream>>>(
+        partial_sums, (rows + kTile - 1) / kTile, cols, static_cast<float*>(q.column_sums.data));
     MPT_CUDA_CHECK_LAUNCH("quantize_fp8 column sums (finish)");
   }
 }
