@@ -1,8 +1,11 @@
 #pragma once
 // A few training steps of a transformer's MLP in FP8, out(gelu(fc(x))), as
 // amp::fp8_mlp or as the three ops (fp8_linear, gelu, fp8_linear), with
-// everything they produce kept as bytes: the tests compare the two runs
-// bit for bit, on the CPU and on the GPU.
+// everything they produce kept as bytes, and the check that the two runs
+// agree bit for bit (on the CPU and on the GPU).
+#include <gtest/gtest.h>
+
+#include <initializer_list>
 #include <memory>
 #include <random>
 #include <vector>
@@ -54,6 +57,26 @@ inline std::vector<std::vector<uint8_t>> fp8_mlp_run(const Device& device, bool 
     for (const auto& [name, t] : scaling->state()) kept.push_back(bytes_of(t));
   }
   return kept;
+}
+
+// fp8_mlp against the three ops on `device`, bit for bit, over 3 steps of
+// each recipe (delayed: each step's scales from the last one's amaxes),
+// both GELU forms and each shape.
+inline void expect_fp8_mlp_is_the_ops(const Device& device, std::initializer_list<Fp8MlpShape> shapes,
+                                      uint64_t seed) {
+  for (amp::Fp8ScalingMode mode : {amp::Fp8ScalingMode::delayed, amp::Fp8ScalingMode::current})
+    for (GeluApprox approx : {GeluApprox::none, GeluApprox::tanh})
+      for (const Fp8MlpShape& shape : shapes) {
+        SCOPED_TRACE(fmt::format("{} {} rows {}", amp::fp8_scaling_mode_name(mode),
+                                 approx == GeluApprox::none ? "erf" : "tanh", shape.rows));
+        amp::Fp8Recipe recipe;
+        recipe.scaling = mode;
+        recipe.history_length = 4;
+        const auto fused = fp8_mlp_run(device, true, recipe, approx, shape, seed, 3);
+        const auto composed = fp8_mlp_run(device, false, recipe, approx, shape, seed, 3);
+        ASSERT_EQ(fused.size(), composed.size());
+        for (size_t i = 0; i < fused.size(); ++i) EXPECT_EQ(fused[i], composed[i]) << "entry " << i;
+      }
 }
 
 }  // namespace mpt::testing
