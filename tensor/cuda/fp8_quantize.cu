@@ -17,7 +17,12 @@
 // formulas (gelu_math.cuh; this file builds with --fmad=false, as theirs
 // does) and rounded to the input's dtype as they would store it: the same
 // codes as the op's pass followed by quantization, without the op's pass.
+// The tiled kernel takes the prologue as a template parameter: as a
+// run-time switch, GELU's registers cost every quantization its occupancy
+// (on an H100, mlp_large's FP8 step 9.6 -> 9.9 ms, with no GELU in it).
 #include <cuda_fp8.h>
+
+#include <type_traits>
 
 #include "tensor/cuda/fp8_codes.cuh"
 #include "tensor/cuda/fp8_quantize.h"
@@ -31,14 +36,15 @@ constexpr int kTile = kFp8Tile;
 constexpr int kChunk = kFp8Chunk;  // elements a thread handles at once
 
 // The element that the quantization sees: `in` after the prologue (aux:
-// the prologue's second operand, where it has one), rounded to T.
+// the prologue's second operand, where it has one), rounded to T (which
+// also gives a NaN the payload the op's store would).
 template <typename T>
 __device__ __forceinline__ float prologue_value(Fp8Prologue prologue, T in, T aux) {
   const float x = Element<T>::load(in);
   auto rounded = [](float v) { return Element<T>::load(Element<T>::store(v)); };
   switch (prologue) {
     case Fp8Prologue::none: return x;
-    case Fp8Prologue::relu_backward: return Element<T>::load(aux) > 0.0f ? x : 0.0f;
+    case Fp8Prologue::relu_backward: return rounded(Element<T>::load(aux) > 0.0f ? x : 0.0f);
     case Fp8Prologue::gelu_erf: return rounded(gelu_erf_value(x));
     case Fp8Prologue::gelu_tanh: return rounded(gelu_tanh_value(x));
     case Fp8Prologue::gelu_erf_backward: return rounded(x * gelu_erf_grad(Element<T>::load(aux)));
@@ -47,102 +53,76 @@ __device__ __forceinline__ float prologue_value(Fp8Prologue prologue, T in, T au
   return x;
 }
 
-// One wave of blocks (as many as fit on the GPU at once) walks the tiles
-// with a stride of the grid, each block loading its next tile before it
-// quantizes the current one, so that a thread keeps two tiles' loads in
-// flight. Measured before, on H100s: a 16-bit tile a block (32 bytes in
-// flight a thread) ran at 60% of the memory's speed where f32 (64 bytes)
-// ran at 87%; two stacked tiles a block took mlp_large's FP8 step 9.89 ->
-// 9.65 ms but gained nothing at GPT-2 small's shapes, where their 1536
-// blocks made 1.45 waves, the second one half idle. Walking single tiles
-// keeps both: the loads in flight, and a last round that is at most one
-// tile a block. The column sums stay per tile of kTile rows
-// (kFp8ColumnSumBlock).
-template <typename T, bool kSums>
+// A block quantizes kTiles tiles stacked along the rows, its loads for all
+// of them issued before any is used: a 16-bit tile alone gave a thread 32
+// bytes in flight, and on an H100 the pass ran at 60% of the memory's speed
+// where the f32 one, with 64, ran at 87%. Measured since: mlp_large's FP8
+// step 9.89 -> 9.65 ms (two H100s), no gain at GPT-2 small's shapes. The
+// column sums stay per tile of kTile rows (kFp8ColumnSumBlock), whatever
+// kTiles is.
+template <typename T, int kTiles, bool kSums, Fp8Prologue kPrologue>
 __global__ void __launch_bounds__(kThreads) quantize_tiles(const T* __restrict__ in, const T* __restrict__ aux,
-                                                            Fp8Prologue prologue, uint8_t* __restrict__ out,
+                                                            uint8_t* __restrict__ out,
                                                             uint8_t* __restrict__ out_t, int64_t rows, int64_t cols,
                                                             const float* scale_ptr, float* scale_inv, float* amax,
                                                             float* partial_sums, __nv_fp8_interpretation_t format) {
   using P = Pack<T, 16 / sizeof(T)>;
   constexpr int kPerPack = 16 / sizeof(T), kPacks = kChunk / kPerPack;
-  // Two tiles' codes, taken in turns: a tile's codes are written while
-  // the tile before's transpose may still be read from the other one.
-  __shared__ alignas(16) Fp8TileCodes codes_of[2];
+  __shared__ alignas(16) Fp8TileCodes tile[kTiles];
   // The values of one tile, for its column sums (each column summed
   // by one thread in row order: the same bits every run).
   __shared__ float values[kSums ? kTile : 1][kTile + 1];
   const float scale = *scale_ptr;
-  const int64_t col_tiles = (cols + kTile - 1) / kTile, count = col_tiles * ((rows + kTile - 1) / kTile);
-  const int64_t stride = gridDim.x;
+  const int64_t first_tile = static_cast<int64_t>(blockIdx.y) * kTiles;
+  const int64_t col0 = static_cast<int64_t>(blockIdx.x) * kTile;
   const int r = threadIdx.x / (kTile / kChunk), c = (threadIdx.x % (kTile / kChunk)) * kChunk;
-  auto row0_of = [&](int64_t tile) { return tile / col_tiles * kTile; };
-  auto col0_of = [&](int64_t tile) { return tile % col_tiles * kTile; };
-  auto inside = [&](int64_t tile) { return row0_of(tile) + r < rows && col0_of(tile) + c < cols; };
-  auto at = [&](int64_t tile) { return (row0_of(tile) + r) * cols + col0_of(tile) + c; };
-  P packs[2][kPacks], aux_packs[2][kPacks];
-  auto load = [&](int64_t tile, P(&to)[kPacks], P(&aux_to)[kPacks]) {
-    if (tile >= count || !inside(tile)) return;
+  auto inside = [&](int t) { return (first_tile + t) * kTile + r < rows && col0 + c < cols; };
+  auto at = [&](int t) { return ((first_tile + t) * kTile + r) * cols + col0 + c; };
+  P packs[kTiles][kPacks], aux_packs[kTiles][kPacks];
 #pragma unroll
-    for (int p = 0; p < kPacks; ++p) to[p] = reinterpret_cast<const P*>(in + at(tile))[p];
-    if (aux) {
+  for (int t = 0; t < kTiles; ++t)
+    if (inside(t)) {
 #pragma unroll
-      for (int p = 0; p < kPacks; ++p) aux_to[p] = reinterpret_cast<const P*>(aux + at(tile))[p];
+      for (int p = 0; p < kPacks; ++p) packs[t][p] = reinterpret_cast<const P*>(in + at(t))[p];
+      if (aux) {
+#pragma unroll
+        for (int p = 0; p < kPacks; ++p) aux_packs[t][p] = reinterpret_cast<const P*>(aux + at(t))[p];
+      }
     }
-  };
   uint32_t bits = 0;
-  auto quantize = [&](int64_t tile, const P(&from)[kPacks], const P(&aux_from)[kPacks], Fp8TileCodes& codes_tile) {
-    const int64_t row0 = row0_of(tile), col0 = col0_of(tile);
-    if (inside(tile)) {
+#pragma unroll
+  for (int t = 0; t < kTiles; ++t) {
+    const int64_t row0 = (first_tile + t) * kTile;
+    if (row0 >= rows) break;  // the whole block: the last block's missing tiles
+    if (inside(t)) {
       Pack<uint8_t, kChunk> codes;
 #pragma unroll
       for (int i = 0; i < kChunk; ++i) {
-        const float v =
-            prologue_value(prologue, from[i / kPerPack].v[i % kPerPack], aux ? aux_from[i / kPerPack].v[i % kPerPack] : T{});
+        const float v = prologue_value(kPrologue, packs[t][i / kPerPack].v[i % kPerPack],
+                                       aux ? aux_packs[t][i / kPerPack].v[i % kPerPack] : T{});
         bits = max(bits, abs_bits(v));
         codes.v[i] = to_fp8(v * scale, format);
         if constexpr (kSums) values[r][c + i] = v;
       }
-      *reinterpret_cast<Pack<uint8_t, kChunk>*>(out + at(tile)) = codes;
-      if (out_t) *reinterpret_cast<Pack<uint8_t, kChunk>*>(&codes_tile[r][c]) = codes;
+      *reinterpret_cast<Pack<uint8_t, kChunk>*>(out + at(t)) = codes;
+      if (out_t) *reinterpret_cast<Pack<uint8_t, kChunk>*>(&tile[t][r][c]) = codes;
     } else if constexpr (kSums) {
 #pragma unroll
       for (int i = 0; i < kChunk; ++i) values[r][c + i] = 0.0f;
     }
     if (out_t || kSums) __syncthreads();
-    if (out_t) store_transposed_chunk(codes_tile, r, c, row0, col0, rows, cols, out_t);
+    if (out_t) store_transposed_chunk(tile[t], r, c, row0, col0, rows, cols, out_t);
     if constexpr (kSums) {
       if (threadIdx.x < kTile && col0 + threadIdx.x < cols) {
         float sum = 0.0f;
         for (int i = 0; i < kTile; ++i) sum += values[i][threadIdx.x];
-        partial_sums[row0 / kTile * cols + col0 + threadIdx.x] = sum;
+        partial_sums[(first_tile + t) * cols + col0 + threadIdx.x] = sum;
       }
       __syncthreads();  // before the next tile's values
     }
-  };
-  // Unrolled by two, so that each tile's registers have fixed names.
-  int64_t tile = blockIdx.x;
-  load(tile, packs[0], aux_packs[0]);
-  for (; tile < count; tile += 2 * stride) {
-    load(tile + stride, packs[1], aux_packs[1]);
-    quantize(tile, packs[0], aux_packs[0], codes_of[0]);
-    if (tile + stride >= count) break;
-    load(tile + 2 * stride, packs[0], aux_packs[0]);
-    quantize(tile + stride, packs[1], aux_packs[1], codes_of[1]);
   }
   if (amax) block_amax(bits, amax);
-  if (blockIdx.x == 0 && threadIdx.x == 0) *scale_inv = 1.0f / scale;
-}
-
-// Blocks of quantize_tiles<T, kSums> that fit on the GPU at once.
-template <typename T, bool kSums>
-int64_t resident_quantize_blocks(const Launch& l) {
-  static const int per_sm = [] {
-    int n = 0;
-    MPT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, quantize_tiles<T, kSums>, kThreads, 0));
-    return std::max(n, 1);
-  }();
-  return static_cast<int64_t>(per_sm) * l.sm_count;
+  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *scale_inv = 1.0f / scale;
 }
 
 template <typename T>
@@ -223,6 +203,20 @@ __global__ void __launch_bounds__(kThreads) amax_kernel(const T* __restrict__ in
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+// Calls f(std::integral_constant<Fp8Prologue, p>{}).
+template <typename F>
+void with_prologue(Fp8Prologue p, F&& f) {
+  using P = Fp8Prologue;
+  switch (p) {
+    case P::none: return f(std::integral_constant<P, P::none>{});
+    case P::relu_backward: return f(std::integral_constant<P, P::relu_backward>{});
+    case P::gelu_erf: return f(std::integral_constant<P, P::gelu_erf>{});
+    case P::gelu_tanh: return f(std::integral_constant<P, P::gelu_tanh>{});
+    case P::gelu_erf_backward: return f(std::integral_constant<P, P::gelu_erf_backward>{});
+    case P::gelu_tanh_backward: return f(std::integral_constant<P, P::gelu_tanh_backward>{});
+  }
+}
+
 }  // namespace
 
 size_t quantize_fp8_scratch_bytes(const Fp8QuantizeArgs& q) {
@@ -246,19 +240,24 @@ void launch_quantize_fp8(const Launch& l, const Fp8QuantizeArgs& q, void* scratc
     using T = decltype(tag);
     const T* in = static_cast<const T*>(q.in.data);
     const T* aux = static_cast<const T*>(q.aux.data);
-    const int64_t tile_count = (rows + kTile - 1) / kTile * ((cols + kTile - 1) / kTile);
+    // Two tiles a block for 16-bit inputs (see quantize_tiles), one for f32.
+    constexpr int kTiles = sizeof(T) == 2 ? 2 : 1;
+    const int64_t row_tiles = (rows + kTile - 1) / kTile;
     const bool tiles = rows % kChunk == 0 && cols % kChunk == 0 && aligned16(in) && aligned16(out) &&
-                       (!out_t || aligned16(out_t)) && (!aux || aligned16(aux));
+                       (!out_t || aligned16(out_t)) && (!aux || aligned16(aux)) &&
+                       (row_tiles + kTiles - 1) / kTiles <= 65535;
     if (tiles) {
-      if (partial_sums) {
-        const auto grid = static_cast<unsigned>(std::min(tile_count, resident_quantize_blocks<T, true>(l)));
-        quantize_tiles<T, true><<<grid, kThreads, 0, l.stream>>>(in, aux, q.prologue, out, out_t, rows, cols, scale,
-                                                                 scale_inv, amax, partial_sums, format);
-      } else {
-        const auto grid = static_cast<unsigned>(std::min(tile_count, resident_quantize_blocks<T, false>(l)));
-        quantize_tiles<T, false><<<grid, kThreads, 0, l.stream>>>(in, aux, q.prologue, out, out_t, rows, cols, scale,
-                                                                  scale_inv, amax, nullptr, format);
-      }
+      const dim3 grid(static_cast<unsigned>((cols + kTile - 1) / kTile),
+                      static_cast<unsigned>((row_tiles + kTiles - 1) / kTiles));
+      with_prologue(q.prologue, [&](auto prologue) {
+        constexpr Fp8Prologue kPrologue = decltype(prologue)::value;
+        if (partial_sums)
+          quantize_tiles<T, kTiles, true, kPrologue><<<grid, kThreads, 0, l.stream>>>(
+              in, aux, out, out_t, rows, cols, scale, scale_inv, amax, partial_sums, format);
+        else
+          quantize_tiles<T, kTiles, false, kPrologue><<<grid, kThreads, 0, l.stream>>>(
+              in, aux, out, out_t, rows, cols, scale, scale_inv, amax, nullptr, format);
+      });
       MPT_CUDA_CHECK_LAUNCH("quantize_fp8 (tiles)");
     } else {
       quantize_any<T><<<grid_for(l, rows * cols), kThreads, 0, l.stream>>>(in, aux, q.prologue, out, out_t, rows,
