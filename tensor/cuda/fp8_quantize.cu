@@ -17,9 +17,10 @@
 // formulas (gelu_math.cuh; this file builds with --fmad=false, as theirs
 // does) and rounded to the input's dtype as they would store it: the same
 // codes as the op's pass followed by quantization, without the op's pass.
-// The tiled kernel takes the prologue as a template parameter: as a
-// run-time switch, GELU's registers cost every quantization its occupancy
-// (on an H100, mlp_large's FP8 step 9.6 -> 9.9 ms, with no GELU in it).
+// The tiled kernel takes the prologue as a template parameter, so that
+// GELU's code and registers stay out of the other quantizations: with a
+// run-time switch, mlp_large's FP8 step (no GELU in it) measured 9.9-10.0
+// ms where it had been 9.5-9.7 (two H100s; docs/PERFORMANCE.md).
 #include <cuda_fp8.h>
 
 #include <type_traits>
