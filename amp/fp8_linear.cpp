@@ -56,6 +56,8 @@ Tensor forward_product(const prim::Fp8Quantized& xq, const Fp8LinearState& s, co
   return prim::gemm_fp8(xq.data, xq.scale_inv, s.weight_fp8, s.weight_scale_inv, b, out_dtype, true, relu);
 }
 
+bool wants_bias_grad(const Tensor& bias) { return bias.defined() && bias.requires_grad(); }
+
 // What a layer's backward reads of its forward: the input's and the
 // weight's transposed copies, and 1 / their scales.
 struct SavedOperands {
@@ -78,11 +80,9 @@ LayerGrads backward_products(const prim::Fp8Quantized& gq, const SavedOperands& 
     g.weight = prim::to(prim::gemm_fp8(gq.data_t, gq.scale_inv, saved.x_t, saved.x_scale_inv, Tensor(), DType::f32,
                                        false),
                         weight.dtype());
-  if (bias.defined() && bias.requires_grad()) g.bias = prim::to(gq.column_sums, bias.dtype());
+  if (wants_bias_grad(bias)) g.bias = prim::to(gq.column_sums, bias.dtype());
   return g;
 }
-
-bool wants_bias_grad(const Tensor& bias) { return bias.defined() && bias.requires_grad(); }
 
 // Said once per layer: a shape FP8 products cannot take runs in 16 bits.
 void warn_not_fp8(Fp8LinearState& state, const char* op, const Tensor& x, const Tensor& weight, DType out_dtype) {
