@@ -44,6 +44,9 @@ struct Fp8LinearState {
   const void* weight_storage = nullptr;
   uint64_t weight_version = 0;
   bool warned = false;  // about a shape that ran in higher precision
+  // Whether the layer may run as half of an fp8_mlp (nn::linear_gelu_linear
+  // asks both layers); else the MLP runs as its three ops.
+  bool fused_mlp = true;
 
   void copies_made_from(const Tensor& weight) {
     weight_storage = weight.storage().get();

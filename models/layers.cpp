@@ -40,7 +40,7 @@ Tensor Linear::forward_relu(const Tensor& x) {
 
 Tensor linear_gelu_linear(Linear& fc, Linear& out, const Tensor& x, GeluApprox approx) {
   check_linear_input(fc, x);
-  if (fc.runs_fp8() && out.runs_fp8())
+  if (fc.runs_fp8() && out.runs_fp8() && fc.fp8->fused_mlp && out.fp8->fused_mlp)
     return amp::fp8_mlp(x, {fc.weight, fc.bias, fc.fp8.get()}, {out.weight, out.bias, out.fp8.get()}, approx);
   return out(gelu(fc(x), approx));
 }

@@ -29,9 +29,9 @@ class Linear : public Module {
   bool runs_fp8() const;  // fp8 set, inside an amp::Fp8Guard, grad mode on
 };
 
-// out(gelu(fc(x))), a transformer's MLP: where both layers run in FP8, as
-// one amp::fp8_mlp (GELU folded into the FP8 quantizations around it),
-// else as the three ops.
+// out(gelu(fc(x))), a transformer's MLP: where both layers run in FP8 and
+// allow it (Fp8LinearState::fused_mlp), as one amp::fp8_mlp (GELU folded
+// into the FP8 quantizations around it), else as the three ops.
 Tensor linear_gelu_linear(Linear& fc, Linear& out, const Tensor& x, GeluApprox approx = GeluApprox::none);
 
 // NCHW convolution with a square kernel. weight [out, in, k, k], bias

@@ -16,11 +16,14 @@
 #include "amp/fp8_stats.h"
 #include "autograd/engine.h"
 #include "autograd/ops.h"
+#include "models/adamw.h"
+#include "models/gpt.h"
 #include "tensor/fp8.h"
 #include "tensor/ops.h"
 #include "tests/fp8_mlp_run.h"
 #include "tests/fp8_test_values.h"
 #include "tests/test_util.h"
+#include "train/mixed_precision.h"
 
 namespace mpt {
 namespace {
@@ -309,6 +312,45 @@ TEST(Fp8Linear, MlpIsTheTwoLayersAndGeluBitForBit) {
   const uint64_t seed = fresh_seed();
   SCOPED_TRACE(seed);
   testing::expect_fp8_mlp_is_the_ops(kCPU, {{64, 32, 128, 48}, {10, 32, 64, 16}}, seed);
+}
+
+// GPT's blocks run their MLP as one fp8_mlp unless StepOptions says
+// otherwise, and training ends with the same weights and scaling state
+// either way.
+TEST(Fp8Linear, GptTrainsTheSameWithTheFusedMlpAndWithout) {
+  struct Run {
+    std::vector<std::vector<uint8_t>> weights, scaling;
+  };
+  auto train = [](bool fused) {
+    Generator gen(5);
+    nn::GPT model({.vocab_size = 48, .context = 16, .d_model = 32, .n_layers = 2, .n_heads = 2}, &gen);
+    optim::AdamW optimizer(model.parameters(), optim::AdamWOptions{1e-2, 0.9, 0.99, 1e-8, 0.1});
+    train::StepOptions options;
+    options.precision = train::Precision::fp8;
+    options.fp8.history_length = 4;
+    options.fp8_fused_mlp = fused;
+    train::MixedPrecision precision(options, optimizer, DeviceType::cpu);
+    precision.attach_fp8(model, kCPU);
+    std::mt19937_64 rng(9);
+    for (int step = 0; step < 3; ++step) {
+      std::vector<int64_t> tokens(2 * 16), targets(2 * 16);
+      for (int64_t& t : tokens) t = static_cast<int64_t>(rng() % 48);
+      for (int64_t& t : targets) t = static_cast<int64_t>(rng() % 48);
+      const Tensor x = from_vector(tokens, {2, 16}, DType::i64), y = from_vector(targets, {2 * 16}, DType::i64);
+      const Tensor loss = precision.forward(
+          [&] { return cross_entropy(reshape(to(model.forward(x), DType::f32), {2 * 16, 48}), y); });
+      precision.backward(loss);
+      precision.step();
+      optimizer.zero_grad();
+    }
+    Run run;
+    for (const Tensor& p : model.parameters()) run.weights.push_back(codes_of(p));
+    for (const auto& [name, t] : precision.fp8_scaling()->state()) run.scaling.push_back(codes_of(t));
+    return run;
+  };
+  const Run fused = train(true), composed = train(false);
+  EXPECT_EQ(fused.weights, composed.weights);
+  EXPECT_EQ(fused.scaling, composed.scaling);
 }
 
 TEST(Fp8Scaling, StatsCountSaturatedAndFlushedElements) {

@@ -20,7 +20,8 @@ MixedPrecision::MixedPrecision(const StepOptions& options, optim::Optimizer& opt
       cast_weights_ahead_(options.cast_weights_ahead && options.precision != Precision::fp8),
       autocast_dtype_(options.precision == Precision::fp16 ? DType::f16 : DType::bf16),
       fp8_recipe_(options.fp8),
-      fp8_copies_in_optimizer_(options.fp8_copies_in_optimizer) {
+      fp8_copies_in_optimizer_(options.fp8_copies_in_optimizer),
+      fp8_fused_mlp_(options.fp8_fused_mlp) {
   if (options.precision == Precision::fp8) amp::check_fp8_recipe(options.fp8);
   amp::scale_rule_from(options.scaler);  // the scaler's options are checked whether or not it runs
   const bool scaled = options.loss_scaling == LossScaling::always ||
@@ -49,6 +50,7 @@ void MixedPrecision::attach_fp8(nn::Module& model, const Device& device) {
   fp8_layers_.clear();
   for (const auto& [name, l] : layers) {
     l->fp8 = std::make_shared<amp::Fp8LinearState>(amp::Fp8LinearState::for_layer(fp8_, name));
+    l->fp8->fused_mlp = fp8_fused_mlp_;
     fp8_layers_.push_back({l->weight, l->fp8});
   }
 }

@@ -96,6 +96,7 @@ class MixedPrecision {
   };
   std::vector<Fp8Layer> fp8_layers_;
   bool fp8_copies_in_optimizer_;
+  bool fp8_fused_mlp_;
   std::function<void(Tensor&)> fp8_amax_reducer_;
 };
 

@@ -59,6 +59,10 @@ struct StepOptions {
   // a step fewer. Off by default: on an H100 it measured no faster
   // (docs/PERFORMANCE.md, "FP8: GELU folded into the quantization").
   bool fp8_copies_in_optimizer = false;
+  // fp8: a transformer's MLP (GPT's blocks) runs as one amp::fp8_mlp, GELU
+  // folded into the FP8 quantizations around it; off, as its three ops.
+  // The same bits either way.
+  bool fp8_fused_mlp = true;
   GraphMode cuda_graph = GraphMode::automatic;
   // Clip the gradients' global 2-norm to this (after unscaling, before the
   // optimizer; on the device, so a captured step keeps it); 0: no clipping.

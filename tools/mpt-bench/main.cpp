@@ -73,6 +73,7 @@ struct Options {
   bool timeline = false;  // print the last step's GPU timeline
   bool cast_weights_ahead = true;  // autocast's weight casts in one launch before forward
   bool fp8_copies_in_optimizer = false;  // fp8: the weights' FP8 copies written by AdamW's step
+  bool fp8_fused_mlp = true;             // fp8: GPT's MLP as one amp::fp8_mlp
   dist::DdpOptions ddp;  // dp and ddp: the gradient buckets
   bool overlap_step = false;  // dp and ddp: the last bucket's all-reduce beside the optimizer step
   bool peer_collectives = false;  // dp and ddp: the buckets all-reduced by PeerAllReduce
@@ -150,6 +151,7 @@ std::unique_ptr<train::Trainer> make_trainer(const Options& o, std::shared_ptr<n
   t.step.cuda_graph = o.graph ? train::GraphMode::on : train::GraphMode::off;
   t.step.cast_weights_ahead = o.cast_weights_ahead;
   t.step.fp8_copies_in_optimizer = o.fp8_copies_in_optimizer;
+  t.step.fp8_fused_mlp = o.fp8_fused_mlp;
   t.device = device;
   t.time_steps = false;
   t.count_totals = false;
@@ -412,6 +414,9 @@ int main(int argc, char** argv) {
   app.add_flag("--fp8-copies-in-optimizer", o.fp8_copies_in_optimizer,
                "fp8: AdamW's step writes the weights' FP8 copies as it updates them, instead of a pass of their own "
                "at the next forward (the same bits)");
+  app.add_flag_callback("--fp8-unfused-mlp", [&o] { o.fp8_fused_mlp = false; },
+                        "fp8: GPT's MLP as its three ops instead of one fp8_mlp with GELU folded into the FP8 "
+                        "quantizations (the same bits)");
   mpt::bench::AllreduceSweepOptions sweep;
   app.add_option("--ways", sweep.ways,
                  "allreduce: nccl (ordinary memory), symmetric (an NCCL symmetric window), peer (mptrain's own "
