@@ -63,10 +63,10 @@ __device__ __forceinline__ float prologue_value(Fp8Prologue prologue, T in, T au
 // kTiles is.
 template <typename T, int kTiles, bool kSums, Fp8Prologue kPrologue>
 __global__ void __launch_bounds__(kThreads) quantize_tiles(const T* __restrict__ in, const T* __restrict__ aux,
-                                                            uint8_t* __restrict__ out,
-                                                            uint8_t* __restrict__ out_t, int64_t rows, int64_t cols,
-                                                            const float* scale_ptr, float* scale_inv, float* amax,
-                                                            float* partial_sums, __nv_fp8_interpretation_t format) {
+                                                            uint8_t* __restrict__ out, uint8_t* __restrict__ out_t,
+                                                            int64_t rows, int64_t cols, const float* scale_ptr,
+                                                            float* scale_inv, float* amax, float* partial_sums,
+                                                            __nv_fp8_interpretation_t format) {
   using P = Pack<T, 16 / sizeof(T)>;
   constexpr int kPerPack = 16 / sizeof(T), kPacks = kChunk / kPerPack;
   __shared__ alignas(16) Fp8TileCodes tile[kTiles];
