@@ -113,7 +113,10 @@ TEST(CudaFp8, ProloguesGiveTheCodesOfTheOpThenTheQuantization) {
   for (Fp8Prologue p : {Fp8Prologue::relu_backward, Fp8Prologue::gelu_erf, Fp8Prologue::gelu_tanh,
                         Fp8Prologue::gelu_erf_backward, Fp8Prologue::gelu_tanh_backward})
     for (DType dtype : {DType::f32, DType::bf16, DType::f16})
-      for (auto [rows, cols] : {std::pair<int64_t, int64_t>{256, 192}, {4160, 32}, {5, 7}}) {
+      for (const auto& shape : {std::pair<int64_t, int64_t>{256, 192}, {4160, 32}, {5, 7}}) {
+        // Named copies, not a structured binding: the lambda below captures
+        // them, which clang 14 refuses for bindings.
+        const int64_t rows = shape.first, cols = shape.second;
         SCOPED_TRACE(fmt::format("{} {} [{}, {}]", fp8_prologue_name(p), dtype_name(dtype), rows, cols));
         auto values = [&](bool specials) {
           return prim::to(prim::to(from_vector(spread_values(rows * cols, rng, specials), {rows, cols}), dtype), kGPU);
