@@ -120,10 +120,6 @@ void Backend::attention_backward(const TensorView&, const TensorView&, const Ten
 }
 void Backend::quantize_fp8(const Fp8QuantizeArgs&) { not_available("FP8 quantization"); }
 
-bool fp8_prologue_has_aux(Fp8Prologue p) {
-  return p == Fp8Prologue::relu_backward || p == Fp8Prologue::gelu_erf_backward || p == Fp8Prologue::gelu_tanh_backward;
-}
-
 UnaryOp fp8_prologue_unary(Fp8Prologue p) {
   check(p == Fp8Prologue::gelu_erf || p == Fp8Prologue::gelu_tanh, "fp8_prologue_unary: {} is not a unary op",
         fp8_prologue_name(p));

@@ -92,7 +92,9 @@ inline constexpr int64_t kFp8ColumnSumBlock = 64;
 enum class Fp8Prologue : uint8_t { none, relu_backward, gelu_erf, gelu_tanh, gelu_erf_backward, gelu_tanh_backward };
 // Whether the prologue reads aux; the element-wise op that computes it
 // alone (UnaryOp for gelu_erf and gelu_tanh, BinaryOp for the rest).
-bool fp8_prologue_has_aux(Fp8Prologue p);
+constexpr bool fp8_prologue_has_aux(Fp8Prologue p) {
+  return p == Fp8Prologue::relu_backward || p == Fp8Prologue::gelu_erf_backward || p == Fp8Prologue::gelu_tanh_backward;
+}
 UnaryOp fp8_prologue_unary(Fp8Prologue p);
 BinaryOp fp8_prologue_binary(Fp8Prologue p);
 const char* fp8_prologue_name(Fp8Prologue p);

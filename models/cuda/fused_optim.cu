@@ -168,7 +168,7 @@ __global__ void __launch_bounds__(kCopyThreads)
       codes.v[i] = cuda::to_fp8(w * scale, format);
     }
     *reinterpret_cast<cuda::Pack<uint8_t, kCopyChunk>*>(static_cast<uint8_t*>(q.data) + at) = codes;
-    *reinterpret_cast<cuda::Pack<uint8_t, kCopyChunk>*>(&tile[r][c]) = codes;
+    cuda::store_tile_chunk(tile, r, c, *reinterpret_cast<const uint4*>(&codes));
   }
   __syncthreads();
   cuda::store_transposed_chunk(tile, r, c, row0, col0, q.rows, q.cols, static_cast<uint8_t*>(q.data_t));

@@ -12,11 +12,25 @@ namespace mpt::cuda {
 
 // The tiles the FP8 kernels write codes in: 64 x 64 elements, a thread for
 // each 16 consecutive elements of a row (256 threads a tile), the tile's
-// codes staged in shared memory, rows padded by 16 bytes, for the
-// transpose.
+// codes staged in shared memory for the transpose.
 constexpr int kFp8Tile = 64;
 constexpr int kFp8Chunk = 16;
-using Fp8TileCodes = uint8_t[kFp8Tile][kFp8Tile + 16];
+using Fp8TileCodes = uint8_t[kFp8Tile][kFp8Tile];
+
+// Where code (row, col) of a tile lies in its row of Fp8TileCodes: the
+// row's four 16-byte chunks in an order that depends on the row (chunk k at
+// k ^ (row / 16 % 4)). The transpose's gather reads one column from four
+// rows 16 apart at once; with rows padded to 80 bytes instead, those reads
+// hit the same bank four times over, with the chunks swizzled they hit
+// four different banks.
+__device__ __forceinline__ int tile_column(int row, int col) {
+  return ((col / kFp8Chunk) ^ (row / kFp8Chunk % 4)) * kFp8Chunk + col % kFp8Chunk;
+}
+
+// The 16 codes of row r from column c (a multiple of 16) into the tile.
+__device__ __forceinline__ void store_tile_chunk(Fp8TileCodes& tile, int r, int c, uint4 codes) {
+  *reinterpret_cast<uint4*>(&tile[r][tile_column(r, c)]) = codes;
+}
 
 // Once the tile's codes are in `tile` (after a __syncthreads): the thread
 // with row r and first column c of the tile writes column r's codes in rows
@@ -25,9 +39,10 @@ using Fp8TileCodes = uint8_t[kFp8Tile][kFp8Tile + 16];
 __device__ __forceinline__ void store_transposed_chunk(const Fp8TileCodes& tile, int r, int c, int64_t row0,
                                                        int64_t col0, int64_t rows, int64_t cols, uint8_t* out_t) {
   if (col0 + r >= cols || row0 + c >= rows) return;
+  const int at = tile_column(c, r);  // the same in rows c to c + 15, c being a multiple of 16
   Pack<uint8_t, kFp8Chunk> codes;
 #pragma unroll
-  for (int i = 0; i < kFp8Chunk; ++i) codes.v[i] = tile[c + i][r];
+  for (int i = 0; i < kFp8Chunk; ++i) codes.v[i] = tile[c + i][at];
   *reinterpret_cast<Pack<uint8_t, kFp8Chunk>*>(out_t + (col0 + r) * rows + row0 + c) = codes;
 }
 
@@ -35,6 +50,12 @@ __device__ __forceinline__ void store_transposed_chunk(const Fp8TileCodes& tile,
 // largest finite value (NaN stays NaN).
 __device__ __forceinline__ uint8_t to_fp8(float v, __nv_fp8_interpretation_t format) {
   return static_cast<uint8_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, format));
+}
+
+// The codes of lo and hi as one 16-bit pair, lo in the low byte: one
+// conversion instruction for two values, the same codes as to_fp8 on each.
+__device__ __forceinline__ uint32_t to_fp8_pair(float lo, float hi, __nv_fp8_interpretation_t format) {
+  return __nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, format);
 }
 
 // |x| as bits: every NaN lies above infinity, so a NaN anywhere wins (the

@@ -6,11 +6,12 @@
 //
 // Where every size is a multiple of 16 and the pointers are 16-byte aligned
 // (always so for the shapes FP8 GEMMs take), a block quantizes 64 x 64
-// tiles: each thread reads 16 consecutive elements of a row and stores their
-// 16 codes with one 16-byte store, the tile's codes go through shared
-// memory, and each thread then gathers 16 codes of a column for one
-// 16-byte store into the transpose. Other shapes take a plain grid-stride
-// loop.
+// tiles: each thread reads 16 consecutive elements of a row (kept as the
+// 16-byte loads brought them, see Chunk) and stores their 16 codes with one
+// 16-byte store, two codes a conversion; the tile's codes go through shared
+// memory (Fp8TileCodes, swizzled), and each thread then gathers 16 codes of
+// a column for one 16-byte store into the transpose. Other shapes take a
+// plain grid-stride loop.
 //
 // A prologue (Fp8Prologue: a ReLU's backward, GELU either way) is applied
 // to each element as it is loaded, with the element-wise kernels' own
@@ -36,23 +37,54 @@ namespace {
 constexpr int kTile = kFp8Tile;
 constexpr int kChunk = kFp8Chunk;  // elements a thread handles at once
 
-// The element that the quantization sees: `in` after the prologue (aux:
-// the prologue's second operand, where it has one), rounded to T (which
-// also gives a NaN the payload the op's store would).
+// The element that the quantization sees: x (from `in`) after the
+// prologue (a: the prologue's second operand, from `aux`, where it has
+// one), rounded to T (which also gives a NaN the payload the op's store
+// would).
 template <typename T>
-__device__ __forceinline__ float prologue_value(Fp8Prologue prologue, T in, T aux) {
-  const float x = Element<T>::load(in);
+__device__ __forceinline__ float prologue_value(Fp8Prologue prologue, float x, float a) {
   auto rounded = [](float v) { return Element<T>::load(Element<T>::store(v)); };
   switch (prologue) {
     case Fp8Prologue::none: return x;
-    case Fp8Prologue::relu_backward: return rounded(Element<T>::load(aux) > 0.0f ? x : 0.0f);
+    case Fp8Prologue::relu_backward: return rounded(a > 0.0f ? x : 0.0f);
     case Fp8Prologue::gelu_erf: return rounded(gelu_erf_value(x));
     case Fp8Prologue::gelu_tanh: return rounded(gelu_tanh_value(x));
-    case Fp8Prologue::gelu_erf_backward: return rounded(x * gelu_erf_grad(Element<T>::load(aux)));
-    case Fp8Prologue::gelu_tanh_backward: return rounded(x * gelu_tanh_grad(Element<T>::load(aux)));
+    case Fp8Prologue::gelu_erf_backward: return rounded(x * gelu_erf_grad(a));
+    case Fp8Prologue::gelu_tanh_backward: return rounded(x * gelu_tanh_grad(a));
   }
   return x;
 }
+
+// A thread's kChunk consecutive elements of a row, loaded with 16-byte
+// loads and kept as they came: a Pack of bf16 was unpacked by the compiler
+// into a register per element on load, which took the GELU backward's
+// pass to 100 registers, two blocks an SM.
+template <typename T>
+struct Chunk {
+  static constexpr int kWords = kChunk * static_cast<int>(sizeof(T)) / 4;
+  uint32_t w[kWords];
+
+  __device__ __forceinline__ void load(const T* p) {
+#pragma unroll
+    for (int i = 0; i < kWords / 4; ++i) {
+      const uint4 v = reinterpret_cast<const uint4*>(p)[i];
+      w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
+    }
+  }
+  // Element i as f32 (exact for every T).
+  __device__ __forceinline__ float operator[](int i) const {
+    if constexpr (sizeof(T) == 4) {
+      return __uint_as_float(w[i]);
+    } else {
+      const uint32_t word = w[i / 2];
+      const auto bits = static_cast<unsigned short>(i % 2 ? word >> 16 : word & 0xffffu);
+      if constexpr (std::is_same_v<T, __nv_bfloat16>)
+        return __uint_as_float(static_cast<uint32_t>(bits) << 16);
+      else
+        return __half2float(__ushort_as_half(bits));
+    }
+  }
+};
 
 // A block quantizes kTiles tiles stacked along the rows, its loads for all
 // of them issued before any is used: a 16-bit tile alone gave a thread 32
@@ -61,14 +93,17 @@ __device__ __forceinline__ float prologue_value(Fp8Prologue prologue, T in, T au
 // step 9.89 -> 9.65 ms (two H100s), no gain at GPT-2 small's shapes. The
 // column sums stay per tile of kTile rows (kFp8ColumnSumBlock), whatever
 // kTiles is.
+// Blocks an SM: six (40 registers) where the prologue reads one input,
+// four (64) where it reads two; the more blocks, the more bytes in flight.
+constexpr int min_blocks_per_sm(Fp8Prologue p) { return fp8_prologue_has_aux(p) ? 4 : 6; }
+
 template <typename T, int kTiles, bool kSums, Fp8Prologue kPrologue>
-__global__ void __launch_bounds__(kThreads) quantize_tiles(const T* __restrict__ in, const T* __restrict__ aux,
+__global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kPrologue)) quantize_tiles(const T* __restrict__ in, const T* __restrict__ aux,
                                                             uint8_t* __restrict__ out, uint8_t* __restrict__ out_t,
                                                             int64_t rows, int64_t cols, const float* scale_ptr,
                                                             float* scale_inv, float* amax, float* partial_sums,
                                                             __nv_fp8_interpretation_t format) {
-  using P = Pack<T, 16 / sizeof(T)>;
-  constexpr int kPerPack = 16 / sizeof(T), kPacks = kChunk / kPerPack;
+  constexpr bool kAux = fp8_prologue_has_aux(kPrologue);
   __shared__ alignas(16) Fp8TileCodes tile[kTiles];
   // The values of one tile, for its column sums (each column summed
   // by one thread in row order: the same bits every run).
@@ -79,16 +114,12 @@ __global__ void __launch_bounds__(kThreads) quantize_tiles(const T* __restrict__
   const int r = threadIdx.x / (kTile / kChunk), c = (threadIdx.x % (kTile / kChunk)) * kChunk;
   auto inside = [&](int t) { return (first_tile + t) * kTile + r < rows && col0 + c < cols; };
   auto at = [&](int t) { return ((first_tile + t) * kTile + r) * cols + col0 + c; };
-  P packs[kTiles][kPacks], aux_packs[kTiles][kPacks];
+  Chunk<T> chunks[kTiles], aux_chunks[kAux ? kTiles : 1];
 #pragma unroll
   for (int t = 0; t < kTiles; ++t)
     if (inside(t)) {
-#pragma unroll
-      for (int p = 0; p < kPacks; ++p) packs[t][p] = reinterpret_cast<const P*>(in + at(t))[p];
-      if (aux) {
-#pragma unroll
-        for (int p = 0; p < kPacks; ++p) aux_packs[t][p] = reinterpret_cast<const P*>(aux + at(t))[p];
-      }
+      chunks[t].load(in + at(t));
+      if constexpr (kAux) aux_chunks[t].load(aux + at(t));
     }
   uint32_t bits = 0;
 #pragma unroll
@@ -96,17 +127,21 @@ __global__ void __launch_bounds__(kThreads) quantize_tiles(const T* __restrict__
     const int64_t row0 = (first_tile + t) * kTile;
     if (row0 >= rows) break;  // the whole block: the last block's missing tiles
     if (inside(t)) {
-      Pack<uint8_t, kChunk> codes;
+      uint32_t codes[kChunk / 4] = {};  // four codes a word, the first in the low byte
 #pragma unroll
-      for (int i = 0; i < kChunk; ++i) {
-        const float v = prologue_value(kPrologue, packs[t][i / kPerPack].v[i % kPerPack],
-                                       aux ? aux_packs[t][i / kPerPack].v[i % kPerPack] : T{});
-        bits = max(bits, abs_bits(v));
-        codes.v[i] = to_fp8(v * scale, format);
-        if constexpr (kSums) values[r][c + i] = v;
+      for (int i = 0; i < kChunk; i += 2) {
+        float v[2];
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          v[j] = prologue_value<T>(kPrologue, chunks[t][i + j], kAux ? aux_chunks[t][i + j] : 0.0f);
+          bits = max(bits, abs_bits(v[j]));
+          if constexpr (kSums) values[r][c + i + j] = v[j];
+        }
+        codes[i / 4] |= to_fp8_pair(v[0] * scale, v[1] * scale, format) << (i % 4 * 8);
       }
-      *reinterpret_cast<Pack<uint8_t, kChunk>*>(out + at(t)) = codes;
-      if (out_t) *reinterpret_cast<Pack<uint8_t, kChunk>*>(&tile[t][r][c]) = codes;
+      const uint4 packed = make_uint4(codes[0], codes[1], codes[2], codes[3]);
+      *reinterpret_cast<uint4*>(out + at(t)) = packed;
+      if (out_t) store_tile_chunk(tile[t], r, c, packed);
     } else if constexpr (kSums) {
 #pragma unroll
       for (int i = 0; i < kChunk; ++i) values[r][c + i] = 0.0f;
@@ -128,7 +163,7 @@ __global__ void __launch_bounds__(kThreads) quantize_tiles(const T* __restrict__
 
 template <typename T>
 __device__ __forceinline__ float value_at(const T* in, const T* aux, Fp8Prologue prologue, int64_t i) {
-  return prologue_value(prologue, in[i], aux ? aux[i] : T{});
+  return prologue_value<T>(prologue, Element<T>::load(in[i]), aux ? Element<T>::load(aux[i]) : 0.0f);
 }
 
 template <typename T>
@@ -164,35 +199,34 @@ __global__ void column_block_sums(const T* __restrict__ in, const T* __restrict_
   }
 }
 
-// Adds partial sums b, b + 1, ... b + N - 1 of column c to `sum` in that
-// order, all N loaded before the first add.
-template <int N>
-__device__ __forceinline__ float add_in_order(float sum, const float* __restrict__ partial_sums, int64_t b,
-                                              int64_t cols, int64_t c) {
-  float batch[N];
-#pragma unroll
-  for (int i = 0; i < N; ++i) batch[i] = partial_sums[(b + i) * cols + c];
-#pragma unroll
-  for (int i = 0; i < N; ++i) sum += batch[i];
-  return sum;
-}
-
-// column_sums[c] = the partial sums of column c in block order. A thread
-// per column, so the threads are few (768 for GPT-2's 768 columns) and each
-// reads hundreds of partial sums: loaded 64 at a time ahead of their adds,
-// so that the loads overlap instead of each waiting on the memory in turn
-// (50 us a call for 256 blocks of rows one load at a time, 18 us sixteen
-// at a time).
-__global__ void finish_column_sums(const float* __restrict__ partial_sums, int64_t blocks, int64_t cols,
-                                   float* column_sums) {
-  for (int64_t c = global_thread(); c < cols; c += grid_threads()) {
-    float sum = 0.0f;
-    int64_t b = 0;
-    for (; b + 64 <= blocks; b += 64) sum = add_in_order<64>(sum, partial_sums, b, cols, c);
-    for (; b + 8 <= blocks; b += 8) sum = add_in_order<8>(sum, partial_sums, b, cols, c);
-    for (; b < blocks; ++b) sum = add_in_order<1>(sum, partial_sums, b, cols, c);
-    column_sums[c] = sum;
+// column_sums[c] = the partial sums of column c in block order: a chain of
+// adds a column, hundreds long (256 blocks of rows for GPT-2 small's 16384
+// rows), and few columns (768 to 3072). A thread a column, loading its own
+// partial sums 64 at a time, took 14 us a call (Nsight Compute, H100): the
+// loads waited on the memory four times over. So a block takes 32 columns:
+// its eight warps stage up to kFinishStage partial sums of them in shared
+// memory together, one wait, and its first warp then adds them in order.
+constexpr int kFinishStage = 256;
+constexpr int kFinishColumns = 32;
+__global__ void __launch_bounds__(kThreads) finish_column_sums(const float* __restrict__ partial_sums, int64_t blocks,
+                                                                int64_t cols, float* column_sums) {
+  __shared__ float staged[kFinishStage][kFinishColumns];
+  const int lane = threadIdx.x % kFinishColumns, warp = threadIdx.x / kFinishColumns;
+  constexpr int kWarps = kThreads / kFinishColumns;
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kFinishColumns + lane;
+  float sum = 0.0f;
+  for (int64_t b0 = 0; b0 < blocks; b0 += kFinishStage) {
+    const int n = static_cast<int>(min(static_cast<int64_t>(kFinishStage), blocks - b0));
+#pragma unroll 8
+    for (int i = warp; i < n; i += kWarps) staged[i][lane] = c < cols ? partial_sums[(b0 + i) * cols + c] : 0.0f;
+    __syncthreads();
+    if (warp == 0) {
+#pragma unroll 16
+      for (int i = 0; i < n; ++i) sum += staged[i][lane];
+    }
+    __syncthreads();  // before the next stage overwrites
   }
+  if (warp == 0 && c < cols) column_sums[c] = sum;
 }
 
 template <typename T>
@@ -272,12 +306,9 @@ void launch_quantize_fp8(const Launch& l, const Fp8QuantizeArgs& q, void* scratc
     }
   });
   if (partial_sums) {
-    // A warp a block: the columns are few (768 to 3072 for GPT-2 small), and
-    // blocks of kThreads put them all on a handful of SMs, whose loads then
-    // queue (14 us a call under Nsight Compute).
-    constexpr int kWarp = 32;
-    finish_column_sums<<<grid_for(l, cols, kWarp), kWarp, 0, l.stream>>>(
-        partial_sums, (rows + kTile - 1) / kTile, cols, static_cast<float*>(q.column_sums.data));
+    const auto blocks = static_cast<unsigned>((cols + kFinishColumns - 1) / kFinishColumns);
+    finish_column_sums<<<blocks, kThreads, 0, l.stream>>>(partial_sums, (rows + kTile - 1) / kTile, cols,
+                                                           static_cast<float*>(q.column_sums.data));
     MPT_CUDA_CHECK_LAUNCH("quantize_fp8 column sums (finish)");
   }
 }
