@@ -198,34 +198,39 @@ TEST(CudaAutograd, LayerNormWrittenInSixteenBitsIsTheNormThenTheCastAndTheCpus) 
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   Generator gen(seed);
   const Device gpu("cuda:0");
-  for (DType low : {DType::f16, DType::bf16}) {
-    SCOPED_TRACE(dtype_name(low));
-    const Tensor x0 = randn({3, 5, 384}, DType::f32, kCPU, &gen), w0 = randn({384}, DType::f32, kCPU, &gen),
-                 b0 = randn({384}, DType::f32, kCPU, &gen), dy = randn({3, 5, 384}, low, kCPU, &gen);
-    ASSERT_TRUE(prim::fused_layer_norm_available(prim::to(x0, gpu), prim::to(w0, gpu), prim::to(b0, gpu), low));
-    // {y, dx, dw, db}, the norm written in 16 bits (direct) or in f32 and cast.
-    auto run = [&](const Device& device, bool direct) {
-      Tensor x = prim::to(prim::clone(x0), device), w = prim::to(prim::clone(w0), device),
-             b = prim::to(prim::clone(b0), device);
-      for (Tensor* t : {&x, &w, &b}) t->set_requires_grad(true);
-      const Tensor y = direct ? layer_norm(x, w, b, 1e-5, low) : to(layer_norm(x, w, b), low);
-      EXPECT_EQ(y.dtype(), low);
-      backward(y, prim::to(dy, device));
-      return std::vector<std::vector<double>>{host_f64(y), host_f64(x.grad()), host_f64(w.grad()),
-                                              host_f64(b.grad())};
-    };
-    const auto direct = run(gpu, true), cast = run(gpu, false), cpu = run(kCPU, true);
-    const char* what[] = {"forward", "gradient of x", "gradient of the weight", "gradient of the bias"};
-    for (size_t i = 0; i < 4; ++i) EXPECT_EQ(direct[i], cast[i]) << what[i] << ": written in 16 bits against the cast";
-    expect_within_a_rounding(direct[0], cpu[0], low, "forward against the cpu");
-    for (size_t i = 1; i < 4; ++i) EXPECT_LE(rel_error(direct[i], cpu[i]), 2e-5) << what[i] << " against the cpu";
+  // Rows of 384, and GPT-2 small's 768 in more rows than the backward's
+  // warps (a warp then loads its next row ahead of the one it works on).
+  for (const auto& shape : {std::pair<int64_t, int64_t>{15, 384}, {2200, 768}})
+    for (DType low : {DType::f16, DType::bf16}) {
+      const int64_t rows = shape.first, d = shape.second;
+      SCOPED_TRACE(::testing::Message() << dtype_name(low) << " [" << rows << ", " << d << "]");
+      const Tensor x0 = randn({rows, d}, DType::f32, kCPU, &gen), w0 = randn({d}, DType::f32, kCPU, &gen),
+                   b0 = randn({d}, DType::f32, kCPU, &gen), dy = randn({rows, d}, low, kCPU, &gen);
+      ASSERT_TRUE(prim::fused_layer_norm_available(prim::to(x0, gpu), prim::to(w0, gpu), prim::to(b0, gpu), low));
+      // {y, dx, dw, db}, the norm written in 16 bits (direct) or in f32 and cast.
+      auto run = [&](const Device& device, bool direct) {
+        Tensor x = prim::to(prim::clone(x0), device), w = prim::to(prim::clone(w0), device),
+               b = prim::to(prim::clone(b0), device);
+        for (Tensor* t : {&x, &w, &b}) t->set_requires_grad(true);
+        const Tensor y = direct ? layer_norm(x, w, b, 1e-5, low) : to(layer_norm(x, w, b), low);
+        EXPECT_EQ(y.dtype(), low);
+        backward(y, prim::to(dy, device));
+        return std::vector<std::vector<double>>{host_f64(y), host_f64(x.grad()), host_f64(w.grad()),
+                                                host_f64(b.grad())};
+      };
+      const auto direct = run(gpu, true), cast = run(gpu, false), cpu = run(kCPU, true);
+      const char* what[] = {"forward", "gradient of x", "gradient of the weight", "gradient of the bias"};
+      for (size_t i = 0; i < 4; ++i)
+        EXPECT_EQ(direct[i], cast[i]) << what[i] << ": written in 16 bits against the cast";
+      expect_within_a_rounding(direct[0], cpu[0], low, "forward against the cpu");
+      for (size_t i = 1; i < 4; ++i) EXPECT_LE(rel_error(direct[i], cpu[i]), 2e-5) << what[i] << " against the cpu";
 
-    const Tensor x16 = prim::to(x0, low), w16 = prim::to(w0, low), b16 = prim::to(b0, low);
-    const Tensor asked = layer_norm(prim::to(x16, gpu), prim::to(w16, gpu), prim::to(b16, gpu), 1e-5, DType::f32);
-    ASSERT_EQ(asked.dtype(), DType::f32);
-    EXPECT_LE(rel_error(host_f64(asked), host_f64(layer_norm(x16, w16, b16, 1e-5, DType::f32))), 2e-5)
-        << "a 16-bit input asked for f32";
-  }
+      const Tensor x16 = prim::to(x0, low), w16 = prim::to(w0, low), b16 = prim::to(b0, low);
+      const Tensor asked = layer_norm(prim::to(x16, gpu), prim::to(w16, gpu), prim::to(b16, gpu), 1e-5, DType::f32);
+      ASSERT_EQ(asked.dtype(), DType::f32);
+      EXPECT_LE(rel_error(host_f64(asked), host_f64(layer_norm(x16, w16, b16, 1e-5, DType::f32))), 2e-5)
+          << "a 16-bit input asked for f32";
+    }
 }
 
 // The norm with its input passed on beside it is one node on the GPU, whose
@@ -239,36 +244,38 @@ TEST(CudaAutograd, LayerNormWithSkipIsTheComposedExpressionAndTheCpus) {
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   Generator gen(seed);
   const Device gpu("cuda:0");
-  for (DType out : {DType::f32, DType::f16}) {
-    SCOPED_TRACE(::testing::Message() << "into " << dtype_name(out));
-    auto draw = [&](const Shape& s) { return randn(s, DType::f32, kCPU, &gen); };
-    const Tensor x0 = draw({4, 7, 96}), w0 = draw({96}), b0 = draw({96}), dskip = draw({4, 7, 96}),
-                 dnorm = draw({4, 7, 96});
-    // {skip, norm, dx, dw, db}, as one node (fused) or composed.
-    auto run = [&](const Device& device, bool fused) {
-      Tensor x = prim::to(prim::clone(x0), device), w = prim::to(prim::clone(w0), device),
-             b = prim::to(prim::clone(b0), device);
-      for (Tensor* t : {&x, &w, &b}) t->set_requires_grad(true);
-      Tensor skip, normed;
-      if (fused) {
-        std::tie(skip, normed) = layer_norm_with_skip(x, w, b, 1e-5, out);
-      } else {
-        skip = x;
-        normed = to(layer_norm(x, w, b), out);
-      }
-      EXPECT_EQ(skip.dtype(), DType::f32);
-      EXPECT_EQ(normed.dtype(), out);
-      backward(sum(skip * prim::to(dskip, device)) + sum(to(normed, DType::f32) * prim::to(dnorm, device)));
-      return std::vector<std::vector<double>>{host_f64(skip), host_f64(normed), host_f64(x.grad()),
-                                              host_f64(w.grad()), host_f64(b.grad())};
-    };
-    const auto fused = run(gpu, true), composed = run(gpu, false), cpu = run(kCPU, true);
-    const char* what[] = {"skip", "norm", "gradient of x", "gradient of the weight", "gradient of the bias"};
-    for (size_t i = 0; i < 5; ++i) EXPECT_EQ(fused[i], composed[i]) << what[i] << ": one node against the composed";
-    EXPECT_EQ(fused[0], cpu[0]) << "skip against the cpu";
-    expect_within_a_rounding(fused[1], cpu[1], out, "norm against the cpu");
-    for (size_t i = 2; i < 5; ++i) EXPECT_LE(rel_error(fused[i], cpu[i]), 2e-5) << what[i] << " against the cpu";
-  }
+  for (const auto& shape : {std::pair<int64_t, int64_t>{28, 96}, {2200, 768}})
+    for (DType out : {DType::f32, DType::f16}) {
+      const int64_t rows = shape.first, d = shape.second;
+      SCOPED_TRACE(::testing::Message() << "into " << dtype_name(out) << " [" << rows << ", " << d << "]");
+      auto draw = [&](const Shape& s) { return randn(s, DType::f32, kCPU, &gen); };
+      const Tensor x0 = draw({rows, d}), w0 = draw({d}), b0 = draw({d}), dskip = draw({rows, d}),
+                   dnorm = draw({rows, d});
+      // {skip, norm, dx, dw, db}, as one node (fused) or composed.
+      auto run = [&](const Device& device, bool fused) {
+        Tensor x = prim::to(prim::clone(x0), device), w = prim::to(prim::clone(w0), device),
+               b = prim::to(prim::clone(b0), device);
+        for (Tensor* t : {&x, &w, &b}) t->set_requires_grad(true);
+        Tensor skip, normed;
+        if (fused) {
+          std::tie(skip, normed) = layer_norm_with_skip(x, w, b, 1e-5, out);
+        } else {
+          skip = x;
+          normed = to(layer_norm(x, w, b), out);
+        }
+        EXPECT_EQ(skip.dtype(), DType::f32);
+        EXPECT_EQ(normed.dtype(), out);
+        backward(sum(skip * prim::to(dskip, device)) + sum(to(normed, DType::f32) * prim::to(dnorm, device)));
+        return std::vector<std::vector<double>>{host_f64(skip), host_f64(normed), host_f64(x.grad()),
+                                                host_f64(w.grad()), host_f64(b.grad())};
+      };
+      const auto fused = run(gpu, true), composed = run(gpu, false), cpu = run(kCPU, true);
+      const char* what[] = {"skip", "norm", "gradient of x", "gradient of the weight", "gradient of the bias"};
+      for (size_t i = 0; i < 5; ++i) EXPECT_EQ(fused[i], composed[i]) << what[i] << ": one node against the composed";
+      EXPECT_EQ(fused[0], cpu[0]) << "skip against the cpu";
+      expect_within_a_rounding(fused[1], cpu[1], out, "norm against the cpu");
+      for (size_t i = 2; i < 5; ++i) EXPECT_LE(rel_error(fused[i], cpu[i]), 2e-5) << what[i] << " against the cpu";
+    }
 }
 
 // The fused batch norm (an f32, f16 or bf16 input with f32 per-channel
