@@ -70,8 +70,8 @@ TEST(CudaFp8, QuantizeMatchesTheCpuBitForBit) {
     for (DType format : {DType::e4m3, DType::e5m2})
       // 16448 rows: 257 blocks of rows, more partial column sums than the
       // GPU's finishing pass stages at once.
-      for (auto [rows, cols] : {std::pair<int64_t, int64_t>{128, 192}, {48, 80}, {5, 7}, {1040, 16}, {2112, 48}, {4160, 32},
-                                {16448, 48}})
+      for (auto [rows, cols] :
+           {std::pair<int64_t, int64_t>{128, 192}, {48, 80}, {5, 7}, {1040, 16}, {2112, 48}, {4160, 32}, {16448, 48}})
         for (bool specials : {false, true}) {
           SCOPED_TRACE(fmt::format("{} -> {} [{}, {}] specials {}", dtype_name(in_dtype), dtype_name(format), rows,
                                    cols, specials));

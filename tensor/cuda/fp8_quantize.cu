@@ -86,6 +86,10 @@ struct Chunk {
   }
 };
 
+// Blocks an SM: six (40 registers) where the prologue reads one input,
+// four (64) where it reads two; the more blocks, the more bytes in flight.
+constexpr int min_blocks_per_sm(Fp8Prologue p) { return fp8_prologue_has_aux(p) ? 4 : 6; }
+
 // A block quantizes kTiles tiles stacked along the rows, its loads for all
 // of them issued before any is used: a 16-bit tile alone gave a thread 32
 // bytes in flight, and on an H100 the pass ran at 60% of the memory's speed
@@ -93,16 +97,11 @@ struct Chunk {
 // step 9.89 -> 9.65 ms (two H100s), no gain at GPT-2 small's shapes. The
 // column sums stay per tile of kTile rows (kFp8ColumnSumBlock), whatever
 // kTiles is.
-// Blocks an SM: six (40 registers) where the prologue reads one input,
-// four (64) where it reads two; the more blocks, the more bytes in flight.
-constexpr int min_blocks_per_sm(Fp8Prologue p) { return fp8_prologue_has_aux(p) ? 4 : 6; }
-
 template <typename T, int kTiles, bool kSums, Fp8Prologue kPrologue>
-__global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kPrologue)) quantize_tiles(const T* __restrict__ in, const T* __restrict__ aux,
-                                                            uint8_t* __restrict__ out, uint8_t* __restrict__ out_t,
-                                                            int64_t rows, int64_t cols, const float* scale_ptr,
-                                                            float* scale_inv, float* amax, float* partial_sums,
-                                                            __nv_fp8_interpretation_t format) {
+__global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kPrologue))
+    quantize_tiles(const T* __restrict__ in, const T* __restrict__ aux, uint8_t* __restrict__ out,
+                   uint8_t* __restrict__ out_t, int64_t rows, int64_t cols, const float* scale_ptr, float* scale_inv,
+                   float* amax, float* partial_sums, __nv_fp8_interpretation_t format) {
   constexpr bool kAux = fp8_prologue_has_aux(kPrologue);
   __shared__ alignas(16) Fp8TileCodes tile[kTiles];
   // The values of one tile, for its column sums (each column summed
