@@ -200,12 +200,12 @@ TEST(CudaAutograd, LayerNormWrittenInSixteenBitsIsTheNormThenTheCastAndTheCpus) 
   const Device gpu("cuda:0");
   // Rows of 384, and GPT-2 small's 768 in more rows than the backward's
   // warps (a warp then loads its next row ahead of the one it works on).
-  for (const auto& shape : {std::pair<int64_t, int64_t>{15, 384}, {2200, 768}})
+  for (const Shape& shape : {Shape{3, 5, 384}, Shape{2, 1100, 768}})
     for (DType low : {DType::f16, DType::bf16}) {
-      const int64_t rows = shape.first, d = shape.second;
-      SCOPED_TRACE(::testing::Message() << dtype_name(low) << " [" << rows << ", " << d << "]");
-      const Tensor x0 = randn({rows, d}, DType::f32, kCPU, &gen), w0 = randn({d}, DType::f32, kCPU, &gen),
-                   b0 = randn({d}, DType::f32, kCPU, &gen), dy = randn({rows, d}, low, kCPU, &gen);
+      const int64_t d = shape.back();
+      SCOPED_TRACE(::testing::Message() << dtype_name(low) << " " << shape_str(shape));
+      const Tensor x0 = randn(shape, DType::f32, kCPU, &gen), w0 = randn({d}, DType::f32, kCPU, &gen),
+                   b0 = randn({d}, DType::f32, kCPU, &gen), dy = randn(shape, low, kCPU, &gen);
       ASSERT_TRUE(prim::fused_layer_norm_available(prim::to(x0, gpu), prim::to(w0, gpu), prim::to(b0, gpu), low));
       // {y, dx, dw, db}, the norm written in 16 bits (direct) or in f32 and cast.
       auto run = [&](const Device& device, bool direct) {
@@ -244,13 +244,12 @@ TEST(CudaAutograd, LayerNormWithSkipIsTheComposedExpressionAndTheCpus) {
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   Generator gen(seed);
   const Device gpu("cuda:0");
-  for (const auto& shape : {std::pair<int64_t, int64_t>{28, 96}, {2200, 768}})
+  for (const Shape& shape : {Shape{4, 7, 96}, Shape{2, 1100, 768}})
     for (DType out : {DType::f32, DType::f16}) {
-      const int64_t rows = shape.first, d = shape.second;
-      SCOPED_TRACE(::testing::Message() << "into " << dtype_name(out) << " [" << rows << ", " << d << "]");
+      const int64_t d = shape.back();
+      SCOPED_TRACE(::testing::Message() << "into " << dtype_name(out) << " " << shape_str(shape));
       auto draw = [&](const Shape& s) { return randn(s, DType::f32, kCPU, &gen); };
-      const Tensor x0 = draw({rows, d}), w0 = draw({d}), b0 = draw({d}), dskip = draw({rows, d}),
-                   dnorm = draw({rows, d});
+      const Tensor x0 = draw(shape), w0 = draw({d}), b0 = draw({d}), dskip = draw(shape), dnorm = draw(shape);
       // {skip, norm, dx, dw, db}, as one node (fused) or composed.
       auto run = [&](const Device& device, bool fused) {
         Tensor x = prim::to(prim::clone(x0), device), w = prim::to(prim::clone(w0), device),
