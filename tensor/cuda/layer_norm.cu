@@ -118,14 +118,17 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, kBackwardBlocksPerSm<kCol
   // Narrower rows would spill at three blocks an SM, wider ones at one, so
   // they load each chunk as they come to it.
   constexpr bool kAhead = kCols > 12 && kCols <= 24;
+  // Column c's chunk of the row: dy into gy, x into xv, dx_more into more.
+  auto load_row_chunk = [&](int64_t row, int c, float* gy, float* xv, float* more) {
+    load_chunk<TY, V>(gy, dy + row * d + c);
+    load_chunk<T, V>(xv, x + row * d + c);
+    if (dx_more) load_chunk<T, V>(more, dx_more + row * d + c);
+  };
   auto load_row = [&](int64_t row, float(&gy)[kCols], float(&xv)[kCols], float(&more)[kCols]) {
 #pragma unroll
     for (int i = 0; i < kCols / V; ++i) {
       const int c = chunk_column<V>(lane, i);
-      if (c >= d) continue;
-      load_chunk<TY, V>(gy + i * V, dy + row * d + c);
-      load_chunk<T, V>(xv + i * V, x + row * d + c);
-      if (dx_more) load_chunk<T, V>(more + i * V, dx_more + row * d + c);
+      if (c < d) load_row_chunk(row, c, gy + i * V, xv + i * V, more + i * V);
     }
   };
   // The row ahead's values (kAhead), and the row's gradient from dx_more.
@@ -149,9 +152,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, kBackwardBlocksPerSm<kCol
 #pragma unroll
         for (int j = 0; j < V; ++j) gy[j] = gy_ahead[i * V + j], xv[j] = xv_ahead[i * V + j];
       } else {
-        load_chunk<TY, V>(gy, dy + row * d + c);
-        load_chunk<T, V>(xv, x + row * d + c);
-        if (dx_more) load_chunk<T, V>(more + i * V, dx_more + row * d + c);
+        load_row_chunk(row, c, gy, xv, more + i * V);
       }
       if (w) load_chunk<T, V>(wv, w + c);
 #pragma unroll
