@@ -15,9 +15,8 @@
 // its bias gradient (CUBLASLT_EPILOGUE_BGRADB: the sums of cuBLAS's B = a^T
 // over k, i.e. of a's rows), and a ReLU after the bias (CUBLASLT_EPILOGUE_RELU
 // or RELU_BIAS). Where cuBLASLt has no algorithm with the epilogue, or only
-// slow ones (the bias gradient on unaligned rows, or where the plain
-// product would split k), the product runs plain and the epilogue as
-// separate kernels.
+// slow ones (the bias gradient on unaligned rows), the product runs plain
+// and the epilogue as separate kernels.
 #include "tensor/cuda/gemm.h"
 #include "tensor/cuda/lt_common.h"
 
@@ -134,30 +133,7 @@ void set_layout_batch(cublasLtMatrixLayout_t layout, int32_t batch, int64_t stri
       cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
 }
 
-std::shared_ptr<const Plan> find_plan(const PlanKey& key, cublasLtHandle_t handle);
-
-// Whether cuBLASLt's pick for the product without an epilogue splits k
-// over blocks: its output has too few tiles to fill the GPU (a weight
-// gradient of a few hundred by a few thousand over 16384 rows).
-// The bias-gradient epilogue's kernels do not split k, so there the plain
-// product and a separate column sum are faster: gpt_mini's weight
-// gradients on an H100 (bench_gemm_candidates, 16384 rows, f16) take
-// 32 / 15 / 39 / 39 us plain against 54 / 25 / 64 / 62 us with the sums
-// fused, and the sums read 12-50 MB at the memory's speed.
-bool plain_product_splits_k(const PlanKey& key, cublasLtHandle_t handle) {
-  PlanKey plain = key;
-  plain.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
-  const std::shared_ptr<const Plan> plan = find_plan(plain, handle);
-  int32_t splits = 1;
-  size_t written = 0;
-  MPT_CUBLASLT_CHECK(cublasLtMatmulAlgoConfigGetAttribute(&plan->heuristic.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM,
-                                                          &splits, sizeof(splits), &written));
-  return splits > 1;
-}
-
 std::shared_ptr<const Plan> build_plan(const PlanKey& key, cublasLtHandle_t handle) {
-  // The caller runs the product plain and sums the columns itself.
-  if (key.epilogue == CUBLASLT_EPILOGUE_BGRADB && plain_product_splits_k(key, handle)) return nullptr;
   const DTypeInfo info = dtype_info(key.dtype, key.tf32);
   auto plan = std::make_shared<Plan>();
   MPT_CUBLASLT_CHECK(cublasLtMatmulDescCreate(&plan->desc, info.compute, info.scale));
