@@ -70,7 +70,7 @@ AttentionRun run_on(const Device& device, const Tensor& qkv16, const Tensor& wei
   return r;
 }
 
-TEST(CudaAttention, BothKernelsMatchTheCpuAndCudnnTakesTheGptShapes) {
+TEST(CudaAttention, BothKernelsMatchTheCpuAndCudnnTakesTheLongSequences) {
   MPT_SKIP_WITHOUT_CUDA();
   const Geometry geometries[] = {
       {2, 1024, 12, 64, true},  // GPT-2 small's attention (a batch of 2)
@@ -100,10 +100,16 @@ TEST(CudaAttention, BothKernelsMatchTheCpuAndCudnnTakesTheGptShapes) {
         if (!cudnn) {
           EXPECT_EQ(gpu.forward_kernel, "own (cuDNN attention is turned off)");
           EXPECT_EQ(gpu.backward_kernel, "own (cuDNN attention is turned off)");
-        } else if (g.t >= 256) {
-          // The transformer shapes are what the cuDNN path is for.
+        } else if (g.t > 256) {
+          // The long sequences are what the cuDNN path is for.
           EXPECT_EQ(gpu.forward_kernel, "cudnn");
           EXPECT_EQ(gpu.backward_kernel, "cudnn");
+        } else if (g.d <= 64) {
+          // Short ones run faster on the own kernels.
+          const std::string own = "own (sequences of at most 256 positions at head sizes up to 64 run faster on "
+                                  "the own kernels)";
+          EXPECT_EQ(gpu.forward_kernel, own);
+          EXPECT_EQ(gpu.backward_kernel, own);
         }
       }
     }
