@@ -156,6 +156,26 @@ TEST_F(MptTrain, AFolderOfFashionMnistTrainsAsDebiansCopy) {
   EXPECT_EQ(from_copy[0]["steps"], 5);
 }
 
+// --mlp-hidden sets the MLP's hidden layers (mlp_large's widths on real data,
+// say); a run's widths are part of what it is, so a resumption may not
+// change them.
+TEST_F(MptTrain, MlpHiddenSetsTheWidthsAndStaysWithTheRun) {
+  const std::string checkpoint = file("widths.ckpt");
+  ASSERT_EQ(run(fmt::format("--mlp-hidden 48,24 --steps 3 --eval-batches 1 --precision fp32 --checkpoint '{}'",
+                            checkpoint)),
+            0)
+      << stderr_;
+  // 784 x 48 + 48 + 48 x 24 + 24 + 24 x 10 + 10 parameters.
+  EXPECT_NE(stdout_.find("mlp 784-48-24-10 on Fashion-MNIST"), std::string::npos) << stdout_;
+  EXPECT_NE(stdout_.find("39106 parameters"), std::string::npos) << stdout_;
+  EXPECT_NE(run(fmt::format("--resume '{}' --mlp-hidden 32 --steps 4", checkpoint)), 0);
+  EXPECT_NE(stderr_.find("--mlp-hidden [32] differs from the run in the checkpoint, which has [48,24]"),
+            std::string::npos)
+      << stderr_;
+  EXPECT_EQ(run("--mlp-hidden 48,0 --steps 1"), 2);
+  EXPECT_NE(stderr_.find("--mlp-hidden"), std::string::npos) << stderr_;
+}
+
 // --schedule linear: the warm-up, then equal steps down to the floor; each
 // step's metrics line has the lr that step used.
 TEST_F(MptTrain, ALinearScheduleStepsDownEvenly) {

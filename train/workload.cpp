@@ -2,6 +2,9 @@
 
 #include <filesystem>
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include "models/cnn.h"
 #include "models/data_fingerprint.h"
 #include "models/fashion_mnist.h"
@@ -29,11 +32,16 @@ Workload make_workload(const WorkloadOptions& o, Generator& gen) {
     w.data_identity = "Fashion-MNIST, " + data::content_fingerprint(files);
     w.train_set = std::make_shared<data::FashionMNIST>(data::Split::train, dir);
     w.eval_set = std::make_shared<data::FashionMNIST>(data::Split::test, dir);
-    w.model = o.model == "mlp" ? std::static_pointer_cast<nn::Module>(nn::make_mlp({}, &gen))
+    nn::MLPOptions mlp;
+    mlp.hidden = o.mlp_hidden;
+    w.model = o.model == "mlp" ? std::static_pointer_cast<nn::Module>(nn::make_mlp(mlp, &gen))
                                : std::static_pointer_cast<nn::Module>(nn::make_cnn({}, &gen));
     // The MLP sees images as flat vectors, as the reference feeds it.
     w.objective = classification(/*flatten_input=*/o.model == "mlp");
-    w.description = fmt::format("{} on Fashion-MNIST ({} training, {} test images)", o.model, w.train_set->size(),
+    const std::string name =
+        o.model == "mlp" ? fmt::format("mlp {}-{}-{}", mlp.in_features, fmt::join(mlp.hidden, "-"), mlp.num_classes)
+                         : o.model;
+    w.description = fmt::format("{} on Fashion-MNIST ({} training, {} test images)", name, w.train_set->size(),
                                 w.eval_set->size());
     return w;
   }

@@ -5,6 +5,7 @@
 // mpt-scaler's sweep and the examples train them.
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "models/char_dataset.h"
 #include "models/dataset.h"
@@ -22,6 +23,7 @@ struct WorkloadOptions {
   std::string data;
   int64_t context = 256;  // gpt: sequence length (and rows of the position table)
   int64_t gpt_layers = 6, gpt_heads = 6, gpt_d_model = 384;
+  std::vector<int64_t> mlp_hidden = {1024, 1024};  // mlp: the hidden layers' widths
 };
 
 struct Workload {

@@ -30,6 +30,10 @@ int main(int argc, char** argv) {
   app.add_option("--gpt-layers", c.gpt_layers, "gpt: number of blocks")->check(positive());
   app.add_option("--gpt-heads", c.gpt_heads, "gpt: attention heads")->check(positive());
   app.add_option("--gpt-d-model", c.gpt_d_model, "gpt: model width")->check(positive());
+  app.add_option("--mlp-hidden", c.mlp_hidden,
+                 "mlp: the hidden layers' widths, e.g. 8192,8192,8192 (the default is the reference's 1024,1024)")
+      ->delimiter(',')
+      ->check(positive());
   app.add_option("--sample-tokens", c.sample_tokens,
                  "gpt: characters of text sampled from the model after each epoch (0: none)")
       ->check(non_negative());

@@ -33,6 +33,7 @@ void for_each_option(Config& c, Visit&& visit) {
   visit("gpt-layers", c.gpt_layers, R::fixed, every_rank);
   visit("gpt-heads", c.gpt_heads, R::fixed, every_rank);
   visit("gpt-d-model", c.gpt_d_model, R::fixed, every_rank);
+  visit("mlp-hidden", c.mlp_hidden, R::fixed, every_rank);
   visit("sample-tokens", c.sample_tokens, R::kept, any);
   visit("sample-prompt", c.sample_prompt, R::kept, any);
   visit("sample-temperature", c.sample_temperature, R::kept, any);

@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "tools/scaler_flags.h"
 
@@ -15,6 +16,7 @@ struct TrainConfig {
                                         // empty: the model's own (fashion-mnist; fortunes for gpt)
   int64_t context = 256;                // gpt: sequence length (and rows of the position table)
   int64_t gpt_layers = 6, gpt_heads = 6, gpt_d_model = 384;
+  std::vector<int64_t> mlp_hidden = {1024, 1024};  // mlp: the hidden layers' widths (the reference's)
   int64_t sample_tokens = 200;          // gpt: characters sampled from the model after each epoch (0: none)
   std::string sample_prompt;            // gpt: the text the samples go on from (empty: the text's first character)
   double sample_temperature = 0.8;      // gpt: 0 takes the likeliest character each time

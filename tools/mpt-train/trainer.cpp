@@ -157,7 +157,7 @@ amp::GradScalerOptions scaler_options(const TrainConfig& c) {
 // The run's workload, from its options.
 train::WorkloadOptions workload_options(const TrainConfig& c) {
   return {.model = c.model, .data = c.data, .context = c.context, .gpt_layers = c.gpt_layers,
-          .gpt_heads = c.gpt_heads, .gpt_d_model = c.gpt_d_model};
+          .gpt_heads = c.gpt_heads, .gpt_d_model = c.gpt_d_model, .mlp_hidden = c.mlp_hidden};
 }
 
 // The replicas of --parallel dp: every GPU from cuda:0, or two virtual CPU
@@ -402,8 +402,10 @@ TrainResult run_training(const TrainConfig& config) {
   fmt::print("rank {} of {}: host {}, pid {}, device {}{}\n", rank, world_size, host_name(), ::getpid(),
              devices_text, parallel_mode == train::Parallel::dp ? " (DataParallel)" : "");
   std::fflush(stdout);
-  progress.message(fmt::format("mpt-train: {} on {}, {}, batch {} x {}, {} lr {:g} ({}), {} steps{}", w.description,
-                               device.str(), c.precision, c.batch_size, c.accumulation, c.optimizer, c.lr,
+  int64_t parameter_count = 0;
+  for (const Tensor& p : w.model->parameters()) parameter_count += p.numel();
+  progress.message(fmt::format("mpt-train: {}, {} parameters, on {}, {}, batch {} x {}, {} lr {:g} ({}), {} steps{}",
+                               w.description, parameter_count, device.str(), c.precision, c.batch_size, c.accumulation, c.optimizer, c.lr,
                                c.schedule, total_steps, trainer.graph() ? ", CUDA graph" : ""));
   progress.record(start_event(c, trainer, w, parallel, world_size, total_steps, saved));
   progress.record({{"event", "rank"}, {"rank", rank}, {"world_size", world_size}, {"host", host_name()},
