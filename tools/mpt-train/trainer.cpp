@@ -405,8 +405,9 @@ TrainResult run_training(const TrainConfig& config) {
   int64_t parameter_count = 0;
   for (const Tensor& p : w.model->parameters()) parameter_count += p.numel();
   progress.message(fmt::format("mpt-train: {}, {} parameters, on {}, {}, batch {} x {}, {} lr {:g} ({}), {} steps{}",
-                               w.description, parameter_count, device.str(), c.precision, c.batch_size, c.accumulation, c.optimizer, c.lr,
-                               c.schedule, total_steps, trainer.graph() ? ", CUDA graph" : ""));
+                               w.description, parameter_count, device.str(), c.precision, c.batch_size,
+                               c.accumulation, c.optimizer, c.lr, c.schedule, total_steps,
+                               trainer.graph() ? ", CUDA graph" : ""));
   progress.record(start_event(c, trainer, w, parallel, world_size, total_steps, saved));
   progress.record({{"event", "rank"}, {"rank", rank}, {"world_size", world_size}, {"host", host_name()},
                    {"pid", ::getpid()}, {"device", devices_text}});
