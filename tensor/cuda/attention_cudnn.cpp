@@ -236,8 +236,8 @@ std::string general_refusal(const AttentionArgs& a) {
   if (!(a.scale > 0)) return fmt::format("cuDNN's fused attention takes a positive scale, not {}", a.scale);
   // Short sequences run faster on the own kernels, which are also
   // deterministic (cuDNN's backward sums dQ with atomics). Measured on an
-  // H100 at head size 64: gpt_mini's step (T = 256) 5.33-5.34 ms with the
-  // own kernels against 5.45 ms with cuDNN's, GPT-2 small's (T = 1024)
+  // H100 at head size 64: gpt_mini's step (T = 256) 5.23-5.24 ms with the
+  // own kernels against 5.36 ms with cuDNN's, GPT-2 small's (T = 1024)
   // 38.1-38.3 ms against 36.4-36.5 ms.
   if (a.len <= kOwnKernelsUpToLength && a.head_dim <= 64)
     return fmt::format("sequences of at most {} positions at head sizes up to 64 run faster on the own kernels",
