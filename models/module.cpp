@@ -99,6 +99,12 @@ OrderedDict<Tensor> Module::named_parameters() const {
 
 std::vector<Tensor> Module::parameters() const { return named_parameters().values(); }
 
+int64_t Module::parameter_count() const {
+  int64_t n = 0;
+  for (const Tensor& p : parameters()) n += p.numel();
+  return n;
+}
+
 OrderedDict<Tensor> Module::named_buffers() const {
   OrderedDict<Tensor> all;
   collect_buffers("", all);

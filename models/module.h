@@ -51,6 +51,9 @@ class Module {
   // messages can say which parameter they mean.
   OrderedDict<Tensor> named_parameters() const;
   std::vector<Tensor> parameters() const;
+  // The elements of all parameters (a shared one counted once), as
+  // PyTorch's sum(p.numel() for p in model.parameters()).
+  int64_t parameter_count() const;
   OrderedDict<Tensor> named_buffers() const;
   // Direct children only.
   const OrderedDict<std::shared_ptr<Module>>& named_children() const { return children_; }

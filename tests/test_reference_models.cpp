@@ -12,12 +12,6 @@
 namespace mpt {
 namespace {
 
-int64_t count_parameters(const nn::Module& m) {
-  int64_t n = 0;
-  for (const Tensor& p : m.parameters()) n += p.numel();
-  return n;
-}
-
 // PyTorch's Linear(in, out): weight in*out, bias out.
 int64_t linear_params(int64_t in, int64_t out, bool bias = true) { return in * out + (bias ? out : 0); }
 
@@ -52,8 +46,8 @@ TEST(ReferenceModels, MlpMatchesTheReferenceLayout) {
   EXPECT_EQ(named.at("0.weight").shape(), (Shape{1024, 784}));
   EXPECT_EQ(named.at("2.weight").shape(), (Shape{1024, 1024}));
   EXPECT_EQ(named.at("4.weight").shape(), (Shape{10, 1024}));
-  EXPECT_EQ(count_parameters(*mlp), linear_params(784, 1024) + linear_params(1024, 1024) + linear_params(1024, 10));
-  EXPECT_EQ(count_parameters(*mlp), 1863690);  // as torch reports for the reference Sequential
+  EXPECT_EQ(mlp->parameter_count(), linear_params(784, 1024) + linear_params(1024, 1024) + linear_params(1024, 10));
+  EXPECT_EQ(mlp->parameter_count(), 1863690);  // as torch reports for the reference Sequential
 
   const Tensor x = randn({3, 784}, DType::f32, kCPU, &gen);
   EXPECT_EQ(mlp->forward(x).shape(), (Shape{3, 10}));
@@ -70,7 +64,7 @@ TEST(ReferenceModels, CnnMatchesTheReferenceLayout) {
   EXPECT_EQ(named.at("7.weight").shape(), (Shape{256, 3136}));
   EXPECT_EQ(named.at("9.weight").shape(), (Shape{10, 256}));
   const int64_t conv1 = 32 * 1 * 3 * 3 + 32, conv2 = 64 * 32 * 3 * 3 + 64;
-  EXPECT_EQ(count_parameters(*cnn), conv1 + conv2 + linear_params(64 * 7 * 7, 256) + linear_params(256, 10));
+  EXPECT_EQ(cnn->parameter_count(), conv1 + conv2 + linear_params(64 * 7 * 7, 256) + linear_params(256, 10));
 
   const Tensor x = randn({2, 1, 28, 28}, DType::f32, kCPU, &gen);
   EXPECT_EQ(cnn->forward(x).shape(), (Shape{2, 10}));
@@ -90,7 +84,7 @@ TEST(ReferenceModels, CnnWithBatchNormHasTheNamesOfPyTorchsSequential) {
             (std::vector<std::string>{"1.running_mean", "1.running_var", "1.num_batches_tracked", "5.running_mean",
                                       "5.running_var", "5.num_batches_tracked"}));
   const int64_t conv1 = 32 * 1 * 3 * 3 + 2 * 32, conv2 = 64 * 32 * 3 * 3 + 2 * 64;
-  EXPECT_EQ(count_parameters(*cnn), conv1 + conv2 + linear_params(64 * 7 * 7, 256) + linear_params(256, 10));
+  EXPECT_EQ(cnn->parameter_count(), conv1 + conv2 + linear_params(64 * 7 * 7, 256) + linear_params(256, 10));
   const Tensor x = randn({2, 1, 28, 28}, DType::f32, kCPU, &gen);
   EXPECT_EQ(cnn->forward(x).shape(), (Shape{2, 10}));
   EXPECT_EQ(cnn->named_buffers().at("1.num_batches_tracked").item(), 1);
@@ -118,8 +112,8 @@ TEST(ReferenceModels, GptMatchesTheReferenceLayout) {
   const int64_t block = 2 * layer_norm + linear_params(d, 3 * d) + linear_params(d, d) + linear_params(d, 4 * d) +
                         linear_params(4 * d, d);
   const int64_t total = 65 * d + 256 * d + 6 * block + layer_norm + linear_params(d, 65, false);
-  EXPECT_EQ(count_parameters(gpt), total);
-  EXPECT_EQ(count_parameters(gpt), 10795776);
+  EXPECT_EQ(gpt.parameter_count(), total);
+  EXPECT_EQ(gpt.parameter_count(), 10795776);
 
   // Forward and backward at full size on a short sequence.
   const Tensor idx = from_vector(random_labels(8, 65, gen).to_vector<int64_t>(), {2, 4}, DType::i64);

@@ -402,10 +402,8 @@ TrainResult run_training(const TrainConfig& config) {
   fmt::print("rank {} of {}: host {}, pid {}, device {}{}\n", rank, world_size, host_name(), ::getpid(),
              devices_text, parallel_mode == train::Parallel::dp ? " (DataParallel)" : "");
   std::fflush(stdout);
-  int64_t parameter_count = 0;
-  for (const Tensor& p : w.model->parameters()) parameter_count += p.numel();
   progress.message(fmt::format("mpt-train: {}, {} parameters, on {}, {}, batch {} x {}, {} lr {:g} ({}), {} steps{}",
-                               w.description, parameter_count, device.str(), c.precision, c.batch_size,
+                               w.description, w.model->parameter_count(), device.str(), c.precision, c.batch_size,
                                c.accumulation, c.optimizer, c.lr, c.schedule, total_steps,
                                trainer.graph() ? ", CUDA graph" : ""));
   progress.record(start_event(c, trainer, w, parallel, world_size, total_steps, saved));
