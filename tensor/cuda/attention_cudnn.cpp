@@ -226,7 +226,7 @@ void execute(const BuiltGraph& built, cudnnHandle_t handle, const Launch& l,
   if (!status.is_good()) throw DeviceError("cuDNN attention failed to run: " + status.get_message());
 }
 
-constexpr int kOwnKernelsUpToLength = 256;
+constexpr int kOwnKernelsUpToLength = 256, kOwnKernelsUpToHeadSize = 64;
 
 // Why this pass cannot go to cuDNN, found before asking cuDNN, or "".
 std::string general_refusal(const AttentionArgs& a) {
@@ -239,9 +239,9 @@ std::string general_refusal(const AttentionArgs& a) {
   // H100 at head size 64: gpt_mini's step (T = 256) 5.23-5.24 ms with the
   // own kernels against 5.36 ms with cuDNN's, GPT-2 small's (T = 1024)
   // 38.1-38.3 ms against 36.4-36.5 ms.
-  if (a.len <= kOwnKernelsUpToLength && a.head_dim <= 64)
-    return fmt::format("sequences of at most {} positions at head sizes up to 64 run faster on the own kernels",
-                       kOwnKernelsUpToLength);
+  if (a.len <= kOwnKernelsUpToLength && a.head_dim <= kOwnKernelsUpToHeadSize)
+    return fmt::format("sequences of at most {} positions at head sizes up to {} run faster on the own kernels",
+                       kOwnKernelsUpToLength, kOwnKernelsUpToHeadSize);
   return runtime_refusal();
 }
 
