@@ -86,7 +86,7 @@ void Backend::layer_norm_forward(const TensorView&, const TensorView&, const Ten
 }
 void Backend::layer_norm_backward(const TensorView&, const TensorView&, const TensorView&, const TensorView&,
                                   const TensorView&, const TensorView&, const TensorView&, const TensorView&,
-                                  const TensorView&) {
+                                  const TensorView&, const TensorView&) {
   not_available("fused layer_norm backward");
 }
 void Backend::batch_norm_forward(const TensorView&, const TensorView&, const TensorView&, const TensorView&,

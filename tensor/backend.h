@@ -201,9 +201,12 @@ class Backend {
   virtual void layer_norm_forward(const TensorView& out, const TensorView& mean, const TensorView& rstd,
                                   const TensorView& x, const TensorView& weight, const TensorView& bias, double eps);
   // grad_x like x; grad_out like the forward's out; grad_x_more null data,
-  // or a gradient like x to add into grad_x; grad_weight and grad_bias f32
-  // [d], or null data when not wanted.
-  virtual void layer_norm_backward(const TensorView& grad_x, const TensorView& grad_weight,
+  // or a gradient like x to add into grad_x; grad_x_narrow null data, or
+  // (where x is f32 and grad_out 16-bit) grad_x's values rounded to
+  // grad_out's dtype; grad_weight and grad_bias f32 [d], or null data when
+  // not wanted.
+  virtual void layer_norm_backward(const TensorView& grad_x, const TensorView& grad_x_narrow,
+                                   const TensorView& grad_weight,
                                    const TensorView& grad_bias, const TensorView& grad_out,
                                    const TensorView& grad_x_more, const TensorView& x, const TensorView& weight,
                                    const TensorView& mean, const TensorView& rstd);

@@ -240,6 +240,11 @@ Tensor to(const Tensor& t, const Device& device) {
 Tensor to(const Tensor& t, DType dtype) {
   check_defined("to", t);
   if (t.dtype() == dtype) return t;
+  // The copy in dtype that the kernel which wrote t left with its memory
+  // (Storage::NarrowCopy), if there is one: the same bits as the cast.
+  if (t.is_contiguous())
+    if (std::shared_ptr<Storage> copy = t.storage()->take_narrow_copy(dtype, t.offset(), t.numel()))
+      return Tensor::view_of(std::move(copy), t.shape(), contiguous_strides(t.shape()), 0, dtype);
   Tensor out = Tensor::empty(t.shape(), dtype, t.device());
   copy_(out, t);
   return out;

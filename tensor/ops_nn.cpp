@@ -257,10 +257,20 @@ std::vector<Tensor> layer_norm_backward(const Tensor& grad_out, const Tensor& x,
       if (t->defined()) fill_(*t, 0.0);
     return {gx, gw, gb};
   }
+  // An f32 x normalised into a 16-bit output is a residual stream in f32
+  // under autocast: the add that made x hands its 16-bit branch this
+  // gradient cast to 16 bits. The kernel writes that copy as it writes gx,
+  // and leaves it with gx's memory for the cast to take (one pass over the
+  // gradient less for each residual add).
+  const bool narrow = x.dtype() == DType::f32 && g_dtype != DType::f32;
+  Tensor gx_narrow = narrow ? Tensor::empty(x.shape(), g_dtype, x.device()) : Tensor();
   on_device(x.device(), [&](Backend& b) {
-    b.layer_norm_backward(gx.view(), view_or_none(gw), view_or_none(gb), g.view(), view_or_none(more), cx.view(),
-                          view_or_none(cw), mean.view(), rstd.view());
+    b.layer_norm_backward(gx.view(), view_or_none(gx_narrow), view_or_none(gw), view_or_none(gb), g.view(),
+                          view_or_none(more), cx.view(), view_or_none(cw), mean.view(), rstd.view());
   });
+  if (narrow)
+    gx.storage()->set_narrow_copy({gx_narrow.storage(), g_dtype, gx.offset(), gx.numel(), gx.version(),
+                                   gx_narrow.version()});
   return {gx, gw, gb};
 }
 

@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "tensor/device.h"
+#include "tensor/dtype.h"
 
 namespace mpt {
 
@@ -37,12 +38,36 @@ class Storage {
   uint64_t version() const { return version_.load(std::memory_order_relaxed); }
   void bump_version() { version_.fetch_add(1, std::memory_order_relaxed); }
 
+  // A copy of some of this memory's values in a narrower dtype, written by
+  // the kernel that wrote them: the layer norm's backward writes the
+  // residual stream's f32 gradient and, in the same pass, the 16-bit copy
+  // that the branch's linear layer reads, so that no cast reads it again.
+  // prim::to takes it instead of casting while it still holds the values:
+  // this memory's version is the one it was made at and the copy itself was
+  // not written since. Taken at most once, so whoever takes it owns it, as
+  // it would own a cast.
+  struct NarrowCopy {
+    std::shared_ptr<Storage> storage;  // the copy's memory, its elements from 0
+    DType dtype;
+    int64_t offset;  // the elements of this memory it copies: [offset, offset + numel)
+    int64_t numel;
+    uint64_t version;       // this memory's version when it was made
+    uint64_t copy_version;  // the copy's own version then
+  };
+  void set_narrow_copy(NarrowCopy copy) {
+    narrow_copy_.store(std::make_shared<const NarrowCopy>(std::move(copy)));
+  }
+  // The copy, if it holds the elements [offset, offset + numel) in dtype;
+  // it is no longer kept here after that.
+  std::shared_ptr<Storage> take_narrow_copy(DType dtype, int64_t offset, int64_t numel);
+
  private:
   void* data_;
   size_t nbytes_;
   Device device_;
   Deleter deleter_;
   std::atomic<uint64_t> version_{0};
+  std::atomic<std::shared_ptr<const NarrowCopy>> narrow_copy_;
 };
 
 }  // namespace mpt

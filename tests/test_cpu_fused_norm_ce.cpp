@@ -22,6 +22,7 @@
 #include "autograd/ops.h"
 #include "tensor/backend.h"
 #include "tensor/backend_settings.h"
+#include "tests/layer_norm_narrow_copy.h"
 #include "tests/layer_norm_ref.h"
 #include "tests/test_util.h"
 
@@ -188,6 +189,35 @@ TEST(CpuFusedLayerNorm, MatchesItsDefinitionInF64) {
         }
 }
 
+// An f32 x normalised into 16 bits (a residual stream under autocast): the
+// backward leaves the gradient's 16-bit copy for the cast to take.
+TEST(CpuFusedLayerNorm, BackwardLeavesTheSixteenBitCopyTheCastMakes) {
+  const uint64_t seed = testing::fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  Generator gen(seed);
+  for (DType out : {DType::f16, DType::bf16})
+    for (int64_t d : {7, 384})
+      for (bool with_more : {false, true}) {
+        testing::check_layer_norm_narrow_copy(kCPU, gen, 9, d, out, with_more);
+        if (::testing::Test::HasFatalFailure()) return;
+      }
+  // In f32 throughout there is nothing narrower to leave.
+  const Tensor x = randn({3, 8}, DType::f32, kCPU, &gen), dy = randn({3, 8}, DType::f32, kCPU, &gen);
+  const std::vector<Tensor> fwd = prim::layer_norm_forward(x, Tensor(), Tensor(), 1e-5, DType::f32);
+  const Tensor gx = prim::layer_norm_backward(dy, x, Tensor(), fwd[1], fwd[2], false, false, Tensor())[0];
+  for (DType dt : {DType::f16, DType::bf16}) EXPECT_EQ(gx.storage()->take_narrow_copy(dt, 0, gx.numel()), nullptr);
+}
+
+// A copy written since it was left is not handed out: the cast reads the
+// values again.
+TEST(CpuFusedLayerNorm, ANarrowCopyWrittenSinceIsNotTaken) {
+  const Tensor wide = full({4}, 1.0), narrow = prim::to(full({4}, 1.0), DType::f16);
+  wide.storage()->set_narrow_copy({narrow.storage(), DType::f16, 0, 4, wide.version(), narrow.version()});
+  prim::fill_(narrow, 2.0);
+  EXPECT_EQ(wide.storage()->take_narrow_copy(DType::f16, 0, 4), nullptr);
+  EXPECT_EQ(host_f64(prim::to(wide, DType::f16)), std::vector<double>(4, 1.0));
+}
+
 // No rows: nothing to write but parameter gradients, which are sums over
 // nothing (the kernel's own answer, not just the op's shortcut).
 TEST(CpuFusedLayerNorm, NoRows) {
@@ -202,8 +232,8 @@ TEST(CpuFusedLayerNorm, NoRows) {
 
   Tensor gw = full({7}, NAN), gb = full({7}, NAN);
   const Tensor gx = zeros({0, 7});
-  backend_for(kCPU).layer_norm_backward(gx.view(), gw.view(), gb.view(), zeros({0, 7}).view(), TensorView{}, x.view(),
-                                        w.view(), zeros({0, 1}).view(), zeros({0, 1}).view());
+  backend_for(kCPU).layer_norm_backward(gx.view(), TensorView{}, gw.view(), gb.view(), zeros({0, 7}).view(),
+                                        TensorView{}, x.view(), w.view(), zeros({0, 1}).view(), zeros({0, 1}).view());
   EXPECT_EQ(host_f64(gw), std::vector<double>(7, 0.0));
   EXPECT_EQ(host_f64(gb), std::vector<double>(7, 0.0));
 }

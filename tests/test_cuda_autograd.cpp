@@ -23,6 +23,7 @@
 #include "tensor/cuda/conv_cudnn.h"
 #include "tensor/memory.h"
 #include "tensor/stream.h"
+#include "tests/layer_norm_narrow_copy.h"
 #include "tests/test_util.h"
 
 namespace mpt {
@@ -275,6 +276,23 @@ TEST(CudaAutograd, LayerNormWithSkipIsTheComposedExpressionAndTheCpus) {
       expect_within_a_rounding(fused[1], cpu[1], out, "norm against the cpu");
       for (size_t i = 2; i < 5; ++i) EXPECT_LE(rel_error(fused[i], cpu[i]), 2e-5) << what[i] << " against the cpu";
     }
+}
+
+// The GPU kernel's 16-bit copy of the gradient (Storage::NarrowCopy), as
+// the CPU's test checks it: the cast kernel's bits, taken once. Rows of 384
+// and 768 (the widths with their own register counts; 768 loads a row
+// ahead) and 7 (chunks of one element).
+TEST(CudaAutograd, LayerNormBackwardLeavesTheSixteenBitCopyTheCastMakes) {
+  MPT_SKIP_WITHOUT_CUDA();
+  const uint64_t seed = testing::fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  Generator gen(seed);
+  for (DType out : {DType::f16, DType::bf16})
+    for (int64_t d : {7, 384, 768})
+      for (bool with_more : {false, true}) {
+        testing::check_layer_norm_narrow_copy(Device("cuda:0"), gen, 2200, d, out, with_more);
+        if (::testing::Test::HasFatalFailure()) return;
+      }
 }
 
 // The fused batch norm (an f32, f16 or bf16 input with f32 per-channel

@@ -151,10 +151,12 @@ class CpuBackend final : public Backend {
                           const TensorView& weight, const TensorView& bias, double eps) override {
     cpu::layer_norm_forward(out, mean, rstd, x, weight, bias, eps);
   }
-  void layer_norm_backward(const TensorView& grad_x, const TensorView& grad_weight, const TensorView& grad_bias,
-                           const TensorView& grad_out, const TensorView& grad_x_more, const TensorView& x,
-                           const TensorView& weight, const TensorView& mean, const TensorView& rstd) override {
-    cpu::layer_norm_backward(grad_x, grad_weight, grad_bias, grad_out, grad_x_more, x, weight, mean, rstd);
+  void layer_norm_backward(const TensorView& grad_x, const TensorView& grad_x_narrow, const TensorView& grad_weight,
+                           const TensorView& grad_bias, const TensorView& grad_out, const TensorView& grad_x_more,
+                           const TensorView& x, const TensorView& weight, const TensorView& mean,
+                           const TensorView& rstd) override {
+    cpu::layer_norm_backward(grad_x, grad_x_narrow, grad_weight, grad_bias, grad_out, grad_x_more, x, weight, mean,
+                             rstd);
   }
   bool fused_cross_entropy_supported(DType dtype) const override {
     return cpu::fused_kernels() && cpu::fused_cross_entropy_supported(dtype);

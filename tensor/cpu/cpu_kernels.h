@@ -155,9 +155,10 @@ void amax_into(const TensorView& amax, const TensorView& in);
 bool fused_layer_norm_supported(DType dtype, DType out_dtype, int64_t d);
 void layer_norm_forward(const TensorView& out, const TensorView& mean, const TensorView& rstd, const TensorView& x,
                         const TensorView& weight, const TensorView& bias, double eps);
-void layer_norm_backward(const TensorView& grad_x, const TensorView& grad_weight, const TensorView& grad_bias,
-                         const TensorView& grad_out, const TensorView& grad_x_more, const TensorView& x,
-                         const TensorView& weight, const TensorView& mean, const TensorView& rstd);
+void layer_norm_backward(const TensorView& grad_x, const TensorView& grad_x_narrow, const TensorView& grad_weight,
+                         const TensorView& grad_bias, const TensorView& grad_out, const TensorView& grad_x_more,
+                         const TensorView& x, const TensorView& weight, const TensorView& mean,
+                         const TensorView& rstd);
 bool fused_cross_entropy_supported(DType dtype);
 void cross_entropy_forward(const TensorView& loss, const TensorView& lse, const TensorView& valid,
                            const TensorView& logits, const TensorView& target, int64_t ignore_index);

@@ -122,15 +122,17 @@ void forward_typed(const Rows& r, const TensorView& out, const TensorView& mean,
 int64_t rows_per_block(int64_t rows) { return std::max<int64_t>(64, (rows + 1023) / 1024); }
 
 template <typename T, typename TY>
-void backward_typed(const Rows& r, const TensorView& grad_x, const TensorView& grad_weight,
-                    const TensorView& grad_bias, const TensorView& grad_out, const TensorView& grad_x_more,
-                    const TensorView& x, const TensorView& weight, const TensorView& mean, const TensorView& rstd) {
+void backward_typed(const Rows& r, const TensorView& grad_x, const TensorView& grad_x_narrow,
+                    const TensorView& grad_weight, const TensorView& grad_bias, const TensorView& grad_out,
+                    const TensorView& grad_x_more, const TensorView& x, const TensorView& weight,
+                    const TensorView& mean, const TensorView& rstd) {
   const int64_t d = r.d, rows = r.rows;
   const std::vector<float> w = param_f32<T>(weight, d);
   const T* xs = static_cast<const T*>(x.data);
   const TY* dys = static_cast<const TY*>(grad_out.data);
   const T* mores = static_cast<const T*>(grad_x_more.data);
   T* dxs = static_cast<T*>(grad_x.data);
+  TY* narrows = static_cast<TY*>(grad_x_narrow.data);  // null, or (T f32, TY 16-bit) dx rounded to TY
   const float* means = static_cast<const float*>(mean.data);
   const float* rstds = static_cast<const float*>(rstd.data);
   const bool sums = grad_weight.data || grad_bias.data;
@@ -177,6 +179,8 @@ void backward_typed(const Rows& r, const TensorView& grad_x, const TensorView& g
           for (int64_t i = 0; i < d; ++i) dx[i] += more[i];
         }
         store_row(dxs + row * d, dx, d);
+        if (narrows)
+          for (int64_t i = 0; i < d; ++i) narrows[row * d + i] = TY(dx[i]);
       }
     }
   });
@@ -224,20 +228,27 @@ void layer_norm_forward(const TensorView& out, const TensorView& mean, const Ten
   });
 }
 
-void layer_norm_backward(const TensorView& grad_x, const TensorView& grad_weight, const TensorView& grad_bias,
-                         const TensorView& grad_out, const TensorView& grad_x_more, const TensorView& x,
-                         const TensorView& weight, const TensorView& mean, const TensorView& rstd) {
+void layer_norm_backward(const TensorView& grad_x, const TensorView& grad_x_narrow, const TensorView& grad_weight,
+                         const TensorView& grad_bias, const TensorView& grad_out, const TensorView& grad_x_more,
+                         const TensorView& x, const TensorView& weight, const TensorView& mean,
+                         const TensorView& rstd) {
   const Rows r("layer_norm backward", x, grad_out.dtype, {&weight}, mean, rstd);
   check<ShapeError>(grad_x.data && grad_out.data, "CPU layer_norm backward: needs grad_x and grad_out");
   r.check_like_x("layer_norm backward", grad_x, x.dtype, x);
   r.check_like_x("layer_norm backward", grad_out, grad_out.dtype, x);
   r.check_like_x("layer_norm backward", grad_x_more, x.dtype, x);
+  check<DTypeError>(!grad_x_narrow.data || (x.dtype == DType::f32 && grad_out.dtype != DType::f32),
+                    "CPU layer_norm backward: a narrow copy of the gradient needs f32 x and a 16-bit gradient, "
+                    "got x {} and gradient {}",
+                    dtype_name(x.dtype), dtype_name(grad_out.dtype));
+  r.check_like_x("layer_norm backward", grad_x_narrow, grad_out.dtype, x);
   for (const TensorView* t : {&grad_weight, &grad_bias})
     check<ShapeError>(!t->data || (t->dtype == DType::f32 && t->numel() == r.d && t->is_contiguous()),
                       "CPU layer_norm backward: parameter gradients must be contiguous f32 [{}], got {} {}", r.d,
                       dtype_name(t->dtype), shape_of(*t));
   dispatch(x.dtype, grad_out.dtype, [&]<typename T, typename TY>() {
-    backward_typed<T, TY>(r, grad_x, grad_weight, grad_bias, grad_out, grad_x_more, x, weight, mean, rstd);
+    backward_typed<T, TY>(r, grad_x, grad_x_narrow, grad_weight, grad_bias, grad_out, grad_x_more, x, weight, mean,
+                          rstd);
   });
 }
 

@@ -297,13 +297,21 @@ class CudaBackend final : public Backend {
     launch_layer_norm_forward(current_launch(), a, out.data);
   }
 
-  void layer_norm_backward(const TensorView& grad_x, const TensorView& grad_weight, const TensorView& grad_bias,
-                           const TensorView& grad_out, const TensorView& grad_x_more, const TensorView& x,
-                           const TensorView& weight, const TensorView& mean, const TensorView& rstd) override {
+  void layer_norm_backward(const TensorView& grad_x, const TensorView& grad_x_narrow, const TensorView& grad_weight,
+                           const TensorView& grad_bias, const TensorView& grad_out, const TensorView& grad_x_more,
+                           const TensorView& x, const TensorView& weight, const TensorView& mean,
+                           const TensorView& rstd) override {
     const LayerNormArgs a = layer_norm_args(x, grad_out.dtype, weight, TensorView{}, mean, rstd, 0.0);
     check_same_dtype("layer_norm", "backward", x, grad_x);
     if (grad_x_more.data) check_same_dtype("layer_norm", "backward", x, grad_x_more);
-    for (const TensorView* t : {&grad_x, &grad_out, &grad_x_more}) {
+    if (grad_x_narrow.data) {
+      check<DTypeError>(x.dtype == DType::f32 && grad_out.dtype != DType::f32,
+                        "CUDA layer_norm backward: a narrow copy of the gradient needs f32 x and a 16-bit gradient, "
+                        "got x {} and gradient {}",
+                        dtype_name(x.dtype), dtype_name(grad_out.dtype));
+      check_same_dtype("layer_norm", "backward", grad_out, grad_x_narrow);
+    }
+    for (const TensorView* t : {&grad_x, &grad_x_narrow, &grad_out, &grad_x_more}) {
       if (!t->data) continue;
       check<ShapeError>(t->numel() == x.numel(), "CUDA layer_norm backward: {} does not match input {}",
                         shape_of(*t), shape_of(x));
@@ -323,7 +331,8 @@ class CudaBackend final : public Backend {
     const LaunchScratch partials(l, 2 * bytes);
     float* partial_w = static_cast<float*>(partials.get());
     float* partial_b = partial_w + bytes / sizeof(float);
-    launch_layer_norm_backward(l, a, grad_out.data, grad_x_more.data, grad_x.data, partial_w, partial_b);
+    launch_layer_norm_backward(l, a, grad_out.data, grad_x_more.data, grad_x.data, grad_x_narrow.data, partial_w,
+                               partial_b);
     launch_layer_norm_param_grads(l, a, partial_w, partial_b, static_cast<float*>(grad_weight.data),
                                   static_cast<float*>(grad_bias.data));
   }

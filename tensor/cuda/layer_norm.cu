@@ -99,7 +99,8 @@ constexpr int kBackwardBlocksPerSm = kCols <= 12 ? 3 : 1;
 
 template <typename T, typename TY, int kCols, int V>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32, kBackwardBlocksPerSm<kCols>)
-    layer_norm_backward_kernel(T* __restrict__ dx, float* __restrict__ partial_w, float* __restrict__ partial_b,
+    layer_norm_backward_kernel(T* __restrict__ dx, TY* __restrict__ dx_narrow, float* __restrict__ partial_w,
+                               float* __restrict__ partial_b,
                                const TY* __restrict__ dy, const T* __restrict__ dx_more, const T* __restrict__ x,
                                const T* __restrict__ w, const float* __restrict__ mean_in,
                                const float* __restrict__ rstd_in, int64_t rows, int d) {
@@ -185,6 +186,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, kBackwardBlocksPerSm<kCol
         if (dx_more) grad[j] = __fadd_rn(grad[j], more[k]);
       }
       store_chunk<T, V>(dx + row * d + c, grad);
+      // The 16-bit copy the branch's linear layer reads (Storage::NarrowCopy).
+      if (dx_narrow) store_chunk<TY, V>(dx_narrow + row * d + c, grad);
     }
     if constexpr (kAhead) {
 #pragma unroll
@@ -317,15 +320,16 @@ int64_t layer_norm_backward_partials(const Launch& l, const LayerNormArgs& a) {
 }
 
 void launch_layer_norm_backward(const Launch& l, const LayerNormArgs& a, const void* dy, const void* dx_more,
-                                void* dx, float* partial_w, float* partial_b) {
+                                void* dx, void* dx_narrow, float* partial_w, float* partial_b) {
   if (a.rows == 0) return;
   // As many blocks as there are rows of partial sums, whichever chunk size
   // the operands allow: every block writes one.
   const auto blocks = static_cast<unsigned>(layer_norm_backward_partials(l, a));
-  const bool four = chunks_of_four(a, {dy, dx_more, dx});
+  const bool four = chunks_of_four(a, {dy, dx_more, dx, dx_narrow});
   dispatch(a.dtype, a.y_dtype, a.d, four, "layer_norm backward", [&]<typename T, typename TY, int kCols, int V>() {
     layer_norm_backward_kernel<T, TY, kCols, V><<<blocks, kWarpsPerBlock * 32, 0, l.stream>>>(
-        static_cast<T*>(dx), partial_w, partial_b, static_cast<const TY*>(dy), static_cast<const T*>(dx_more),
+        static_cast<T*>(dx), static_cast<TY*>(dx_narrow), partial_w, partial_b, static_cast<const TY*>(dy),
+        static_cast<const T*>(dx_more),
         static_cast<const T*>(a.x), static_cast<const T*>(a.weight), a.mean, a.rstd, a.rows, a.d);
   });
   MPT_CUDA_CHECK_LAUNCH("layer_norm_backward_kernel");

@@ -26,9 +26,10 @@ void launch_layer_norm_forward(const Launch& l, const LayerNormArgs& a, void* y)
 // Rows of the partial sums the backward kernel writes for a's rows.
 int64_t layer_norm_backward_partials(const Launch& l, const LayerNormArgs& a);
 // partial_w, partial_b: f32 [layer_norm_backward_partials(rows), d];
-// dx_more: null, or a gradient of x (x's dtype, contiguous) added into dx.
+// dx_more: null, or a gradient of x (x's dtype, contiguous) added into dx;
+// dx_narrow: null, or (x f32, dy 16-bit) dx rounded to dy's dtype.
 void launch_layer_norm_backward(const Launch& l, const LayerNormArgs& a, const void* dy, const void* dx_more,
-                                void* dx, float* partial_w, float* partial_b);
+                                void* dx, void* dx_narrow, float* partial_w, float* partial_b);
 // grad_w, grad_b (f32 [d], either may be null): the partial rows' sums.
 void launch_layer_norm_param_grads(const Launch& l, const LayerNormArgs& a, const float* partial_w,
                                    const float* partial_b, float* grad_w, float* grad_b);
