@@ -206,10 +206,9 @@ class Backend {
   // grad_out's dtype; grad_weight and grad_bias f32 [d], or null data when
   // not wanted.
   virtual void layer_norm_backward(const TensorView& grad_x, const TensorView& grad_x_narrow,
-                                   const TensorView& grad_weight,
-                                   const TensorView& grad_bias, const TensorView& grad_out,
-                                   const TensorView& grad_x_more, const TensorView& x, const TensorView& weight,
-                                   const TensorView& mean, const TensorView& rstd);
+                                   const TensorView& grad_weight, const TensorView& grad_bias,
+                                   const TensorView& grad_out, const TensorView& grad_x_more, const TensorView& x,
+                                   const TensorView& weight, const TensorView& mean, const TensorView& rstd);
 
   // Fused batch norm of x [N, C, ...] (contiguous), per channel over the
   // other dimensions. weight, bias, running_mean and running_var are f32

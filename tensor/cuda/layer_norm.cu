@@ -100,8 +100,8 @@ constexpr int kBackwardBlocksPerSm = kCols <= 12 ? 3 : 1;
 template <typename T, typename TY, int kCols, int V>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32, kBackwardBlocksPerSm<kCols>)
     layer_norm_backward_kernel(T* __restrict__ dx, TY* __restrict__ dx_narrow, float* __restrict__ partial_w,
-                               float* __restrict__ partial_b,
-                               const TY* __restrict__ dy, const T* __restrict__ dx_more, const T* __restrict__ x,
+                               float* __restrict__ partial_b, const TY* __restrict__ dy,
+                               const T* __restrict__ dx_more, const T* __restrict__ x,
                                const T* __restrict__ w, const float* __restrict__ mean_in,
                                const float* __restrict__ rstd_in, int64_t rows, int d) {
   __shared__ float block_sums[kWarpsPerBlock][kCols * 32];
@@ -329,8 +329,8 @@ void launch_layer_norm_backward(const Launch& l, const LayerNormArgs& a, const v
   dispatch(a.dtype, a.y_dtype, a.d, four, "layer_norm backward", [&]<typename T, typename TY, int kCols, int V>() {
     layer_norm_backward_kernel<T, TY, kCols, V><<<blocks, kWarpsPerBlock * 32, 0, l.stream>>>(
         static_cast<T*>(dx), static_cast<TY*>(dx_narrow), partial_w, partial_b, static_cast<const TY*>(dy),
-        static_cast<const T*>(dx_more),
-        static_cast<const T*>(a.x), static_cast<const T*>(a.weight), a.mean, a.rstd, a.rows, a.d);
+        static_cast<const T*>(dx_more), static_cast<const T*>(a.x), static_cast<const T*>(a.weight), a.mean,
+        a.rstd, a.rows, a.d);
   });
   MPT_CUDA_CHECK_LAUNCH("layer_norm_backward_kernel");
 }
