@@ -20,7 +20,9 @@ inline void check_layer_norm_narrow_copy(const Device& device, Generator& gen, i
                                          bool with_more) {
   SCOPED_TRACE(::testing::Message() << device.str() << ": f32 -> " << dtype_name(out) << ", " << rows
                                     << " rows of " << d << (with_more ? ", grad_x_more" : ""));
-  auto draw = [&](const Shape& s, DType dt) { return prim::to(prim::to(randn(s, DType::f32, kCPU, &gen), dt), device); };
+  auto draw = [&](const Shape& s, DType dt) {
+    return prim::to(prim::to(randn(s, DType::f32, kCPU, &gen), dt), device);
+  };
   const Tensor x = draw({rows, d}, DType::f32), w = draw({d}, DType::f32), b = draw({d}, DType::f32);
   const Tensor dy = draw({rows, d}, out), more = with_more ? draw({rows, d}, DType::f32) : Tensor();
   ASSERT_TRUE(prim::fused_layer_norm_available(x, w, b, out));
