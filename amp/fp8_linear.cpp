@@ -53,7 +53,8 @@ void check_out_dtype(const char* op, DType out_dtype) {
 Tensor forward_product(const prim::Fp8Quantized& xq, const Fp8LinearState& s, const Tensor& bias, DType out_dtype,
                        bool relu) {
   const Tensor b = bias.defined() ? prim::to(bias, out_dtype) : Tensor();
-  return prim::gemm_fp8(xq.data, xq.scale_inv, s.weight_fp8, s.weight_scale_inv, b, out_dtype, true, relu);
+  return prim::gemm_fp8(xq.data, xq.scale_inv, s.weight_fp8, s.weight_scale_inv, b, out_dtype,
+                        s.scaling->recipe().forward_fast_accumulation, relu);
 }
 
 bool wants_bias_grad(const Tensor& bias) { return bias.defined() && bias.requires_grad(); }

@@ -17,7 +17,8 @@
 // one reduction of in_features terms into a bf16 output, where the error
 // stays below bf16's rounding. The backward products promote to f32: dW
 // sums over every row of the batch, where the cheaper accumulator loses
-// the small terms. Transformer Engine and torchao choose the same.
+// the small terms. Transformer Engine and torchao choose the same
+// (Fp8Recipe::forward_fast_accumulation = false promotes the forward too).
 //
 // Shapes FP8 products cannot take (a size not a multiple of 16) run as a
 // plain linear() under the caller's autocast instead, said once per layer

@@ -37,6 +37,11 @@ struct Fp8Recipe {
   int64_t history_length = 1024;  // delayed only; >= 1
   AmaxReduction reduction = AmaxReduction::max;
   float margin = 0.0f;  // the scaled amax lands at the format's maximum / 2^margin
+  // The forward products in the FP8 tensor cores' own accumulator
+  // (cuBLASLt's fast accumulation, amp/fp8_linear.h says why); false:
+  // promoted to f32 as the backward products are, slower. The CPU's
+  // products are f32 either way.
+  bool forward_fast_accumulation = true;
 };
 // ValueError naming the field for a history length below 1 or a margin
 // that is not finite.

@@ -179,6 +179,37 @@ TEST(CudaFp8, ProductsMatchTheCpu) {
         }
 }
 
+// The recipe's forward_fast_accumulation reaches the forward product: the
+// layer's output is, bit for bit, the product of its quantized operands
+// summed as the recipe asks. At k = 4096 the two accumulators round
+// differently (ProductsMatchTheCpu's tolerances), so a recipe that did not
+// reach the product would fail one of the two.
+TEST(CudaFp8, LinearForwardSumsAsTheRecipeAsks) {
+  SKIP_WITHOUT_FP8_GEMM();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed);
+  Generator gen(seed);
+  const Tensor x = prim::to(randn({128, 4096}, DType::f32, kCPU, &gen), kGPU);
+  const Tensor w = prim::to(prim::mul_scalar(randn({64, 4096}, DType::f32, kCPU, &gen), 0.02), kGPU);
+  std::vector<std::vector<uint8_t>> outputs;
+  for (bool fast : {true, false}) {
+    SCOPED_TRACE(fast ? "fast accumulation" : "promoted to f32");
+    amp::Fp8Recipe recipe;
+    recipe.scaling = amp::Fp8ScalingMode::current;  // the scales from these tensors alone
+    recipe.forward_fast_accumulation = fast;
+    amp::Fp8LinearState layer = amp::Fp8LinearState::for_layer(std::make_shared<amp::Fp8Scaling>(recipe, kGPU));
+    const Tensor y = amp::fp8_linear(x, w, Tensor(), layer, DType::f16);
+    // The same quantizations on a state of their own, then the product.
+    amp::Fp8LinearState twin = amp::Fp8LinearState::for_layer(std::make_shared<amp::Fp8Scaling>(recipe, kGPU));
+    const prim::Fp8Quantized wq = twin.scaling->quantize(amp::Fp8Group::forward, twin.weight_slot, w, true);
+    const prim::Fp8Quantized xq = twin.scaling->quantize(amp::Fp8Group::forward, twin.input_slot, x, false);
+    const Tensor expected = prim::gemm_fp8(xq.data, xq.scale_inv, wq.data, wq.scale_inv, Tensor(), DType::f16, fast);
+    EXPECT_EQ(bytes_of(y), bytes_of(expected));
+    outputs.push_back(bytes_of(y));
+  }
+  EXPECT_NE(outputs[0], outputs[1]) << "the two accumulators gave the same bits";
+}
+
 // One layer's three products over steps of delayed scaling, on both
 // devices from the same values: outputs and gradients within the products'
 // rounding, scales and histories bit for bit.

@@ -176,6 +176,26 @@ TEST_F(MptTrain, MlpHiddenSetsTheWidthsAndStaysWithTheRun) {
   EXPECT_NE(stderr_.find("--mlp-hidden"), std::string::npos) << stderr_;
 }
 
+// --fp8-forward-accumulation is part of the run: kept in its checkpoint and
+// refused when a resume asks for the other. (The CPU's products are f32
+// either way; test_cuda_fp8's LinearForwardSumsAsTheRecipeAsks checks that
+// the GPU's forward products take it.)
+TEST_F(MptTrain, Fp8ForwardAccumulationStaysWithTheRun) {
+  const std::string checkpoint = file("fp8.ckpt");
+  ASSERT_EQ(run(fmt::format("--precision fp8 --fp8-forward-accumulation f32 --mlp-hidden 32 --steps 2 "
+                            "--eval-batches 1 --checkpoint '{}'",
+                            checkpoint)),
+            0)
+      << stderr_;
+  EXPECT_NE(run(fmt::format("--resume '{}' --fp8-forward-accumulation fast --steps 3", checkpoint)), 0);
+  EXPECT_NE(stderr_.find("--fp8-forward-accumulation 'fast' differs from the run in the checkpoint, which has 'f32'"),
+            std::string::npos)
+      << stderr_;
+  EXPECT_EQ(run(fmt::format("--resume '{}' --steps 3", checkpoint)), 0) << stderr_;
+  EXPECT_EQ(run("--precision fp8 --fp8-forward-accumulation f16 --steps 1"), 2);
+  EXPECT_NE(stderr_.find("--fp8-forward-accumulation"), std::string::npos) << stderr_;
+}
+
 // --schedule linear: the warm-up, then equal steps down to the floor; each
 // step's metrics line has the lr that step used.
 TEST_F(MptTrain, ALinearScheduleStepsDownEvenly) {

@@ -57,6 +57,10 @@ int main(int argc, char** argv) {
       ->check(positive());
   app.add_option("--fp8-margin", c.fp8_margin,
                  "fp8: scale each tensor's amax to the format's maximum / 2^margin (headroom for growth)");
+  app.add_option("--fp8-forward-accumulation", c.fp8_forward_accumulation,
+                 "fp8: the forward products sum in the FP8 tensor cores' own accumulator (fast) or promote to f32 "
+                 "as the backward's do (f32; slower). The CPU's products are f32 either way")
+      ->check(CLI::IsMember({"fast", "f32"}));
   // The loss scaler runs with fp16 only; its options are checked in every run.
   app.add_option("--scaler", c.scaler,
                  "Loss-scaler policy for fp16: dynamic (PyTorch's; also called torch), hysteresis, static")

@@ -42,6 +42,7 @@ void for_each_option(Config& c, Visit&& visit) {
   visit("fp8-recipe", c.fp8_recipe, R::fixed, every_rank);
   visit("fp8-history", c.fp8_history, R::fixed, every_rank);
   visit("fp8-margin", c.fp8_margin, R::fixed, every_rank);
+  visit("fp8-forward-accumulation", c.fp8_forward_accumulation, R::fixed, every_rank);
   visit("scaler", c.scaler, R::fixed, every_rank);
   visit("init-scale", c.scaler_flags.options.init_scale, R::fixed, every_rank);
   visit("growth-factor", c.scaler_flags.options.growth_factor, R::fixed, every_rank);

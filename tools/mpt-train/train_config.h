@@ -29,6 +29,7 @@ struct TrainConfig {
   std::string fp8_recipe = "delayed";   // fp8: per-tensor scaling, delayed (amax history) or current
   int64_t fp8_history = 1024;           // fp8 delayed: amaxes kept per tensor
   double fp8_margin = 0;                // fp8: the scaled amax lands at the format's maximum / 2^margin
+  std::string fp8_forward_accumulation = "fast";  // fp8: the forward products' accumulator, fast or f32
   std::string scaler = "dynamic";       // scaler policy (torch's is called dynamic here), with its settings:
   ScalerFlags scaler_flags;             // init scale, growth and backoff factors, growth interval
   double clip_grad_norm = 0;            // clip the gradients' global norm to this (0: no clipping)

@@ -253,6 +253,7 @@ train::TrainerOptions trainer_options(const TrainConfig& c, const Device& device
   o.step.fp8.scaling = amp::fp8_scaling_mode_from_name(c.fp8_recipe);
   o.step.fp8.history_length = c.fp8_history;
   o.step.fp8.margin = static_cast<float>(c.fp8_margin);
+  o.step.fp8.forward_fast_accumulation = c.fp8_forward_accumulation == "fast";
   o.step.scaler = scaler_options(c);
   o.step.cuda_graph = train::graph_mode_from_name(c.cuda_graph);
   o.step.max_grad_norm = c.clip_grad_norm;
