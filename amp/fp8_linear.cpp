@@ -15,14 +15,12 @@ thread_local bool t_fp8_enabled = false;
 
 // The weight's FP8 copies, made again only when the weight has changed.
 void refresh_weight(Fp8LinearState& s, const Tensor& weight) {
-  const void* storage = weight.storage().get();
-  if (s.weight_fp8.defined() && s.weight_storage == storage && s.weight_version == weight.version()) return;
+  if (s.copies_are_of(weight)) return;
   prim::Fp8Quantized q = s.scaling->quantize(Fp8Group::forward, s.weight_slot, weight, true);
   s.weight_fp8 = q.data;
   s.weight_fp8_t = q.data_t;
   s.weight_scale_inv = q.scale_inv;
-  s.weight_storage = storage;
-  s.weight_version = weight.version();
+  s.copies_made_from(weight);
 }
 
 }  // namespace

@@ -42,15 +42,22 @@ struct Fp8LinearState {
   // optimizer's step that updates the weight (optim::Optimizer::
   // write_fp8_copies), which then calls copies_made_from().
   Tensor weight_fp8, weight_fp8_t, weight_scale_inv;
-  const void* weight_storage = nullptr;
+  // Held weakly, and compared as a live storage: a new weight allocated
+  // where a freed one was (same address, version 0 again) is not the weight
+  // the copies were made from.
+  std::weak_ptr<Storage> weight_storage;
   uint64_t weight_version = 0;
   bool warned = false;  // about a shape that ran in higher precision
   // Whether the layer may run as half of an fp8_mlp (nn::linear_gelu_linear
   // asks both layers); else the MLP runs as its three ops.
   bool fused_mlp = true;
 
+  // Whether the copies were made from `weight` as it is now.
+  bool copies_are_of(const Tensor& weight) const {
+    return weight_fp8.defined() && weight_storage.lock() == weight.storage() && weight_version == weight.version();
+  }
   void copies_made_from(const Tensor& weight) {
-    weight_storage = weight.storage().get();
+    weight_storage = weight.storage();
     weight_version = weight.version();
   }
 

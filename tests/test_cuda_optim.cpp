@@ -264,7 +264,7 @@ TEST(CudaOptim, AdamWWritesFp8WeightCopiesAsQuantizeWould) {
                 bytes_of(amax_plain))
           << "amax";
       EXPECT_EQ(layer->weight_version, w_fused.version()) << "copies marked as made from this weight";
-      EXPECT_EQ(layer->weight_storage, w_fused.storage().get());
+      EXPECT_EQ(layer->weight_storage.lock(), w_fused.storage());
     }
   }
 }

@@ -243,6 +243,29 @@ TEST(Fp8Linear, TheWeightIsQuantizedOncePerChangeOfTheWeight) {
   EXPECT_EQ(prim::to(state.weight_fp8, DType::f32).to_vector<float>()[0], 0.25f);
 }
 
+// A weight made where a freed one was (the same address, version 0 again:
+// what a fresh clone each step often gets) has copies of its own: the
+// layer does not take it for the weight its copies were made from. Weights
+// are made and freed until one lands at a freed one's address (where
+// malloc never reuses one, every round still checks the product).
+TEST(Fp8Linear, ANewWeightWhereAFreedOneWasGetsCopiesOfItsOwn) {
+  auto scaling = std::make_shared<amp::Fp8Scaling>(amp::Fp8Recipe{}, kCPU);
+  amp::Fp8LinearState state = amp::Fp8LinearState::for_layer(scaling);
+  const Tensor x = full({16, 32}, 0.5);
+  const void* freed = nullptr;  // the last round's weight's storage
+  int reused = 0;
+  for (int round = 1; round <= 64 && reused < 4; ++round) {
+    const double value = round % 2 ? 1.0 : 2.0;
+    const Tensor w = full({16, 32}, value);
+    reused += w.storage().get() == freed;
+    freed = w.storage().get();
+    // 32 products of 0.5 and the weight, all exact in E4M3 and bf16.
+    EXPECT_EQ(amp::fp8_linear(x, w, Tensor(), state, DType::bf16).to_vector<double>(),
+              std::vector<double>(16 * 16, 16.0 * value))
+        << "round " << round << (reused ? ", after a weight at a freed one's address" : "");
+  }
+}
+
 TEST(Fp8Linear, ShapesFp8CannotTakeRunInBf16) {
   auto scaling = std::make_shared<amp::Fp8Scaling>(amp::Fp8Recipe{}, kCPU);
   amp::Fp8LinearState state = amp::Fp8LinearState::for_layer(scaling);
