@@ -179,8 +179,7 @@ void backward_typed(const Rows& r, const TensorView& grad_x, const TensorView& g
           for (int64_t i = 0; i < d; ++i) dx[i] += more[i];
         }
         store_row(dxs + row * d, dx, d);
-        if (narrows)
-          for (int64_t i = 0; i < d; ++i) narrows[row * d + i] = TY(dx[i]);
+        if (narrows) store_row(narrows + row * d, dx, d);
       }
     }
   });
